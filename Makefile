@@ -1,0 +1,52 @@
+# Python Endpoint Picker. `make help` lists the targets.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-unit test-e2e check proto bench bench-quick clean
+
+help: ## show this help
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml hatch_build.py protos/gen_envoy_stubs.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip check
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv in the repo and install the project with its dev tools
+
+demo: $(STAMP) ## run simulated model servers + EPP + Envoy, send a burst of requests, print a summary
+	$(BIN)/python -m epp.demo
+
+test: $(STAMP) ## run the whole test suite (unit, contract and end-to-end through Envoy)
+	$(BIN)/pytest -q
+
+test-unit: $(STAMP) ## run the fast tests only (no Envoy)
+	$(BIN)/pytest -q -m "not e2e"
+
+test-e2e: $(STAMP) ## run the end-to-end tests through a real Envoy
+	$(BIN)/pytest -q -m e2e
+
+check: $(STAMP) ## lint, format, types, architecture contracts
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+proto: $(STAMP) ## regenerate the private Envoy ext_proc stubs (also done at install)
+	$(BIN)/pip install --quiet 'xds-protos>=1.85,<1.86' 'grpcio-tools>=1.85,<1.86'
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/protos/gen_envoy_stubs.py $(CURDIR)/src
+	$(BIN)/pip uninstall --quiet -y xds-protos grpcio-tools
+
+bench: $(STAMP) ## full benchmarks; writes bench/results/*.json and bench/REPORT.md
+	$(BIN)/python -m bench.run --mode full
+
+bench-quick: $(STAMP) ## quick smoke run of every benchmark
+	$(BIN)/python -m bench.run --mode quick
+
+clean: ## remove the venv and build artefacts
+	rm -rf $(VENV) build dist src/epp/_pb .pytest_cache .mypy_cache .ruff_cache

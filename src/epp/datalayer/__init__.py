@@ -1,0 +1,1 @@
+"""Live data about endpoints, pulled from model servers."""

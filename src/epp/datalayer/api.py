@@ -1,0 +1,120 @@
+"""Endpoints, their metrics, and the contracts of data sources and extractors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from epp.plugin.base import Plugin
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``ip:port``, bracketing IPv6 literals as Go's net.JoinHostPort does."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointMetadata:
+    """Who an endpoint is and where to reach it.  Immutable; replaced when the pod changes."""
+
+    name: str  # unique id: "<namespace>/<pod>-rank-<i>" in Kubernetes, user-chosen otherwise
+    address: str  # IP or hostname
+    port: int
+    pod_name: str = ""
+    namespace: str = ""
+    metrics_port: int = 0  # 0: scrape the serving port
+    labels: Mapping[str, str] = field(default_factory=dict)
+    hostport: str = ""  # "ip:port" for the destination header; derived when empty
+
+    def __post_init__(self) -> None:
+        if not self.hostport:
+            object.__setattr__(self, "hostport", join_host_port(self.address, self.port))
+
+    @property
+    def metrics_host(self) -> str:
+        return join_host_port(self.address, self.metrics_port or self.port)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """One consistent reading of a model server's state.  The data layer replaces, never mutates."""
+
+    waiting_queue_size: int = 0
+    running_requests_size: int = 0
+    kv_cache_usage_percent: float = 0.0  # 0..1
+    active_models: frozenset[str] = frozenset()  # running LoRA adapters
+    waiting_models: frozenset[str] = frozenset()  # waiting LoRA adapters
+    max_active_models: int = 0
+    kv_cache_max_token_capacity: int = 0
+    cache_block_size: int = 0
+    cache_num_blocks: int = 0
+    update_time: float = 0.0  # time.monotonic() of the last successful extraction; 0.0 = never
+
+
+EMPTY_METRICS = Metrics()
+
+
+class Endpoint:
+    """A model-server endpoint.  Identity (hash/eq) is the object: one per live endpoint.
+
+    ``metrics`` is swapped whole by the data layer, so a reader that takes
+    ``m = ep.metrics`` once sees a consistent reading.
+    """
+
+    __slots__ = ("metadata", "metrics")
+
+    def __init__(self, metadata: EndpointMetadata, metrics: Metrics = EMPTY_METRICS) -> None:
+        self.metadata = metadata
+        self.metrics = metrics
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def hostport(self) -> str:
+        return self.metadata.hostport
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.metadata.name!r}, {self.metadata.hostport})"
+
+
+@runtime_checkable
+class EndpointObserver(Protocol):
+    """Told when endpoints come and go (endpoint-notification-source consumers, per-endpoint state)."""
+
+    def endpoint_added(self, endpoint: Endpoint) -> None: ...
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None: ...
+
+
+@runtime_checkable
+class DataSource(Plugin, Protocol):
+    """Fetches raw data about one endpoint, e.g. its Prometheus exposition text.
+
+    ``OUTPUT`` is the type ``poll`` returns; extractors attached to the source must
+    accept it (checked at startup).  ``poll`` must honour cancellation and never block
+    the event loop.
+    """
+
+    OUTPUT: ClassVar[type[Any]]
+
+    async def poll(self, endpoint: Endpoint) -> Any: ...
+
+
+@runtime_checkable
+class Extractor(Plugin, Protocol):
+    """Turns a source's output into endpoint state (usually a new ``Metrics``)."""
+
+    INPUT: ClassVar[type[Any]]
+
+    def extract(self, data: Any, endpoint: Endpoint) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SourceBinding:
+    """A data source and the extractors fed by its output, as the ``dataLayer`` config wires them."""
+
+    source: DataSource
+    extractors: tuple[Extractor, ...]

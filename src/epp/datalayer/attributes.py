@@ -1,0 +1,47 @@
+"""Per-request endpoint attributes shared between producers and consumers (typed keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from epp.plugin.keys import AttributeKey
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatchInfo:
+    """How many of the request's prefix blocks an endpoint is believed to hold."""
+
+    match_blocks: int
+    total_blocks: int
+    block_size_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightLoad:
+    """Requests and estimated tokens the EPP has sent to an endpoint and not seen finish."""
+
+    requests: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyPredictionInfo:
+    """Predicted latencies (ms) and headroom against the request's SLO."""
+
+    ttft_valid: bool
+    tpot_valid: bool
+    ttft_headroom: float
+    tpot_headroom: float
+    ttft: float
+    tpot: float
+    dispatched_request_count: int
+
+
+PREFIX_MATCH: Final = AttributeKey(
+    "PrefixCacheMatchInfoKey", PrefixMatchInfo, default_producer="approx-prefix-cache-producer"
+)
+INFLIGHT_LOAD: Final = AttributeKey("InFlightLoadKey", InFlightLoad, default_producer="inflight-load-producer")
+LATENCY_PREDICTION: Final = AttributeKey(
+    "LatencyPredictionInfoKey", LatencyPredictionInfo, default_producer="predicted-latency-producer"
+)

@@ -1,0 +1,1 @@
+"""The EPP's view of the pool: endpoints, objectives and model rewrites."""

@@ -1,0 +1,94 @@
+"""Contracts of the request-control plugins (GIE's requestcontrol extension points).
+
+Hook order is deterministic: producers run in DAG order; every other hook kind runs in
+config order (the order of ``plugins:``), unlike Go, which uses map order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from epp.datalayer.api import Endpoint
+from epp.plugin.base import Plugin
+from epp.plugin.keys import AttributeKey
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, ResponseInfo
+from epp.scheduling.api import SchedulingResult
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """Anything (producer, filter, scorer) that reads per-endpoint attributes."""
+
+    CONSUMES: ClassVar[frozenset[AttributeKey[Any]]]
+
+
+@runtime_checkable
+class DataProducer(Plugin, Protocol):
+    """Writes per-endpoint attributes for one request before scheduling.
+
+    Producers run in topological order of PRODUCES/CONSUMES under one shared timeout;
+    a failure is logged and the request goes on without that data.
+    """
+
+    PRODUCES: ClassVar[frozenset[AttributeKey[Any]]]
+    CONSUMES: ClassVar[frozenset[AttributeKey[Any]]]
+
+    async def prepare_request_data(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None: ...
+
+
+@runtime_checkable
+class Admitter(Plugin, Protocol):
+    """May refuse a request after data preparation; returns the denial reason or None."""
+
+    def admit_request(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> str | None: ...
+
+
+@runtime_checkable
+class PreRequest(Plugin, Protocol):
+    """Runs once the target is chosen, before the request is sent on."""
+
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None: ...
+
+
+@runtime_checkable
+class ResponseHeaderProcessor(Plugin, Protocol):
+    """Sees the model server's response headers; may add to ``response.headers``."""
+
+    def response_header(
+        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class ResponseBodyProcessor(Plugin, Protocol):
+    """Sees every response body chunk.  Only plugins that need the bytes should be one:
+    when no configured plugin is, the EPP may skip response bodies altogether."""
+
+    def response_body(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        response: ResponseInfo,
+        chunk: bytes,
+        target: Endpoint | None,
+    ) -> None: ...
+
+
+@runtime_checkable
+class ResponseCompleteProcessor(Plugin, Protocol):
+    """Runs exactly once per scheduled request when its response ends, normally or not.
+
+    ``response.end_of_stream`` tells which; ``response.usage`` holds the parsed usage if
+    any.  Dynamic metadata written to ``response.dynamic_metadata`` rides on the final
+    ext_proc message when the response ended normally.
+    """
+
+    def response_complete(
+        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
+    ) -> None: ...

@@ -1,0 +1,1 @@
+"""Admission by queueing: priority bands, fairness and ordering policies, saturation detectors."""

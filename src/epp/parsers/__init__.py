@@ -1,0 +1,1 @@
+"""Request parsers: bytes on the wire to a RequestBody, response bytes to usage."""

@@ -1,0 +1,1 @@
+"""The plugin kernel: names, typed parameters, typed keys, the registry. Knows nothing about LLMs."""

@@ -1,0 +1,87 @@
+"""The nouns of one inference request as the director and plugins see it (no protobuf here)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ApiKind(enum.StrEnum):
+    """Which API a request body speaks; decides validation, prompt extraction and usage fields."""
+
+    COMPLETIONS = "completions"
+    CHAT_COMPLETIONS = "chat/completions"
+    EMBEDDINGS = "embeddings"
+    RESPONSES = "responses"
+    CONVERSATIONS = "conversations"
+    MESSAGES = "messages"  # Anthropic /v1/messages
+    GRPC_GENERATE = "grpc/generate"  # vLLM engine Generate
+    GRPC_EMBED = "grpc/embed"  # vLLM engine Embed
+    RAW = "raw"  # passthrough: body not parsed
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestBody:
+    """A parsed request body.  ``json`` is the decoded object for JSON APIs, else None."""
+
+    api: ApiKind
+    raw: bytes
+    json: dict[str, Any] | None = None
+    prompt_text: str | None = None  # plain-text prompt when the API has one (completions, gRPC text)
+    token_ids: Sequence[int] | None = None  # pre-tokenized prompt (gRPC tokenized, completions ids)
+    stream: bool = False
+    cache_salt: str = ""
+
+    @property
+    def model(self) -> str:
+        """The ``model`` field of a JSON body, or "" when absent or not a JSON API."""
+        if self.json is None:
+            return ""
+        m = self.json.get("model")
+        return m if isinstance(m, str) else ""
+
+
+@dataclass(slots=True, kw_only=True)
+class InferenceRequest:
+    """One request, built by the ext_proc edge and enriched by the director."""
+
+    request_id: str
+    headers: dict[str, str]  # lower-cased keys; values as received
+    body: RequestBody | None = None  # None for header-only requests (GET ...)
+    incoming_model: str = ""  # model named by the client (empty for non-JSON parsers)
+    target_model: str = ""  # model after header / InferenceModelRewrite rewriting
+    objective: str = ""  # x-gateway-inference-objective
+    priority: int = 0
+    fairness_id: str = "default-flow"
+    request_size_bytes: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # Envoy filter metadata by namespace
+    received_at: float = 0.0  # time.monotonic() when the request headers arrived
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage reported by the model server."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class ResponseInfo:
+    """What response hooks see of the model server's answer so far."""
+
+    request_id: str
+    headers: dict[str, str] = field(default_factory=dict)
+    status: int = 0
+    streaming: bool = False
+    usage: Usage | None = None
+    end_of_stream: bool = False
+    first_chunk_at: float = 0.0  # monotonic time of the first response body byte, 0 if none yet
+    completed_at: float = 0.0
+    body_bytes: int = 0
+    # Dynamic metadata to attach to the final ext_proc message, by namespace.
+    dynamic_metadata: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Choosing endpoints: profile handlers, filters, weighted scorers and pickers."""

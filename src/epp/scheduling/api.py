@@ -1,0 +1,116 @@
+"""Contracts of the scheduling plugins and the nouns of a scheduling result.
+
+Filters, scorers and pickers are plain ``def``: the scheduling hot path never awaits.
+Scores travel as sequences aligned with the endpoint sequence they were computed for,
+which avoids a dict per scorer per request.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from epp.datalayer.api import Endpoint
+from epp.plugin.base import Plugin
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+
+
+class ScorerCategory(enum.StrEnum):
+    """Informational, as in GIE."""
+
+    AFFINITY = "Affinity"
+    DISTRIBUTION = "Distribution"
+    BALANCE = "Balance"
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRunResult:
+    """A profile's choice: the primary endpoint first, then fallbacks in order."""
+
+    target_endpoints: tuple[Endpoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingResult:
+    """Every profile's outcome (``None`` if it failed) and which profile is primary."""
+
+    profile_results: Mapping[str, ProfileRunResult | None]
+    primary_profile_name: str
+
+    @property
+    def primary(self) -> ProfileRunResult:
+        result = self.profile_results.get(self.primary_profile_name)
+        if result is None:
+            raise LookupError(f"primary profile '{self.primary_profile_name}' has no result")
+        return result
+
+
+@runtime_checkable
+class Filter(Plugin, Protocol):
+    """Return the subset of ``endpoints`` that may serve the request, in their original order.
+
+    Returning an empty sequence ends the profile with "no endpoints available".
+    """
+
+    def filter(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
+class Scorer(Plugin, Protocol):
+    """Score each endpoint in [0, 1], 1 best, aligned with ``endpoints``.
+
+    The profile clamps values outside [0, 1] and multiplies by the configured weight.
+    """
+
+    CATEGORY: ClassVar[ScorerCategory]
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class Picker(Plugin, Protocol):
+    """Choose the target endpoints from weighted totals aligned with ``endpoints``."""
+
+    def pick(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        endpoints: Sequence[Endpoint],
+        scores: Sequence[float],
+    ) -> ProfileRunResult: ...
+
+
+class SchedulerProfileView(Protocol):
+    """What a profile handler may know about a profile."""
+
+    @property
+    def name(self) -> str: ...
+
+
+@runtime_checkable
+class ProfileHandler(Plugin, Protocol):
+    """Decides which profiles run (possibly over several rounds) and which result is primary."""
+
+    def pick_profiles(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        profiles: Mapping[str, SchedulerProfileView],
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> Sequence[str]:
+        """Names of the profiles to run next; empty ends the cycle."""
+        ...
+
+    def process_results(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        results: Mapping[str, ProfileRunResult | None],
+    ) -> SchedulingResult: ...
