@@ -1,0 +1,1 @@
+"""Admission: legacy saturation shedding or flow control."""

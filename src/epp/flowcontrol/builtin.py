@@ -1,0 +1,9 @@
+"""The plugin classes this concept contributes to the registry."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from epp.plugin.base import Plugin
+
+BUILTINS: Final[tuple[type[Plugin], ...]] = ()
