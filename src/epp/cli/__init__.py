@@ -1,1 +1,1 @@
-"""cli."""
+"""The epp command line: flags, logging, composing and running the components."""

@@ -1,1 +1,1 @@
-"""config."""
+"""EndpointPickerConfig: schema, loading, and building plugins from it, all or nothing."""

@@ -1,1 +1,1 @@
-"""k8s."""
+"""The only code that talks to a Kubernetes API server."""

@@ -1,1 +1,1 @@
-"""tracing."""
+"""OpenTelemetry tracing setup and span names."""
