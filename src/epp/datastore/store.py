@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from epp.datalayer.api import Endpoint, EndpointMetadata, EndpointObserver
+from epp.datastore.rewrites import RewriteTable
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +45,7 @@ class Datastore:
         self._snapshot: tuple[Endpoint, ...] = ()
         self._observers: list[EndpointObserver] = []
         self._objectives: dict[str, Objective] = {}
+        self.rewrites = RewriteTable()
         self.pool: PoolInfo | None = None
         self.pool_synced = False
 
@@ -109,6 +111,7 @@ class Datastore:
         for name in list(self._endpoints):
             self.remove(name)
         self._objectives.clear()
+        self.rewrites.clear()
 
     # objectives -------------------------------------------------------------------
     def set_objectives(self, objectives: Sequence[Objective]) -> None:

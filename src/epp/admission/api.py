@@ -1,0 +1,15 @@
+"""The admission contract: may this request proceed to scheduling now?"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from epp.datalayer.api import Endpoint
+from epp.request import InferenceRequest
+
+
+class AdmissionController(Protocol):
+    """Admit (return), make the request wait (await), or refuse it (raise an ``EppError``)."""
+
+    async def admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None: ...
