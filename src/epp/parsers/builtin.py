@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from epp.parsers.openai import OpenAIParser
+from epp.parsers.passthrough import PassthroughParser
+from epp.parsers.vllm_grpc import VllmGrpcParser
 from epp.plugin.base import Plugin
 
-BUILTINS: Final[tuple[type[Plugin], ...]] = ()
+BUILTINS: Final[tuple[type[Plugin], ...]] = (OpenAIParser, VllmGrpcParser, PassthroughParser)
