@@ -19,7 +19,7 @@ def format_validation_error(prefix: str, err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in e["loc"]).replace(".[", "[")
-        path = f"{prefix}.{loc}" if loc else prefix
+        path = (f"{prefix}.{loc}" if prefix else loc) if loc else prefix
         lines.append(f"{path}: {e['msg']}")
     return "; ".join(lines)
 

@@ -50,4 +50,4 @@ class CycleState:
         self._values[key] = value
 
     def get(self, key: StateKey[T]) -> T | None:
-        return self._values.get(key)  # type: ignore[no-any-return]
+        return self._values.get(key)

@@ -1,0 +1,44 @@
+"""Candidate endpoints from Envoy's subset hint (GIE §3.4, hermetic cases 10-12)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from epp.director.candidates import SUBSET_KEY, SUBSET_NAMESPACE, locate
+from epp.testing.builders import make_endpoint
+
+EPS = [make_endpoint(i) for i in range(3)]
+
+
+def hint(*values: Any) -> dict[str, Any]:
+    return {SUBSET_NAMESPACE: {SUBSET_KEY: list(values)}}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        pytest.param({}, [0, 1, 2], id="no-metadata"),
+        pytest.param({SUBSET_NAMESPACE: "x"}, [0, 1, 2], id="namespace-not-a-map"),
+        pytest.param({SUBSET_NAMESPACE: {SUBSET_KEY: "x"}}, [0, 1, 2], id="key-not-a-list"),
+        pytest.param(hint(), [], id="empty-list-means-none"),
+        pytest.param(hint("192.168.1.3:8000"), [2], id="partial"),
+        pytest.param(hint("192.168.1.1:9999", 5), [0], id="port-ignored-non-strings-skipped"),
+        pytest.param(hint("192.168.1.99:8000"), [], id="none-match"),
+    ],
+)
+def test_locate(metadata: dict[str, Any], expected: list[int]) -> None:
+    """Only the IP of each hint entry matters; a present but empty hint selects nothing."""
+    assert [EPS.index(e) for e in locate(EPS, metadata)] == expected
+
+
+def test_disabled_filter_ignores_hint() -> None:
+    """--disable-endpoint-subset-filter returns every endpoint."""
+    assert list(locate(EPS, hint("192.168.1.3:8000"), subset_filter=False)) == EPS
+
+
+def test_ipv6_hint() -> None:
+    """Bracketed IPv6 hints match endpoints by address."""
+    ep = make_endpoint(0, address="fd00::1")
+    assert list(locate([ep], hint("[fd00::1]:8000"))) == [ep]

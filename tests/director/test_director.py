@@ -1,0 +1,386 @@
+"""The director pipeline with small fake plugins: order, errors, rewrites, hooks and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import orjson
+import pytest
+
+from epp.admission.legacy import AlwaysAdmit, LegacyAdmission
+from epp.datalayer.api import Endpoint
+from epp.datastore.rewrites import ModelRewrite, RewriteRule, RewriteTarget
+from epp.datastore.store import Datastore, Objective
+from epp.director.director import Director, Pipeline, rewrite_model_name
+from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
+from epp.metrics.series import REGISTRY
+from epp.plugin.base import TypedName
+from epp.plugin.keys import AttributeKey
+from epp.plugin.state import CycleState
+from epp.request import ApiKind, InferenceRequest, RequestBody, ResponseInfo, Usage
+from epp.scheduling.api import ProfileRunResult, SchedulingResult
+from epp.testing.builders import make_endpoint
+
+LOG: list[str] = []
+KEY = AttributeKey("test-key", int)
+
+
+class JsonParser:
+    TYPE: ClassVar[str] = "json"
+    typed_name = TypedName("json", "json")
+
+    def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise BadRequest(f"error unmarshaling request bodyMap: {e}") from None
+        return RequestBody(api=ApiKind.COMPLETIONS, raw=body, json=data)
+
+    def serialize_request(self, body: RequestBody) -> bytes:
+        return orjson.dumps(body.json)
+
+    def usage_parser(self, headers: Mapping[str, str]) -> Any:
+        class P:
+            def feed(self, chunk: bytes, eos: bool) -> Usage | None:
+                return Usage(prompt_tokens=7, completion_tokens=10, total_tokens=17) if eos else None
+
+        return P()
+
+
+class LowestQueue:
+    """Picks the lowest queue; ``n`` targets; raises when asked to."""
+
+    def __init__(self, n: int = 1, fail: Exception | None = None) -> None:
+        self.n = n
+        self.fail = fail
+        self.seen: list[InferenceRequest] = []
+
+    def schedule(
+        self, state: CycleState, request: InferenceRequest, cands: Sequence[Endpoint]
+    ) -> SchedulingResult:
+        LOG.append("schedule")
+        self.seen.append(request)
+        if self.fail is not None:
+            raise self.fail
+        ranked = sorted(cands, key=lambda e: e.metrics.waiting_queue_size)
+        return SchedulingResult({"default": ProfileRunResult(tuple(ranked[: self.n]))}, "default")
+
+
+class Producer:
+    TYPE: ClassVar[str] = "producer"
+    PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({KEY})
+    CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset()
+
+    def __init__(self, name: str, behaviour: str = "ok") -> None:
+        self.typed_name = TypedName("producer", name)
+        self.behaviour = behaviour
+
+    async def prepare_request_data(
+        self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> None:
+        LOG.append(f"produce:{self.typed_name.name}")
+        if self.behaviour == "fail":
+            raise RuntimeError("boom")
+        if self.behaviour == "hang":
+            await asyncio.sleep(3600)
+        for ep in eps:
+            state.put_attribute(KEY, ep, 1)
+
+
+class Hooks:
+    """Records every hook it is called for."""
+
+    TYPE: ClassVar[str] = "hooks"
+    typed_name = TypedName("hooks", "hooks")
+
+    def __init__(self, deny: str | None = None) -> None:
+        self.deny = deny
+        self.completions: list[ResponseInfo] = []
+
+    def admit_request(
+        self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> str | None:
+        LOG.append("admit")
+        return self.deny
+
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        LOG.append("pre_request")
+
+    def response_header(
+        self, state: CycleState, request: InferenceRequest, resp: ResponseInfo, t: Endpoint | None
+    ) -> None:
+        resp.headers["x-added-by-plugin"] = "yes"
+
+    def response_complete(
+        self, state: CycleState, request: InferenceRequest, resp: ResponseInfo, t: Endpoint | None
+    ) -> None:
+        self.completions.append(resp)
+        resp.dynamic_metadata["envoy.lb"] = {"x-gateway-inference-request-cost": 10}
+
+
+def director(
+    *,
+    scheduler: LowestQueue | None = None,
+    producers: tuple[Producer, ...] = (),
+    hooks: Hooks | None = None,
+    admission: Any = None,
+    eps: Sequence[Endpoint] | None = None,
+    timeout: float = 0.4,
+) -> tuple[Director, Datastore]:
+    ds = Datastore()
+    for ep in (
+        eps
+        if eps is not None
+        else [make_endpoint(0, queue=3), make_endpoint(1, queue=0), make_endpoint(2, queue=10)]
+    ):
+        ds._endpoints[ep.name] = ep
+    ds._snapshot = tuple(ds._endpoints.values())
+    h = (hooks,) if hooks else ()
+    pipe = Pipeline(
+        parser=JsonParser(),  # type: ignore[arg-type]
+        scheduler=scheduler or LowestQueue(),
+        admission=admission or AlwaysAdmit(),
+        producers=producers,  # type: ignore[arg-type]
+        admitters=h,  # type: ignore[arg-type]
+        pre_request=h,  # type: ignore[arg-type]
+        response_header=h,  # type: ignore[arg-type]
+        response_complete=h,  # type: ignore[arg-type]
+        producer_timeout=timeout,
+    )
+    return Director(ds, pipe, rng=random.Random(0)), ds
+
+
+def body(model: str = "my-model", **extra: Any) -> bytes:
+    return orjson.dumps({"model": model, "prompt": "hi", **extra})
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture(autouse=True)
+def _clear_log() -> None:
+    LOG.clear()
+
+
+async def test_routes_to_scheduler_choice_and_counts_request() -> None:
+    """The primary target becomes the destination; request_total counts model, target and priority."""
+    d, ds = director()
+    ds.set_objectives([Objective(name="gold", priority=2)])
+    before = metric(
+        "inference_objective_request_total", model_name="m1", target_model_name="m1", priority="2"
+    )
+    ctx = d.new_request({"x-gateway-inference-objective": "gold", "x-request-id": "r1"}, {})
+    decision = await d.route(ctx, body("m1"))
+    assert decision.destination == "192.168.1.2:8000"
+    assert decision.body_changed is False
+    assert ctx.request.priority == 2
+    after = metric("inference_objective_request_total", model_name="m1", target_model_name="m1", priority="2")
+    assert after == before + 1
+
+
+async def test_fallbacks_are_comma_joined_primary_first() -> None:
+    """With several targets the destination lists them in order."""
+    d, _ = director(scheduler=LowestQueue(n=3))
+    decision = await d.route(d.new_request({}, {}), body())
+    assert decision.destination == "192.168.1.2:8000,192.168.1.1:8000,192.168.1.3:8000"
+
+
+async def test_header_rewrite_changes_body_and_response_model() -> None:
+    """x-gateway-model-name-rewrite sets the target; the response shows the client's name again."""
+    d, _ = director()
+    ctx = d.new_request({"x-gateway-model-name-rewrite": "target-x"}, {})
+    decision = await d.route(ctx, body("client-m"))
+    assert decision.body_changed and decision.body is not None
+    assert orjson.loads(decision.body)["model"] == "target-x"
+    assert ctx.request.incoming_model == "client-m" and ctx.request.target_model == "target-x"
+    d.response_headers(ctx, {":status": "200", "content-type": "application/json"})
+    out = d.response_body(ctx, b'{"model":"target-x","x":1}', True)
+    assert out == b'{"model":"client-m","x":1}'
+
+
+async def test_rewrite_rule_overrides_header_and_is_counted() -> None:
+    """An InferenceModelRewrite rule wins over the header and bumps the decision counter."""
+    d, ds = director()
+    rule = RewriteRule(matches=("m",), targets=(RewriteTarget(model="m-v2", weight=1),))
+    ds.rewrites.set_all([ModelRewrite(name="rw", rules=(rule,))])
+    before = metric(
+        "inference_extension_model_rewrite_decisions_total",
+        model_rewrite_name="rw",
+        model_name="m",
+        target_model="m-v2",
+    )
+    ctx = d.new_request({"x-gateway-model-name-rewrite": "ignored"}, {})
+    await d.route(ctx, body("m"))
+    assert ctx.request.target_model == "m-v2"
+    assert (
+        metric(
+            "inference_extension_model_rewrite_decisions_total",
+            model_rewrite_name="rw",
+            model_name="m",
+            target_model="m-v2",
+        )
+        == before + 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "message"),
+    [
+        pytest.param(
+            b'{"prompt":"hello world"}', BadRequest, "model not found in request body", id="no-model"
+        ),
+        pytest.param(b"no healthy upstream", BadRequest, "error unmarshaling request bodyMap", id="bad-json"),
+    ],
+)
+async def test_bad_bodies(raw: bytes, error: type[EppError], message: str) -> None:
+    """Bodies the parser or the director cannot serve are 400s with GIE's message."""
+    d, _ = director()
+    with pytest.raises(error, match=message):
+        await d.route(d.new_request({}, {}), raw)
+
+
+async def test_no_candidates_is_503() -> None:
+    """An empty subset hint leaves no candidate: ServiceUnavailable."""
+    d, _ = director()
+    md = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": []}}
+    with pytest.raises(ServiceUnavailable, match="failed to find endpoint candidates"):
+        await d.route(d.new_request({}, md), body())
+
+
+async def test_scheduling_failure_is_429() -> None:
+    """A scheduler error becomes ResourceExhausted 'failed to find target endpoint: ...'."""
+    d, _ = director(scheduler=LowestQueue(fail=RuntimeError("no endpoints available for the given request")))
+    with pytest.raises(ResourceExhausted, match="failed to find target endpoint: no endpoints available"):
+        await d.route(d.new_request({}, {}), body())
+
+
+async def test_admitter_denial_is_500_and_skips_scheduling() -> None:
+    """An AdmitRequest plugin's denial is GIE's 500 'request cannot be admitted'."""
+    d, _ = director(hooks=Hooks(deny="too slow"))
+    with pytest.raises(Internal, match="request cannot be admitted"):
+        await d.route(d.new_request({}, {}), body())
+    assert "schedule" not in LOG
+
+
+async def test_order_of_stages() -> None:
+    """Producers run before admit plugins, which run before the scheduler and pre-request."""
+    d, _ = director(producers=(Producer("a"), Producer("b")), hooks=Hooks())
+    await d.route(d.new_request({}, {}), body())
+    assert LOG == ["produce:a", "produce:b", "admit", "schedule", "pre_request"]
+
+
+async def test_failing_producer_does_not_stop_the_request() -> None:
+    """A producer that raises is logged; later producers still run and the request is routed."""
+    d, _ = director(producers=(Producer("bad", "fail"), Producer("good")))
+    decision = await d.route(d.new_request({}, {}), body())
+    assert decision.destination
+    assert LOG[:2] == ["produce:bad", "produce:good"]
+
+
+async def test_producers_share_one_timeout() -> None:
+    """A hanging producer is cut off by the shared timeout and the request still routes."""
+    d, _ = director(producers=(Producer("slow", "hang"),), timeout=0.05)
+    decision = await d.route(d.new_request({}, {}), body())
+    assert decision.destination == "192.168.1.2:8000"
+
+
+async def test_sheddable_request_is_shed_when_saturated() -> None:
+    """Legacy admission refuses priority < 0 with 429 when the detector says saturated."""
+
+    class Full:
+        typed_name = TypedName("d", "d")
+
+        def saturation(self, eps: Sequence[Endpoint]) -> float:
+            return 1.0
+
+    d, ds = director(admission=LegacyAdmission(Full()))  # type: ignore[arg-type]
+    ds.set_objectives([Objective(name="cheap", priority=-1), Objective(name="vip", priority=1)])
+    with pytest.raises(ResourceExhausted, match="system saturated, sheddable request dropped"):
+        await d.route(d.new_request({"x-gateway-inference-objective": "cheap"}, {}), body())
+    assert (await d.route(d.new_request({"x-gateway-inference-objective": "vip"}, {}), body())).destination
+
+
+async def test_header_only_request_prefers_least_loaded_and_honours_hint() -> None:
+    """A GET goes through the scheduler (lowest queue) and respects the subset hint."""
+    d, _ = director()
+    assert d.route_headers_only(d.new_request({}, {})).destination == "192.168.1.2:8000"
+    md = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": ["192.168.1.3:8000"]}}
+    assert d.route_headers_only(d.new_request({}, md)).destination == "192.168.1.3:8000"
+
+
+def test_header_only_with_empty_pool_is_500() -> None:
+    """No endpoint at all: GIE's 500 'no pods available in datastore'."""
+    d, _ = director(eps=[])
+    with pytest.raises(Internal, match="no pods available in datastore"):
+        d.route_headers_only(d.new_request({}, {}))
+
+
+def test_request_id_generated_when_missing() -> None:
+    """A missing x-request-id is generated and forwarded upstream."""
+    d, _ = director()
+    ctx = d.new_request({}, {})
+    assert len(ctx.request.request_id) == 36
+    assert d.route_headers_only(ctx).headers == (("x-request-id", ctx.request.request_id),)
+
+
+async def test_completion_runs_once_and_metrics_recorded() -> None:
+    """The completion hook runs once at end of stream; tokens, running gauge and metadata follow."""
+    hooks = Hooks()
+    d, _ = director(hooks=hooks)
+    ctx = d.new_request({}, {})
+    await d.route(ctx, body("tok-model"))
+    d.request_sent(ctx)
+    assert metric("inference_objective_running_requests", model_name="tok-model") == 1
+    headers = {":status": "200", "content-type": "text/event-stream"}
+    d.response_headers(ctx, headers)
+    assert headers["x-added-by-plugin"] == "yes"
+    d.response_body(ctx, b"data: {}\n\n", False)
+    d.response_body(ctx, b"data: [DONE]\n\n", True)
+    d.finish(ctx)
+    assert len(hooks.completions) == 1
+    assert hooks.completions[0].usage == Usage(prompt_tokens=7, completion_tokens=10, total_tokens=17)
+    assert ctx.response is not None and ctx.response.dynamic_metadata
+    assert metric("inference_objective_running_requests", model_name="tok-model") == 0
+    assert (
+        metric("inference_objective_input_tokens_sum", model_name="tok-model", target_model_name="tok-model")
+        == 7
+    )
+
+
+async def test_abnormal_end_still_completes_and_counts_error_once() -> None:
+    """A stream that dies mid-response still runs completion (releasing state); errors count once."""
+    hooks = Hooks()
+    d, _ = director(hooks=hooks)
+    ctx = d.new_request({}, {})
+    await d.route(ctx, body("err-model"))
+    d.request_sent(ctx)
+    d.response_headers(ctx, {":status": "503"})
+    d.finish(ctx)
+    assert len(hooks.completions) == 1 and not hooks.completions[0].end_of_stream
+    assert metric("inference_objective_running_requests", model_name="err-model") == 0
+    assert (
+        metric(
+            "inference_objective_request_error_total",
+            model_name="err-model",
+            target_model_name="err-model",
+            error_code="ModelServerError",
+        )
+        == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("chunk", "expected"),
+    [
+        pytest.param(b'{"model":"t"}', b'{"model":"c"}', id="compact"),
+        pytest.param(b'{"model": "t"}', b'{"model": "c"}', id="one-space"),
+        pytest.param(b'{"model":"tt"}', b'{"model":"tt"}', id="other-model-untouched"),
+    ],
+)
+def test_rewrite_model_name(chunk: bytes, expected: bytes) -> None:
+    """GIE's byte replacement restores the client's model name in response chunks."""
+    assert rewrite_model_name(chunk, "t", "c") == expected
