@@ -1,0 +1,898 @@
+"""Command-line flags: GIE's pflag surface, plus our no-Kubernetes flags, parsed into a frozen ``Options``."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import re
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeVar
+
+from epp.errors import ConfigError
+
+T = TypeVar("T")
+
+Mode = Literal["pool", "selector", "endpoints", "endpoints-file"]
+
+DEFAULT_POOL_NAMESPACE: Final = "default"
+STATIC_POOL_NAME: Final = "epp"  # pool label in --endpoints/--endpoints-file mode when POD_NAME says nothing
+MAX_TARGET_PORTS: Final = 8
+DEPRECATED_METRIC_FLAGS: Final = (
+    "total-queued-requests-metric",
+    "total-running-requests-metric",
+    "kv-cache-usage-percentage-metric",
+    "lora-info-metric",
+    "cache-info-metric",
+)
+_METRICS_FLAG_ATTRS: Final = {
+    "model-server-metrics-scheme": "scheme",
+    "model-server-metrics-path": "path",
+    "model-server-metrics-port": "port",
+    "model-server-metrics-https-insecure-skip-verify": "insecure_skip_verify",
+}
+_DISCOVERY_FLAGS: Final = ("pool-name", "endpoint-selector", "endpoints", "endpoints-file")
+_DEPLOYMENT_FROM_POD: Final = re.compile(r"^(.+)-[a-z0-9]+-[a-z0-9]+$")
+
+
+class HelpRequested(Exception):
+    """``--help`` or ``-h`` was given: print ``text`` to stdout and exit 0."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("help requested")
+        self.text = text
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """One ``--endpoints`` entry; ``host`` is an IP literal (IPv6 without brackets) or a DNS name."""
+
+    host: str
+    port: int
+
+    @property
+    def is_ip(self) -> bool:
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            return False
+        return True
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelServerMetricsFlags:
+    """The deprecated ``--model-server-metrics-*`` values for the config builder.
+
+    ``explicitly_set`` holds attribute names (``scheme``, ``path``, ``port``,
+    ``insecure_skip_verify``): only those override the metrics-data-source defaults.
+    """
+
+    scheme: str
+    path: str
+    port: int
+    insecure_skip_verify: bool
+    explicitly_set: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """Every flag, by its flag name in snake_case; durations are float seconds."""
+
+    # Envoy ext_proc server
+    grpc_port: int = 9002
+    bind_address: str = ""  # all interfaces, as GIE's ":<port>"
+    secure_serving: bool = True
+    cert_path: str = ""
+    enable_cert_reload: bool = False
+    health_checking: bool = False
+    grpc_health_port: int = 9003
+    ha_enable_leader_election: bool = False
+    max_request_body_bytes: int = 64 * 1024 * 1024
+    shutdown_grace_period: float = 20.0
+    # endpoint discovery
+    pool_name: str = ""
+    pool_namespace: str = ""
+    pool_group: str = "inference.networking.k8s.io"
+    endpoint_selector: str = ""
+    endpoint_target_ports: tuple[int, ...] = ()
+    endpoints: tuple[HostPort, ...] = ()
+    endpoints_file: str = ""
+    objectives_file: str = ""
+    disable_endpoint_subset_filter: bool = False
+    # configuration
+    config_file: str = ""
+    config_text: str = ""
+    # model-server metrics
+    model_server_metrics_scheme: str = "http"
+    model_server_metrics_path: str = "/metrics"
+    model_server_metrics_port: int = 0
+    model_server_metrics_https_insecure_skip_verify: bool = True
+    refresh_metrics_interval: float = 0.05
+    refresh_prometheus_metrics_interval: float = 5.0
+    metrics_staleness_threshold: float = 2.0
+    total_queued_requests_metric: str = "vllm:num_requests_waiting"
+    total_running_requests_metric: str = "vllm:num_requests_running"
+    kv_cache_usage_percentage_metric: str = "vllm:kv_cache_usage_perc"
+    lora_info_metric: str = "vllm:lora_requests_info"
+    cache_info_metric: str = "vllm:cache_config_info"
+    # observability
+    metrics_port: int = 9090
+    metrics_endpoint_auth: bool = True
+    enable_pprof: bool = True
+    tracing: bool = True
+    # logging
+    v: int = 2
+    log_format: str = "json"
+    zap_devel: bool = True
+    zap_encoder: str = ""
+    zap_log_level: str = ""
+    zap_stacktrace_level: str = ""
+    zap_time_encoding: str = ""
+    # derived, not flags
+    explicit: frozenset[str] = frozenset()  # flag names given on the command line (Go's fs.Changed)
+    endpoint_selector_labels: tuple[tuple[str, str], ...] = ()
+    deployment_name: str = ""  # standalone mode: the EPP's Deployment, parsed from POD_NAME
+    notices: tuple[str, ...] = field(default=(), compare=False)  # deprecation notes for the log
+
+    @property
+    def mode(self) -> Mode:
+        """How endpoints are discovered; validation guarantees exactly one applies."""
+        if self.pool_name:
+            return "pool"
+        if self.endpoint_selector:
+            return "selector"
+        if self.endpoints:
+            return "endpoints"
+        return "endpoints-file"
+
+    @property
+    def pool_label(self) -> str:
+        """The pool's name as used in metrics labels and logs, whatever the mode."""
+        return self.pool_name or self.deployment_name or STATIC_POOL_NAME
+
+    @property
+    def model_server_metrics(self) -> ModelServerMetricsFlags:
+        return ModelServerMetricsFlags(
+            scheme=self.model_server_metrics_scheme,
+            path=self.model_server_metrics_path,
+            port=self.model_server_metrics_port,
+            insecure_skip_verify=self.model_server_metrics_https_insecure_skip_verify,
+            explicitly_set=frozenset(attr for f, attr in _METRICS_FLAG_ATTRS.items() if f in self.explicit),
+        )
+
+    def build_metrics_flags(self, factory: Callable[..., T]) -> T:
+        """Hand the deprecated metrics flags to the config builder's own dataclass."""
+        m = self.model_server_metrics
+        return factory(
+            scheme=m.scheme,
+            path=m.path,
+            port=m.port,
+            insecure_skip_verify=m.insecure_skip_verify,
+            explicitly_set=m.explicitly_set,
+        )
+
+
+# --- Go value syntax -------------------------------------------------------------------------------
+
+
+def go_quote(s: str) -> str:
+    """Go's ``%q`` for the strings we quote (printable text quotes the same as JSON)."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+_GO_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE: Final = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_INT64_MAX: Final = (1 << 63) - 1
+_GO_INT: Final = re.compile(
+    r"[+-]?(?:0[xX](?:_?[0-9a-fA-F])+|0[bB](?:_?[01])+|0[oO](?:_?[0-7])+|0(?:_?[0-7])*|[1-9](?:_?[0-9])*)"
+)
+_GO_ATOI: Final = re.compile(r"[+-]?[0-9]+")
+_DURATION_UNITS: Final = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,  # micro sign
+    "\u03bcs": 1_000,  # Greek mu
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+
+
+def parse_go_bool(s: str) -> bool:
+    """Go's ``strconv.ParseBool``."""
+    if s in _GO_TRUE:
+        return True
+    if s in _GO_FALSE:
+        return False
+    raise ValueError(f"strconv.ParseBool: parsing {go_quote(s)}: invalid syntax")
+
+
+def parse_go_int(s: str) -> int:
+    """Go's ``strconv.ParseInt(s, 0, 64)`` (pflag ints): 0x/0o/0b prefixes, leading-0 octal, ``_``."""
+    if not _GO_INT.fullmatch(s):
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(s)}: invalid syntax")
+    sign = -1 if s[0] == "-" else 1
+    body = s.lstrip("+-").replace("_", "")
+    leading_zero_octal = len(body) > 1 and body[0] == "0" and body[1].isdigit()
+    n = sign * int(body, 8 if leading_zero_octal else 0)
+    if not -_INT64_MAX - 1 <= n <= _INT64_MAX:
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(s)}: value out of range")
+    return n
+
+
+def parse_go_atoi(s: str) -> int:
+    """Go's ``strconv.Atoi`` (pflag int-slice elements): base 10, optional sign, nothing else."""
+    if not _GO_ATOI.fullmatch(s):
+        raise ValueError(f"strconv.Atoi: parsing {go_quote(s)}: invalid syntax")
+    n = int(s)
+    if not -_INT64_MAX - 1 <= n <= _INT64_MAX:
+        raise ValueError(f"strconv.Atoi: parsing {go_quote(s)}: value out of range")
+    return n
+
+
+def parse_go_duration(s: str) -> float:
+    """Go's ``time.ParseDuration`` (``50ms``, ``1m30s``, ``1.5h``, ``-2s``, ``0``) as float seconds."""
+    orig, i = s, 0
+    neg = False
+    if s and s[0] in "+-":
+        neg = s[0] == "-"
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        raise ValueError(f"time: invalid duration {go_quote(orig)}")
+    total = 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j].isascii() and s[j].isdigit():
+            j += 1
+        whole = s[i:j]
+        frac = ""
+        if j < len(s) and s[j] == ".":
+            k = j + 1
+            while k < len(s) and s[k].isascii() and s[k].isdigit():
+                k += 1
+            frac, j = s[j + 1 : k], k
+        if not whole and not frac:
+            raise ValueError(f"time: invalid duration {go_quote(orig)}")
+        k = j
+        while k < len(s) and s[k] != "." and not (s[k].isascii() and s[k].isdigit()):
+            k += 1
+        unit = s[j:k]
+        if not unit:
+            raise ValueError(f"time: missing unit in duration {go_quote(orig)}")
+        scale = _DURATION_UNITS.get(unit)
+        if scale is None:
+            raise ValueError(f"time: unknown unit {go_quote(unit)} in duration {go_quote(orig)}")
+        ns = int(whole or "0") * scale
+        if frac:
+            ns += int(frac) * scale // 10 ** len(frac)
+        total += ns
+        if total > _INT64_MAX:
+            raise ValueError(f"time: invalid duration {go_quote(orig)}")
+        i = k
+    return (-total if neg else total) / 1e9
+
+
+def format_go_duration(seconds: float) -> str:
+    """Go's ``Duration.String`` for the values we print in ``--help`` (``50ms``, ``1m30s``)."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    if ns < 1_000_000_000:
+        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= scale:
+                return f"{sign}{_trim(ns / scale)}{unit}"
+    h, rem = divmod(ns, 3_600_000_000_000)
+    m, rem = divmod(rem, 60_000_000_000)
+    secs = f"{_trim(rem / 1e9)}s"
+    if h:
+        return f"{sign}{h}h{m}m{secs}"
+    if m:
+        return f"{sign}{m}m{secs}"
+    return f"{sign}{secs}"
+
+
+def _trim(x: float) -> str:
+    return f"{x:.9f}".rstrip("0").rstrip(".")
+
+
+# --- controller-runtime zap flag values (parsed so typos fail; only the level is used) -------------
+
+_ZAP_LEVELS: Final = frozenset({"debug", "info", "error", "panic"})
+_ZAP_STACK_LEVELS: Final = frozenset({"info", "error", "panic"})
+_ZAP_TIME_ENCODINGS: Final = frozenset({"rfc3339nano", "rfc3339", "iso8601", "millis", "nanos", "epoch"})
+
+
+def _check_zap_encoder(s: str) -> None:
+    if s.lower() not in ("json", "console"):
+        raise ValueError(f"invalid encoder value {go_quote(s)}")
+
+
+def _check_zap_level(s: str) -> None:
+    if s.lower() in _ZAP_LEVELS:
+        return
+    try:
+        n = parse_go_atoi(s)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"invalid log level {go_quote(s)}")
+
+
+def _check_zap_stacktrace(s: str) -> None:
+    if s.lower() not in _ZAP_STACK_LEVELS:
+        raise ValueError(f"invalid stacktrace level {go_quote(s)}")
+
+
+def _check_zap_time_encoding(s: str) -> None:
+    if s.lower() not in _ZAP_TIME_ENCODINGS:
+        raise ValueError(f"invalid time-encoding value {go_quote(s)}")
+
+
+# --- the flag table --------------------------------------------------------------------------------
+
+Kind = Literal["bool", "int", "str", "duration", "ints"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    name: str
+    kind: Kind
+    group: str
+    help: str
+    new: bool = False  # not a GIE flag
+    shorthand: str = ""
+    check: Callable[[str], None] | None = None
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def display(self) -> str:
+        return f"-{self.shorthand}, --{self.name}" if self.shorthand else f"--{self.name}"
+
+
+_SERVER, _DISCOVERY, _CONFIG, _METRICS, _OBS, _LOG = (
+    "Envoy ext_proc server",
+    "Endpoint discovery (exactly one of --pool-name, --endpoint-selector, --endpoints, --endpoints-file)",
+    "Configuration",
+    "Model-server metrics",
+    "Observability",
+    "Logging",
+)
+
+FLAGS: Final[tuple[_Flag, ...]] = (
+    _Flag("grpc-port", "int", _SERVER, "gRPC port used for communicating with Envoy proxy."),
+    _Flag(
+        "bind-address",
+        "str",
+        _SERVER,
+        "IP address the ext_proc, health and metrics servers listen on; empty means all interfaces.",
+        new=True,
+    ),
+    _Flag("secure-serving", "bool", _SERVER, "Enables secure serving (TLS on the ext_proc port)."),
+    _Flag(
+        "cert-path",
+        "str",
+        _SERVER,
+        "Directory holding tls.crt and tls.key for secure serving; if empty and secure serving is "
+        "enabled, a self-signed certificate is generated at startup.",
+    ),
+    _Flag(
+        "enable-cert-reload", "bool", _SERVER, "Reload the certificate in --cert-path when its files change."
+    ),
+    _Flag(
+        "health-checking",
+        "bool",
+        _SERVER,
+        "Also serve the gRPC health service on the ext_proc port (reports SERVING).",
+    ),
+    _Flag("grpc-health-port", "int", _SERVER, "The port used for gRPC liveness and readiness probes."),
+    _Flag(
+        "ha-enable-leader-election",
+        "bool",
+        _SERVER,
+        "Enables leader election for high availability; readiness passes only on the leader.",
+    ),
+    _Flag(
+        "max-request-body-bytes",
+        "int",
+        _SERVER,
+        "Largest request body buffered for parsing; larger requests get 413. 0 means unlimited.",
+        new=True,
+    ),
+    _Flag(
+        "shutdown-grace-period",
+        "duration",
+        _SERVER,
+        "On SIGTERM, how long open streams may finish before the server stops.",
+        new=True,
+    ),
+    _Flag(
+        "pool-name", "str", _DISCOVERY, "Name of the InferencePool this Endpoint Picker is associated with."
+    ),
+    _Flag(
+        "pool-namespace",
+        "str",
+        _DISCOVERY,
+        "Namespace of the InferencePool (and of the EPP in standalone mode); "
+        "empty means env NAMESPACE, else 'default'.",
+    ),
+    _Flag("pool-group", "str", _DISCOVERY, "Kubernetes API group of the InferencePool."),
+    _Flag(
+        "endpoint-selector",
+        "str",
+        _DISCOVERY,
+        "Standalone mode: select model server pods by labels, 'key=value' pairs separated by commas "
+        "(e.g. 'app=vllm-llama3-8b-instruct,env=prod'); needs env POD_NAME.",
+    ),
+    _Flag(
+        "endpoint-target-ports",
+        "ints",
+        _DISCOVERY,
+        "Standalone mode: target ports of model server pods, comma-separated (e.g. '3000,3001').",
+    ),
+    _Flag(
+        "endpoints",
+        "str",
+        _DISCOVERY,
+        "Without Kubernetes: a fixed list of model servers, HOST:PORT[,HOST:PORT...] ([::1]:8000 for IPv6).",
+        new=True,
+    ),
+    _Flag(
+        "endpoints-file",
+        "str",
+        _DISCOVERY,
+        "Without Kubernetes: a YAML file listing model servers.",
+        new=True,
+    ),
+    _Flag(
+        "objectives-file",
+        "str",
+        _DISCOVERY,
+        "Without an InferencePool: a YAML file of InferenceObjective and InferenceModelRewrite objects.",
+        new=True,
+    ),
+    _Flag(
+        "disable-endpoint-subset-filter",
+        "bool",
+        _DISCOVERY,
+        "Ignore the x-gateway-destination-endpoint-subset hint sent by the proxy.",
+    ),
+    _Flag("config-file", "str", _CONFIG, "The path to the EndpointPickerConfig file."),
+    _Flag("config-text", "str", _CONFIG, "The EndpointPickerConfig as text, in lieu of a file."),
+    _Flag(
+        "model-server-metrics-scheme",
+        "str",
+        _METRICS,
+        "Deprecated: protocol scheme used in scraping metrics from endpoints (http or https).",
+    ),
+    _Flag("model-server-metrics-path", "str", _METRICS, "Deprecated: URL path used in scraping metrics."),
+    _Flag(
+        "model-server-metrics-port",
+        "int",
+        _METRICS,
+        "Deprecated: port to scrape metrics on when the pool has one target port (0: the target port).",
+    ),
+    _Flag(
+        "model-server-metrics-https-insecure-skip-verify",
+        "bool",
+        _METRICS,
+        "Deprecated: skip certificate verification when scraping over https.",
+    ),
+    _Flag("refresh-metrics-interval", "duration", _METRICS, "Interval to refresh metrics of each endpoint."),
+    _Flag(
+        "refresh-prometheus-metrics-interval",
+        "duration",
+        _METRICS,
+        "Interval to recompute the inference_pool_* gauges.",
+    ),
+    _Flag(
+        "metrics-staleness-threshold",
+        "duration",
+        _METRICS,
+        "Endpoint metrics older than this are left out of the pool gauges.",
+    ),
+    _Flag("total-queued-requests-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
+    _Flag("total-running-requests-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
+    _Flag("kv-cache-usage-percentage-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
+    _Flag("lora-info-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
+    _Flag("cache-info-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
+    _Flag("metrics-port", "int", _OBS, "The port of the Prometheus /metrics endpoint (and pprof)."),
+    _Flag(
+        "metrics-endpoint-auth",
+        "bool",
+        _OBS,
+        "Require a Kubernetes bearer token allowed to GET /metrics (TokenReview + SubjectAccessReview).",
+    ),
+    _Flag("enable-pprof", "bool", _OBS, "Serve profiling handlers under /debug/pprof on the metrics port."),
+    _Flag(
+        "tracing",
+        "bool",
+        _OBS,
+        "Enables OpenTelemetry tracing; spans are exported only when OTEL_TRACES_EXPORTER is set.",
+    ),
+    _Flag("v", "int", _LOG, "Log verbosity: 2 info (default), 3 verbose, 4 debug, 5 trace.", shorthand="v"),
+    _Flag("log-format", "str", _LOG, "Log line format: json or console.", new=True),
+    _Flag("zap-devel", "bool", _LOG, "Accepted for compatibility; has no effect."),
+    _Flag(
+        "zap-encoder",
+        "str",
+        _LOG,
+        "Accepted for compatibility (json or console); use --log-format.",
+        check=_check_zap_encoder,
+    ),
+    _Flag(
+        "zap-log-level",
+        "str",
+        _LOG,
+        "Log level, overrides -v: debug, info, error, panic, or an integer > 0 meaning -v=N.",
+        check=_check_zap_level,
+    ),
+    _Flag(
+        "zap-stacktrace-level",
+        "str",
+        _LOG,
+        "Accepted for compatibility (info, error or panic); has no effect.",
+        check=_check_zap_stacktrace,
+    ),
+    _Flag(
+        "zap-time-encoding",
+        "str",
+        _LOG,
+        "Accepted for compatibility (epoch, millis, nanos, iso8601, rfc3339, rfc3339nano); has no effect.",
+        check=_check_zap_time_encoding,
+    ),
+)
+_BY_NAME: Final = {f.name: f for f in FLAGS}
+DEFAULTS: Final = Options()
+
+
+def _convert(flag: _Flag, raw: str, previous: object) -> object:
+    """One flag value, or a pflag-worded error naming the flag and the value."""
+    try:
+        match flag.kind:
+            case "bool":
+                return parse_go_bool(raw)
+            case "int":
+                return parse_go_int(raw)
+            case "duration":
+                return parse_go_duration(raw)
+            case "ints":
+                parsed = tuple(parse_go_atoi(p) for p in raw.split(","))
+                return (previous if isinstance(previous, tuple) else ()) + parsed
+            case "str":
+                if flag.check is not None:
+                    flag.check(raw)
+                return raw
+    except ValueError as e:
+        raise ConfigError(
+            f"invalid argument {go_quote(raw)} for {go_quote(flag.display)} flag: {e}"
+        ) from None
+    raise AssertionError(flag.kind)  # pragma: no cover - Kind is exhaustive
+
+
+def _split_arg(arg: str) -> tuple[_Flag, str | None]:
+    """The flag a ``-x``/``--name[=value]`` token names and its inline value, if any."""
+    if arg.startswith("--"):
+        name, eq, value = arg[2:].partition("=")
+        if name in ("help", "h"):
+            raise HelpRequested(usage())
+        flag = _BY_NAME.get(name)
+        if flag is None:
+            raise ConfigError(f"unknown flag: --{name}")
+        return flag, value if eq else None
+    body = arg[1:]
+    name, eq, value = body.partition("=")
+    if len(name) > 1 and name in _BY_NAME:  # Go's flag package style: -pool-name=x
+        return _BY_NAME[name], value if eq else None
+    short = body[0]
+    if short == "h":
+        raise HelpRequested(usage())
+    if short != "v":
+        raise ConfigError(f"unknown shorthand flag: {short!r} in {arg}")
+    rest = body[1:]
+    if rest.startswith("="):
+        return _BY_NAME["v"], rest[1:]
+    return _BY_NAME["v"], rest or None
+
+
+def parse_flags(argv: Sequence[str], env: Mapping[str, str]) -> Options:
+    """Parse ``argv`` (without the program name) and the environment into validated ``Options``.
+
+    Raises ``ConfigError`` with GIE's message for any invalid flag or combination, and
+    ``HelpRequested`` for ``--help``.
+    """
+    values: dict[str, Any] = {}
+    explicit: dict[str, None] = {}  # ordered set
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            extra = argv[i:] if arg == "--" else argv[i - 1 :]
+            if not extra:
+                break
+            hint = ""
+            prev = argv[i - 2] if i >= 2 else ""
+            if prev.startswith("-") and "=" not in prev:
+                with_prev = _BY_NAME.get(prev.lstrip("-"))
+                if with_prev is not None and with_prev.kind == "bool":
+                    hint = f" (boolean flags take their value inline: {prev}={extra[0]})"
+            raise ConfigError(f"unexpected argument {go_quote(extra[0])}: the epp takes flags only{hint}")
+        flag, value = _split_arg(arg)
+        if value is None:
+            if flag.kind == "bool":
+                value = "true"
+            elif i < len(argv):
+                value = argv[i]
+                i += 1
+            else:
+                what = "'v' in -v" if arg.startswith("-v") and not arg.startswith("--") else f"--{flag.name}"
+                raise ConfigError(f"flag needs an argument: {what}")
+        values[flag.attr] = _convert(flag, value, values.get(flag.attr))
+        explicit[flag.name] = None
+    raw_endpoints = values.pop("endpoints", "")
+    opts: Options = dataclasses.replace(DEFAULTS, **values, explicit=frozenset(explicit))
+    return _complete(opts, raw_endpoints if isinstance(raw_endpoints, str) else "", env)
+
+
+# --- completion and validation (GIE's Options.Complete + Validate + runner checks) ----------------
+
+
+def _complete(opts: Options, raw_endpoints: str, env: Mapping[str, str]) -> Options:
+    ports = tuple(dict.fromkeys(opts.endpoint_target_ports))
+    namespace = opts.pool_namespace or env.get("NAMESPACE", "") or DEFAULT_POOL_NAMESPACE
+    opts = dataclasses.replace(opts, endpoint_target_ports=ports, pool_namespace=namespace)
+    _validate_discovery(opts, raw_endpoints)
+    if opts.config_text and opts.config_file:
+        raise ConfigError('both the "configText" and "configFile" flags can not be set at the same time')
+    if opts.model_server_metrics_scheme not in ("http", "https"):
+        raise ConfigError(
+            f"unexpected {go_quote(opts.model_server_metrics_scheme)} value for "
+            "\"model-server-metrics-scheme\" flag, it can only be set to 'http' or 'https'"
+        )
+    for name in DEPRECATED_METRIC_FLAGS:
+        if name in opts.explicit:
+            raise ConfigError(
+                f"flag {go_quote(name)} is deprecated and cannot be used; "
+                "configure metrics via engineConfigs in EndpointPickerConfig instead"
+            )
+    _validate_new(opts)
+    endpoints = _parse_endpoints(raw_endpoints) if raw_endpoints else ()
+    labels: tuple[tuple[str, str], ...] = ()
+    deployment = ""
+    if opts.endpoint_selector:
+        labels = parse_selector(opts.endpoint_selector)
+        pod = env.get("POD_NAME")
+        if not pod:
+            raise ConfigError("failed to get environment variable POD_NAME")
+        deployment = deployment_from_pod_name(pod)
+    elif not opts.pool_name:
+        pod = env.get("POD_NAME", "")
+        m = _DEPLOYMENT_FROM_POD.match(pod)
+        deployment = m.group(1) if m else ""
+    return dataclasses.replace(
+        opts,
+        endpoints=endpoints,
+        endpoint_selector_labels=labels,
+        deployment_name=deployment,
+        notices=_notices(opts),
+    )
+
+
+def _validate_discovery(opts: Options, raw_endpoints: str) -> None:
+    given = [
+        name
+        for name, value in zip(
+            _DISCOVERY_FLAGS,
+            (opts.pool_name, opts.endpoint_selector, raw_endpoints, opts.endpoints_file),
+            strict=True,
+        )
+        if value
+    ]
+    if not given:
+        raise ConfigError(
+            "either pool-name or endpoint-selector must be set "
+            "(or, without Kubernetes, endpoints or endpoints-file)"
+        )
+    if len(given) > 1:
+        if set(given) == {"pool-name", "endpoint-selector"}:
+            raise ConfigError("either pool-name or endpoint-selector must be set")
+        quoted = [go_quote(n) for n in given]
+        listed = ", ".join(quoted[:-1]) + " and " + quoted[-1]
+        raise ConfigError(f"flags {listed} cannot be set at the same time; choose one way to find endpoints")
+    if opts.endpoint_selector:
+        if not 1 <= len(opts.endpoint_target_ports) <= MAX_TARGET_PORTS:
+            raise ConfigError('flag "endpoint-target-ports" should have length from 1 to 8')
+        for port in opts.endpoint_target_ports:
+            if not 0 <= port <= 65535:
+                raise ConfigError(f'invalid port number {port} in "endpoint-target-ports"')
+
+
+def _validate_new(opts: Options) -> None:
+    """Checks GIE lacks: our own flags, and ports that could never be bound."""
+    for name in ("grpc-port", "grpc-health-port", "metrics-port"):
+        port = getattr(opts, name.replace("-", "_"))
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"invalid port number {port} in {go_quote(name)}")
+    if opts.bind_address:
+        try:
+            ipaddress.ip_address(opts.bind_address.removeprefix("[").removesuffix("]"))
+        except ValueError:
+            raise ConfigError(
+                f'invalid value {go_quote(opts.bind_address)} for "bind-address": not an IP address'
+            ) from None
+    if opts.log_format not in ("json", "console"):
+        raise ConfigError(
+            f'unexpected {go_quote(opts.log_format)} value for "log-format" flag, '
+            "it can only be set to 'json' or 'console'"
+        )
+    if opts.max_request_body_bytes < 0:
+        raise ConfigError(
+            f'invalid value {opts.max_request_body_bytes} for "max-request-body-bytes": '
+            "must be >= 0 (0 means unlimited)"
+        )
+    if opts.shutdown_grace_period < 0:
+        raise ConfigError(
+            f"invalid value {go_quote(format_go_duration(opts.shutdown_grace_period))} "
+            'for "shutdown-grace-period": must not be negative'
+        )
+    if opts.objectives_file and opts.pool_name:
+        raise ConfigError(
+            'flag "objectives-file" cannot be used with "pool-name": in InferencePool mode objectives '
+            "and rewrites come from the InferenceObjective and InferenceModelRewrite resources"
+        )
+
+
+def _notices(opts: Options) -> tuple[str, ...]:
+    out = [
+        f"flag {go_quote(name)} is deprecated and will be removed; "
+        "set the metrics-data-source plugin parameters in EndpointPickerConfig instead"
+        for name in _METRICS_FLAG_ATTRS
+        if name in opts.explicit
+    ]
+    if opts.enable_cert_reload and not opts.cert_path:
+        out.append('flag "enable-cert-reload" has no effect without "cert-path"')
+    return tuple(out)
+
+
+def deployment_from_pod_name(pod: str) -> str:
+    """GIE's standalone-mode EPP name: the Deployment that owns pod ``<deploy>-<hash>-<id>``."""
+    m = _DEPLOYMENT_FROM_POD.match(pod)
+    if m is None:
+        raise ConfigError(f"failed to parse deployment name from pod name {pod}")
+    return m.group(1)
+
+
+_LABEL_NAME: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME_RULE: Final = (
+    "must consist of alphanumeric characters, '-', '_' or '.', "
+    "and must start and end with an alphanumeric character"
+)
+
+
+def parse_selector(selector: str) -> tuple[tuple[str, str], ...]:
+    """Kubernetes' ``labels.ConvertSelectorToLabelsMap``: ``k=v,k2=v2`` with label syntax checks."""
+
+    def fail(detail: str) -> ConfigError:
+        return ConfigError(f"failed to parse endpoint selector {go_quote(selector)}: {detail}")
+
+    out: dict[str, str] = {}
+    for part in selector.split(","):
+        kv = part.split("=")
+        if len(kv) != 2:
+            raise fail(f"invalid selector: [{' '.join(kv)}]")
+        key, value = kv[0].strip(), kv[1].strip()
+        prefix, slash, name = key.rpartition("/")
+        if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+            raise fail(f"invalid label key {go_quote(key)}: prefix part must be a lowercase DNS subdomain")
+        if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+            raise fail(f"invalid label key {go_quote(key)}: name part {_NAME_RULE} (at most 63 characters)")
+        if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
+            raise fail(
+                f"invalid label value {go_quote(value)}: a label value {_NAME_RULE} (at most 63 characters)"
+            )
+        out[key] = value
+    return tuple(out.items())
+
+
+_HOSTNAME: Final = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*\.?"
+)
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def parse_endpoint(entry: str) -> HostPort:
+    """One ``HOST:PORT`` (``[v6]:PORT``); ValueError says what is wrong with it."""
+    if not entry:
+        raise ValueError("empty entry")
+    if entry.startswith("["):
+        host, sep, rest = entry[1:].partition("]")
+        if not sep:
+            raise ValueError("missing ']' after an IPv6 address")
+        if not rest.startswith(":"):
+            raise ValueError("missing port")
+        port_text = rest[1:]
+        if not _is_ipv6(host):
+            raise ValueError(f"{go_quote(host)} in brackets is not an IPv6 address")
+    else:
+        host, sep, port_text = entry.rpartition(":")
+        if not sep:
+            raise ValueError("missing port")
+        if ":" in host:
+            raise ValueError("an IPv6 address must be in brackets, e.g. [::1]:8000")
+        if not host:
+            raise ValueError("missing host")
+        if not _HOSTNAME.fullmatch(host):
+            raise ValueError(f"{go_quote(host)} is neither an IP address nor a DNS name")
+    if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"port {go_quote(port_text)} is not a number from 1 to 65535")
+    return HostPort(host, int(port_text))
+
+
+def _parse_endpoints(raw: str) -> tuple[HostPort, ...]:
+    out: dict[HostPort, None] = {}
+    for entry in raw.split(","):
+        entry = entry.strip()
+        try:
+            out[parse_endpoint(entry)] = None
+        except ValueError as e:
+            raise ConfigError(f'invalid endpoint {go_quote(entry)} in "endpoints": {e}') from None
+    return tuple(out)
+
+
+# --- --help ----------------------------------------------------------------------------------------
+
+_TYPE_NAMES: Final = {"bool": "", "int": "int", "str": "string", "duration": "duration", "ints": "ints"}
+
+
+def _default_text(flag: _Flag) -> str:
+    value = getattr(DEFAULTS, flag.attr)
+    match flag.kind:
+        case "bool":
+            return "true" if value else "false"
+        case "duration":
+            return format_go_duration(float(value))
+        case "ints":
+            return "[" + ",".join(str(p) for p in value) + "]"
+        case "str":
+            return go_quote(str(value)) if flag.name != "endpoints" else '""'
+        case _:
+            return str(value)
+
+
+def usage() -> str:
+    """The ``--help`` text: every flag, grouped, with its default; ``[new]`` marks flags GIE lacks."""
+    lines = ["Usage: epp [flags]", "", "A Python Endpoint Picker for the Gateway API Inference Extension."]
+    group = ""
+    for f in FLAGS:
+        if f.group != group:
+            group = f.group
+            lines += ["", f"{group}:"]
+        lines.append(f"  {f.display} {_TYPE_NAMES[f.kind]}".rstrip())
+        tag = " [new]" if f.new else ""
+        text = f"{f.help}{tag} (default {_default_text(f)})"
+        lines += textwrap.wrap(text, width=100, initial_indent=" " * 8, subsequent_indent=" " * 8)
+    lines += [
+        "",
+        "Environment: NAMESPACE (pool namespace fallback), POD_NAME (standalone mode), OTEL_TRACES_EXPORTER,",
+        "OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG.",
+    ]
+    return "\n".join(lines) + "\n"

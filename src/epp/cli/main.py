@@ -1,0 +1,55 @@
+"""``epp``: parse flags, configure logging, build everything, then serve until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+import structlog
+
+from epp.cli.flags import HelpRequested, parse_flags
+from epp.cli.run import build_app, serve
+from epp.errors import ConfigError
+from epp.log import configure_logging
+
+log = structlog.get_logger(__name__)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Exit 0 after a clean shutdown, 1 on a bad flag or config (nothing was started), 2 on a crash."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        options = parse_flags(args, os.environ)
+    except HelpRequested as h:
+        print(h.text)
+        sys.exit(0)
+    except ConfigError as e:
+        print(f"epp: {e}", file=sys.stderr)
+        sys.exit(1)
+    configure_logging(options)
+    for notice in options.notices:
+        log.warning("deprecated", notice=notice)
+    try:
+        app = build_app(options, os.environ)
+    except ConfigError as e:
+        log.error("startup_failed", error=str(e))
+        print(f"epp: {e}", file=sys.stderr)
+        sys.exit(1)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        runner = asyncio.run
+    try:
+        code = runner(serve(app))
+    except ConfigError as e:  # raised while starting (e.g. a TLS certificate that cannot be read)
+        log.error("startup_failed", error=str(e))
+        print(f"epp: {e}", file=sys.stderr)
+        sys.exit(1)
+    except Exception:
+        log.exception("epp_crashed")
+        sys.exit(2)
+    sys.exit(code)

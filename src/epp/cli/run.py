@@ -1,0 +1,235 @@
+"""Compose the EPP from Options: build everything (all or nothing), then start, serve, drain, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import structlog
+
+from epp import __version__
+from epp.admission.api import AdmissionController
+from epp.admission.legacy import LegacyAdmission
+from epp.cli.flags import Options
+from epp.config.build import BuildOptions, Components, MetricsFlags, build, parser_supports
+from epp.config.features import FLOW_CONTROL
+from epp.config.load import load
+from epp.config.registry import default_registry
+from epp.datalayer.pool_metrics import PoolMetrics
+from epp.datalayer.runtime import DataLayerRuntime
+from epp.datastore.objects import apply_objects, load_objects
+from epp.datastore.static import endpoints_from_pairs, load_endpoints_file
+from epp.datastore.store import Datastore, PoolInfo
+from epp.datastore.watch import WatchedFile
+from epp.director.director import Director, Pipeline
+from epp.errors import ConfigError
+from epp.metrics import series
+from epp.metrics.exporter import MetricsServer
+from epp.server import extproc, health
+from epp.server.tls import server_credentials
+from epp.tracing.otel import Tracing, setup_tracing
+
+log = structlog.get_logger(__name__)
+
+STANDALONE_POOL = "standalone"
+
+
+@dataclass(slots=True)
+class App:
+    """Everything built from the command line; nothing here has started."""
+
+    options: Options
+    components: Components
+    datastore: Datastore
+    director: Director
+    data_layer: DataLayerRuntime
+    admission: AdmissionController
+    tracing: Tracing
+    watched: list[WatchedFile[Any]] = field(default_factory=list)
+    draining: bool = False
+
+
+def _discovery(options: Options, ds: Datastore) -> list[WatchedFile[Any]]:
+    """Fill the datastore from --endpoints / --endpoints-file / --objectives-file."""
+    if options.pool_name or options.endpoint_selector:
+        raise ConfigError(
+            "Kubernetes discovery (--pool-name / --endpoint-selector) is not available in this build yet; "
+            "run without a cluster with --endpoints HOST:PORT[,...] or --endpoints-file PATH"
+        )
+    namespace = options.pool_namespace or "default"
+    ds.pool = PoolInfo(name=STANDALONE_POOL, namespace=namespace)
+    watched: list[WatchedFile[Any]] = []
+    if options.endpoints:
+        ds.replace_all(endpoints_from_pairs([(hp.host, hp.port) for hp in options.endpoints], namespace))
+    elif options.endpoints_file:
+        wf = WatchedFile(
+            options.endpoints_file,
+            lambda text: load_endpoints_file(text, namespace, source=options.endpoints_file),
+            ds.replace_all,
+            what="endpoints file",
+        )
+        wf.load_now()
+        watched.append(wf)
+    if options.objectives_file:
+        of = WatchedFile(
+            options.objectives_file,
+            lambda text: load_objects(text, source=options.objectives_file),
+            lambda objs: apply_objects(ds, objs),
+            what="objectives file",
+        )
+        of.load_now()
+        watched.append(of)
+    ds.pool_synced = True
+    return watched
+
+
+def build_app(options: Options, env: Mapping[str, str]) -> App:
+    """Validate and build every component; raises ConfigError and starts nothing."""
+    config = load(config_file=options.config_file, config_text=options.config_text)
+    components = build(
+        config,
+        default_registry(),
+        BuildOptions(metrics=options.build_metrics_flags(MetricsFlags), env=env),
+    )
+    ds = Datastore()
+    watched = _discovery(options, ds)
+    pool_protocol = ds.pool.app_protocol if ds.pool else "http"
+    if not parser_supports(components.parser, pool_protocol):
+        log.warning(
+            "parser_protocol_mismatch", parser=str(components.parser.typed_name), app_protocol=pool_protocol
+        )
+    data_layer = DataLayerRuntime(ds, components.data_sources, refresh_interval=options.refresh_metrics_interval)
+    admission: AdmissionController
+    if FLOW_CONTROL in components.feature_gates:
+        from epp.admission.flow_control import FlowControlAdmission
+
+        admission = FlowControlAdmission.from_components(components, ds)
+    else:
+        admission = LegacyAdmission(components.saturation_detector)
+    pipeline = Pipeline(
+        parser=components.parser,
+        scheduler=components.scheduler,
+        admission=admission,
+        producers=components.producers,
+        admitters=components.admitters,
+        pre_request=components.pre_request,
+        response_header=components.response_header,
+        response_body=components.response_body,
+        response_complete=components.response_complete,
+        subset_filter=not options.disable_endpoint_subset_filter,
+    )
+    tracing = setup_tracing(options, env)
+    director = Director(ds, pipeline)
+    return App(
+        options=options,
+        components=components,
+        datastore=ds,
+        director=director,
+        data_layer=data_layer,
+        admission=admission,
+        tracing=tracing,
+        watched=watched,
+    )
+
+
+def _address(options: Options, port: int) -> str:
+    host = options.bind_address or "[::]"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
+    """Start in dependency order, serve until SIGTERM/SIGINT (or ``stop``), drain, stop in reverse."""
+    opts = app.options
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    series.INFO.labels(commit="", build_ref=__version__).set(1)
+
+    def ready() -> bool:
+        ds = app.datastore
+        protocol = ds.pool.app_protocol if ds.pool else "http"
+        return ds.pool_synced and not app.draining and parser_supports(app.components.parser, protocol)
+
+    health_servicer = health.HealthServicer(ready, leader_election=opts.ha_enable_leader_election)
+    async with contextlib.AsyncExitStack() as stack:
+        for plugin in app.components.lifecycle:
+            await plugin.start()
+            stack.push_async_callback(plugin.stop)
+        for observer in app.components.observers:
+            app.datastore.add_observer(observer)
+        await stack.enter_async_context(app.data_layer)
+        if hasattr(app.admission, "__aenter__"):
+            await stack.enter_async_context(app.admission)  # type: ignore[arg-type]
+        for wf in app.watched:
+            await wf.start()
+            stack.push_async_callback(wf.stop)
+        await stack.enter_async_context(
+            PoolMetrics(
+                app.datastore,
+                interval=opts.refresh_prometheus_metrics_interval,
+                staleness_threshold=opts.metrics_staleness_threshold,
+            )
+        )
+        metrics_server = await stack.enter_async_context(
+            MetricsServer(opts.bind_address, opts.metrics_port, enable_pprof=opts.enable_pprof)
+        )
+        if opts.metrics_endpoint_auth:
+            log.warning(
+                "metrics_auth_unavailable",
+                reason="--metrics-endpoint-auth needs the Kubernetes TokenReview API; /metrics is served without auth",
+            )
+
+        health_server = grpc.aio.server()
+        health.add_to_server(health_servicer, health_server)
+        health_port = health_server.add_insecure_port(_address(opts, opts.grpc_health_port))
+        await health_server.start()
+        stack.push_async_callback(health_server.stop, 0)
+
+        servicer = extproc.ExtProcServicer(
+            app.director, max_body_bytes=opts.max_request_body_bytes, tracing=app.tracing
+        )
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 128 * 1024 * 1024),
+                ("grpc.max_send_message_length", 128 * 1024 * 1024),
+            ]
+        )
+        extproc.add_to_server(servicer, server)
+        if opts.health_checking:
+            health.add_to_server(health_servicer, server)
+        address = _address(opts, opts.grpc_port)
+        if opts.secure_serving:
+            creds = await asyncio.to_thread(server_credentials, opts.cert_path, opts.enable_cert_reload)
+            grpc_port = server.add_secure_port(address, creds)
+        else:
+            grpc_port = server.add_insecure_port(address)
+        await server.start()
+        log.info(
+            "epp_started",
+            version=__version__,
+            grpc_port=grpc_port,
+            grpc_health_port=health_port,
+            metrics_port=metrics_server.port,
+            endpoints=len(app.datastore.endpoints()),
+            plugins=list(app.components.plugins),
+            feature_gates=sorted(app.components.feature_gates),
+            secure_serving=opts.secure_serving,
+        )
+        await stop.wait()
+        app.draining = True  # health turns NOT_SERVING so the proxy stops sending new streams
+        started = time.monotonic()
+        log.info("epp_draining", in_flight=servicer.active_streams, grace_seconds=opts.shutdown_grace_period)
+        await server.stop(opts.shutdown_grace_period)
+        log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))
+    await asyncio.to_thread(app.tracing.shutdown)
+    return 0
