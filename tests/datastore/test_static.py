@@ -27,7 +27,8 @@ def test_flag_parses_ipv4_and_ipv6() -> None:
         pytest.param("localhost", "missing port", id="no-port"),
         pytest.param("h:99999", "invalid port", id="port-range"),
         pytest.param("::1:80", r"IPv6 addresses must be written \[addr\]:port", id="bare-ipv6"),
-        pytest.param("a:1,a:1", "duplicate endpoint", id="duplicate"),
+        pytest.param("10.0.0.1:1,10.0.0.1:1", "duplicate endpoint", id="duplicate"),
+        pytest.param("no-such-host.invalid:80", "cannot resolve endpoint host", id="unresolvable"),
         pytest.param(" , ", "at least one", id="empty"),
     ],
 )
@@ -35,6 +36,13 @@ def test_flag_errors_name_the_entry(value: str, message: str) -> None:
     """Each bad entry is rejected with the reason."""
     with pytest.raises(ConfigError, match=message):
         endpoints_from_flag(value, "default")
+
+
+def test_dns_names_resolve_to_ips_but_keep_their_name() -> None:
+    """Envoy's ORIGINAL_DST needs an IP: names resolve once; the endpoint keeps the given name."""
+    (ep,) = endpoints_from_flag("localhost:8000", "default")
+    assert ep.name == "localhost:8000"
+    assert ep.address in ("127.0.0.1", "::1")
 
 
 def test_file_accepts_mapping_or_list_with_labels() -> None:
@@ -54,7 +62,7 @@ def test_file_accepts_mapping_or_list_with_labels() -> None:
         pytest.param("endpoints:\n- {address: a}\n", r"endpoints\[0\]\.port: Field required", id="missing-port"),
         pytest.param("endpoints:\n- {address: a, port: 1, colour: red}\n", r"endpoints\[0\]\.colour", id="unknown"),
         pytest.param("endpoints: [\n", "invalid YAML", id="yaml"),
-        pytest.param("- {address: a, port: 1, name: x}\n- {address: b, port: 2, name: x}\n", "duplicate", id="dup"),
+        pytest.param("- {address: 10.0.0.1, port: 1, name: x}\n- {address: 10.0.0.2, port: 2, name: x}\n", "duplicate", id="dup"),
     ],
 )
 def test_file_errors_name_the_field(text: str, message: str) -> None:

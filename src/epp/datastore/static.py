@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,11 +60,27 @@ def split_hostport(value: str) -> tuple[str, int]:
     return host, int(port_s)
 
 
+def resolve(host: str) -> str:
+    """An IP literal as is; a DNS name resolved once (IPv4 first), since Envoy's ORIGINAL_DST
+    cluster needs an IP in the destination header.  Blocking: call it off the event loop."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ConfigError(f"cannot resolve endpoint host {host!r}: {e}") from None
+    infos.sort(key=lambda i: i[0] != socket.AF_INET)
+    return str(infos[0][4][0])
+
+
 def to_metadata(spec: EndpointSpec, namespace: str) -> EndpointMetadata:
     name = spec.name or join_host_port(spec.address, spec.port)
     return EndpointMetadata(
         name=name,
-        address=spec.address,
+        address=resolve(spec.address),
         port=spec.port,
         pod_name=name,
         namespace=namespace,

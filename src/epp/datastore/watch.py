@@ -52,16 +52,18 @@ class WatchedFile(Generic[T]):
         self.reloads = 0  # successful loads after the first (for tests and logs)
         self.failures = 0
 
-    def load_now(self) -> None:
-        """Read, validate and apply the file; raise ``ConfigError`` if it is bad."""
-        sig = _signature(self.path)
+    def _read(self) -> T:
         try:
             with open(self.path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
             raise ConfigError(f"{self._what} {self.path}: cannot read: {e.strerror or e}") from None
-        value = self._load(text)
-        self._apply(value)
+        return self._load(text)
+
+    def load_now(self) -> None:
+        """Read, validate and apply the file; raise ``ConfigError`` if it is bad (startup path)."""
+        sig = _signature(self.path)
+        self._apply(self._read())
         self._sig = sig
 
     async def start(self) -> None:
@@ -86,12 +88,14 @@ class WatchedFile(Generic[T]):
         if sig is None or sig == self._sig:
             return False
         try:
-            self.load_now()
+            value = await asyncio.to_thread(self._read)  # file I/O and DNS stay off the event loop
         except ConfigError as e:
             self._sig = sig  # do not re-log the same bad version every second
             self.failures += 1
             log.error("file_reload_failed", file=self.path, what=self._what, error=str(e), kept="last good version")
             return False
+        self._apply(value)
+        self._sig = sig
         self.reloads += 1
         log.info("file_reloaded", file=self.path, what=self._what)
         return True

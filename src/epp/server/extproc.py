@@ -15,6 +15,7 @@ from epp.director.director import Director
 from epp.errors import EppError, Internal
 from epp.server import responses as r
 from epp.server.stream import Stream
+from epp.tracing.otel import Tracing
 
 log = structlog.get_logger(__name__)
 
@@ -29,9 +30,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     500, so one bad request never takes the stream machinery down with it.
     """
 
-    def __init__(self, director: Director, *, max_body_bytes: int = 0) -> None:
+    def __init__(self, director: Director, *, max_body_bytes: int = 0, tracing: Tracing | None = None) -> None:
         self._director = director
         self._max_body = max_body_bytes
+        self._tracing = tracing
         self.active_streams = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -43,7 +45,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def Process(  # noqa: N802 - gRPC method name
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = Stream(self._director, max_body_bytes=self._max_body)
+        stream = Stream(self._director, max_body_bytes=self._max_body, tracing=self._tracing)
         self.active_streams += 1
         self._idle.clear()
         try:

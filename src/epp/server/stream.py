@@ -25,8 +25,10 @@ from epp.director.context import RequestContext, RoutingDecision
 from epp.director.director import Director
 from epp.errors import BadRequest, EppError, PayloadTooLarge
 from epp.server import responses as r
+from epp.tracing.otel import RequestTrace, Tracing
 
 log = structlog.get_logger(__name__)
+_NO_TRACING = Tracing()
 
 FULL_DUPLEX: Final = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED: Final = mode_pb.ProcessingMode.BUFFERED
@@ -70,11 +72,15 @@ class Stream:
         "phase",
         "request_mode",
         "response_mode",
+        "trace",
+        "_tracing",
     )
 
-    def __init__(self, director: Director, *, max_body_bytes: int = 0) -> None:
+    def __init__(self, director: Director, *, max_body_bytes: int = 0, tracing: Tracing | None = None) -> None:
         self._director = director
         self._max_body = max_body_bytes
+        self._tracing = tracing or _NO_TRACING
+        self.trace: RequestTrace | None = None
         self._body: list[bytes] = []
         self._body_size = 0
         self._resp_body: list[bytes] = []
@@ -93,14 +99,17 @@ class Stream:
             self.response_mode = pc.response_body_mode
         rh = msg.request_headers
         metadata = _metadata(msg)
-        ctx = self.ctx = self._director.new_request(headers_to_dict(rh.headers), metadata)
+        headers = headers_to_dict(rh.headers)
+        if self._tracing.enabled:
+            self.trace = self._tracing.start_request(headers)
+        ctx = self.ctx = self._director.new_request(headers, metadata)
         self.phase = Phase.REQUEST_HEADERS_DONE
         mode = self.request_mode
         if rh.end_of_stream or mode in (NONE, STREAMED, BUFFERED_PARTIAL):
             decision = self._director.route_headers_only(ctx)
             self._director.request_sent(ctx)
             self.phase = Phase.REQUEST_BODY_DONE  # routed: any body that follows is passed through
-            reply = r.routing_headers_response(decision.destination, None, decision.headers)
+            reply = r.routing_headers_response(decision.destination, None, self._upstream_headers(decision))
             self._maybe_skip_response(reply)
             return [reply]
         if mode == BUFFERED:
@@ -164,11 +173,20 @@ class Stream:
         assert ctx is not None
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
-        decision: RoutingDecision = await self._director.route(ctx, body)
+        if self._tracing.enabled:
+            span = self._tracing.start_orchestration(self.trace)
+            try:
+                decision = await self._director.route(ctx, body)
+            finally:
+                req = ctx.request
+                self._tracing.end_orchestration(span, target_model=req.target_model, priority=req.priority)
+        else:
+            decision = await self._director.route(ctx, body)
         self.phase = Phase.REQUEST_BODY_DONE
+        headers = self._upstream_headers(decision)
         out_body = decision.body if decision.body is not None else body
         if self.request_mode == FULL_DUPLEX:
-            out = [r.routing_headers_response(decision.destination, len(out_body), decision.headers)]
+            out = [r.routing_headers_response(decision.destination, len(out_body), headers)]
             out.extend(r.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
         else:
             changed = decision.body_changed
@@ -177,7 +195,7 @@ class Stream:
                     decision.destination,
                     out_body if changed else None,
                     len(out_body) if changed else None,
-                    decision.headers,
+                    headers,
                 )
             ]
         self._director.request_sent(ctx)
@@ -190,6 +208,8 @@ class Stream:
         self.phase = Phase.RESPONSE_HEADERS_DONE
         if ctx is None:  # a response-only stream (GIE ReqResponseOnly): nothing to account
             return [r.response_headers_reply(())]
+        if msg.HasField("metadata_context"):  # e.g. envoy.lb's destination-endpoint-served
+            ctx.request.metadata = _metadata(msg)
         headers = headers_to_dict(rh.headers)
         before = set(headers)
         self._director.response_headers(ctx, headers)
@@ -241,10 +261,19 @@ class Stream:
         out.append(r.EMPTY_RESPONSE_TRAILERS)
         return out
 
+    def _upstream_headers(self, decision: RoutingDecision) -> tuple[tuple[str, str], ...]:
+        if self.trace is None:
+            return decision.headers
+        return (*decision.headers, *self._tracing.inject(self.trace))
+
     def close(self) -> None:
         """The stream is over: finish the request exactly once, whatever happened."""
-        if self.ctx is not None:
-            self._director.finish(self.ctx, self.error)
+        try:
+            if self.ctx is not None:
+                self._director.finish(self.ctx, self.error)
+        finally:
+            if self.trace is not None:
+                self._tracing.end_request(self.trace)
 
 
 def _final_metadata(ctx: RequestContext) -> dict[str, Any] | None:

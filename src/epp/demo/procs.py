@@ -1,0 +1,178 @@
+"""Run the simulator fleet and the EPP as subprocesses (demo, end-to-end tests, benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def free_port() -> int:
+    """An ephemeral port that was free a moment ago (the kernel does not hand it out again soon)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bin(name: str) -> str:
+    """A console script installed next to this interpreter (the project's venv)."""
+    path = pathlib.Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+class _Proc:
+    """A child process in its own session, with stderr kept in a file for post-mortems."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.proc: asyncio.subprocess.Process | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix=f"epp-{name}-")
+        self.log_path = pathlib.Path(self._dir.name) / f"{name}.log"
+
+    async def _spawn(self, argv: Sequence[str], *, stdout: int | None = None, env: dict[str, str] | None = None) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
+            stderr=open(self.log_path, "wb"),  # noqa: SIM115 - owned by the child
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    def log_tail(self, n: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    async def stop(self, timeout: float = 15.0) -> int | None:
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.returncode is None:
+            await self.signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        return proc.returncode
+
+    def cleanup(self) -> None:
+        self._dir.cleanup()
+
+
+class SimFleet(_Proc):
+    """``epp-sim`` with N replicas on ephemeral ports; ``ports`` lists them in replica order."""
+
+    def __init__(self, replicas: int, *args: str) -> None:
+        super().__init__("sim")
+        self.replicas = replicas
+        self.args = args
+        self.ports: list[int] = []
+        self.listeners: list[dict[str, Any]] = []
+
+    @property
+    def hostports(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.ports]
+
+    async def __aenter__(self) -> SimFleet:
+        await self._spawn(
+            [_bin("epp-sim"), "--replicas", str(self.replicas), "--base-port", "0", *self.args],
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert self.proc is not None and self.proc.stdout is not None
+        try:
+            async with asyncio.timeout(30):
+                while len(self.listeners) < self.replicas:
+                    line = await self.proc.stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"epp-sim exited early:\n{self.log_tail()}")
+                    with contextlib.suppress(ValueError):
+                        data = json.loads(line)
+                        if isinstance(data, dict) and "port" in data and data.get("kind", "http") == "http":
+                            self.listeners.append(data)
+        except BaseException:
+            await self.stop()
+            raise
+        self.ports = [int(d["port"]) for d in self.listeners]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+        self.cleanup()
+
+
+class EppProcess(_Proc):
+    """The ``epp`` command on free ports, plaintext, waited on until its health check says SERVING."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        super().__init__("epp")
+        self.args = args
+        self.env = env
+        self.grpc_port = free_port()
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+
+    def argv(self) -> list[str]:
+        return [
+            _bin("epp"),
+            f"--grpc-port={self.grpc_port}",
+            f"--grpc-health-port={self.health_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--secure-serving=false",
+            "--tracing=false",
+            "--metrics-endpoint-auth=false",
+            *self.args,
+        ]
+
+    async def __aenter__(self) -> EppProcess:
+        await self.start()
+        return self
+
+    async def start(self, timeout: float = 30.0) -> None:
+        await self._spawn(self.argv(), env=self.env)
+        try:
+            await self.wait_serving(timeout)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def wait_serving(self, timeout: float = 30.0) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.health_port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            async with asyncio.timeout(timeout):
+                while True:
+                    if self.proc is not None and self.proc.returncode is not None:
+                        raise RuntimeError(f"epp exited with {self.proc.returncode}:\n{self.log_tail()}")
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        resp = await stub.Check(health_pb2.HealthCheckRequest(service="inference-extension"), timeout=1)
+                        if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                            return
+                    await asyncio.sleep(0.05)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+        self.cleanup()

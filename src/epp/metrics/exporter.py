@@ -1,0 +1,99 @@
+"""The ``/metrics`` HTTP endpoint (and, with ``--enable-pprof``, Python's answer to /debug/pprof)."""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import gc
+import io
+import pstats
+from collections import Counter
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epp.metrics.series import REGISTRY
+
+log = structlog.get_logger(__name__)
+
+MAX_PROFILE_SECONDS = 60.0
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = await asyncio.to_thread(generate_latest, REGISTRY)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _tasks(request: web.Request) -> web.Response:
+    """Every asyncio task with its stack: the goroutine dump of a Python EPP."""
+    out = io.StringIO()
+    tasks = asyncio.all_tasks()
+    out.write(f"{len(tasks)} tasks\n\n")
+    for t in sorted(tasks, key=lambda t: t.get_name()):
+        out.write(f"--- {t.get_name()} ({'done' if t.done() else 'pending'})\n")
+        t.print_stack(limit=20, file=out)
+        out.write("\n")
+    return web.Response(text=out.getvalue())
+
+
+async def _profile(request: web.Request) -> web.Response:
+    """Profile the event loop thread for ``seconds`` (default 10) and return the top functions."""
+    try:
+        seconds = min(float(request.query.get("seconds", "10")), MAX_PROFILE_SECONDS)
+    except ValueError:
+        return web.Response(status=400, text="seconds must be a number")
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(60)
+    return web.Response(text=out.getvalue())
+
+
+async def _heap(request: web.Request) -> web.Response:
+    """Live objects by type (gc-tracked), largest counts first."""
+    counts = Counter(type(o).__qualname__ for o in gc.get_objects())
+    lines = [f"{n:>10}  {name}" for name, n in counts.most_common(80)]
+    return web.Response(text="\n".join(lines) + "\n")
+
+
+def build_app(*, enable_pprof: bool) -> web.Application:
+    app = web.Application()
+    app.router.add_get("/metrics", _metrics)
+    if enable_pprof:
+        app.router.add_get("/debug/pprof/goroutine", _tasks)
+        app.router.add_get("/debug/pprof/profile", _profile)
+        app.router.add_get("/debug/pprof/heap", _heap)
+    return app
+
+
+class MetricsServer:
+    """``async with MetricsServer(host, port):`` serves /metrics until the block exits."""
+
+    def __init__(self, host: str, port: int, *, enable_pprof: bool = True) -> None:
+        self._host = host
+        self._port = port
+        self._pprof = enable_pprof
+        self._app = build_app(enable_pprof=enable_pprof)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> MetricsServer:
+        self._runner = web.AppRunner(self._app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host or None, self._port)
+        await site.start()
+        server: Any = site._server  # aiohttp exposes no public accessor for the bound port
+        self.port = server.sockets[0].getsockname()[1] if server and server.sockets else self._port
+        log.info("metrics_server_started", port=self.port, pprof=self._pprof)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
