@@ -5,5 +5,30 @@ from __future__ import annotations
 from typing import Final
 
 from epp.plugin.base import Plugin
+from epp.scheduling.filters.header_testing import HeaderBasedTestingFilter
+from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
+from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.pickers.random import RandomPicker
+from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
+from epp.scheduling.profiles.single import SingleProfileHandler
+from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
+from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
+from epp.scheduling.scorers.queue import QueueScorer
+from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
+from epp.scheduling.scorers.token_load import TokenLoadScorer
 
-BUILTINS: Final[tuple[type[Plugin], ...]] = ()
+BUILTINS: Final[tuple[type[Plugin], ...]] = (
+    SingleProfileHandler,
+    MaxScorePicker,
+    RandomPicker,
+    WeightedRandomPicker,
+    QueueScorer,
+    KVCacheUtilizationScorer,
+    RunningRequestsSizeScorer,
+    LoraAffinityScorer,
+    TokenLoadScorer,
+    PrefixCacheScorer,
+    PrefixCacheAffinityFilter,
+    HeaderBasedTestingFilter,
+)

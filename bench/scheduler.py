@@ -1,0 +1,285 @@
+"""Scheduler micro-benchmark: default profile + prefix producer at 10/100/1000 endpoints.
+
+Run ``python -m bench.scheduler [--quick]``; prints a table and writes bench/results/scheduler.json.
+Wall-clock p50/p99 per step, plus the thread CPU time of prepare + schedule (less noisy on a
+shared machine).  Profile: queue-scorer (w2) + kv-cache-utilization-scorer (w2) +
+prefix-cache-scorer (w3) and max-score-picker under single-profile-handler; the
+approx-prefix-cache-producer's prepare step (hashing + index walk) is timed separately and as
+part of the total.  Prompts are chat bodies whose first half is one of a few shared system
+prompts, so the index has real matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
+from epp.director.producers.approx_prefix import ApproxPrefixCacheParams, ApproxPrefixCacheProducer
+from epp.director.producers.prefix_hash import hash_request
+from epp.director.producers.prefix_index import PrefixIndex
+from epp.plugin.base import NoParams
+from epp.plugin.state import CycleState
+from epp.request import ApiKind, InferenceRequest, RequestBody
+from epp.scheduling.pickers.common import PickerParams
+from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.profiles.single import SingleProfileHandler
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile
+from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
+from epp.scheduling.scorers.queue import QueueScorer
+
+RESULTS = Path(__file__).parent / "results" / "scheduler.json"
+ENDPOINTS = (10, 100, 1000)
+PROMPT_CHARS = (1_000, 10_000, 100_000)
+GOALS = {
+    "p50_us_100_endpoints_10k_prompt": 100.0,
+    "p50_us_1000_endpoints": 1000.0,
+    "hash_100k_chars_us": 1000.0,
+}
+
+
+class _Handle:
+    def plugin(self, name: str) -> Any:
+        raise KeyError(name)
+
+    def plugins(self) -> list[Any]:
+        return []
+
+
+def _endpoints(n: int, rng: random.Random) -> list[Endpoint]:
+    now = time.monotonic()
+    out = []
+    for i in range(n):
+        md = EndpointMetadata(
+            name=f"bench/pod-{i}-rank-0",
+            address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
+            port=8000,
+            pod_name=f"pod-{i}",
+            namespace="bench",
+        )
+        m = Metrics(
+            waiting_queue_size=rng.randrange(0, 20),
+            kv_cache_usage_percent=rng.random(),
+            running_requests_size=rng.randrange(0, 50),
+            cache_block_size=16,
+            update_time=now,
+        )
+        out.append(Endpoint(md, m))
+    return out
+
+
+def _chat(chars: int, system: str, rng: random.Random) -> InferenceRequest:
+    question = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz") for _ in range(max(chars - len(system), 1)))
+    body = RequestBody(
+        api=ApiKind.CHAT_COMPLETIONS,
+        raw=b"",
+        json={
+            "model": "bench-model",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        },
+    )
+    return InferenceRequest(request_id="bench", headers={}, body=body, target_model="bench-model")
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    us = [s * 1e6 for s in samples]
+    return {"p50": round(statistics.median(us), 1), "p99": round(_pct(us, 0.99), 1)}
+
+
+def _build(producer: ApproxPrefixCacheProducer) -> Scheduler:
+    h = _Handle()
+    scorers = [
+        (QueueScorer("queue-scorer", NoParams(), h), 2.0),
+        (KVCacheUtilizationScorer("kv-cache-utilization-scorer", NoParams(), h), 2.0),
+        (PrefixCacheScorer("prefix-cache-scorer", NoParams(), h), 3.0),
+    ]
+    picker = MaxScorePicker("max-score-picker", PickerParams(), h)
+    profile = SchedulerProfile("default", filters=[], scorers=scorers, picker=picker)
+    return Scheduler(SingleProfileHandler("single-profile-handler", NoParams(), h), [profile])
+
+
+def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int) -> dict[str, Any]:
+    """Time prepare (producer), schedule and pre-request for one endpoint count and prompt size."""
+    rng = random.Random(seed)
+    eps = _endpoints(n_endpoints, rng)
+    producer = ApproxPrefixCacheProducer("approx-prefix-cache-producer", ApproxPrefixCacheParams(), _Handle())
+    scheduler = _build(producer)
+    systems = ["".join(rng.choice("ABCDEFGHIJ ") for _ in range(chars // 2)) for _ in range(8)]
+    requests = [_chat(chars, systems[i % len(systems)], rng) for i in range(64)]
+    warmup = max(iterations // 4, 50)
+    prep: list[float] = []
+    sched: list[float] = []
+    pre: list[float] = []
+    total: list[float] = []
+    cpu: list[float] = []
+    gc.collect()
+    perf = time.perf_counter
+    thread_time = time.thread_time
+    for i in range(warmup + iterations):
+        req = requests[i % len(requests)]
+        state = CycleState()
+        c0 = thread_time()
+        t0 = perf()
+        producer.prepare(state, req, eps)
+        t1 = perf()
+        result = scheduler.schedule(state, req, eps)
+        t2 = perf()
+        c1 = thread_time()
+        producer.pre_request(state, req, result)
+        t3 = perf()
+        if i >= warmup:
+            prep.append(t1 - t0)
+            sched.append(t2 - t1)
+            pre.append(t3 - t2)
+            total.append(t2 - t0)
+            cpu.append(c1 - c0)
+    return {
+        "endpoints": n_endpoints,
+        "prompt_chars": chars,
+        "iterations": iterations,
+        "prepare_us": _stats(prep),
+        "schedule_us": _stats(sched),
+        "total_us": _stats(total),
+        "total_cpu_us": _stats(cpu),  # thread CPU time: robust when the machine is shared
+        "pre_request_us": _stats(pre),
+        "index_entries": len(producer.index),
+    }
+
+
+def bench_hashing(iterations: int) -> dict[str, Any]:
+    """Hash a 100k-character chat prompt: with the default 256-block cap and uncapped."""
+    rng = random.Random(7)
+    req = _chat(100_000, "", rng)
+    out: dict[str, Any] = {}
+    for label, max_blocks in (("default_cap_256_blocks", 256), ("uncapped", 1 << 30)):
+        samples = []
+        hashes: list[int] = []
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            hashes = hash_request(req, 16, max_blocks)
+            samples.append(time.perf_counter() - t0)
+        out[label] = {"blocks": len(hashes), **_stats(samples)}
+    return out
+
+
+def bench_memory(n_endpoints: int, capacity: int) -> dict[str, Any]:
+    """Fill every endpoint's LRU to capacity with distinct hashes (worst case) and measure the index."""
+    rng = random.Random(11)
+    index = PrefixIndex()
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    t0 = time.perf_counter()
+    for i in range(n_endpoints):
+        name = f"bench/pod-{i}-rank-0"
+        remaining = capacity + 256  # overfill: evictions must keep the bound
+        while remaining > 0:
+            batch = [rng.getrandbits(64) for _ in range(min(256, remaining))]
+            index.add(name, None, batch, capacity)
+            remaining -= len(batch)
+    fill_s = time.perf_counter() - t0
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    entries = len(index)
+    assert entries == n_endpoints * capacity, (entries, n_endpoints * capacity)
+    assert index.reverse_size == entries
+    return {
+        "endpoints": n_endpoints,
+        "capacity_per_endpoint": capacity,
+        "entries": entries,
+        "reverse_index_hashes": index.reverse_size,
+        "bytes": used,
+        "mib": round(used / 2**20, 1),
+        "bytes_per_entry": round(used / entries, 1),
+        "fill_seconds_with_tracemalloc": round(fill_s, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scheduler", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer iterations and a 1/10 memory fill")
+    ap.add_argument("--output", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    iterations = 200 if args.quick else 2000
+    capacity = 3125 if args.quick else 31250
+
+    cells = []
+    print(f"{'endpoints':>9} {'prompt':>7} | {'prepare p50/p99':>17} | {'schedule p50/p99':>17} |"
+          f" {'total p50/p99':>17} | {'cpu p50':>8} | {'pre-req p50':>11}")  # fmt: skip
+    for n in ENDPOINTS:
+        for chars in PROMPT_CHARS:
+            c = bench_cell(
+                n, chars, iterations if n < 1000 else max(iterations // 2, 100), seed=n * 31 + chars
+            )
+            cells.append(c)
+            prep, sched, total = c["prepare_us"], c["schedule_us"], c["total_us"]
+            print(
+                f"{n:>9} {chars:>7} | {prep['p50']:>8.1f}/{prep['p99']:<8.1f} |"
+                f" {sched['p50']:>8.1f}/{sched['p99']:<8.1f} |"
+                f" {total['p50']:>8.1f}/{total['p99']:<8.1f} | {c['total_cpu_us']['p50']:>8.1f} |"
+                f" {c['pre_request_us']['p50']:>11.1f}"
+            )
+    hashing = bench_hashing(100 if args.quick else 500)
+    print(f"hash 100k chars: {json.dumps(hashing)}")
+    memory = bench_memory(100, capacity)
+    print(
+        f"prefix index at 100 endpoints x {capacity}: {memory['mib']} MiB "
+        f"({memory['bytes_per_entry']} B/entry, {memory['entries']} entries)"
+    )
+
+    def cell(n: int, chars: int) -> dict[str, Any]:
+        return next(c for c in cells if c["endpoints"] == n and c["prompt_chars"] == chars)
+
+    goals = {
+        "p50_us_100_endpoints_10k_prompt": {
+            "goal": GOALS["p50_us_100_endpoints_10k_prompt"],
+            "schedule": cell(100, 10_000)["schedule_us"]["p50"],
+            "total_with_prepare": cell(100, 10_000)["total_us"]["p50"],
+            "total_cpu_with_prepare": cell(100, 10_000)["total_cpu_us"]["p50"],
+        },
+        "p50_us_1000_endpoints": {
+            "goal": GOALS["p50_us_1000_endpoints"],
+            "worst_total": max(cell(1000, c)["total_us"]["p50"] for c in PROMPT_CHARS),
+            "worst_total_cpu": max(cell(1000, c)["total_cpu_us"]["p50"] for c in PROMPT_CHARS),
+        },
+        "hash_100k_chars_us": {
+            "goal": GOALS["hash_100k_chars_us"],
+            "capped_p50": hashing["default_cap_256_blocks"]["p50"],
+            "uncapped_p50": hashing["uncapped"]["p50"],
+        },
+    }
+    doc = {
+        "benchmark": "scheduler",
+        "mode": "quick" if args.quick else "full",
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "profile": "queue w2 + kv-cache w2 + prefix w3, max-score-picker, approx-prefix-cache-producer",
+        "cells": cells,
+        "hashing_100k_chars": hashing,
+        "prefix_index_memory": memory,
+        "goals": goals,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"goals: {json.dumps(goals)}")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Built-in data producers: per-request endpoint attributes written before scheduling."""

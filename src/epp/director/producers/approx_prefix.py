@@ -1,0 +1,209 @@
+"""``approx-prefix-cache-producer``: estimate how much of each prompt every endpoint has cached."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from epp.datalayer.api import Endpoint
+from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.director.producers.prefix_hash import AVERAGE_CHARS_PER_TOKEN, hash_request
+from epp.director.producers.prefix_index import PrefixIndex
+from epp.errors import ConfigError
+from epp.metrics.series import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO, PREFIX_INDEXER_SIZE
+from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.scheduling.api import SchedulingResult
+
+DEFAULT_BLOCK_SIZE_TOKENS: Final = 16  # vLLM's default
+DEFAULT_MAX_PREFIX_BLOCKS: Final = 256
+DEFAULT_LRU_CAPACITY_PER_SERVER: Final = 31250  # ~500k tokens of H100 KV-cache / 16 tokens per block
+PREFILL_PROFILE: Final = "prefill"  # P/D: the prefill endpoint's cache is recorded too
+
+
+class ApproxPrefixCacheParams(PluginParams):
+    """GIE's parameters and defaults (``blockSize`` is the deprecated size in characters)."""
+
+    auto_tune: bool = True
+    block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS
+    block_size: int = 0
+    max_prefix_blocks_to_match: int = DEFAULT_MAX_PREFIX_BLOCKS
+    max_prefix_tokens_to_match: int = 0
+    lru_capacity_per_server: int = DEFAULT_LRU_CAPACITY_PER_SERVER
+
+
+@dataclass(frozen=True, slots=True)
+class _RequestPrefix:
+    """What PreRequest needs from PrepareRequestData: the hashes and who matched how much."""
+
+    hashes: list[int]
+    matches: dict[str, int]  # endpoint name → matched blocks (only endpoints with a match)
+
+
+class ApproxPrefixCacheProducer(PluginBase):
+    """Approximate prefix-cache index.  Type ``approx-prefix-cache-producer``.
+
+    Before scheduling, the request's user input (see ``prefix_hash.user_input_bytes``) is
+    cut into blocks of ``blockSize * 4`` bytes (4 characters per token), at most
+    ``maxPrefixBlocksToMatch`` of them, and hashed as a chain of xxHash64 values seeded by
+    the target model and ``cache_salt``.  Walking the chain until the first block no
+    endpoint holds, each endpoint gets ``PrefixMatchInfo(match_blocks, total_blocks,
+    block_size)``.  After scheduling (PreRequest), the hashes are added to the LRU of the
+    primary target, and of the first target of a profile named ``prefill`` if any.  When
+    an endpoint leaves the datastore (EndpointObserver), its entries are dropped.
+
+    ``blockSize`` in tokens is the first candidate's ``cache_block_size`` when
+    ``autoTune`` and known, else ``blockSizeTokens``.  ``maxPrefixTokensToMatch > 0``
+    overrides the block limit with ``tokens // blockSize``.  LRU capacity per endpoint:
+    with ``autoTune`` and a known ``cache_num_blocks``, that block count, else
+    ``lruCapacityPerServer`` (GIE ignores the parameter and uses 31250; see
+    docs/decisions-scheduling.md).  Metrics: ``prefix_indexer_size`` (updated on every
+    change), ``prefix_indexer_hit_ratio`` and ``prefix_indexer_hit_bytes`` (per request).
+    Produces: ``PREFIX_MATCH``.  Consumes: nothing.
+    Parameters: ``autoTune`` (true), ``blockSizeTokens`` (16), ``blockSize`` (deprecated,
+    characters), ``maxPrefixBlocksToMatch`` (256), ``maxPrefixTokensToMatch`` (0),
+    ``lruCapacityPerServer`` (31250).
+    """
+
+    TYPE: ClassVar[str] = "approx-prefix-cache-producer"
+    PARAMS: ClassVar[type[PluginParams]] = ApproxPrefixCacheParams
+    PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+    CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset()
+
+    def __init__(self, name: str, params: ApproxPrefixCacheParams, handle: Handle) -> None:
+        super().__init__(name, params, handle)
+        if params.block_size > 0 and params.block_size_tokens <= 0:
+            raise ConfigError(
+                f"invalid configuration: BlockSize ({params.block_size}) is deprecated; please use "
+                "BlockSizeTokens instead to define the cache block size in tokens"
+            )
+        if not params.auto_tune and params.block_size_tokens <= 0:
+            raise ConfigError(
+                "invalid configuration: BlockSizeTokens must be > 0 when AutoTune is disabled "
+                f"(current value: {params.block_size_tokens})"
+            )
+        if params.max_prefix_tokens_to_match < 0:
+            raise ConfigError(
+                "invalid configuration: MaxPrefixTokensToMatch must be >= 0 "
+                f"(current value: {params.max_prefix_tokens_to_match})"
+            )
+        if params.max_prefix_blocks_to_match < 0:
+            raise ConfigError(
+                "invalid configuration: MaxPrefixBlocksToMatch must be >= 0 "
+                f"(current value: {params.max_prefix_blocks_to_match})"
+            )
+        if params.lru_capacity_per_server <= 0:
+            raise ConfigError(
+                "invalid configuration: LRUCapacityPerServer must be > 0 "
+                f"(current value: {params.lru_capacity_per_server})"
+            )
+        self.auto_tune = params.auto_tune
+        self.block_size_tokens = params.block_size_tokens
+        self.max_prefix_blocks = params.max_prefix_blocks_to_match
+        self.max_prefix_tokens = params.max_prefix_tokens_to_match
+        self.lru_capacity = params.lru_capacity_per_server
+        self.index = PrefixIndex()
+        # Names of live endpoints once the datastore tells us about them (None: no observer
+        # wiring, record everything).  Guards against re-creating the entries of an endpoint
+        # removed between scheduling and PreRequest.
+        self._live: set[str] | None = None
+        self._state_key: StateKey[_RequestPrefix] = StateKey(f"{name}/{self.TYPE}")
+
+    # helpers ------------------------------------------------------------------------
+    def block_size(self, endpoints: Sequence[Endpoint]) -> int:
+        """Tokens per block: the first endpoint's engine block size when auto-tuned and known."""
+        if self.auto_tune and endpoints:
+            bs = endpoints[0].metrics.cache_block_size
+            if bs > 0:
+                return bs
+        return self.block_size_tokens
+
+    def capacity(self, endpoint: Endpoint) -> int:
+        """LRU entries for ``endpoint``: its engine's KV block count when auto-tuned and known."""
+        if self.auto_tune:
+            blocks = endpoint.metrics.cache_num_blocks
+            if blocks > 0:
+                return blocks
+        return self.lru_capacity
+
+    # DataProducer -------------------------------------------------------------------
+    async def prepare_request_data(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None:
+        self.prepare(state, request, endpoints)
+
+    def prepare(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        """The synchronous body of ``prepare_request_data`` (no await inside; benchmarks call it)."""
+        block_size = self.block_size(endpoints)
+        max_blocks = self.max_prefix_blocks
+        if self.max_prefix_tokens > 0 and block_size > 0:
+            max_blocks = self.max_prefix_tokens // block_size
+        hashes = hash_request(request, block_size, max_blocks)
+        total = len(hashes)
+        index = self.index
+        counts = index.match(hashes) if hashes else {}
+
+        # One shared info object for every endpoint without a match: no per-endpoint allocation.
+        values: dict[Any, PrefixMatchInfo] = dict.fromkeys(endpoints, PrefixMatchInfo(0, total, block_size))
+        matches: dict[str, int] = {}
+        if counts:
+            by_name: dict[str, Endpoint] | None = None
+            infos: dict[int, PrefixMatchInfo] = {}
+            for slot, n in counts.items():
+                name = index.name_of(slot)
+                matches[name] = n
+                ep = index.endpoint_of(slot)
+                if ep is None or ep not in values:  # a different object for this name
+                    if by_name is None:
+                        by_name = {e.metadata.name: e for e in endpoints}
+                    ep = by_name.get(name)
+                    if ep is None:
+                        continue
+                info = infos.get(n)
+                if info is None:
+                    info = infos[n] = PrefixMatchInfo(n, total, block_size)
+                values[ep] = info
+        state.set_attributes(PREFIX_MATCH, values)
+        state.put(self._state_key, _RequestPrefix(hashes, matches))
+
+    # PreRequest ---------------------------------------------------------------------
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        primary = result.profile_results.get(result.primary_profile_name)
+        if primary is None or not primary.target_endpoints:
+            return
+        prefix = state.get(self._state_key)
+        if prefix is None:
+            return  # prepare did not run (timed out or failed): nothing to record
+        target = primary.target_endpoints[0]
+        targets = [target]
+        prefill = result.profile_results.get(PREFILL_PROFILE)
+        if prefill is not None and prefill.target_endpoints:
+            targets.append(prefill.target_endpoints[0])
+        if prefix.hashes:
+            live = self._live
+            for ep in targets:
+                name = ep.metadata.name
+                if live is None or name in live:
+                    self.index.add(name, ep, prefix.hashes, self.capacity(ep))
+            PREFIX_INDEXER_SIZE.set(len(self.index))
+        total = len(prefix.hashes)
+        matched = prefix.matches.get(target.metadata.name, 0)
+        chars_per_block = self.block_size(primary.target_endpoints) * AVERAGE_CHARS_PER_TOKEN
+        PREFIX_INDEXER_HIT_BYTES.observe(matched * chars_per_block)
+        if total > 0:
+            PREFIX_INDEXER_HIT_RATIO.observe(matched / total)
+
+    # EndpointObserver ---------------------------------------------------------------
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        if self._live is None:
+            self._live = set()
+        self._live.add(endpoint.metadata.name)
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        if self._live is not None:
+            self._live.discard(endpoint.metadata.name)
+        self.index.remove_server(endpoint.metadata.name)
+        PREFIX_INDEXER_SIZE.set(len(self.index))

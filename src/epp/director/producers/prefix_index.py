@@ -1,0 +1,173 @@
+"""The approximate prefix index: per-server LRUs of block hashes and a reverse index hash → servers."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from typing import Final, cast
+
+from epp.datalayer.api import Endpoint
+
+_INTERN_MAX: Final = 65536
+
+
+class PrefixIndex:
+    """Which servers are believed to hold which prompt blocks.
+
+    Each server gets a slot (a small int, recycled when the server goes) and an LRU of
+    block hashes bounded by its capacity.  The reverse index maps a hash to the bitmask of
+    the slots whose LRU holds it; an LRU eviction clears that bit and drops the hash when
+    no bit is left, so the reverse index never outlives the LRUs.  Memory is therefore
+    bounded by the sum of the capacities (about 180 bytes per entry in CPython when every
+    hash is distinct, the worst case).
+
+    Bitmask values are interned, since few distinct holder sets exist; this keeps one int
+    object per holder set instead of one per hash.  Not thread-safe: the asyncio loop is
+    the only caller.
+    """
+
+    __slots__ = (
+        "_endpoints",
+        "_entries",
+        "_free",
+        "_index",
+        "_intern",
+        "_lrus",
+        "_names",
+        "_slot_of",
+    )
+
+    def __init__(self) -> None:
+        self._index: dict[int, int] = {}
+        self._slot_of: dict[str, int] = {}
+        self._lrus: list[OrderedDict[int, None] | None] = []
+        self._names: list[str] = []
+        self._endpoints: list[Endpoint | None] = []
+        self._free: list[int] = []  # min-heap, so masks stay as small as possible
+        self._intern: dict[int, int] = {}
+        self._entries = 0
+
+    # queries ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Total entries over every server's LRU (the ``prefix_indexer_size`` gauge)."""
+        return self._entries
+
+    @property
+    def reverse_size(self) -> int:
+        """Distinct hashes in the reverse index."""
+        return len(self._index)
+
+    def servers(self) -> list[str]:
+        return list(self._slot_of)
+
+    def server_size(self, server: str) -> int:
+        slot = self._slot_of.get(server)
+        lru = None if slot is None else self._lrus[slot]
+        return 0 if lru is None else len(lru)
+
+    def holders(self, block_hash: int) -> set[str]:
+        """Servers whose LRU holds ``block_hash`` (for tests and debugging)."""
+        mask = self._index.get(block_hash, 0)
+        return {self._names[s] for s in _bits(mask)}
+
+    def match(self, hashes: Sequence[int]) -> dict[int, int]:
+        """Slot → number of blocks held, walking ``hashes`` until the first block nobody holds.
+
+        As in GIE, every server holding a walked block counts it, contiguous or not.
+        """
+        found = list(map(self._index.get, hashes))
+        with contextlib.suppress(ValueError):  # no None: every block is held by someone
+            found = found[: found.index(None)]
+        if not found:
+            return {}
+        masks = cast("list[int]", found)
+        counts: dict[int, int] = {}
+        for mask, n in Counter(masks).items():  # runs of equal holder sets collapse
+            for slot in _bits(mask):
+                counts[slot] = counts.get(slot, 0) + n
+        return counts
+
+    def name_of(self, slot: int) -> str:
+        return self._names[slot]
+
+    def endpoint_of(self, slot: int) -> Endpoint | None:
+        """The endpoint object last recorded for ``slot`` (to map matches back cheaply)."""
+        return self._endpoints[slot]
+
+    # updates ------------------------------------------------------------------------
+    def add(self, server: str, endpoint: Endpoint | None, hashes: Sequence[int], capacity: int) -> None:
+        """Record that ``server`` now holds ``hashes`` (most recent last), within ``capacity`` entries."""
+        slot = self._slot_of.get(server)
+        if slot is None:
+            slot = self._new_slot(server)
+        lru = self._lrus[slot]
+        assert lru is not None
+        self._endpoints[slot] = endpoint
+        index = self._index
+        intern = self._intern
+        bit = 1 << slot
+        touch = lru.move_to_end
+        before = len(lru)
+        for h in hashes:
+            if h in lru:
+                touch(h)
+                continue
+            lru[h] = None
+            mask = index.get(h, 0) | bit
+            index[h] = intern.setdefault(mask, mask)
+        self._entries += len(lru) - before
+        if len(lru) > capacity:
+            self._evict(slot, lru, len(lru) - capacity)
+        if len(intern) > _INTERN_MAX:
+            intern.clear()
+
+    def remove_server(self, server: str) -> None:
+        """Forget everything ``server`` holds and recycle its slot."""
+        slot = self._slot_of.pop(server, None)
+        if slot is None:
+            return
+        lru = self._lrus[slot]
+        assert lru is not None
+        self._evict(slot, lru, len(lru))
+        self._lrus[slot] = None
+        self._endpoints[slot] = None
+        self._names[slot] = ""
+        heapq.heappush(self._free, slot)
+
+    def _evict(self, slot: int, lru: OrderedDict[int, None], count: int) -> None:
+        index = self._index
+        intern = self._intern
+        clear = ~(1 << slot)
+        pop = lru.popitem
+        for _ in range(count):
+            h, _none = pop(last=False)
+            mask = index[h] & clear
+            if mask:
+                index[h] = intern.setdefault(mask, mask)
+            else:
+                del index[h]
+        self._entries -= count
+
+    def _new_slot(self, server: str) -> int:
+        if self._free:
+            slot = heapq.heappop(self._free)
+            self._lrus[slot] = OrderedDict()
+            self._names[slot] = server
+        else:
+            slot = len(self._lrus)
+            self._lrus.append(OrderedDict())
+            self._names.append(server)
+            self._endpoints.append(None)
+        self._slot_of[server] = slot
+        return slot
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out

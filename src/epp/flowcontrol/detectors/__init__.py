@@ -1,0 +1,1 @@
+"""Built-in saturation detectors; each is also a scheduling filter."""

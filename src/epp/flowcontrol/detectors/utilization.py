@@ -1,0 +1,103 @@
+"""``utilization-detector``: pool saturation from queue depth and KV-cache use (roofline model)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Final
+
+from epp.datalayer.api import Endpoint
+from epp.errors import ConfigError
+from epp.flowcontrol.detectors.durations import parse_go_duration
+from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+
+DEFAULT_QUEUE_DEPTH_THRESHOLD: Final = 5
+DEFAULT_KV_CACHE_UTIL_THRESHOLD: Final = 0.8
+DEFAULT_METRICS_STALENESS_THRESHOLD: Final = "200ms"
+
+
+class UtilizationDetectorParams(PluginParams):
+    """GIE's names and defaults; ``metricsStalenessThreshold`` is a Go duration string."""
+
+    queue_depth_threshold: int = DEFAULT_QUEUE_DEPTH_THRESHOLD
+    kv_cache_util_threshold: float = DEFAULT_KV_CACHE_UTIL_THRESHOLD
+    metrics_staleness_threshold: str = DEFAULT_METRICS_STALENESS_THRESHOLD
+    headroom: float = 0.0
+
+
+class UtilizationDetector(PluginBase):
+    """Saturation from endpoint telemetry; also a scheduling filter.  Type ``utilization-detector``.
+
+    Saturation (pool backpressure) is the mean over endpoints of
+    ``max(waiting_queue / queueDepthThreshold, kv_cache_usage / kvCacheUtilThreshold)``,
+    where an endpoint whose metrics are stale (older than ``metricsStalenessThreshold``,
+    by ``Metrics.update_time`` against ``time.monotonic()``) counts as 1.0; no endpoints
+    → 1.0.  As a filter it drops stale endpoints and those with ``queue >= Qt * (1 +
+    headroom)`` or ``kv >= KVt * (1 + headroom)``; if that drops every endpoint it returns
+    the input unchanged (fail-open).
+    Consumes: endpoint metrics.  Parameters: ``queueDepthThreshold`` (5, > 0),
+    ``kvCacheUtilThreshold`` (0.8, in (0, 1]), ``metricsStalenessThreshold`` ("200ms",
+    > 0), ``headroom`` (0.0, >= 0).  ``clock`` is a plain attribute tests may replace.
+    """
+
+    TYPE: ClassVar[str] = "utilization-detector"
+    PARAMS: ClassVar[type[PluginParams]] = UtilizationDetectorParams
+
+    def __init__(self, name: str, params: UtilizationDetectorParams, handle: Handle) -> None:
+        super().__init__(name, params, handle)
+        errs: list[str] = []
+        if params.queue_depth_threshold <= 0:
+            errs.append(f"queueDepthThreshold must be strictly positive, got {params.queue_depth_threshold}")
+        kv = params.kv_cache_util_threshold
+        if not 0.0 < kv <= 1.0:
+            errs.append(f"kvCacheUtilThreshold must be in (0.0, 1.0], got {kv:f}")
+        staleness = 0.0
+        try:
+            staleness = parse_go_duration(params.metrics_staleness_threshold)
+        except ValueError as e:
+            errs.append(f"metricsStalenessThreshold: {e}")
+        else:
+            if staleness <= 0:
+                got = params.metrics_staleness_threshold
+                errs.append(f"metricsStalenessThreshold must be strictly positive, got {got}")
+        if params.headroom < 0.0:
+            errs.append(f"headroom must be a non-negative value, got {params.headroom:f}")
+        if errs:
+            raise ConfigError("invalid utilization detector configuration: " + "; ".join(errs))
+        self.queue_depth_threshold = params.queue_depth_threshold
+        self.kv_cache_util_threshold = kv
+        self.metrics_staleness_threshold = staleness
+        self.headroom = params.headroom
+        self.clock: Callable[[], float] = time.monotonic
+
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        if not endpoints:
+            return 1.0
+        oldest = self.clock() - self.metrics_staleness_threshold
+        qt = float(self.queue_depth_threshold)
+        kvt = self.kv_cache_util_threshold
+        total = 0.0
+        for ep in endpoints:
+            m = ep.metrics
+            if m.update_time < oldest:
+                total += 1.0
+            else:
+                total += max(m.waiting_queue_size / qt, m.kv_cache_usage_percent / kvt)
+        return total / len(endpoints)
+
+    def filter(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        oldest = self.clock() - self.metrics_staleness_threshold
+        q_limit = self.queue_depth_threshold * (1.0 + self.headroom)
+        kv_limit = self.kv_cache_util_threshold * (1.0 + self.headroom)
+        kept = [
+            ep
+            for ep in endpoints
+            if (m := ep.metrics).update_time >= oldest
+            and m.waiting_queue_size < q_limit
+            and m.kv_cache_usage_percent < kv_limit
+        ]
+        return kept if kept else endpoints

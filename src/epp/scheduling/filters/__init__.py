@@ -1,0 +1,1 @@
+"""Built-in filters: each narrows the candidate endpoints."""

@@ -1,0 +1,1 @@
+"""Built-in pickers: turn weighted totals into the target endpoints."""

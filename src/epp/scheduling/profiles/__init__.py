@@ -1,0 +1,1 @@
+"""Built-in profile handlers: which scheduling profiles run, and which result is primary."""

@@ -1,0 +1,1 @@
+"""Built-in scorers: each rates every candidate endpoint in [0, 1]."""

@@ -1,0 +1,28 @@
+"""``kv-cache-utilization-scorer``: prefer endpoints with free KV-cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from epp.datalayer.api import Endpoint
+from epp.plugin.base import PluginBase
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.scheduling.api import ScorerCategory
+
+
+class KVCacheUtilizationScorer(PluginBase):
+    """Prefer free KV-cache.  Type ``kv-cache-utilization-scorer``, category Distribution.
+
+    score = 1 - ``kv_cache_usage_percent`` (a fraction in [0, 1]).
+    Consumes: endpoint metrics (``kv_cache_usage_percent``).  Parameters: none.
+    """
+
+    TYPE: ClassVar[str] = "kv-cache-utilization-scorer"
+    CATEGORY: ClassVar[ScorerCategory] = ScorerCategory.DISTRIBUTION
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]:
+        return [1.0 - ep.metrics.kv_cache_usage_percent for ep in endpoints]

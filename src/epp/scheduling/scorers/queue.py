@@ -1,0 +1,31 @@
+"""``queue-scorer``: prefer endpoints with short waiting queues."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from epp.datalayer.api import Endpoint
+from epp.plugin.base import PluginBase
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.scheduling.api import ScorerCategory
+from epp.scheduling.scorers.normalize import min_max_scores
+
+
+class QueueScorer(PluginBase):
+    """Prefer short waiting queues.  Type ``queue-scorer``, category Distribution.
+
+    score = (max_q - q) / (max_q - min_q) over the candidates' ``waiting_queue_size``;
+    when all queues are equal, every endpoint scores 1.0.
+    Consumes: endpoint metrics (``waiting_queue_size``).  Parameters: none.
+    """
+
+    TYPE: ClassVar[str] = "queue-scorer"
+    CATEGORY: ClassVar[ScorerCategory] = ScorerCategory.DISTRIBUTION
+    BOUNDED: ClassVar[bool] = True  # scores always in [0, 1]: the profile skips its range check
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]:
+        return min_max_scores([ep.metrics.waiting_queue_size for ep in endpoints])

@@ -1,0 +1,31 @@
+"""``running-requests-size-scorer``: prefer endpoints running fewer requests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from epp.datalayer.api import Endpoint
+from epp.plugin.base import PluginBase
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.scheduling.api import ScorerCategory
+from epp.scheduling.scorers.normalize import min_max_scores
+
+
+class RunningRequestsSizeScorer(PluginBase):
+    """Prefer few running requests.  Type ``running-requests-size-scorer``, category Distribution.
+
+    score = (max_r - r) / (max_r - min_r) over the candidates' ``running_requests_size``;
+    when all are equal, every endpoint scores 1.0.
+    Consumes: endpoint metrics (``running_requests_size``).  Parameters: none.
+    """
+
+    TYPE: ClassVar[str] = "running-requests-size-scorer"
+    CATEGORY: ClassVar[ScorerCategory] = ScorerCategory.DISTRIBUTION
+    BOUNDED: ClassVar[bool] = True  # scores always in [0, 1]: the profile skips its range check
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]:
+        return min_max_scores([ep.metrics.running_requests_size for ep in endpoints])

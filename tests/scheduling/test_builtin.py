@@ -1,0 +1,70 @@
+"""The BUILTINS of scheduling, flow control and the prefix producer: GIE type names and parameter names."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.director.builtin import BUILTINS as DIRECTOR_BUILTINS
+from epp.flowcontrol.builtin import BUILTINS as FLOWCONTROL_BUILTINS
+from epp.plugin.registry import Registry
+from epp.scheduling.builtin import BUILTINS as SCHEDULING_BUILTINS
+from tests.scheduling.builders import FakeHandle
+
+EXPECTED: dict[str, set[str]] = {
+    "single-profile-handler": set(),
+    "max-score-picker": {"maxNumOfEndpoints"},
+    "random-picker": {"maxNumOfEndpoints"},
+    "weighted-random-picker": {"maxNumOfEndpoints"},
+    "queue-scorer": set(),
+    "kv-cache-utilization-scorer": set(),
+    "running-requests-size-scorer": set(),
+    "lora-affinity-scorer": set(),
+    "token-load-scorer": {"queueThresholdTokens"},
+    "prefix-cache-scorer": set(),
+    "prefix-cache-affinity-filter": {"affinityThreshold", "explorationProbability", "maxTTFTPenaltyMs"},
+    "header-based-testing-filter": set(),
+    "utilization-detector": {
+        "queueDepthThreshold",
+        "kvCacheUtilThreshold",
+        "metricsStalenessThreshold",
+        "headroom",
+    },
+    "concurrency-detector": {"concurrencyMode", "maxConcurrency", "maxTokenConcurrency", "headroom"},
+    "approx-prefix-cache-producer": {
+        "autoTune",
+        "blockSizeTokens",
+        "blockSize",
+        "maxPrefixBlocksToMatch",
+        "maxPrefixTokensToMatch",
+        "lruCapacityPerServer",
+    },
+}
+
+# Other concepts' plugins share the flow-control and director tuples; keep only these.
+_MINE = (
+    *SCHEDULING_BUILTINS,
+    *(c for c in (*FLOWCONTROL_BUILTINS, *DIRECTOR_BUILTINS) if c.TYPE in EXPECTED),
+)
+
+
+def test_every_type_registered_once() -> None:
+    """Exactly GIE's type strings, with no duplicates across the three BUILTINS tuples."""
+    reg = Registry(_MINE)
+    assert set(reg.types()) == set(EXPECTED)
+    assert len(_MINE) == len(EXPECTED)
+
+
+@pytest.mark.parametrize("cls", [pytest.param(c, id=c.TYPE) for c in _MINE])
+def test_parameter_names_and_defaults(cls: type) -> None:
+    """YAML parameter names are GIE's camelCase; every plugin builds with no parameters."""
+    aliases = {f.alias or n for n, f in cls.PARAMS.model_fields.items()}  # type: ignore[attr-defined]
+    assert aliases == EXPECTED[cls.TYPE]  # type: ignore[attr-defined]
+    plugin = Registry([cls]).build(
+        name="p",
+        type_name=cls.TYPE,
+        parameters=None,
+        handle=FakeHandle(),
+        path="plugins[0]",  # type: ignore[attr-defined]
+    )
+    assert plugin.typed_name.type == cls.TYPE  # type: ignore[attr-defined]
+    assert plugin.typed_name.name == "p"
