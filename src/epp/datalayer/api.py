@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from epp.plugin.base import Plugin
 
@@ -118,3 +118,107 @@ class SourceBinding:
 
     source: DataSource
     extractors: tuple[Extractor, ...]
+
+
+# --- additions by the data layer (additive; nothing above changed) --------------------
+
+
+def is_stale(metrics: Metrics, now: float, threshold: float) -> bool:
+    """Whether ``metrics`` are older than ``threshold`` seconds at ``now`` (``time.monotonic()``).
+
+    A reading never taken (``update_time == 0.0``) is stale.  Staleness means "unknown",
+    never "saturated": see docs/decisions-datalayer.md for how plugins should treat it.
+    """
+    updated = metrics.update_time
+    return updated == 0.0 or now - updated > threshold
+
+
+def fresh_or_all(endpoints: Sequence[Endpoint], now: float, threshold: float) -> Sequence[Endpoint]:
+    """The endpoints with fresh metrics, or all of them when none is fresh (fail open)."""
+    fresh = [ep for ep in endpoints if not is_stale(ep.metrics, now, threshold)]
+    if not fresh or len(fresh) == len(endpoints):
+        return endpoints
+    return fresh
+
+
+@runtime_checkable
+class BindsExtractors(Protocol):
+    """A source that adapts to the extractors the config attaches to it.
+
+    The data-layer runtime calls ``bind`` once, before anything runs; the source may
+    reject extractors it cannot feed by raising ``epp.errors.ConfigError``.
+    """
+
+    def bind(self, extractors: Sequence[Plugin]) -> None: ...
+
+
+@runtime_checkable
+class HasPollTimeout(Protocol):
+    """A polling source with its own deadline per poll (``None``: the runtime's default)."""
+
+    @property
+    def poll_timeout(self) -> float | None: ...
+
+
+@runtime_checkable
+class NotificationSource(Plugin, Protocol):
+    """A source that pushes events to its extractors instead of being polled.
+
+    ``OUTPUT`` is the event type it delivers; the runtime binds the extractors once.
+    """
+
+    OUTPUT: ClassVar[type[Any]]
+
+    def bind(self, extractors: Sequence[Plugin]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointEvent:
+    """An endpoint entered (``AddOrUpdate``) or left (``Delete``) the datastore."""
+
+    type: Literal["AddOrUpdate", "Delete"]
+    endpoint: Endpoint
+
+
+@runtime_checkable
+class EndpointEventSink(Protocol):
+    """A source told by the runtime when endpoints come and go (not a datastore observer).
+
+    Kept apart from ``EndpointObserver`` on purpose: the config registers every observer
+    plugin with the datastore, and a source must not hear each event twice.
+    """
+
+    def endpoint_event(self, event: EndpointEvent) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GroupVersionKind:
+    """A Kubernetes object type; ``str()`` is Go's ``GroupVersionKind.String()``."""
+
+    group: str
+    version: str
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.group}/{self.version}, Kind={self.kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationEvent:
+    """A watched Kubernetes object changed (``AddOrUpdate``, with the object) or was deleted."""
+
+    type: Literal["AddOrUpdate", "Delete"]
+    gvk: GroupVersionKind
+    namespace: str
+    name: str
+    object: Mapping[str, Any] | None = None  # the object as a dict; None on Delete
+
+
+@runtime_checkable
+class NotificationExtractor(Plugin, Protocol):
+    """Consumes Kubernetes object events from a ``k8s-notification-source`` of the same GVK."""
+
+    @property
+    def gvk(self) -> GroupVersionKind: ...
+
+    def extract_notification(self, event: NotificationEvent) -> None: ...

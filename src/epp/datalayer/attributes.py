@@ -41,7 +41,9 @@ class LatencyPredictionInfo:
 PREFIX_MATCH: Final = AttributeKey(
     "PrefixCacheMatchInfoKey", PrefixMatchInfo, default_producer="approx-prefix-cache-producer"
 )
-INFLIGHT_LOAD: Final = AttributeKey("InFlightLoadKey", InFlightLoad, default_producer="inflight-load-producer")
+INFLIGHT_LOAD: Final = AttributeKey(
+    "InFlightLoadKey", InFlightLoad, default_producer="inflight-load-producer"
+)
 LATENCY_PREDICTION: Final = AttributeKey(
     "LatencyPredictionInfoKey", LatencyPredictionInfo, default_producer="predicted-latency-producer"
 )

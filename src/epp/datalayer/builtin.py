@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from typing import Final
 
+from epp.datalayer.extractors.core_metrics import CoreMetricsExtractor
+from epp.datalayer.sources.metrics_http import MetricsDataSource
+from epp.datalayer.sources.notifications import EndpointNotificationSource, K8sNotificationSource
 from epp.plugin.base import Plugin
 
-BUILTINS: Final[tuple[type[Plugin], ...]] = ()
+BUILTINS: Final[tuple[type[Plugin], ...]] = (
+    MetricsDataSource,
+    CoreMetricsExtractor,
+    EndpointNotificationSource,
+    K8sNotificationSource,
+)

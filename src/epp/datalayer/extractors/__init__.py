@@ -1,0 +1,1 @@
+"""Built-in extractors: exposition text to endpoint state."""

@@ -1,0 +1,340 @@
+"""The data-layer runtime: one poll loop per endpoint, started and stopped as endpoints come and go."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Protocol
+
+import structlog
+
+from epp.datalayer.api import (
+    BindsExtractors,
+    DataSource,
+    Endpoint,
+    EndpointEvent,
+    EndpointEventSink,
+    EndpointObserver,
+    Extractor,
+    HasPollTimeout,
+    NotificationSource,
+    SourceBinding,
+)
+from epp.errors import ConfigError
+from epp.plugin.base import Lifecycle
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_REFRESH_INTERVAL: Final = 0.05  # --refresh-metrics-interval
+DEFAULT_POLL_TIMEOUT: Final = 1.0  # GIE's; see docs/decisions-datalayer.md for why not < interval
+
+
+@dataclass(slots=True)
+class LoopStats:
+    """Counters of one endpoint's loop (cheap ints, read by tests and debug dumps)."""
+
+    ticks: int = 0  # polls attempted
+    failures: int = 0  # ticks with any error (poll, timeout or extraction)
+    skipped: int = 0  # ticks dropped because a poll overran the interval
+    failing: bool = False
+    last_error: str = ""
+
+
+_NEVER: Final = float("inf")
+
+
+class ObservableEndpoints(Protocol):
+    """What the runtime needs of the datastore (which sits above this layer): endpoint events."""
+
+    def add_observer(self, observer: EndpointObserver) -> None: ...
+
+    def remove_observer(self, observer: EndpointObserver) -> None: ...
+
+
+def _label(plugin: object) -> str:
+    return str(getattr(plugin, "typed_name", plugin))
+
+
+class _Loop:
+    """One endpoint's poll loop: its task, counters and the deadline of the poll in flight."""
+
+    __slots__ = ("deadline", "endpoint", "stats", "task", "timed_out")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.stats = LoopStats()
+        self.deadline = _NEVER
+        self.timed_out = False
+        self.task: asyncio.Task[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Polled:
+    source: DataSource
+    extractors: tuple[Extractor, ...]
+    timeout: float
+    label: str
+
+
+class DataLayerRuntime:
+    """Polls every endpoint's data sources on a fixed cadence and feeds the extractors.
+
+    An async context manager.  On entry it starts the sources that have a lifecycle, then
+    registers itself as a datastore observer, which starts one task per endpoint (and one
+    per endpoint added later); removing an endpoint cancels its task.  On exit everything
+    is cancelled and awaited and the sources are stopped in reverse order.
+
+    Each loop starts at a random phase within the interval (so N endpoints do not poll in
+    lock-step), then ticks every ``refresh_interval`` on its own grid.  A tick polls each
+    source under a deadline (the source's ``poll_timeout``, else ``poll_timeout`` here,
+    default 1 s) and runs the source's extractors.  A tick that overruns the interval skips
+    the missed ticks instead of queueing them, so a slow server is polled back-to-back at
+    most and its loop never overlaps itself.  A failing endpoint only affects its own
+    loop; errors are logged on ok→failing and failing→ok transitions, not per tick.
+
+    Notification sources are bound once: endpoint events go to sources that take them
+    (``EndpointEventSink``), Kubernetes sources are exposed via ``k8s_sources`` for the
+    Kubernetes layer to feed.
+    """
+
+    def __init__(
+        self,
+        datastore: ObservableEndpoints,
+        bindings: Sequence[SourceBinding],
+        *,
+        refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+        poll_timeout: float | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not bindings:
+            raise ConfigError("data layer enabled but no data sources configured")
+        self._datastore = datastore
+        self._interval = refresh_interval if refresh_interval > 0 else DEFAULT_REFRESH_INTERVAL
+        default_timeout = poll_timeout if poll_timeout and poll_timeout > 0 else DEFAULT_POLL_TIMEOUT
+        self._rng = rng or random.Random()
+        self._polled: list[_Polled] = []
+        self._sinks: list[EndpointEventSink] = []
+        self._k8s: list[NotificationSource] = []
+        self._sources: list[object] = []
+        gvks: dict[str, str] = {}
+        for binding in bindings:
+            self._wire(binding, default_timeout, gvks)
+        timeouts = [p.timeout for p in self._polled]
+        self._watch_period = min(max(min(timeouts, default=1.0) / 4, 0.005), 0.25)
+        self._watchdog_task: asyncio.Task[None] | None = None
+        self._loops: dict[Endpoint, _Loop] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._started: list[Lifecycle] = []
+        self._running = False
+
+    def _wire(self, binding: SourceBinding, default_timeout: float, gvks: dict[str, str]) -> None:
+        """Validate one binding, bind its extractors and file the source by kind."""
+        source: Any = binding.source
+        label = _label(source)
+        polled = isinstance(source, DataSource)
+        if polled:
+            for ext in binding.extractors:
+                if not isinstance(ext, Extractor):
+                    raise ConfigError(f"the plugin {_label(ext)} is not a fwkdl.Extractor")
+        if isinstance(source, BindsExtractors):
+            source.bind(binding.extractors)
+        if polled:
+            timeout = default_timeout
+            if isinstance(source, HasPollTimeout) and source.poll_timeout:
+                timeout = source.poll_timeout
+            self._polled.append(_Polled(source, binding.extractors, timeout, label))
+        elif isinstance(source, NotificationSource):
+            gvk = getattr(source, "gvk", None)
+            if gvk is not None:
+                if str(gvk) in gvks:
+                    raise ConfigError(
+                        f"duplicate notification source GVK {gvk}: already used by source "
+                        f"{gvks[str(gvk)]}, cannot add {label}"
+                    )
+                gvks[str(gvk)] = label
+                self._k8s.append(source)
+        else:
+            raise ConfigError(f"data source {label} is neither polled nor a notification source")
+        if isinstance(source, EndpointEventSink):
+            self._sinks.append(source)
+        self._sources.append(source)
+
+    # --- context manager -----------------------------------------------------------
+    async def __aenter__(self) -> DataLayerRuntime:
+        try:
+            for source in self._sources:
+                if isinstance(source, Lifecycle):
+                    await source.start()
+                    self._started.append(source)
+        except BaseException:
+            await self._stop_sources()
+            raise
+        self._running = True
+        if self._polled:
+            self._watchdog_task = asyncio.get_running_loop().create_task(
+                self._watchdog(), name="datalayer:watchdog"
+            )
+        self._datastore.add_observer(self)  # replays the endpoints already known
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._running = False
+        self._datastore.remove_observer(self)
+        for lp in self._loops.values():
+            lp.task.cancel()
+            self._stopping.add(lp.task)
+        self._loops.clear()
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
+            self._stopping.add(self._watchdog_task)
+            self._watchdog_task = None
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+            self._stopping.clear()
+        await self._stop_sources()
+
+    async def _stop_sources(self) -> None:
+        while self._started:
+            source = self._started.pop()
+            try:
+                await source.stop()
+            except Exception as e:
+                log.exception("data_source_stop_failed", source=_label(source), error=str(e))
+
+    # --- datastore observer ----------------------------------------------------------
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        if not self._running or endpoint in self._loops:
+            return
+        if self._polled:
+            lp = _Loop(endpoint)
+            lp.task = asyncio.get_running_loop().create_task(self._run(lp), name=f"datalayer:{endpoint.name}")
+            self._loops[endpoint] = lp
+        self._notify(EndpointEvent("AddOrUpdate", endpoint))
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        lp = self._loops.pop(endpoint, None)
+        if lp is not None:
+            task = lp.task
+            task.cancel()
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+        if self._running:
+            self._notify(EndpointEvent("Delete", endpoint))
+
+    def _notify(self, event: EndpointEvent) -> None:
+        for sink in self._sinks:
+            try:
+                sink.endpoint_event(event)
+            except Exception as e:
+                log.exception(
+                    "endpoint_event_failed", endpoint=event.endpoint.name, event=event.type, error=str(e)
+                )
+
+    # --- introspection ---------------------------------------------------------------
+    @property
+    def refresh_interval(self) -> float:
+        return self._interval
+
+    @property
+    def active_loops(self) -> int:
+        """Loop tasks alive, including removed endpoints' tasks still unwinding."""
+        live = sum(1 for lp in self._loops.values() if not lp.task.done())
+        return live + sum(1 for t in self._stopping if not t.done() and t is not self._watchdog_task)
+
+    def stats(self, endpoint: Endpoint) -> LoopStats | None:
+        lp = self._loops.get(endpoint)
+        return None if lp is None else lp.stats
+
+    @property
+    def k8s_sources(self) -> tuple[NotificationSource, ...]:
+        """Notification sources the Kubernetes layer must feed (each has ``gvk`` and ``notify``)."""
+        return tuple(self._k8s)
+
+    # --- the loop --------------------------------------------------------------------
+    async def _run(self, lp: _Loop) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._interval
+        stats = lp.stats
+        due = loop.time() + self._rng.uniform(0.0, interval)
+        while True:
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._tick(lp, due)
+            due += interval
+            now = loop.time()
+            if due <= now:  # overran: drop the missed ticks, stay on this loop's grid
+                missed = int((now - due) // interval) + 1
+                due += missed * interval
+                stats.skipped += missed
+
+    async def _tick(self, lp: _Loop, due: float) -> None:
+        """One round of polls; deadlines count from the tick's due time (saves a clock read)."""
+        stats = lp.stats
+        endpoint = lp.endpoint
+        stats.ticks += 1
+        errors: list[str] | None = None
+        for polled in self._polled:
+            lp.deadline = due + polled.timeout
+            try:
+                data = await polled.source.poll(endpoint)
+            except asyncio.CancelledError:
+                if not self._timed_out(lp):
+                    raise
+                errors = errors or []
+                errors.append(f"{polled.label}: poll timed out after {polled.timeout:g}s")
+                continue
+            except Exception as e:
+                errors = errors or []
+                errors.append(f"{polled.label}: {e}")
+                continue
+            finally:
+                lp.deadline = _NEVER
+            for ext in polled.extractors:
+                try:
+                    ext.extract(data, endpoint)
+                except Exception as e:
+                    errors = errors or []
+                    errors.append(f"{ext.typed_name}: {e}")
+        if errors is None:
+            if stats.failing:
+                stats.failing = False
+                stats.last_error = ""
+                log.info("endpoint_data_recovered", endpoint=endpoint.name)
+            return
+        stats.failures += 1
+        stats.last_error = "; ".join(errors)
+        if not stats.failing:
+            stats.failing = True
+            log.error("endpoint_data_failed", endpoint=endpoint.name, error=stats.last_error)
+
+    @staticmethod
+    def _timed_out(lp: _Loop) -> bool:
+        """Whether a CancelledError came from the watchdog alone (then it is absorbed)."""
+        if not lp.timed_out:
+            return False
+        lp.timed_out = False
+        lp.task.uncancel()
+        return lp.task.cancelling() == 0  # also cancelled by someone else: let it through
+
+    async def _watchdog(self) -> None:
+        """Cancels polls past their deadline: one timer for all loops instead of one per poll.
+
+        A per-poll ``asyncio.timeout`` costs about as much CPU as the poll's own wake-up;
+        checking every loop's deadline a few times per timeout costs almost nothing, and a
+        timeout fires at most one check period late.
+        """
+        loop = asyncio.get_running_loop()
+        period = self._watch_period
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for lp in self._loops.values():
+                if lp.deadline < now and not lp.timed_out:
+                    lp.timed_out = True
+                    lp.task.cancel()

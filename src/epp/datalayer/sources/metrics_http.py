@@ -1,0 +1,138 @@
+"""``metrics-data-source``: scrape each endpoint's Prometheus metrics over HTTP(S)."""
+
+from __future__ import annotations
+
+import re
+import ssl
+from collections.abc import Sequence
+from typing import Annotated, ClassVar, Final
+
+from pydantic import BeforeValidator, Field, field_validator
+
+from epp.datalayer.api import Endpoint, EndpointEvent
+from epp.datalayer.exposition import DEFAULT_MAX_BYTES, ExpositionParser, FamilyConsumer, MetricFamilies
+from epp.datalayer.http_client import ScrapeClient
+from epp.plugin.base import Handle, Plugin, PluginBase, PluginParams
+
+_GO_DURATION_RE: Final = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: object) -> object:
+    """Go duration text (``"500ms"``, ``"1m30s"``) to seconds; numbers pass through as seconds."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    pos, total = 0, 0.0
+    for m in _GO_DURATION_RE.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise ValueError(f'time: invalid duration "{value}"')
+    return total
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class MetricsDataSourceParams(PluginParams):
+    scheme: str = "http"
+    path: str = "/metrics"
+    insecure_skip_verify: bool = True
+    # Ours, not GIE's: a per-poll deadline (default: the runtime's, below the refresh interval)
+    # and a bound on the page size.
+    timeout: Seconds | None = Field(default=None, gt=0)
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BYTES, gt=0)
+
+    @field_validator("scheme")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        if v not in ("http", "https"):
+            raise ValueError(f"unsupported scheme: {v}")
+        return v
+
+
+class MetricsDataSource(PluginBase):
+    """Fetches ``scheme://<endpoint metrics host>/path`` and parses it.  Type ``metrics-data-source``.
+
+    The metrics host is the endpoint's address and its ``metrics_port`` (set from
+    ``--model-server-metrics-port`` when the pool has one target port), else its serving
+    port.  All endpoints share one client with one kept-alive connection per endpoint;
+    a non-200 answer, a malformed or oversized page, or a timeout is an error for that
+    poll only, and the connection it happened on is dropped.  Only the metric families
+    the attached extractors name are parsed (all of them if an extractor does not say).
+
+    Output: ``MetricFamilies``.
+    Parameters: ``scheme`` (``http``|``https``, default ``http``), ``path`` (``/metrics``),
+    ``insecureSkipVerify`` (``true``: skip TLS verification); ours: ``timeout`` (per poll,
+    e.g. ``"1s"``; default the runtime's) and ``maxBodyBytes`` (16 MiB).  The deprecated
+    ``--model-server-metrics-*`` flags, when set, are merged in below explicit parameters.
+    """
+
+    TYPE: ClassVar[str] = "metrics-data-source"
+    PARAMS: ClassVar[type[PluginParams]] = MetricsDataSourceParams
+    OUTPUT: ClassVar[type[MetricFamilies]] = MetricFamilies
+
+    def __init__(self, name: str, params: PluginParams, handle: Handle) -> None:
+        super().__init__(name, params, handle)
+        assert isinstance(params, MetricsDataSourceParams)
+        self._params = params
+        self._path = params.path if params.path.startswith("/") else "/" + params.path
+        self._parser = ExpositionParser(None, max_bytes=params.max_body_bytes)
+        self._client: ScrapeClient | None = None
+
+    @property
+    def poll_timeout(self) -> float | None:
+        return self._params.timeout
+
+    @property
+    def wanted(self) -> frozenset[str] | None:
+        """The families parsed per scrape (``None``: all)."""
+        return self._parser.wanted
+
+    def bind(self, extractors: Sequence[Plugin]) -> None:
+        """Parse only what the extractors read, if every one of them says what that is."""
+        wanted: set[str] = set()
+        for ext in extractors:
+            if not isinstance(ext, FamilyConsumer):
+                wanted_or_all = None
+                break
+            wanted |= ext.wanted_families()
+        else:
+            wanted_or_all = frozenset(wanted)
+        self._parser = ExpositionParser(wanted_or_all, max_bytes=self._params.max_body_bytes)
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        context: ssl.SSLContext | None = None
+        if self._params.scheme == "https":
+            context = ssl.create_default_context()
+            if self._params.insecure_skip_verify:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+        self._client = ScrapeClient(ssl_context=context, max_body_bytes=self._params.max_body_bytes)
+
+    async def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def poll(self, endpoint: Endpoint) -> MetricFamilies:
+        client = self._client
+        if client is None:
+            raise RuntimeError(f"{self.typed_name}: poll before start")
+        md = endpoint.metadata
+        body = await client.get(md.address, md.metrics_port or md.port, self._path)
+        return self._parser.parse(body)
+
+    def endpoint_event(self, event: EndpointEvent) -> None:
+        """Close idle connections of an endpoint that left."""
+        if event.type == "Delete" and self._client is not None:
+            md = event.endpoint.metadata
+            self._client.forget(md.address, md.metrics_port or md.port)
+
+    def idle_connections(self) -> int:
+        return 0 if self._client is None else self._client.idle_connections()

@@ -1,0 +1,45 @@
+"""The data layer's additions to its api module: staleness helpers and event types."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.datalayer.api import Endpoint, EndpointMetadata, GroupVersionKind, Metrics, fresh_or_all, is_stale
+
+
+@pytest.mark.parametrize(
+    ("update_time", "now", "threshold", "stale"),
+    [
+        pytest.param(0.0, 5.0, 10.0, True, id="never-updated"),
+        pytest.param(100.0, 101.0, 2.0, False, id="fresh"),
+        pytest.param(100.0, 102.0, 2.0, False, id="at-threshold-is-fresh"),
+        pytest.param(100.0, 102.001, 2.0, True, id="past-threshold"),
+    ],
+)
+def test_is_stale(update_time: float, now: float, threshold: float, stale: bool) -> None:
+    """Stale = never extracted, or older than the threshold (GIE's ``now - UpdateTime > threshold``)."""
+    assert is_stale(Metrics(update_time=update_time), now, threshold) is stale
+
+
+def _ep(name: str, update_time: float) -> Endpoint:
+    return Endpoint(EndpointMetadata(name=name, address="10.0.0.1", port=1), Metrics(update_time=update_time))
+
+
+@pytest.mark.parametrize(
+    ("times", "kept"),
+    [
+        pytest.param([99.0, 50.0], ["e0"], id="stale-dropped"),
+        pytest.param([50.0, 0.0], ["e0", "e1"], id="all-stale-fail-open"),
+        pytest.param([99.0, 99.5], ["e0", "e1"], id="all-fresh"),
+        pytest.param([], [], id="empty"),
+    ],
+)
+def test_fresh_or_all(times: list[float], kept: list[str]) -> None:
+    """Fresh endpoints only, unless none is fresh: then all of them (never fail closed)."""
+    eps = [_ep(f"e{i}", t) for i, t in enumerate(times)]
+    assert [e.name for e in fresh_or_all(eps, 100.0, 2.0)] == kept
+
+
+def test_gvk_string() -> None:
+    """GVKs print like Go's GroupVersionKind.String()."""
+    assert str(GroupVersionKind("apps", "v1", "Deployment")) == "apps/v1, Kind=Deployment"
