@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from typing import Final
 
+from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.director.producers.inflight_load import InFlightLoadProducer
+from epp.director.reporters.attribute_reporter import RequestAttributeReporter
+from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
 from epp.plugin.base import Plugin
 
-BUILTINS: Final[tuple[type[Plugin], ...]] = ()
+BUILTINS: Final[tuple[type[Plugin], ...]] = (
+    ApproxPrefixCacheProducer,
+    InFlightLoadProducer,
+    RequestAttributeReporter,
+    DestinationEndpointServedVerifier,
+)

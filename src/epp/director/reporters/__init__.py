@@ -1,0 +1,1 @@
+"""Response-side request-control plugins: reporters that answer Envoy, and conformance checks."""
