@@ -384,3 +384,19 @@ async def test_abnormal_end_still_completes_and_counts_error_once() -> None:
 def test_rewrite_model_name(chunk: bytes, expected: bytes) -> None:
     """GIE's byte replacement restores the client's model name in response chunks."""
     assert rewrite_model_name(chunk, "t", "c") == expected
+
+
+async def test_failing_pre_request_hook_still_completes() -> None:
+    """If a pre-request hook raises after another took per-request state, completion still runs."""
+
+    class Boom(Hooks):
+        def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+            raise RuntimeError("pre-request failed")
+
+    hooks = Boom()
+    d, _ = director(hooks=hooks)
+    ctx = d.new_request({}, {})
+    with pytest.raises(RuntimeError):
+        await d.route(ctx, body())
+    d.finish(ctx)
+    assert len(hooks.completions) == 1

@@ -37,8 +37,6 @@ from epp.tracing.otel import Tracing, setup_tracing
 
 log = structlog.get_logger(__name__)
 
-STANDALONE_POOL = "standalone"
-
 
 @dataclass(slots=True)
 class App:
@@ -63,7 +61,7 @@ def _discovery(options: Options, ds: Datastore) -> list[WatchedFile[Any]]:
             "run without a cluster with --endpoints HOST:PORT[,...] or --endpoints-file PATH"
         )
     namespace = options.pool_namespace or "default"
-    ds.pool = PoolInfo(name=STANDALONE_POOL, namespace=namespace)
+    ds.pool = PoolInfo(name=options.pool_label, namespace=namespace)
     watched: list[WatchedFile[Any]] = []
     if options.endpoints:
         ds.replace_all(endpoints_from_pairs([(hp.host, hp.port) for hp in options.endpoints], namespace))
@@ -104,7 +102,9 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
         log.warning(
             "parser_protocol_mismatch", parser=str(components.parser.typed_name), app_protocol=pool_protocol
         )
-    data_layer = DataLayerRuntime(ds, components.data_sources, refresh_interval=options.refresh_metrics_interval)
+    data_layer = DataLayerRuntime(
+        ds, components.data_sources, refresh_interval=options.refresh_metrics_interval
+    )
     admission: AdmissionController
     if FLOW_CONTROL in components.feature_gates:
         from epp.admission.flow_control import FlowControlAdmission
@@ -178,6 +178,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
                 app.datastore,
                 interval=opts.refresh_prometheus_metrics_interval,
                 staleness_threshold=opts.metrics_staleness_threshold,
+                scrape_interval=opts.refresh_metrics_interval,
             )
         )
         metrics_server = await stack.enter_async_context(

@@ -86,7 +86,9 @@ class Director:
         self._pre_timers = tuple((p, _timed_label("PreRequest", p)) for p in pipeline.pre_request)
         self._hdr_timers = tuple((p, _timed_label("ResponseReceived", p)) for p in pipeline.response_header)
         self._body_timers = tuple((p, _timed_label("ResponseStreaming", p)) for p in pipeline.response_body)
-        self._done_timers = tuple((p, _timed_label("ResponseStreaming", p)) for p in pipeline.response_complete)
+        self._done_timers = tuple(
+            (p, _timed_label("ResponseStreaming", p)) for p in pipeline.response_complete
+        )
 
     @property
     def pipeline(self) -> Pipeline:
@@ -101,7 +103,9 @@ class Director:
         is what a FULL_DUPLEX_STREAMED response mode in Envoy's config expresses.
         """
         p = self._p
-        return bool(p.response_body or p.response_complete or ctx.request.target_model or len(self._ds.rewrites))
+        return bool(
+            p.response_body or p.response_complete or ctx.request.target_model or len(self._ds.rewrites)
+        )
 
     # request side -----------------------------------------------------------------
     def new_request(self, headers: dict[str, str], metadata: Mapping[str, Any]) -> RequestContext:
@@ -195,7 +199,12 @@ class Director:
         for admitter in p.admitters:
             reason = admitter.admit_request(state, req, candidates)
             if reason is not None:
-                log.info("request_denied", plugin=str(admitter.typed_name), reason=reason, request_id=req.request_id)
+                log.info(
+                    "request_denied",
+                    plugin=str(admitter.typed_name),
+                    reason=reason,
+                    request_id=req.request_id,
+                )
                 raise Internal("request cannot be admitted")
         try:
             result = p.scheduler.schedule(state, req, candidates)
@@ -208,19 +217,20 @@ class Director:
             raise Internal("results must be greater than zero")
         ctx.result = result
         ctx.target = targets[0]
+        # From here on the request counts as scheduled: if a pre-request hook or the body
+        # repackaging fails, finish() still runs the completion hooks that release what the
+        # pre-request hooks took (in-flight counters).
+        ctx.scheduled = True
         for plugin, timer in self._pre_timers:
             t0 = time.perf_counter()
             plugin.pre_request(state, req, result)
             timer.observe(time.perf_counter() - t0)
 
         out = p.parser.serialize_request(parsed) if changed else body
-        ctx.scheduled = True
         series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
         series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
         return RoutingDecision(
-            destination=targets[0].hostport
-            if len(targets) == 1
-            else ",".join(t.hostport for t in targets),
+            destination=targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets),
             body=out,
             body_changed=out is not body,
             headers=self._extra_headers(ctx),

@@ -76,7 +76,9 @@ class Stream:
         "_tracing",
     )
 
-    def __init__(self, director: Director, *, max_body_bytes: int = 0, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self, director: Director, *, max_body_bytes: int = 0, tracing: Tracing | None = None
+    ) -> None:
         self._director = director
         self._max_body = max_body_bytes
         self._tracing = tracing or _NO_TRACING
@@ -211,9 +213,9 @@ class Stream:
         if msg.HasField("metadata_context"):  # e.g. envoy.lb's destination-endpoint-served
             ctx.request.metadata = _metadata(msg)
         headers = headers_to_dict(rh.headers)
-        before = set(headers)
+        before = dict(headers)
         self._director.response_headers(ctx, headers)
-        added = [(k, v) for k, v in headers.items() if k not in before]
+        added = [(k, v) for k, v in headers.items() if before.get(k) != v]  # new or overridden
         # Non-streamed bodies are buffered only when their model name must be restored.
         self._resp_buffered = ctx.rewrite_response_model and not (ctx.response and ctx.response.streaming)
         if rh.end_of_stream:
