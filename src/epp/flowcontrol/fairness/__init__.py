@@ -1,0 +1,1 @@
+"""Built-in fairness policies: which flow of a priority band dispatches next."""

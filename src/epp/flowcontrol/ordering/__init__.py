@@ -1,0 +1,1 @@
+"""Built-in ordering policies: which request of a flow dispatches first."""

@@ -1,0 +1,1 @@
+"""Built-in usage-limit policies: per-priority saturation ceilings."""
