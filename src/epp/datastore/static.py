@@ -115,7 +115,9 @@ def endpoints_from_pairs(pairs: Sequence[tuple[str, int]], namespace: str) -> li
     return out
 
 
-def load_endpoints_file(text: str, namespace: str, *, source: str = "endpoints file") -> list[EndpointMetadata]:
+def load_endpoints_file(
+    text: str, namespace: str, *, source: str = "endpoints file"
+) -> list[EndpointMetadata]:
     """Parse an endpoints file: ``endpoints: [...]`` or a bare list of endpoint mappings.
 
     Errors name the entry and field, e.g. ``endpoints[2].port: Input should be less than or

@@ -92,7 +92,9 @@ class WatchedFile(Generic[T]):
         except ConfigError as e:
             self._sig = sig  # do not re-log the same bad version every second
             self.failures += 1
-            log.error("file_reload_failed", file=self.path, what=self._what, error=str(e), kept="last good version")
+            log.error(
+                "file_reload_failed", file=self.path, what=self._what, error=str(e), kept="last good version"
+            )
             return False
         self._apply(value)
         self._sig = sig

@@ -67,7 +67,11 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                     "prefix": "/",
                     "headers": [{"name": "x-gateway-destination-endpoint", "present_match": True}],
                 },
-                "route": {"cluster": "original_destination_cluster", "timeout": "86400s", "idle_timeout": "86400s"},
+                "route": {
+                    "cluster": "original_destination_cluster",
+                    "timeout": "86400s",
+                    "idle_timeout": "86400s",
+                },
             }
         )
         ext_proc: dict[str, Any] = {
@@ -94,7 +98,9 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 "connect_timeout": "5s",
                 "lb_policy": "CLUSTER_PROVIDED",
                 "circuit_breakers": {
-                    "thresholds": [{"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}]
+                    "thresholds": [
+                        {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
+                    ]
                 },
                 "original_dst_lb_config": {
                     "use_http_header": True,
@@ -124,7 +130,10 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
         )
     if cfg.upstreams:
         routes.append(
-            {"match": {"prefix": "/"}, "route": {"cluster": "pool", "timeout": "86400s", "idle_timeout": "86400s"}}
+            {
+                "match": {"prefix": "/"},
+                "route": {"cluster": "pool", "timeout": "86400s", "idle_timeout": "86400s"},
+            }
         )
         clusters.append(
             {
@@ -133,7 +142,9 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 "connect_timeout": "5s",
                 "lb_policy": "ROUND_ROBIN",
                 "circuit_breakers": {
-                    "thresholds": [{"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}]
+                    "thresholds": [
+                        {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
+                    ]
                 },
                 "load_assignment": _assignment("pool", list(cfg.upstreams)),
             }
@@ -150,7 +161,10 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "inference",
-        "route_config": {"name": "inference", "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}]},
+        "route_config": {
+            "name": "inference",
+            "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
+        },
         "http_filters": filters,
         "use_remote_address": True,
         "normalize_path": True,
@@ -181,7 +195,11 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                     "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
                     "per_connection_buffer_limit_bytes": 32768,
                     "filter_chains": [
-                        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+                        {
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                            ]
+                        }
                     ],
                 }
             ],
@@ -194,7 +212,13 @@ def _assignment(name: str, hostports: Sequence[str]) -> dict[str, Any]:
     eps = []
     for hp in hostports:
         host, port = hp.rsplit(":", 1)
-        eps.append({"endpoint": {"address": {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}}})
+        eps.append(
+            {
+                "endpoint": {
+                    "address": {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
+                }
+            }
+        )
     return {"cluster_name": name, "endpoints": [{"lb_endpoints": eps}]}
 
 

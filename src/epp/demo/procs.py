@@ -40,7 +40,9 @@ class _Proc:
         self._dir = tempfile.TemporaryDirectory(prefix=f"epp-{name}-")
         self.log_path = pathlib.Path(self._dir.name) / f"{name}.log"
 
-    async def _spawn(self, argv: Sequence[str], *, stdout: int | None = None, env: dict[str, str] | None = None) -> None:
+    async def _spawn(
+        self, argv: Sequence[str], *, stdout: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.proc = await asyncio.create_subprocess_exec(
             *argv,
             stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
@@ -168,7 +170,9 @@ class EppProcess(_Proc):
                     if self.proc is not None and self.proc.returncode is not None:
                         raise RuntimeError(f"epp exited with {self.proc.returncode}:\n{self.log_tail()}")
                     with contextlib.suppress(grpc.aio.AioRpcError):
-                        resp = await stub.Check(health_pb2.HealthCheckRequest(service="inference-extension"), timeout=1)
+                        resp = await stub.Check(
+                            health_pb2.HealthCheckRequest(service="inference-extension"), timeout=1
+                        )
                         if resp.status == health_pb2.HealthCheckResponse.SERVING:
                             return
                     await asyncio.sleep(0.05)

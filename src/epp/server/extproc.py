@@ -30,7 +30,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     500, so one bad request never takes the stream machinery down with it.
     """
 
-    def __init__(self, director: Director, *, max_body_bytes: int = 0, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self, director: Director, *, max_body_bytes: int = 0, tracing: Tracing | None = None
+    ) -> None:
         self._director = director
         self._max_body = max_body_bytes
         self._tracing = tracing
@@ -43,7 +45,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         await self._idle.wait()
 
     async def Process(  # noqa: N802 - gRPC method name
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = Stream(self._director, max_body_bytes=self._max_body, tracing=self._tracing)
         self.active_streams += 1

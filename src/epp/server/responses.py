@@ -95,7 +95,11 @@ def streamed_body(body: bytes, *, request: bool, end_of_stream: bool) -> list[pb
     view = memoryview(body)
     last = (n - 1) // BODY_CHUNK_LIMIT
     return [
-        _body_msg(bytes(view[i * BODY_CHUNK_LIMIT : (i + 1) * BODY_CHUNK_LIMIT]), end_of_stream and i == last, request)
+        _body_msg(
+            bytes(view[i * BODY_CHUNK_LIMIT : (i + 1) * BODY_CHUNK_LIMIT]),
+            end_of_stream and i == last,
+            request,
+        )
         for i in range(last + 1)
     ]
 
@@ -103,7 +107,9 @@ def streamed_body(body: bytes, *, request: bool, end_of_stream: bool) -> list[pb
 def _body_msg(chunk: bytes, eos: bool, request: bool) -> pb.ProcessingResponse:
     br = pb.BodyResponse(
         response=pb.CommonResponse(
-            body_mutation=pb.BodyMutation(streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=eos))
+            body_mutation=pb.BodyMutation(
+                streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=eos)
+            )
         )
     )
     return pb.ProcessingResponse(request_body=br) if request else pb.ProcessingResponse(response_body=br)
@@ -125,7 +131,9 @@ def response_headers_reply(extra: Iterable[tuple[str, str]]) -> pb.ProcessingRes
     sets = [header_option(*RESP_HEADERS_MARKER)]
     sets.extend(header_option(k, v) for k, v in extra)
     return pb.ProcessingResponse(
-        response_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=sets)))
+        response_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=sets))
+        )
     )
 
 
