@@ -400,3 +400,22 @@ async def test_failing_pre_request_hook_still_completes() -> None:
         await d.route(ctx, body())
     d.finish(ctx)
     assert len(hooks.completions) == 1
+
+
+async def test_stale_endpoints_are_skipped_while_a_fresh_one_exists() -> None:
+    """An endpoint whose last scrape aged out (dead server) stops attracting traffic; all stale → all."""
+    dead = make_endpoint(0, queue=0, fresh=False)
+    alive = make_endpoint(1, queue=7)
+    ds = Datastore()
+    ds._endpoints = {dead.name: dead, alive.name: alive}
+    ds._snapshot = (dead, alive)
+    pipe = Pipeline(
+        parser=JsonParser(),  # type: ignore[arg-type]
+        scheduler=LowestQueue(),
+        admission=AlwaysAdmit(),
+        staleness_threshold=2.0,
+    )
+    d = Director(ds, pipe)
+    assert (await d.route(d.new_request({}, {}), body())).destination == alive.hostport
+    alive.metrics = dead.metrics
+    assert (await d.route(d.new_request({}, {}), body())).destination == dead.hostport  # fail open: lowest queue

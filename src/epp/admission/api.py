@@ -13,3 +13,7 @@ class AdmissionController(Protocol):
     """Admit (return), make the request wait (await), or refuse it (raise an ``EppError``)."""
 
     async def admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None: ...
+
+    def notify(self) -> None:
+        """A request finished: capacity may have freed up (flow control re-checks its queues)."""
+        ...

@@ -29,6 +29,9 @@ class LegacyAdmission:
         if request.priority < 0 and self._detector.saturation(candidates) >= 1.0:
             raise ResourceExhausted(SHED_MESSAGE)
 
+    def notify(self) -> None:
+        return None
+
 
 class AlwaysAdmit:
     """Admission for tests and for configurations without a detector."""
@@ -36,4 +39,7 @@ class AlwaysAdmit:
     __slots__ = ()
 
     async def admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+        return None
+
+    def notify(self) -> None:
         return None

@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 import structlog
 
 from epp.admission.api import AdmissionController
-from epp.datalayer.api import Endpoint
+from epp.datalayer.api import Endpoint, fresh_or_all
 from epp.datastore.store import Datastore
 from epp.director.api import (
     Admitter,
@@ -69,6 +69,10 @@ class Pipeline:
     response_complete: tuple[ResponseCompleteProcessor, ...] = ()
     producer_timeout: float = DEFAULT_PRODUCER_TIMEOUT
     subset_filter: bool = True
+    # Endpoints whose metrics are older than this are not candidates while a fresh one
+    # exists (0 disables): a dead or unreachable server stops attracting traffic once its
+    # last scrape ages out, and an endpoint joins once it has been scraped.
+    staleness_threshold: float = 0.0
 
 
 def _timed_label(point: str, plugin: Any) -> Any:
@@ -188,10 +192,15 @@ class Director:
             if obj is not None:
                 req.priority = obj.priority
 
-        candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
+        snapshot = self._ds.endpoints()
+        candidates = locate(snapshot, req.metadata, subset_filter=p.subset_filter)
+        await p.admission.admit(req, candidates)  # before the empty check: flow control waits for endpoints
+        if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
+            candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
+        if p.staleness_threshold > 0:
+            candidates = fresh_or_all(candidates, time.monotonic(), p.staleness_threshold)
         if not candidates:
             raise ServiceUnavailable("failed to find endpoint candidates for serving the request")
-        await p.admission.admit(req, candidates)
 
         state = ctx.state
         if p.producers:
@@ -329,6 +338,7 @@ class Director:
             timer.observe(time.perf_counter() - t0)
         if ctx.scheduled and resp.end_of_stream:
             self._record_response_metrics(ctx, resp, now)
+        self._p.admission.notify()
 
     def _record_response_metrics(self, ctx: RequestContext, resp: ResponseInfo, now: float) -> None:
         req = ctx.request

@@ -29,7 +29,8 @@ def _eps(specs: list[tuple[int, float, bool]]) -> list[Endpoint]:
         pytest.param([(5, 0.4, True)], 1.0, id="queue-at-threshold"),
         pytest.param([(1, 0.4, True)], 0.5, id="kv-dominates"),
         pytest.param([(10, 0.0, True), (0, 0.0, True)], 1.0, id="mean-of-endpoints"),
-        pytest.param([(0, 0.0, False), (0, 0.0, True)], 0.5, id="stale-counts-as-full"),
+        pytest.param([(10, 0.0, False), (0, 0.0, True)], 0.0, id="stale-left-out-of-mean"),
+        pytest.param([(0, 0.0, False), (0, 0.0, False)], 0.0, id="all-stale-fails-open"),
         pytest.param([(20, 1.0, True)], 4.0, id="over-saturated-not-capped"),
     ],
 )
@@ -60,14 +61,15 @@ def test_filter(params: dict[str, Any], specs: list[tuple[int, float, bool]], ex
 
 
 def test_staleness_uses_monotonic_clock() -> None:
-    """An endpoint becomes stale once the clock passes update_time + threshold."""
+    """An endpoint becomes stale (unknown: left out of the mean) once the clock passes update_time + threshold."""
     d = build(UtilizationDetector, metricsStalenessThreshold="1s")
-    ep = endpoint(0, queue=0)
-    now = ep.metrics.update_time
+    busy, idle = endpoint(0, queue=10), endpoint(1, queue=0)
+    now = busy.metrics.update_time
     d.clock = lambda: now + 0.999
-    assert d.saturation([ep]) == 0.0
+    assert d.saturation([busy, idle]) == 1.0  # mean of 2.0 and 0.0
+    idle.metrics = type(idle.metrics)(update_time=now + 0.5)
     d.clock = lambda: now + 1.001
-    assert d.saturation([ep]) == 1.0
+    assert d.saturation([busy, idle]) == 0.0  # busy is stale now: only idle counts
 
 
 @pytest.mark.parametrize(

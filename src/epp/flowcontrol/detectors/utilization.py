@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import ClassVar, Final
 
+import structlog
+
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.detectors.durations import parse_go_duration
@@ -13,6 +15,9 @@ from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 
+log = structlog.get_logger(__name__)
+
+STALE_WARNING_INTERVAL: Final = 30.0  # seconds between "all metrics stale" warnings
 DEFAULT_QUEUE_DEPTH_THRESHOLD: Final = 5
 DEFAULT_KV_CACHE_UTIL_THRESHOLD: Final = 0.8
 DEFAULT_METRICS_STALENESS_THRESHOLD: Final = "200ms"
@@ -33,8 +38,9 @@ class UtilizationDetector(PluginBase):
     Saturation (pool backpressure) is the mean over endpoints of
     ``max(waiting_queue / queueDepthThreshold, kv_cache_usage / kvCacheUtilThreshold)``,
     where an endpoint whose metrics are stale (older than ``metricsStalenessThreshold``,
-    by ``Metrics.update_time`` against ``time.monotonic()``) counts as 1.0; no endpoints
-    → 1.0.  As a filter it drops stale endpoints and those with ``queue >= Qt * (1 +
+    by ``Metrics.update_time`` against ``time.monotonic()``) is left out of the mean as
+    unknown (GIE counts it as 1.0); when every endpoint is stale the pool is treated as not
+    saturated (fail open, logged); no endpoints → 1.0.  As a filter it drops stale endpoints and those with ``queue >= Qt * (1 +
     headroom)`` or ``kv >= KVt * (1 + headroom)``; if that drops every endpoint it returns
     the input unchanged (fail-open).
     Consumes: endpoint metrics.  Parameters: ``queueDepthThreshold`` (5, > 0),
@@ -71,21 +77,35 @@ class UtilizationDetector(PluginBase):
         self.metrics_staleness_threshold = staleness
         self.headroom = params.headroom
         self.clock: Callable[[], float] = time.monotonic
+        self._warned_at = float("-inf")
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         if not endpoints:
-            return 1.0
-        oldest = self.clock() - self.metrics_staleness_threshold
+            return 1.0  # nothing to serve with: wait (flow control) or shed (legacy)
+        now = self.clock()
+        oldest = now - self.metrics_staleness_threshold
         qt = float(self.queue_depth_threshold)
         kvt = self.kv_cache_util_threshold
         total = 0.0
+        fresh = 0
         for ep in endpoints:
             m = ep.metrics
-            if m.update_time < oldest:
-                total += 1.0
-            else:
+            if m.update_time >= oldest:
+                fresh += 1
                 total += max(m.waiting_queue_size / qt, m.kv_cache_usage_percent / kvt)
-        return total / len(endpoints)
+        if not fresh:
+            # Stale means unknown, not saturated (GIE counts it as 1.0, which turned a slow
+            # scrape into 11-13 s of queueing in the field): admit, and say so.
+            if now - self._warned_at > STALE_WARNING_INTERVAL:
+                self._warned_at = now
+                log.warning(
+                    "saturation_unknown_all_metrics_stale",
+                    detector=str(self.typed_name),
+                    endpoints=len(endpoints),
+                    staleness_threshold=self.metrics_staleness_threshold,
+                )
+            return 0.0
+        return total / fresh
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
