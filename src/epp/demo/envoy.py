@@ -51,6 +51,8 @@ class EnvoyConfig:
     failure_mode_allow: bool = False
     allow_mode_override: bool = False
     grpc_timeout_s: float = 10.0
+    upstream_http2: bool = False  # h2c to model servers (vLLM's gRPC engine API)
+    buffer_limit_bytes: int = 32768  # per-connection buffer (GIE's value); BUFFERED mode needs bodies to fit
     access_log: str = "/dev/null"
     extra_ext_proc: dict[str, Any] = field(default_factory=dict)
 
@@ -72,6 +74,13 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                     "timeout": "86400s",
                     "idle_timeout": "86400s",
                 },
+                # Lets tests see the EPP's decision next to the replica that answered.
+                "response_headers_to_add": [
+                    {
+                        "header": {"key": "x-epp-destination", "value": "%REQ(x-gateway-destination-endpoint)%"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                    }
+                ],
             }
         )
         ext_proc: dict[str, Any] = {
@@ -106,6 +115,7 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                     "use_http_header": True,
                     "http_header_name": "x-gateway-destination-endpoint",
                 },
+                **(_H2C if cfg.upstream_http2 else {}),
             }
         )
         clusters.append(
@@ -193,7 +203,7 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 {
                     "name": "inference",
                     "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-                    "per_connection_buffer_limit_bytes": 32768,
+                    "per_connection_buffer_limit_bytes": cfg.buffer_limit_bytes,
                     "filter_chains": [
                         {
                             "filters": [
@@ -206,6 +216,16 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
             "clusters": clusters,
         },
     }
+
+
+_H2C: dict[str, Any] = {
+    "typed_extension_protocol_options": {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
+    }
+}
 
 
 def _assignment(name: str, hostports: Sequence[str]) -> dict[str, Any]:
@@ -254,21 +274,22 @@ class Envoy:
         d = pathlib.Path(self._dir.name)
         (d / "envoy.yaml").write_text(yaml.safe_dump(render(self.cfg)))
         admin_file = d / "admin.txt"
-        self._proc = await asyncio.create_subprocess_exec(
-            envoy_binary(),
-            "-c",
-            str(d / "envoy.yaml"),
-            "--log-level",
-            self._log_level,
-            "--use-dynamic-base-id",
-            "--admin-address-path",
-            str(admin_file),
-            "--concurrency",
-            "1",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=open(d / "envoy.log", "wb"),  # noqa: SIM115 - owned by the subprocess
-            start_new_session=True,
-        )
+        with open(d / "envoy.log", "wb") as log:  # the child keeps its own descriptor
+            self._proc = await asyncio.create_subprocess_exec(
+                envoy_binary(),
+                "-c",
+                str(d / "envoy.yaml"),
+                "--log-level",
+                self._log_level,
+                "--use-dynamic-base-id",
+                "--admin-address-path",
+                str(admin_file),
+                "--concurrency",
+                "1",
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
         async with asyncio.timeout(timeout):
             while not admin_file.exists() or not admin_file.read_text().strip():
                 if self._proc.returncode is not None:

@@ -43,13 +43,14 @@ class _Proc:
     async def _spawn(
         self, argv: Sequence[str], *, stdout: int | None = None, env: dict[str, str] | None = None
     ) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
-            stderr=open(self.log_path, "wb"),  # noqa: SIM115 - owned by the child
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
+        with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
 
     def log_tail(self, n: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""

@@ -1,0 +1,119 @@
+"""A real stack per test: epp-sim replicas, the epp command, and Envoy configured like GIE's."""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import pytest
+
+from epp.demo.envoy import Envoy, EnvoyConfig
+from epp.demo.procs import EppProcess, SimFleet
+
+FAST_SIM = ("--time-scale", "0.02", "--seed", "7", "--max-model-len", "131072")
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def served_by(self) -> str:
+        """``127.0.0.1:<port>`` of the replica that answered (the simulator says which)."""
+        return f"127.0.0.1:{self.headers.get('x-inference-port', '?')}"
+
+    @property
+    def epp_choice(self) -> str:
+        """The EPP's primary destination, as Envoy saw it on the request."""
+        return self.headers.get("x-epp-destination", "").split(",")[0]
+
+    def json(self) -> Any:
+        import orjson
+
+        return orjson.loads(self.body)
+
+
+@dataclass(slots=True)
+class Stack:
+    fleet: SimFleet
+    epp: EppProcess
+    envoy: Envoy
+    http: aiohttp.ClientSession
+    tmp: pathlib.Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.envoy.url
+
+    async def request(
+        self, method: str, path: str, *, json: Any = None, data: Any = None, headers: Mapping[str, str] | None = None
+    ) -> Reply:
+        async with self.http.request(method, self.url + path, json=json, data=data, headers=headers) as r:
+            return Reply(r.status, dict(r.headers), await r.read())
+
+    async def post(self, path: str, json: Any, headers: Mapping[str, str] | None = None) -> Reply:
+        return await self.request("POST", path, json=json, headers=headers)
+
+    async def sim_faults(self, replica: int, **faults: Any) -> None:
+        url = f"http://127.0.0.1:{self.fleet.ports[replica]}/sim/faults"
+        try:
+            async with self.http.post(url, json=faults) as r:
+                assert r.status == 200, await r.text()
+        except aiohttp.ServerDisconnectedError:
+            if not faults.get("crashed"):  # a crash drops every connection, this one included
+                raise
+
+    async def epp_metrics(self) -> str:
+        async with self.http.get(f"http://127.0.0.1:{self.epp.metrics_port}/metrics") as r:
+            return await r.text()
+
+
+@contextlib.asynccontextmanager
+async def make_stack(
+    tmp: pathlib.Path,
+    *,
+    replicas: int = 3,
+    sim_args: Sequence[str] = FAST_SIM,
+    epp_args: Sequence[str] = (),
+    config: str | None = None,
+    objectives: str | None = None,
+    envoy: Mapping[str, Any] | None = None,
+) -> AsyncIterator[Stack]:
+    """Start the fleet, the EPP (``--endpoints`` = the fleet) and Envoy; stop all three on exit."""
+    args = list(epp_args)
+    if config is not None:
+        (tmp / "config.yaml").write_text(config)
+        args.append(f"--config-file={tmp / 'config.yaml'}")
+    if objectives is not None:
+        (tmp / "objectives.yaml").write_text(objectives)
+        args.append(f"--objectives-file={tmp / 'objectives.yaml'}")
+    async with SimFleet(replicas, *sim_args) as fleet:
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1", "--v=3", *args
+        )
+        async with epp:
+            envoy_args = dict(envoy or {})
+            if envoy_args.pop("fallback_to_fleet", False):  # fail-open route: round robin over the fleet
+                envoy_args["upstreams"] = fleet.hostports
+            cfg = EnvoyConfig(ext_proc_port=epp.grpc_port, **envoy_args)
+            async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
+                stack = Stack(fleet, epp, proxy, http, tmp)
+                try:
+                    yield stack
+                except BaseException:
+                    print("---- epp log ----\n", epp.log_tail(), "\n---- envoy log ----\n", proxy.log_tail())
+                    raise
+
+
+@pytest.fixture
+async def stack(tmp_path: pathlib.Path) -> AsyncIterator[Stack]:
+    """Three fast replicas behind the EPP with GIE's default config."""
+    async with make_stack(tmp_path) as s:
+        yield s

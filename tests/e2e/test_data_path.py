@@ -1,0 +1,134 @@
+"""Issue 2: requests flow client → Envoy → (ext_proc) EPP → the replica the EPP chose → back."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.e2e.conftest import Stack, make_stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MODEL = "mock-model"
+
+
+def assert_served_by_choice(reply: object) -> None:
+    from tests.e2e.conftest import Reply
+
+    assert isinstance(reply, Reply)
+    assert reply.status == 200, reply.body[:300]
+    assert reply.epp_choice, reply.headers
+    assert reply.epp_choice == reply.served_by
+
+
+async def test_completions_chat_and_get_reach_the_chosen_replica(stack: Stack) -> None:
+    """Non-streamed completions and chat, and a GET, are answered by the replica the EPP picked."""
+    r = await stack.post("/v1/completions", {"model": MODEL, "prompt": "hello there", "max_tokens": 4})
+    assert_served_by_choice(r)
+    assert r.json()["usage"]["completion_tokens"] == 4
+    r = await stack.post(
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
+    assert_served_by_choice(r)
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+    r = await stack.request("GET", "/v1/models")
+    assert_served_by_choice(r)
+    assert r.json()["data"][0]["id"] == MODEL
+
+
+async def test_sse_streaming_passes_through_chunk_by_chunk(stack: Stack) -> None:
+    """A streamed completion arrives as SSE events, usage last, then [DONE], from the chosen replica."""
+    body = {
+        "model": MODEL,
+        "prompt": "stream me",
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with stack.http.post(stack.url + "/v1/completions", json=body) as r:
+        assert r.status == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-epp-destination"] == f"127.0.0.1:{r.headers['x-inference-port']}"
+        events = [line async for line in r.content if line.startswith(b"data: ")]
+    assert events[-1].strip() == b"data: [DONE]"
+    assert b'"usage"' in events[-2] and b'"completion_tokens":8' in events[-2]
+    assert len(events) >= 9  # eight token events, the usage event, [DONE]
+
+
+async def test_large_body_and_split_body(stack: Stack) -> None:
+    """A 400 KB prompt and a body sent in small chunks both route and arrive intact."""
+    prompt = "x" * 400_000
+    r = await stack.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    assert_served_by_choice(r)
+    assert r.json()["usage"]["prompt_tokens"] == 100_000  # 4 characters per token: every byte arrived
+
+    payload = b'{"model": "mock-model", "prompt": "' + b"split " * 2000 + b'", "max_tokens": 2}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(payload), 1000):
+            yield payload[i : i + 1000]
+            await asyncio.sleep(0)
+
+    r = await stack.request("POST", "/v1/completions", data=chunks(), headers={"content-type": "application/json"})
+    assert_served_by_choice(r)
+    assert r.json()["usage"]["prompt_tokens"] == len(b"split " * 2000) // 4
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "text"),
+    [
+        pytest.param(b"no healthy upstream", 400, b"inference error: BadRequest - error unmarshaling request bodyMap", id="bad-json"),
+        pytest.param(b'{"prompt":"hello"}', 400, b"inference error: BadRequest - model not found in request body", id="no-model"),
+        pytest.param(b'{"model":"mock-model"}', 400, b"invalid completions request: must have prompt field", id="no-prompt"),
+    ],
+)  # fmt: skip
+async def test_bad_requests_get_gie_errors_and_the_server_keeps_serving(
+    stack: Stack, body: bytes, status: int, text: bytes
+) -> None:
+    """Bad input is answered with GIE's status and text; the next request is served normally."""
+    r = await stack.request("POST", "/v1/completions", data=body, headers={"content-type": "application/json"})
+    assert r.status == status
+    assert text in r.body
+    r = await stack.post("/v1/completions", {"model": MODEL, "prompt": "still fine", "max_tokens": 1})
+    assert_served_by_choice(r)
+
+
+async def test_oversized_body_is_413(tmp_path: pathlib.Path) -> None:
+    """A body above --max-request-body-bytes is refused with 413 before it is buffered whole."""
+    async with make_stack(tmp_path, epp_args=["--max-request-body-bytes=100000"]) as s:
+        r = await s.post("/v1/completions", {"model": MODEL, "prompt": "y" * 200_000})
+        assert r.status == 413
+        assert b"inference error: PayloadTooLarge" in r.body
+        assert_served_by_choice(await s.post("/v1/completions", {"model": MODEL, "prompt": "ok", "max_tokens": 1}))
+
+
+async def test_dead_replica_stops_receiving_traffic(tmp_path: pathlib.Path) -> None:
+    """A replica that crashes: once its metrics age out it gets no more requests; others serve all."""
+    async with make_stack(tmp_path, epp_args=["--metrics-staleness-threshold=300ms"]) as s:
+        await s.sim_faults(0, crashed=True)
+        dead = s.fleet.hostports[0]
+        await asyncio.sleep(0.6)  # let the dead replica's last scrape age past the threshold
+        replies = [await s.post("/v1/completions", {"model": MODEL, "prompt": f"p{i}", "max_tokens": 1}) for i in range(12)]
+        assert all(r.status == 200 for r in replies), [r.status for r in replies]
+        assert dead not in {r.served_by for r in replies}
+
+
+async def test_metrics_endpoint_serves_gie_series(stack: Stack) -> None:
+    """After traffic, /metrics has GIE's request and pool series with GIE's labels."""
+    await stack.post("/v1/completions", {"model": MODEL, "prompt": "count me", "max_tokens": 2})
+    text = await stack.epp_metrics()
+    for name in (
+        "inference_objective_request_total",
+        "inference_objective_request_duration_seconds_bucket",
+        "inference_objective_input_tokens_bucket",
+        "inference_extension_scheduler_e2e_duration_seconds_bucket",
+        "inference_extension_plugin_duration_seconds_bucket",
+        "inference_pool_per_pod_queue_size",
+        "inference_extension_info",
+    ):
+        assert name in text, name
+    assert 'inference_objective_request_total{model_name="mock-model",priority="0",target_model_name="mock-model"}' in text

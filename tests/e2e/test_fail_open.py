@@ -1,0 +1,66 @@
+"""Fail-open: what happens to client requests when the EPP goes away mid-run (GIE issue #1266)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import signal
+from collections import Counter
+
+import pytest
+
+from tests.e2e.conftest import Stack, make_stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REQUESTS = 60
+STOP_AFTER = 20
+
+
+async def run_through_an_epp_stop(s: Stack) -> Counter[int]:
+    """Send requests at ~100/s; after STOP_AFTER of them, SIGTERM the EPP. Count the statuses."""
+    statuses: Counter[int] = Counter()
+
+    async def one(i: int) -> None:
+        try:
+            r = await s.post("/v1/completions", {"model": "mock-model", "prompt": f"request {i}", "max_tokens": 2})
+            statuses[r.status] += 1
+        except Exception:
+            statuses[-1] += 1
+
+    tasks = []
+    for i in range(REQUESTS):
+        tasks.append(asyncio.create_task(one(i)))
+        if i == STOP_AFTER:
+            await s.epp.signal(signal.SIGTERM)
+        await asyncio.sleep(0.01)
+    await asyncio.gather(*tasks)
+    assert await s.epp.wait(30) == 0  # the EPP drained and exited cleanly
+    return statuses
+
+
+@pytest.mark.parametrize(
+    ("body_mode", "lost"),
+    [
+        pytest.param("BUFFERED", False, id="buffered-fails-open"),
+        pytest.param("FULL_DUPLEX_STREAMED", True, id="full-duplex-does-not"),
+    ],
+)
+async def test_epp_stop_mid_run(tmp_path: pathlib.Path, body_mode: str, lost: bool) -> None:
+    """With BUFFERED bodies Envoy falls back to round robin once the EPP is gone and no request is
+    lost; with FULL_DUPLEX_STREAMED (GIE's mode) Envoy 1.40 does not fail open (issue #1266)."""
+    async with make_stack(
+        tmp_path,
+        envoy={
+            "failure_mode_allow": True,
+            "request_body_mode": body_mode,
+            "buffer_limit_bytes": 1 << 20,
+            "fallback_to_fleet": True,
+        },
+    ) as s:
+        statuses = await run_through_an_epp_stop(s)
+    if lost:
+        assert statuses[200] >= STOP_AFTER - 2  # served while the EPP was up
+        assert statuses[200] < REQUESTS  # then Envoy stops serving: no fail-open in this mode
+    else:
+        assert statuses == Counter({200: REQUESTS})
