@@ -1,0 +1,14 @@
+# The EPP image: the project installed from its own files into a venv, run as a non-root user.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml hatch_build.py README.md ./
+COPY protos ./protos
+COPY src ./src
+RUN python -m venv /opt/epp && /opt/epp/bin/pip install --no-cache-dir . && /opt/epp/bin/pip check
+
+FROM python:3.11-slim
+COPY --from=build /opt/epp /opt/epp
+COPY config /etc/epp/config
+USER 65532:65532
+EXPOSE 9002 9003 9090
+ENTRYPOINT ["/opt/epp/bin/epp"]
