@@ -1,0 +1,1 @@
+"""A vLLM-compatible model-server simulator: HTTP, gRPC, metrics and KV events over a modelled engine."""

@@ -1,0 +1,457 @@
+"""The simulated engine: vLLM-V1-style continuous batching over a paged, prefix-cached KV cache."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from epp_sim.config import EngineConfig, Faults
+from epp_sim.kv_cache import KVCache
+from epp_sim.kv_events import KVEventPublisher
+from epp_sim.lora import LoraSlots
+from epp_sim.sequence import FINISHED, RUNNING, WAITING, RequestRejected, Seq
+from epp_sim.stats import EngineStats
+from epp_sim.timing import StepWork, TimeModel
+from epp_sim.tokens import VOCAB_IDS, block_hash
+
+_MAX_LAG_S: Final = 0.02  # a late step is caught up by shortening later ones, at most this much
+
+
+@dataclass(slots=True)
+class _Step:
+    start: float  # model time the step starts
+    scheduled: list[tuple[Seq, int]]
+    work: StepWork
+
+
+class Engine:
+    """One engine (one DP rank). `run()` is its scheduler loop; `submit`/`abort` come from the servers.
+
+    Each step: schedule running sequences (decode 1 token or the next prefill chunk; preempt the newest
+    when KV blocks run out), then admit waiting ones FCFS within max_num_seqs, max_num_batched_tokens,
+    free blocks and max_loras; sleep the modelled step time x time_scale; then commit: newly full
+    blocks are cached, every sequence whose prompt is computed samples one token.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        faults: Faults | None = None,
+        rank: int = 0,
+        publisher: KVEventPublisher | None = None,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.faults = faults or Faults()
+        self.publisher = publisher
+        self.time_model = TimeModel.from_config(config)
+        self.cache = KVCache(config.num_gpu_blocks, config.block_size, record_events=publisher is not None)
+        self.slots = LoraSlots(config.max_loras)
+        self.stats = EngineStats()
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self._running_loras: Counter[str] = Counter()
+        self._waiting_loras: Counter[str] = Counter()
+        self._inv_scale = 1.0 / config.time_scale
+        # the modelled clock: model time _m0 at wall time _w0, or inside the step now running
+        self._m0 = 0.0
+        self._w0 = time.monotonic()
+        self._inflight: tuple[float, float, float] | None = None  # (model start, wall start, model length)
+        self._wake_wall = self._w0  # when the idle engine was last woken: a step starts then, in model time
+        self._rng = random.Random(config.seed * 1_000_003 + rank)
+        self._wake = asyncio.Event()
+        # called after every step; tests use it to freeze the engine (faults.paused) at a chosen state
+        self.step_listeners: list[Callable[[Engine], None]] = []
+
+    # ---- serving side -------------------------------------------------------------------------
+
+    def submit(self, seq: Seq) -> None:
+        config = self.config
+        if seq.prompt_len == 0:
+            raise RequestRejected("The prompt cannot be empty.")
+        total = seq.prompt_len + (0 if seq.embedding else seq.max_tokens)
+        if total > config.max_model_len:
+            raise RequestRejected(
+                f"This model's maximum context length is {config.max_model_len} tokens. However, you "
+                f"requested {total} tokens ({seq.prompt_len} in the messages, {seq.max_tokens} in the "
+                "completion). Please reduce the length of the messages or completion."
+            )
+        if -(-total // config.block_size) > config.num_gpu_blocks:
+            raise RequestRejected(
+                f"The request needs {total} tokens of KV cache but the engine has only "
+                f"{config.num_gpu_blocks * config.block_size} (num_gpu_blocks={config.num_gpu_blocks})."
+            )
+        bs = config.block_size
+        tokens = seq.tokens
+        parent = 0
+        for start in range(0, seq.prompt_len - bs + 1, bs):
+            parent = block_hash(parent, tokens[start : start + bs], seq.extra)
+            seq.hashes.append(parent)
+        wall = time.monotonic()
+        seq.arrival = self.model_time(wall)
+        self.waiting.append(seq)
+        if seq.adapter is not None:
+            self._waiting_loras[seq.adapter.name] += 1
+        self.wake(wall)
+
+    def abort(self, seq: Seq) -> None:
+        """Drop a sequence the client gave up on; its cached blocks stay cached."""
+        if seq.state == WAITING:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                return
+            self._forget_waiting_lora(seq)
+        elif seq.state == RUNNING:
+            self.cache.release(seq.held)
+            seq.held = []
+            self.running.remove(seq)
+            self._forget_running_lora(seq)
+        else:
+            return
+        self._finish(seq, "abort", self.model_time())
+
+    def reset(self, error: str) -> None:
+        """A crash: fail every sequence with `error`, empty the KV cache and GPU slots, zero the stats."""
+        now = self.model_time()
+        for seq in [*self.running, *self.waiting]:
+            seq.error = error
+            self._finish(seq, "abort", now, record=False)
+        self.running.clear()
+        self.waiting.clear()
+        self._running_loras.clear()
+        self._waiting_loras.clear()
+        self.cache.clear()
+        self.slots.clear()
+        self.stats = EngineStats()
+        self._flush_events()
+
+    def wake(self, wall: float | None = None) -> None:
+        """Make an idle engine look for work; `wall` (monotonic) is when, by default now."""
+        if not self._wake.is_set():
+            self._wake_wall = time.monotonic() if wall is None else wall
+            self._wake.set()
+
+    # ---- scheduler loop -----------------------------------------------------------------------
+
+    def model_time(self, wall: float | None = None) -> float:
+        """Modelled seconds since the engine started: wall time / time_scale, except that a step lasts
+        exactly its modelled length and an idle engine starts when woken, so the CPU overhead of the
+        simulator (amplified by a small time_scale) does not show in modelled latencies.
+        """
+        now = time.monotonic() if wall is None else wall
+        inflight = self._inflight
+        if inflight is not None:
+            start, wall_start, length = inflight
+            return start + min((now - wall_start) * self._inv_scale, length)
+        return self._m0 + (now - self._w0) * self._inv_scale
+
+    async def run(self) -> None:
+        clock = time.monotonic
+        deadline = clock()
+        chained = False  # the next step follows the previous one without an idle gap
+        while True:
+            step = None
+            if not self.faults.paused and (self.waiting or self.running):
+                now = clock()
+                start = self._m0
+                if not chained:
+                    start += max(0.0, self._wake_wall - self._w0) * self._inv_scale
+                step = self._schedule(start)
+            if step is None:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = clock()
+                chained = False
+                continue
+            faults = self.faults
+            step_ms = self.time_model.step_ms(step.work) * faults.slowdown
+            if faults.latency_spike_prob > 0 and self._rng.random() < faults.latency_spike_prob:
+                step_ms += faults.latency_spike_ms
+            length = step_ms / 1000.0
+            start = step.start
+            self._inflight = (start, now, length)
+            deadline = max(deadline, now - _MAX_LAG_S) + length * self.config.time_scale
+            await asyncio.sleep(max(0.0, deadline - clock()))
+            self._inflight = None
+            self._m0, self._w0 = start + length, clock()
+            self._commit(step, start + length)
+            chained = True
+
+    def _schedule(self, now: float) -> _Step | None:
+        config = self.config
+        bs = config.block_size
+        cache = self.cache
+        running = self.running
+        budget = config.max_num_batched_tokens
+        scheduled: list[tuple[Seq, int]] = []
+        prefill_tokens = decode_seqs = context_tokens = 0
+        preempted = False
+
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(len(seq.tokens) - seq.num_computed, budget)
+            need = -(-(seq.num_computed + n) // bs) - len(seq.held)
+            while need > 0 and not cache.can_allocate(need):
+                victim = running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.state != RUNNING:
+                break
+            if need > 0:
+                cache.allocate(need)
+                seq.held.extend([None] * need)
+            scheduled.append((seq, n))
+            budget -= n
+            if n == 1 and seq.num_computed >= seq.prompt_len:
+                decode_seqs += 1
+                context_tokens += seq.num_computed
+            else:
+                prefill_tokens += n
+            i += 1
+
+        if not preempted:
+            admitted_tokens, now = self._admit(now, budget, scheduled)
+            prefill_tokens += admitted_tokens
+
+        if not scheduled:
+            return None
+        lora_loads = 0
+        if self._running_loras:
+            lora_loads = self.slots.ensure(self._running_loras)
+        if config.enable_lora:
+            self.stats.record_lora(",".join(self._running_loras), ",".join(self._waiting_loras), time.time())
+        return _Step(now, scheduled, StepWork(prefill_tokens, decode_seqs, context_tokens, lora_loads))
+
+    def _admit(self, now: float, budget: int, scheduled: list[tuple[Seq, int]]) -> tuple[int, float]:
+        """Admit waiting sequences FCFS; one whose adapter cannot get a slot is skipped, not blocking.
+
+        Returns the prefill tokens admitted and the step's start, moved later if an admitted sequence
+        arrived (in model time) after `now`: never before its arrival, so no modelled latency is negative.
+        """
+        start = now
+        config = self.config
+        bs = config.block_size
+        cache = self.cache
+        waiting = self.waiting
+        running = self.running
+        running_loras = self._running_loras
+        skipped: list[Seq] = []
+        prefill_tokens = 0
+        while waiting and budget > 0 and len(running) < config.max_num_seqs:
+            seq = waiting[0]
+            adapter = seq.adapter
+            if (
+                adapter is not None
+                and adapter.name not in running_loras
+                and len(running_loras) >= config.max_loras
+            ):
+                skipped.append(waiting.popleft())
+                continue
+            hit = 0
+            if config.enable_prefix_caching:
+                # as vLLM: at least one token is computed, so a fully cached prompt recomputes its last block
+                hit = cache.match(seq.hashes, min(len(seq.hashes), (len(seq.tokens) - 1) // bs))
+            computed = hit * bs
+            n = min(len(seq.tokens) - computed, budget)
+            need = -(-(computed + n) // bs) - hit
+            hits = seq.hashes[:hit]
+            if not cache.can_allocate(need, hits):
+                break
+            waiting.popleft()
+            cache.acquire(hits)
+            cache.allocate(need)
+            seq.held = [*hits, *([None] * need)]
+            seq.num_computed = computed
+            seq.num_stored = hit
+            seq.state = RUNNING
+            stats = self.stats
+            stats.prefix_queries += len(seq.tokens)
+            stats.prefix_hits += computed
+            start = max(start, seq.arrival)
+            if seq.cached_tokens < 0:
+                seq.cached_tokens = computed
+                seq.scheduled_at = max(now, seq.arrival)
+                stats.queue_time.observe(seq.scheduled_at - seq.arrival)
+            if adapter is not None:
+                running_loras[adapter.name] += 1
+                self._forget_waiting_lora(seq)
+            running.append(seq)
+            scheduled.append((seq, n))
+            budget -= n
+            prefill_tokens += n
+        waiting.extendleft(reversed(skipped))
+        return prefill_tokens, start
+
+    def _preempt(self, seq: Seq) -> None:
+        """vLLM's recompute preemption: free every block, requeue at the front, recompute later."""
+        self.running.remove(seq)
+        self.cache.release(seq.held)
+        seq.held = []
+        seq.num_computed = seq.num_stored = 0
+        seq.state = WAITING
+        self.waiting.appendleft(seq)
+        self.stats.preemptions += 1
+        if seq.adapter is not None:
+            self._forget_running_lora(seq)
+            self._waiting_loras[seq.adapter.name] += 1
+
+    def _commit(self, step: _Step, now: float) -> None:
+        config = self.config
+        bs = config.block_size
+        stats = self.stats
+        caching = config.enable_prefix_caching
+        finished = False
+        stats.steps += 1
+        for seq, n in step.scheduled:
+            if seq.state != RUNNING:  # aborted while the step ran
+                continue
+            seq.num_computed += n
+            if caching:
+                self._store_full_blocks(seq)
+            if seq.num_computed < len(seq.tokens):
+                continue  # prefill continues next step
+            if seq.embedding:
+                stats.prompt_tokens += seq.prompt_len
+                seq.first_token_at = now
+                stats.ttft.observe(now - seq.arrival)
+                self._release(seq)
+                self._finish(seq, "stop", now)
+                finished = True
+                continue
+            word, eos = seq.sampler.next()
+            seq.output.append(word)
+            tokens = seq.tokens
+            tokens.append(VOCAB_IDS[word])
+            if len(tokens) % bs == 0:
+                parent = seq.hashes[-1] if seq.hashes else 0
+                seq.hashes.append(block_hash(parent, tokens[-bs:], seq.extra))
+            stats.generation_tokens += 1
+            if len(seq.output) == 1:
+                stats.prompt_tokens += seq.prompt_len
+                seq.first_token_at = now
+                stats.ttft.observe(now - seq.arrival)
+            else:
+                stats.itl.observe(now - seq.last_token_at)
+            seq.last_token_at = now
+            if len(seq.output) >= seq.max_tokens or (eos and not seq.ignore_eos):
+                self._release(seq)
+                self._finish(seq, "length" if len(seq.output) >= seq.max_tokens else "stop", now)
+                finished = True
+            elif seq.stream:
+                sink = seq.sink
+                if sink is None or not sink(seq):
+                    seq._notify()
+        if finished:
+            self.running = [s for s in self.running if s.state == RUNNING]
+        self._flush_events()
+        for listener in self.step_listeners:
+            listener(self)
+
+    def _store_full_blocks(self, seq: Seq) -> None:
+        """Cache the blocks this step filled; emit one BlockStored per run of newly cached blocks."""
+        full = min(seq.num_computed // self.config.block_size, len(seq.hashes))
+        start = seq.num_stored
+        if full <= start:
+            return
+        cache = self.cache
+        run: list[int] = []
+        run_start = start
+        for index in range(start, full):
+            h = seq.hashes[index]
+            if cache.store(h):
+                seq.held[index] = h
+                if not run:
+                    run_start = index
+                run.append(h)
+            elif run:
+                self._stored_event(seq, run, run_start)
+                run = []
+        if run:
+            self._stored_event(seq, run, run_start)
+        seq.num_stored = full
+
+    def _stored_event(self, seq: Seq, hashes: list[int], first: int) -> None:
+        if not self.cache.record_events:
+            return
+        bs = self.config.block_size
+        adapter = seq.adapter
+        self.cache.stored_event(
+            hashes,
+            seq.hashes[first - 1] if first > 0 else None,
+            seq.tokens[first * bs : (first + len(hashes)) * bs].tolist(),
+            adapter.id if adapter is not None else None,
+            adapter.name if adapter is not None else None,
+        )
+
+    def _release(self, seq: Seq) -> None:
+        self.cache.release(seq.held)
+        seq.held = []
+        self._forget_running_lora(seq)
+
+    def _finish(self, seq: Seq, reason: str, now: float, *, record: bool = True) -> None:
+        seq.state = FINISHED
+        seq.finish_reason = reason
+        if record:
+            stats = self.stats
+            stats.success[reason] += 1
+            stats.e2e.observe(now - seq.arrival)
+        seq._notify()
+
+    def _forget_running_lora(self, seq: Seq) -> None:
+        if seq.adapter is not None:
+            _decrement(self._running_loras, seq.adapter.name)
+
+    def _forget_waiting_lora(self, seq: Seq) -> None:
+        if seq.adapter is not None:
+            _decrement(self._waiting_loras, seq.adapter.name)
+
+    def _flush_events(self) -> None:
+        if self.publisher is not None and self.cache.events:
+            self.publisher.publish(self.cache.take_events())
+
+    # ---- inspection ---------------------------------------------------------------------------
+
+    @property
+    def running_loras(self) -> tuple[str, ...]:
+        return tuple(self._running_loras)
+
+    @property
+    def waiting_loras(self) -> tuple[str, ...]:
+        return tuple(self._waiting_loras)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Engine state for tests and the admin API."""
+        cache = self.cache
+        return {
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+            "kv_cache_usage": cache.usage,
+            "free_blocks": cache.free_blocks,
+            "cached_blocks": cache.cached_blocks,
+            "num_gpu_blocks": cache.num_blocks,
+            "running_loras": list(self._running_loras),
+            "waiting_loras": list(self._waiting_loras),
+            "resident_loras": list(self.slots.resident),
+            "steps": self.stats.steps,
+            "preemptions": self.stats.preemptions,
+            "prefix_cache_queries": self.stats.prefix_queries,
+            "prefix_cache_hits": self.stats.prefix_hits,
+        }
+
+
+def _decrement(counter: Counter[str], key: str) -> None:
+    left = counter[key] - 1
+    if left > 0:
+        counter[key] = left
+    else:
+        del counter[key]
