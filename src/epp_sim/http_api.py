@@ -59,6 +59,7 @@ class HttpApi:
         app.router.add_post("/v1/completions", self._inference(self.completions))
         app.router.add_post("/v1/chat/completions", self._inference(self.chat_completions))
         app.router.add_post("/v1/embeddings", self._inference(self.embeddings))
+        app.router.add_post("/v1/messages", self._inference(self.messages))
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -211,6 +212,91 @@ class HttpApi:
             stream=stream,
         )
         return await self._serve(request, seq, data, model, chat=True)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages API, as vLLM serves it at /v1/messages (non-streamed and SSE)."""
+        data = await self._json(request)
+        model, adapter = self._adapter(data)
+        messages = data.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _bad("messages must be a non-empty list of message objects.", "messages")
+        max_tokens = data.get("max_tokens")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise _bad("max_tokens is required and must be a positive integer.", "max_tokens")
+        system = data.get("system")
+        if isinstance(system, list):
+            system = "".join(b.get("text", "") for b in system if isinstance(b, dict))
+        turns = ([{"role": "system", "content": system}] if system else []) + messages
+        text = render_chat(turns)
+        stream = bool(data.get("stream", False))
+        seq = self._seq(
+            f"msg_{self._request_id(request)}",
+            token_ids(text),
+            text.encode(),
+            data,
+            max_tokens,
+            adapter,
+            stream=stream,
+        )
+        engine = self.rank.engine
+        engine.submit(seq)
+        try:
+            if stream:
+                return await self._stream_messages(request, seq, model)
+            while not seq.finished:
+                await seq.wait()
+        finally:
+            if not seq.finished:
+                engine.abort(seq)
+        if seq.error is not None:
+            return error_response(500, seq.error, "InternalServerError")
+        body = {
+            "id": seq.request_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": "".join(VOCAB[w] for w in seq.output)}],
+            "stop_reason": "max_tokens" if seq.finish_reason == "length" else "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": seq.prompt_len, "output_tokens": len(seq.output)},
+        }
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def _stream_messages(self, request: web.Request, seq: Seq, model: str) -> web.StreamResponse:
+        """Anthropic's event stream: message_start, content deltas, message_delta (usage), message_stop."""
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+
+        def event(name: str, payload: dict[str, Any]) -> bytes:
+            return (
+                b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **payload}) + b"\n\n"
+            )
+
+        start = {"id": seq.request_id, "type": "message", "role": "assistant", "model": model, "content": [],
+                 "stop_reason": None, "usage": {"input_tokens": seq.prompt_len, "output_tokens": 0}}  # fmt: skip
+        await response.write(event("message_start", {"message": start}))
+        await response.write(
+            event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        )
+        while True:
+            await seq.wait()
+            while seq.delivered < len(seq.output):
+                word = VOCAB[seq.output[seq.delivered]]
+                seq.delivered += 1
+                delta = {"index": 0, "delta": {"type": "text_delta", "text": word}}
+                await response.write(event("content_block_delta", delta))
+            if seq.finished:
+                break
+        await response.write(event("content_block_stop", {"index": 0}))
+        stop = "max_tokens" if seq.finish_reason == "length" else "end_turn"
+        done = {
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": {"output_tokens": len(seq.output)},
+        }
+        await response.write(event("message_delta", done))
+        await response.write(event("message_stop", {}))
+        await response.write_eof()
+        return response
 
     async def _serve(
         self, request: web.Request, seq: Seq, data: dict[str, Any], model: str, *, chat: bool

@@ -295,3 +295,37 @@ async def test_repeated_long_prefix_is_faster_on_the_same_replica_only(http: aio
     assert first > 0.035
     assert other > 0.035
     assert again < 0.4 * min(first, other)
+
+
+async def test_anthropic_messages_non_streamed_and_streamed(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    """/v1/messages answers Anthropic's shapes: usage input/output tokens, and the SSE event sequence."""
+    url = fleet.replicas[0].url + "/v1/messages"
+    body = {
+        "model": "mock-model",
+        "max_tokens": 5,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
+    expected_in = count_tokens(render_chat(MESSAGES))
+    status, data, _ = await post(http, url, body)
+    assert status == 200
+    assert data["usage"] == {"input_tokens": expected_in, "output_tokens": 5}
+    assert data["stop_reason"] == "max_tokens"
+    async with http.post(url, json={**body, "stream": True}) as response:
+        text = await response.text()
+    names = [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("event: ")]
+    assert names[:2] == ["message_start", "content_block_start"]
+    assert names.count("content_block_delta") == 5
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert '"usage":{"output_tokens":5}' in text
+
+
+async def test_anthropic_messages_requires_max_tokens(fleet: Fleet, http: aiohttp.ClientSession) -> None:
+    """Anthropic's API makes max_tokens mandatory; a missing one is a 400."""
+    url = fleet.replicas[0].url + "/v1/messages"
+    status, _, _ = await post(
+        http, url, {"model": "mock-model", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert status == 400
