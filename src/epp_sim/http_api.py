@@ -272,8 +272,15 @@ class HttpApi:
                 b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **payload}) + b"\n\n"
             )
 
-        start = {"id": seq.request_id, "type": "message", "role": "assistant", "model": model, "content": [],
-                 "stop_reason": None, "usage": {"input_tokens": seq.prompt_len, "output_tokens": 0}}  # fmt: skip
+        start: dict[str, Any] = {
+            "id": seq.request_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": seq.prompt_len, "output_tokens": 0},
+        }
         await response.write(event("message_start", {"message": start}))
         await response.write(
             event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})

@@ -54,9 +54,13 @@ def test_list_kind_is_accepted() -> None:
     ("text", "message"),
     [
         pytest.param("kind: Pod\nmetadata: {name: x}\n", r"items\[0\]\.kind", id="wrong-kind"),
-        pytest.param("kind: InferenceObjective\nspec: {priority: 1}\n", r"metadata: Field required", id="no-meta"),
         pytest.param(
-            "kind: InferenceObjective\nmetadata: {name: a}\nspec: {priority: high}\n", r"spec\.priority", id="type"
+            "kind: InferenceObjective\nspec: {priority: 1}\n", r"metadata: Field required", id="no-meta"
+        ),
+        pytest.param(
+            "kind: InferenceObjective\nmetadata: {name: a}\nspec: {priority: high}\n",
+            r"spec\.priority",
+            id="type",
         ),
         pytest.param(
             "kind: InferenceModelRewrite\nmetadata: {name: r}\nspec: {rules: [{targets: []}]}\n",

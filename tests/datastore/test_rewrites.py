@@ -10,7 +10,9 @@ import pytest
 from epp.datastore.rewrites import ModelRewrite, RewriteRule, RewriteTable, RewriteTarget
 
 
-def rw(name: str, matches: tuple[str, ...], targets: tuple[tuple[str, int], ...], created: float) -> ModelRewrite:
+def rw(
+    name: str, matches: tuple[str, ...], targets: tuple[tuple[str, int], ...], created: float
+) -> ModelRewrite:
     rule = RewriteRule(matches=matches, targets=tuple(RewriteTarget(model=m, weight=w) for m, w in targets))
     return ModelRewrite(name=name, rules=(rule,), created=created)
 
@@ -18,14 +20,20 @@ def rw(name: str, matches: tuple[str, ...], targets: tuple[tuple[str, int], ...]
 @pytest.mark.parametrize(
     ("rewrites", "model", "expected"),
     [
-        pytest.param([rw("g", (), (("generic",1),), 1)], "m", "generic", id="generic-matches-anything"),
+        pytest.param([rw("g", (), (("generic", 1),), 1)], "m", "generic", id="generic-matches-anything"),
         pytest.param(
-            [rw("g", (), (("generic",1),), 1), rw("e", ("m",), (("exact",1),), 2)], "m", "exact", id="exact-beats-generic"
+            [rw("g", (), (("generic", 1),), 1), rw("e", ("m",), (("exact", 1),), 2)],
+            "m",
+            "exact",
+            id="exact-beats-generic",
         ),
         pytest.param(
-            [rw("new", ("m",), (("newer",1),), 5), rw("old", ("m",), (("older",1),), 1)], "m", "older", id="oldest-wins"
+            [rw("new", ("m",), (("newer", 1),), 5), rw("old", ("m",), (("older", 1),), 1)],
+            "m",
+            "older",
+            id="oldest-wins",
         ),
-        pytest.param([rw("e", ("m",), (("x",1),), 1)], "other", None, id="no-rule"),
+        pytest.param([rw("e", ("m",), (("x", 1),), 1)], "other", None, id="no-rule"),
     ],
 )
 def test_precedence(rewrites: list[ModelRewrite], model: str, expected: str | None) -> None:

@@ -418,4 +418,6 @@ async def test_stale_endpoints_are_skipped_while_a_fresh_one_exists() -> None:
     d = Director(ds, pipe)
     assert (await d.route(d.new_request({}, {}), body())).destination == alive.hostport
     alive.metrics = dead.metrics
-    assert (await d.route(d.new_request({}, {}), body())).destination == dead.hostport  # fail open: lowest queue
+    assert (
+        await d.route(d.new_request({}, {}), body())
+    ).destination == dead.hostport  # fail open: lowest queue

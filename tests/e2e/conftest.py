@@ -53,7 +53,13 @@ class Stack:
         return self.envoy.url
 
     async def request(
-        self, method: str, path: str, *, json: Any = None, data: Any = None, headers: Mapping[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply:
         async with self.http.request(method, self.url + path, json=json, data=data, headers=headers) as r:
             return Reply(r.status, dict(r.headers), await r.read())

@@ -73,7 +73,9 @@ async def test_large_body_and_split_body(stack: Stack) -> None:
             yield payload[i : i + 1000]
             await asyncio.sleep(0)
 
-    r = await stack.request("POST", "/v1/completions", data=chunks(), headers={"content-type": "application/json"})
+    r = await stack.request(
+        "POST", "/v1/completions", data=chunks(), headers={"content-type": "application/json"}
+    )
     assert_served_by_choice(r)
     assert r.json()["usage"]["prompt_tokens"] == len(b"split " * 2000) // 4
 
@@ -90,7 +92,9 @@ async def test_bad_requests_get_gie_errors_and_the_server_keeps_serving(
     stack: Stack, body: bytes, status: int, text: bytes
 ) -> None:
     """Bad input is answered with GIE's status and text; the next request is served normally."""
-    r = await stack.request("POST", "/v1/completions", data=body, headers={"content-type": "application/json"})
+    r = await stack.request(
+        "POST", "/v1/completions", data=body, headers={"content-type": "application/json"}
+    )
     assert r.status == status
     assert text in r.body
     r = await stack.post("/v1/completions", {"model": MODEL, "prompt": "still fine", "max_tokens": 1})
@@ -103,7 +107,9 @@ async def test_oversized_body_is_413(tmp_path: pathlib.Path) -> None:
         r = await s.post("/v1/completions", {"model": MODEL, "prompt": "y" * 200_000})
         assert r.status == 413
         assert b"inference error: PayloadTooLarge" in r.body
-        assert_served_by_choice(await s.post("/v1/completions", {"model": MODEL, "prompt": "ok", "max_tokens": 1}))
+        assert_served_by_choice(
+            await s.post("/v1/completions", {"model": MODEL, "prompt": "ok", "max_tokens": 1})
+        )
 
 
 async def test_dead_replica_stops_receiving_traffic(tmp_path: pathlib.Path) -> None:
@@ -112,7 +118,10 @@ async def test_dead_replica_stops_receiving_traffic(tmp_path: pathlib.Path) -> N
         await s.sim_faults(0, crashed=True)
         dead = s.fleet.hostports[0]
         await asyncio.sleep(0.6)  # let the dead replica's last scrape age past the threshold
-        replies = [await s.post("/v1/completions", {"model": MODEL, "prompt": f"p{i}", "max_tokens": 1}) for i in range(12)]
+        replies = [
+            await s.post("/v1/completions", {"model": MODEL, "prompt": f"p{i}", "max_tokens": 1})
+            for i in range(12)
+        ]
         assert all(r.status == 200 for r in replies), [r.status for r in replies]
         assert dead not in {r.served_by for r in replies}
 
@@ -131,4 +140,7 @@ async def test_metrics_endpoint_serves_gie_series(stack: Stack) -> None:
         "inference_extension_info",
     ):
         assert name in text, name
-    assert 'inference_objective_request_total{model_name="mock-model",priority="0",target_model_name="mock-model"}' in text
+    assert (
+        'inference_objective_request_total{model_name="mock-model",priority="0",target_model_name="mock-model"}'
+        in text
+    )

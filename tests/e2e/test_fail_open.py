@@ -23,7 +23,9 @@ async def run_through_an_epp_stop(s: Stack) -> Counter[int]:
 
     async def one(i: int) -> None:
         try:
-            r = await s.post("/v1/completions", {"model": "mock-model", "prompt": f"request {i}", "max_tokens": 2})
+            r = await s.post(
+                "/v1/completions", {"model": "mock-model", "prompt": f"request {i}", "max_tokens": 2}
+            )
             statuses[r.status] += 1
         except Exception:
             statuses[-1] += 1

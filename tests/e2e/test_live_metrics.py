@@ -16,7 +16,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SIM = ("--time-scale", "0.5", "--seed", "3", "--max-num-seqs", "4")
 
 
-async def load(s: Stack, seconds: float, rate: float, *, after: dict[str, object] | None = None) -> list[tuple[float, str]]:
+async def load(
+    s: Stack, seconds: float, rate: float, *, after: dict[str, object] | None = None
+) -> list[tuple[float, str]]:
     """Open-loop load; returns (send time offset, replica that answered) per successful request.
 
     ``after``: faults to set on replica 0 once sending stops (e.g. unpause a stuck replica so
@@ -27,7 +29,9 @@ async def load(s: Stack, seconds: float, rate: float, *, after: dict[str, object
     out: list[tuple[float, str]] = []
 
     async def one(i: int, at: float) -> None:
-        r = await s.post("/v1/completions", {"model": "mock-model", "prompt": f"req {i} " * 8, "max_tokens": 16})
+        r = await s.post(
+            "/v1/completions", {"model": "mock-model", "prompt": f"req {i} " * 8, "max_tokens": 16}
+        )
         if r.status == 200:
             out.append((at, r.served_by))
 
@@ -65,12 +69,16 @@ def share(samples: list[tuple[float, str]], replica: str, since: float) -> float
         ])], id="legacy-metrics-gate"),
     ],
 )  # fmt: skip
-async def test_degraded_replica_loses_traffic(tmp_path: pathlib.Path, fault: dict[str, object], gate: list[str]) -> None:
+async def test_degraded_replica_loses_traffic(
+    tmp_path: pathlib.Path, fault: dict[str, object], gate: list[str]
+) -> None:
     """A replica made slow or stuck builds a queue; within a few 50 ms scrapes it gets (almost) no traffic."""
     async with make_stack(tmp_path, replicas=3, sim_args=SIM, epp_args=gate) as s:
         victim = s.fleet.hostports[0]
         await s.sim_faults(0, **fault)
-        samples = await load(s, seconds=3.0, rate=30, after={"paused": False} if fault.get("paused") else None)
+        samples = await load(
+            s, seconds=3.0, rate=30, after={"paused": False} if fault.get("paused") else None
+        )
     # After the first second the victim's queue is visible in its metrics and it is avoided.
     assert share(samples, victim, since=1.0) < 0.1, Counter(who for _, who in samples)
     assert len({who for _, who in samples}) >= 2
@@ -85,12 +93,16 @@ async def test_pool_gauges_and_per_pod_queue(tmp_path: pathlib.Path) -> None:
         stuck = s.fleet.hostports[1]
         body = {"model": "mock-model", "prompt": "queued", "max_tokens": 2}
         # Straight to the stuck replica (the EPP would avoid it): three requests sit in its queue.
-        tasks = [asyncio.create_task(s.http.post(f"http://{stuck}/v1/completions", json=body)) for _ in range(3)]
+        tasks = [
+            asyncio.create_task(s.http.post(f"http://{stuck}/v1/completions", json=body)) for _ in range(3)
+        ]
         pod_line = f'inference_pool_per_pod_queue_size{{model_server_pod="{stuck}",name="epp"}}'
         async with asyncio.timeout(10):
             while True:
                 text = await s.epp_metrics()
-                queue = next((ln.rsplit(" ", 1)[1] for ln in text.splitlines() if ln.startswith(pod_line)), "0")
+                queue = next(
+                    (ln.rsplit(" ", 1)[1] for ln in text.splitlines() if ln.startswith(pod_line)), "0"
+                )
                 if float(queue) >= 3 and 'inference_pool_ready_pods{name="epp"} 2.0' in text:
                     break
                 await asyncio.sleep(0.1)

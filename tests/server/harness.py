@@ -115,7 +115,9 @@ def req_body(
 
 
 def resp_headers(headers: Mapping[str, str], *, eos: bool = False) -> pb.ProcessingRequest:
-    return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=header_map(headers), end_of_stream=eos))
+    return pb.ProcessingRequest(
+        response_headers=pb.HttpHeaders(headers=header_map(headers), end_of_stream=eos)
+    )
 
 
 def resp_body(body: bytes, *, eos: bool) -> pb.ProcessingRequest:
@@ -148,7 +150,11 @@ def set_headers(resp: pb.ProcessingResponse) -> dict[str, str]:
 
 
 def destination_metadata(resp: pb.ProcessingResponse) -> str:
-    return resp.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value
+    return (
+        resp.dynamic_metadata.fields["envoy.lb"]
+        .struct_value.fields["x-gateway-destination-endpoint"]
+        .string_value
+    )
 
 
 def streamed(resp: pb.ProcessingResponse) -> tuple[bytes, bool]:

@@ -57,7 +57,9 @@ def generate(prompt: str = "test", stream: bool = False) -> bytes:
 
 
 def embed(text: str = "test") -> bytes:
-    return frame(v.EmbedRequest(request_id="r", tokenized=v.TokenizedInput(original_text=text, input_ids=[1, 2, 3])))
+    return frame(
+        v.EmbedRequest(request_id="r", tokenized=v.TokenizedInput(original_text=text, input_ids=[1, 2, 3]))
+    )
 
 
 def headers(path: str, objective: str = "") -> dict[str, str]:
@@ -88,7 +90,12 @@ def total(priority: str) -> float:
     ],
 )  # fmt: skip
 async def test_routes_grpc_requests(
-    harness: Harness, path: str, body: bytes, pod_specs: tuple, objective: str, endpoint: str  # type: ignore[type-arg]
+    harness: Harness,
+    path: str,
+    body: bytes,
+    pod_specs: tuple,
+    objective: str,
+    endpoint: str,  # type: ignore[type-arg]
 ) -> None:
     """gRPC Generate/Embed frames are routed by load; the body is forwarded byte for byte."""
     harness.set_pods(pods(*pod_specs))
@@ -145,7 +152,9 @@ async def test_grpc_subset(harness: Harness, subset: list[str], endpoint: str, s
     """The subset hint applies to gRPC requests as to JSON ones."""
     harness.set_pods(pods(*STANDARD_PODS))
     md = {SUBSET: {SUBSET_KEY: subset}}
-    replies = await harness.exchange([req_headers(headers(GENERATE), metadata=md), req_body(generate(), metadata=md)])
+    replies = await harness.exchange(
+        [req_headers(headers(GENERATE), metadata=md), req_body(generate(), metadata=md)]
+    )
     if status:
         assert replies[0].immediate_response.status.code == status
     else:
@@ -154,8 +163,16 @@ async def test_grpc_subset(harness: Harness, subset: list[str], endpoint: str, s
 
 def response_frame(complete: bool, prompt: int = 7, completion: int = 10) -> bytes:
     if complete:
-        return frame(v.GenerateResponse(complete=v.GenerateComplete(prompt_tokens=prompt, completion_tokens=completion)))
-    return frame(v.GenerateResponse(chunk=v.GenerateStreamChunk(token_ids=[1], prompt_tokens=prompt, completion_tokens=1)))
+        return frame(
+            v.GenerateResponse(
+                complete=v.GenerateComplete(prompt_tokens=prompt, completion_tokens=completion)
+            )
+        )
+    return frame(
+        v.GenerateResponse(
+            chunk=v.GenerateStreamChunk(token_ids=[1], prompt_tokens=prompt, completion_tokens=1)
+        )
+    )
 
 
 async def routed(harness: Harness, *response: object, stream: bool = False) -> list:  # type: ignore[type-arg]
@@ -195,7 +212,10 @@ async def test_14_usage_from_generate_complete(harness: Harness) -> None:
     """GenerateComplete's prompt tokens reach inference_objective_input_tokens."""
     before = tokens("input")
     await routed(
-        harness, resp_headers({"content-type": "application/grpc"}), resp_body(response_frame(True), eos=False), resp_trailers()
+        harness,
+        resp_headers({"content-type": "application/grpc"}),
+        resp_body(response_frame(True), eos=False),
+        resp_trailers(),
     )
     assert tokens("input") == before + 7
 

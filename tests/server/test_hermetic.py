@@ -79,7 +79,12 @@ def assert_routed(replies: list, endpoint: str, body: dict[str, object]) -> None
     ],
 )  # fmt: skip
 async def test_routing_cases(
-    harness: Harness, prompt: str, model: str, target: str, pod_specs: list[tuple], endpoint: str  # type: ignore[type-arg]
+    harness: Harness,
+    prompt: str,
+    model: str,
+    target: str,
+    pod_specs: list[tuple],
+    endpoint: str,  # type: ignore[type-arg]
 ) -> None:
     """The weighted sum of queue, kv-cache, prefix and LoRA scores picks GIE's endpoint."""
     harness.set_pods(pods(*pod_specs))
@@ -141,7 +146,11 @@ featureGates: [enableLegacyMetrics]
         h.set_pods(pods((0, 3, 0.2), (1, 0, 0.1), (2, 10, 0.2)))
         labels = {"model_name": "", "target_model_name": "", "priority": "2"}
         before = metric("inference_objective_request_total", **labels)
-        headers = {"hi": "mom", "x-request-id": "test-request-id", "x-gateway-inference-objective": "my-model"}
+        headers = {
+            "hi": "mom",
+            "x-request-id": "test-request-id",
+            "x-gateway-inference-objective": "my-model",
+        }
         replies = await h.exchange([req_headers(headers), req_body(b"passthrough-parser")])
         assert set_headers(replies[0])["x-gateway-destination-endpoint"] == "192.168.1.2:8000"
         assert set_headers(replies[0])["content-length"] == "18"
@@ -166,7 +175,9 @@ async def test_9_split_body_across_chunks(harness: Harness) -> None:
         ]
     )
     assert_routed(
-        replies, "192.168.1.1:8000", {"max_tokens": 100, "model": "sql-lora-1fdg3", "prompt": "test6", "temperature": 0}
+        replies,
+        "192.168.1.1:8000",
+        {"max_tokens": 100, "model": "sql-lora-1fdg3", "prompt": "test6", "temperature": 0},
     )
 
 
@@ -199,7 +210,10 @@ async def test_12_subset_none_match_is_503(harness: Harness) -> None:
 async def test_13_model_not_in_objectives(harness: Harness) -> None:
     """A model with an objective but no rewrite rule is routed under its own name, priority 2."""
     harness.set_pods(pods((0, 4, 0.2, "foo", "bar")))
-    headers = {"x-gateway-inference-objective": "direct-model", "x-gateway-model-name-rewrite": "direct-model"}
+    headers = {
+        "x-gateway-inference-objective": "direct-model",
+        "x-gateway-model-name-rewrite": "direct-model",
+    }
     replies = await harness.exchange(
         [
             req_headers(headers),
@@ -216,7 +230,9 @@ async def test_14_rewrite_rule(harness: Harness) -> None:
     harness.set_pods(pods((0, 0, 0.1, "foo", "rewritten-model")))
     labels = {"model_name": "model-to-be-rewritten", "target_model_name": "rewritten-model", "priority": "0"}
     before = metric("inference_objective_request_total", **labels)
-    replies = await harness.exchange(llm_request("test-rewrite", "model-to-be-rewritten", "model-to-be-rewritten"))
+    replies = await harness.exchange(
+        llm_request("test-rewrite", "model-to-be-rewritten", "model-to-be-rewritten")
+    )
     assert json.loads(streamed(replies[1])[0])["model"] == "rewritten-model"
     assert metric("inference_objective_request_total", **labels) == before + 1
 
@@ -256,7 +272,9 @@ async def test_16_response_buffering_multi_chunk(harness: Harness) -> None:
 async def test_17_response_invalid_json_unchanged(harness: Harness) -> None:
     """A response body that is not JSON is forwarded unchanged."""
     replies = await routed_then(
-        harness, resp_headers({"content-type": "application/json"}), resp_body(b"no healthy upstream", eos=True)
+        harness,
+        resp_headers({"content-type": "application/json"}),
+        resp_body(b"no healthy upstream", eos=True),
     )
     assert streamed(replies[1]) == (b"no healthy upstream", True)
 
@@ -265,7 +283,10 @@ async def test_18_empty_eos_chunk(harness: Harness) -> None:
     """A full JSON chunk followed by an empty end-of-stream chunk: both echoed, EOS on the last."""
     body = b'{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}'
     replies = await routed_then(
-        harness, resp_headers({"content-type": "application/json"}), resp_body(body, eos=False), resp_body(b"", eos=True)
+        harness,
+        resp_headers({"content-type": "application/json"}),
+        resp_body(body, eos=False),
+        resp_body(b"", eos=True),
     )
     assert b"".join(streamed(r)[0] for r in replies[1:]) == body
     assert streamed(replies[-1])[1]
@@ -273,17 +294,24 @@ async def test_18_empty_eos_chunk(harness: Harness) -> None:
 
 async def test_19_sse_token_counting(harness: Harness) -> None:
     """SSE chunks are echoed one by one and the usage in them feeds the token histograms."""
-    before = metric("inference_objective_input_tokens_sum", model_name="my-model", target_model_name="my-model")
+    before = metric(
+        "inference_objective_input_tokens_sum", model_name="my-model", target_model_name="my-model"
+    )
     replies = await routed_then(
         harness,
         resp_headers({"content-type": "text/event-stream", "status": "200"}),
         resp_body(b"data: {}", eos=False),
-        resp_body(b'data: {"usage":{"prompt_tokens":7,"total_tokens":17,"completion_tokens":10}}\ndata: [DONE]', eos=False),
+        resp_body(
+            b'data: {"usage":{"prompt_tokens":7,"total_tokens":17,"completion_tokens":10}}\ndata: [DONE]',
+            eos=False,
+        ),
         resp_body(b"", eos=True),
     )
     assert set_headers(replies[0])["x-went-into-resp-headers"] == "true"
     assert [streamed(r)[1] for r in replies[1:]] == [False, False, True]
-    after = metric("inference_objective_input_tokens_sum", model_name="my-model", target_model_name="my-model")
+    after = metric(
+        "inference_objective_input_tokens_sum", model_name="my-model", target_model_name="my-model"
+    )
     assert after == before + 7
 
 

@@ -43,13 +43,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         app = build_app(options, os.environ)
     except ConfigError as e:
-        log.error("startup_failed", error=str(e))
+        log.error("startup_failed", error=str(e))  # noqa: TRY400 - the message is the diagnosis; no traceback
         print(f"epp: {e}", file=sys.stderr)
         sys.exit(1)
     try:
         code = _run(app)
     except ConfigError as e:  # raised while starting (e.g. a TLS certificate that cannot be read)
-        log.error("startup_failed", error=str(e))
+        log.error("startup_failed", error=str(e))  # noqa: TRY400 - the message is the diagnosis
         print(f"epp: {e}", file=sys.stderr)
         sys.exit(1)
     except Exception:

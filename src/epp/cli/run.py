@@ -188,7 +188,8 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         if opts.metrics_endpoint_auth:
             log.warning(
                 "metrics_auth_unavailable",
-                reason="--metrics-endpoint-auth needs the Kubernetes TokenReview API; /metrics is served without auth",
+                reason="--metrics-endpoint-auth needs Kubernetes' TokenReview API",
+                served="without authentication",
             )
 
         health_server = grpc.aio.server()

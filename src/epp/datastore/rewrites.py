@@ -95,7 +95,7 @@ class RewriteTable:
             chosen = targets[rng.randrange(len(targets))]
         else:
             x = rng.randrange(total)
-            for chosen in targets:  # noqa: B007 - the loop variable is the answer
+            for chosen in targets:
                 x -= chosen.weight
                 if x < 0:
                     break

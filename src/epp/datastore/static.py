@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from collections.abc import Mapping, Sequence
@@ -63,11 +64,8 @@ def split_hostport(value: str) -> tuple[str, int]:
 def resolve(host: str) -> str:
     """An IP literal as is; a DNS name resolved once (IPv4 first), since Envoy's ORIGINAL_DST
     cluster needs an IP in the destination header.  Blocking: call it off the event loop."""
-    try:
-        ipaddress.ip_address(host)
-        return host
-    except ValueError:
-        pass
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(host))
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError as e:

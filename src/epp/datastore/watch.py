@@ -92,7 +92,7 @@ class WatchedFile(Generic[T]):
         except ConfigError as e:
             self._sig = sig  # do not re-log the same bad version every second
             self.failures += 1
-            log.error(
+            log.error(  # noqa: TRY400 - the ConfigError names the field; a traceback adds nothing
                 "file_reload_failed", file=self.path, what=self._what, error=str(e), kept="last good version"
             )
             return False

@@ -75,7 +75,10 @@ async def run_phase(name: str, args: argparse.Namespace, *, with_epp: bool) -> P
 
 
 async def _drive(url: str, jobs: Sequence[object], args: argparse.Namespace, name: str) -> tuple[list, float]:  # type: ignore[type-arg]
-    print(f"  sending {len(jobs)} streamed chat requests at {args.rate:g}/s (Poisson, open loop) ...", flush=True)
+    print(
+        f"  sending {len(jobs)} streamed chat requests at {args.rate:g}/s (Poisson, open loop) ...",
+        flush=True,
+    )
     return await run_open_loop(url, jobs, rate=args.rate, seed=7)  # type: ignore[arg-type]
 
 
@@ -90,7 +93,15 @@ def report(phases: Sequence[Phase]) -> None:
         counts = ", ".join(f"{k}={v}" for k, v in sorted(p.summary.per_replica.items()))
         print(f"  {p.name:<22} {counts}")
     print()
-    header = f"  {'':<22} {'ok':>9} {'TTFT p50':>11} {'TTFT p90':>11} {'latency p50':>11} {'tok/s':>7} {'cache hits':>10}"
+    cols = (
+        ("ok", 9),
+        ("TTFT p50", 11),
+        ("TTFT p90", 11),
+        ("latency p50", 11),
+        ("tok/s", 7),
+        ("cache hits", 10),
+    )
+    header = f"  {'':<22} " + " ".join(f"{name:>{width}}" for name, width in cols)
     print(header)
     for p in phases:
         s = p.summary

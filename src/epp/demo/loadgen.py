@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-
 _TOKEN = re.compile(rb'"(?:content|text)":"[^"]')  # a streamed event that carries generated text
 
 
@@ -53,7 +52,20 @@ def shared_prefix_jobs(
     Requests are shuffled so groups interleave, as users' conversations do.
     """
     rng = random.Random(seed)
-    words = "model cache prefix token request server gateway route latency batch queue memory".split()
+    words = [
+        "model",
+        "cache",
+        "prefix",
+        "token",
+        "request",
+        "server",
+        "gateway",
+        "route",
+        "latency",
+        "batch",
+        "queue",
+        "memory",
+    ]
 
     def text(n: int) -> str:
         out: list[str] = []
@@ -70,7 +82,10 @@ def shared_prefix_jobs(
         for _ in range(prompts_per_group):
             body = {
                 "model": model,
-                "messages": [{"role": "system", "content": system}, {"role": "user", "content": text(question_chars)}],
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": text(question_chars)},
+                ],
                 "max_tokens": max_tokens,
                 "ignore_eos": True,
                 "stream": True,
@@ -84,7 +99,9 @@ def shared_prefix_jobs(
 async def _one(session: aiohttp.ClientSession, url: str, job: Job, scheduled: float) -> Result:
     res = Result()
     try:
-        async with session.post(url + job.path, data=job.body, headers={"content-type": "application/json"}) as r:
+        async with session.post(
+            url + job.path, data=job.body, headers={"content-type": "application/json"}
+        ) as r:
             res.status = r.status
             res.served_by = r.headers.get("x-inference-pod", "")
             async for line in r.content:

@@ -43,7 +43,7 @@ class _Proc:
     async def _spawn(
         self, argv: Sequence[str], *, stdout: int | None = None, env: dict[str, str] | None = None
     ) -> None:
-        with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
+        with open(self.log_path, "wb") as log:  # noqa: ASYNC230 - once per process start; the child keeps the fd
             self.proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
@@ -106,22 +106,28 @@ class SimFleet(_Proc):
             [_bin("epp-sim"), "--replicas", str(self.replicas), "--base-port", "0", *self.args],
             stdout=asyncio.subprocess.PIPE,
         )
-        assert self.proc is not None and self.proc.stdout is not None
         try:
             async with asyncio.timeout(30):
-                while len(self.listeners) < self.replicas:
-                    line = await self.proc.stdout.readline()
-                    if not line:
-                        raise RuntimeError(f"epp-sim exited early:\n{self.log_tail()}")
-                    with contextlib.suppress(ValueError):
-                        data = json.loads(line)
-                        if isinstance(data, dict) and "port" in data and data.get("kind", "http") == "http":
-                            self.listeners.append(data)
+                await self._read_listeners()
         except BaseException:
             await self.stop()
             raise
         self.ports = [int(d["port"]) for d in self.listeners]
         return self
+
+    async def _read_listeners(self) -> None:
+        """One JSON line per listening port on stdout; stop at the last HTTP replica."""
+        proc = self.proc
+        if proc is None or proc.stdout is None:
+            raise RuntimeError("epp-sim was not started with a stdout pipe")
+        while len(self.listeners) < self.replicas:
+            line = await proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"epp-sim exited early:\n{self.log_tail()}")
+            with contextlib.suppress(ValueError):
+                data = json.loads(line)
+                if isinstance(data, dict) and "port" in data and data.get("protocol", "http") == "http":
+                    self.listeners.append(data)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()

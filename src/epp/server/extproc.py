@@ -44,7 +44,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         """Return once no stream is in flight (used to drain on shutdown)."""
         await self._idle.wait()
 
-    async def Process(  # noqa: N802 - gRPC method name
+    async def Process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[Any, Any],

@@ -47,12 +47,12 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
             return SERVING if self._ready() and self._leader() else NOT_SERVING
         return SERVICE_UNKNOWN
 
-    async def Check(  # noqa: N802 - gRPC method name
+    async def Check(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> health_pb2.HealthCheckResponse:
         return health_pb2.HealthCheckResponse(status=self.status(request.service))
 
-    async def List(  # noqa: N802 - gRPC method name
+    async def List(
         self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> health_pb2.HealthListResponse:
         names = [EXT_PROC_SERVICE, LIVENESS, READINESS] if self._le else [EXT_PROC_SERVICE]
@@ -61,7 +61,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
             resp.statuses[name].status = self.status(name)
         return resp
 
-    async def Watch(  # noqa: N802 - gRPC method name
+    async def Watch(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not implemented")

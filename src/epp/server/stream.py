@@ -67,13 +67,13 @@ class Stream:
         "_max_body",
         "_resp_body",
         "_resp_buffered",
+        "_tracing",
         "ctx",
         "error",
         "phase",
         "request_mode",
         "response_mode",
         "trace",
-        "_tracing",
     )
 
     def __init__(

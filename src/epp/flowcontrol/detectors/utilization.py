@@ -40,9 +40,9 @@ class UtilizationDetector(PluginBase):
     where an endpoint whose metrics are stale (older than ``metricsStalenessThreshold``,
     by ``Metrics.update_time`` against ``time.monotonic()``) is left out of the mean as
     unknown (GIE counts it as 1.0); when every endpoint is stale the pool is treated as not
-    saturated (fail open, logged); no endpoints → 1.0.  As a filter it drops stale endpoints and those with ``queue >= Qt * (1 +
-    headroom)`` or ``kv >= KVt * (1 + headroom)``; if that drops every endpoint it returns
-    the input unchanged (fail-open).
+    saturated (fail open, logged); no endpoints → 1.0.  As a filter it drops stale endpoints
+    and those with ``queue >= Qt * (1 + headroom)`` or ``kv >= KVt * (1 + headroom)``; if
+    that drops every endpoint it returns the input unchanged (fail-open).
     Consumes: endpoint metrics.  Parameters: ``queueDepthThreshold`` (5, > 0),
     ``kvCacheUtilThreshold`` (0.8, in (0, 1]), ``metricsStalenessThreshold`` ("200ms",
     > 0), ``headroom`` (0.0, >= 0).  ``clock`` is a plain attribute tests may replace.
