@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pathlib
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -76,6 +77,17 @@ class Stack:
             if not faults.get("crashed"):  # a crash drops every connection, this one included
                 raise
 
+    async def access_log_line(self, needle: str, timeout: float = 10.0) -> str:
+        """The first Envoy access-log line containing ``needle`` (Envoy flushes the file lazily)."""
+        path = self.tmp / "access.log"
+        async with asyncio.timeout(timeout):
+            while True:
+                if path.exists():
+                    for line in path.read_text().splitlines():
+                        if needle in line:
+                            return line
+                await asyncio.sleep(0.1)
+
     async def epp_metrics(self) -> str:
         async with self.http.get(f"http://127.0.0.1:{self.epp.metrics_port}/metrics") as r:
             return await r.text()
@@ -91,9 +103,16 @@ async def make_stack(
     config: str | None = None,
     objectives: str | None = None,
     envoy: Mapping[str, Any] | None = None,
+    grpc: bool = False,
 ) -> AsyncIterator[Stack]:
-    """Start the fleet, the EPP (``--endpoints`` = the fleet) and Envoy; stop all three on exit."""
+    """Start the fleet, the EPP (``--endpoints`` = the fleet) and Envoy; stop all three on exit.
+
+    ``grpc``: route to the replicas' vLLM gRPC ports (h2c upstream), scraping metrics from
+    their HTTP ports through an endpoints file.
+    """
     args = list(epp_args)
+    if grpc:
+        sim_args = (*sim_args, "--grpc-base-port", "0")
     if config is not None:
         (tmp / "config.yaml").write_text(config)
         args.append(f"--config-file={tmp / 'config.yaml'}")
@@ -101,13 +120,23 @@ async def make_stack(
         (tmp / "objectives.yaml").write_text(objectives)
         args.append(f"--objectives-file={tmp / 'objectives.yaml'}")
     async with SimFleet(replicas, *sim_args) as fleet:
-        epp = EppProcess(
-            f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1", "--v=3", *args
-        )
+        if grpc:
+            lines = [
+                f"- {{address: 127.0.0.1, port: {g.split(':')[1]}, metricsPort: {h.split(':')[1]}}}"
+                for g, h in zip(fleet.grpc_hostports, fleet.hostports, strict=True)
+            ]
+            (tmp / "endpoints.yaml").write_text("\n".join(lines) + "\n")
+            discovery = f"--endpoints-file={tmp / 'endpoints.yaml'}"
+        else:
+            discovery = f"--endpoints={','.join(fleet.hostports)}"
+        epp = EppProcess(discovery, "--bind-address=127.0.0.1", "--v=3", *args)
         async with epp:
             envoy_args = dict(envoy or {})
             if envoy_args.pop("fallback_to_fleet", False):  # fail-open route: round robin over the fleet
                 envoy_args["upstreams"] = fleet.hostports
+            if grpc:
+                envoy_args["upstream_http2"] = True
+            envoy_args.setdefault("access_log", str(tmp / "access.log"))
             cfg = EnvoyConfig(ext_proc_port=epp.grpc_port, **envoy_args)
             async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
                 stack = Stack(fleet, epp, proxy, http, tmp)

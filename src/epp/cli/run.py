@@ -53,7 +53,13 @@ class App:
     draining: bool = False
 
 
-def _discovery(options: Options, ds: Datastore) -> list[WatchedFile[Any]]:
+def _standalone_protocol(components: Components) -> str:
+    """Without an InferencePool to say so, the pool speaks what the configured parser serves."""
+    protocols = components.parser.APP_PROTOCOLS
+    return "http" if not protocols or "http" in protocols else sorted(protocols)[0]
+
+
+def _discovery(options: Options, ds: Datastore, app_protocol: str) -> list[WatchedFile[Any]]:
     """Fill the datastore from --endpoints / --endpoints-file / --objectives-file."""
     if options.pool_name or options.endpoint_selector:
         raise ConfigError(
@@ -61,7 +67,7 @@ def _discovery(options: Options, ds: Datastore) -> list[WatchedFile[Any]]:
             "run without a cluster with --endpoints HOST:PORT[,...] or --endpoints-file PATH"
         )
     namespace = options.pool_namespace or "default"
-    ds.pool = PoolInfo(name=options.pool_label, namespace=namespace)
+    ds.pool = PoolInfo(name=options.pool_label, namespace=namespace, app_protocol=app_protocol)
     watched: list[WatchedFile[Any]] = []
     if options.endpoints:
         ds.replace_all(endpoints_from_pairs([(hp.host, hp.port) for hp in options.endpoints], namespace))
@@ -96,12 +102,7 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
         BuildOptions(metrics=options.build_metrics_flags(MetricsFlags), env=env),
     )
     ds = Datastore()
-    watched = _discovery(options, ds)
-    pool_protocol = ds.pool.app_protocol if ds.pool else "http"
-    if not parser_supports(components.parser, pool_protocol):
-        log.warning(
-            "parser_protocol_mismatch", parser=str(components.parser.typed_name), app_protocol=pool_protocol
-        )
+    watched = _discovery(options, ds, _standalone_protocol(components))
     data_layer = DataLayerRuntime(
         ds, components.data_sources, refresh_interval=options.refresh_metrics_interval
     )

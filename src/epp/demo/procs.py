@@ -96,10 +96,16 @@ class SimFleet(_Proc):
         self.args = args
         self.ports: list[int] = []
         self.listeners: list[dict[str, Any]] = []
+        self.grpc_listeners: list[dict[str, Any]] = []
 
     @property
     def hostports(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def grpc_hostports(self) -> list[str]:
+        """The vLLM gRPC engine ports (``--grpc-base-port``), in replica order."""
+        return [f"127.0.0.1:{d['port']}" for d in self.grpc_listeners]
 
     async def __aenter__(self) -> SimFleet:
         await self._spawn(
@@ -120,14 +126,18 @@ class SimFleet(_Proc):
         proc = self.proc
         if proc is None or proc.stdout is None:
             raise RuntimeError("epp-sim was not started with a stdout pipe")
-        while len(self.listeners) < self.replicas:
+        want = {"http": self.replicas, "grpc": self.replicas if "--grpc-base-port" in self.args else 0}
+        seen = {"http": 0, "grpc": 0}
+        while any(seen[k] < want[k] for k in want):
             line = await proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"epp-sim exited early:\n{self.log_tail()}")
             with contextlib.suppress(ValueError):
                 data = json.loads(line)
-                if isinstance(data, dict) and "port" in data and data.get("protocol", "http") == "http":
-                    self.listeners.append(data)
+                if isinstance(data, dict) and "port" in data:
+                    kind = data.get("protocol", "http")
+                    seen[kind] = seen.get(kind, 0) + 1
+                    (self.listeners if kind == "http" else self.grpc_listeners).append(data)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
