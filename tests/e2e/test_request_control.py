@@ -131,7 +131,7 @@ async def saturate(s: Stack) -> list[asyncio.Task[object]]:
                 {"model": MODEL, "prompt": f"vip {i}", "max_tokens": 2},
                 headers={"x-gateway-inference-objective": "critical"},
             )
-        )  # fmt: skip
+        )
         for i in range(2 * len(s.fleet.ports))
     ]
     async with asyncio.timeout(10):
@@ -166,19 +166,23 @@ async def test_sheddable_requests_get_429_under_saturation_critical_ones_pass(tm
         assert all(r.status == 200 for r in await asyncio.gather(*parked))  # type: ignore[attr-defined]
 
 
+async def wait_for_metric(s: Stack, *needles: str, timeout: float = 5.0) -> None:
+    """Poll the EPP's /metrics (an external process: no event to wait on) until every needle shows."""
+    async with asyncio.timeout(timeout):
+        while not all(n in await s.epp_metrics() for n in needles):  # noqa: ASYNC110 - polling another process
+            await asyncio.sleep(0.05)
+
+
 async def test_flow_control_queues_until_capacity_frees(tmp_path: pathlib.Path) -> None:
     """With the flowControl gate, a request arriving at a saturated pool waits in the EPP's queue
     (no 429) and is dispatched once the replicas drain."""
     fc = SHEDDING + "featureGates: [flowControl]\nflowControl: {defaultRequestTTL: 20s}\n"
     async with make_stack(tmp_path, replicas=2, config=fc, objectives=REWRITES) as s:
         parked = await saturate(s)
-        waiting = asyncio.create_task(s.post("/v1/completions", {"model": MODEL, "prompt": "later", "max_tokens": 2},
-                                             headers={"x-gateway-inference-objective": "batch"}))  # fmt: skip
-        async with asyncio.timeout(5):
-            while "inference_extension_flow_control_queue_size{" not in (text := await s.epp_metrics()) or (
-                'priority="-1"' not in text
-            ):
-                await asyncio.sleep(0.05)
+        body = {"model": MODEL, "prompt": "later", "max_tokens": 2}
+        batch = {"x-gateway-inference-objective": "batch"}
+        waiting = asyncio.create_task(s.post("/v1/completions", body, headers=batch))
+        await wait_for_metric(s, "inference_extension_flow_control_queue_size{", 'priority="-1"')
         assert not waiting.done()
         for i in range(len(s.fleet.ports)):
             await s.sim_faults(i, paused=False)
