@@ -104,6 +104,8 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 "response_trailer_mode": cfg.response_trailer_mode,
             },
             "message_timeout": "1000s",
+            # Envoy drops an ext_proc server's dynamic metadata unless the namespace is accepted.
+            "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
             **cfg.extra_ext_proc,
         }
         filters.append({"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc})

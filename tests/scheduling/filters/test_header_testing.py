@@ -40,7 +40,8 @@ def _candidates() -> list[Endpoint]:
         pytest.param("[fd00::1]:9000", [], id="ipv6-wrong-port"),
         pytest.param("10.0.0.9", [5], id="shared-ip-last-rank-wins"),
         pytest.param("10.0.0.9:8000", [4], id="shared-ip-exact-rank"),
-        pytest.param("10.0.0.9:8000,10.0.0.9:8001", [4], id="shared-ip-dedup"),
+        pytest.param("10.0.0.9:8000,10.0.0.9:8001", [4, 5], id="shared-ip-ranks-stay-distinct"),
+        pytest.param("10.0.0.9:8000,10.0.0.9:8000", [4], id="same-endpoint-once"),
         pytest.param("192.168.1.1:", [0], id="empty-port-is-ip-only"),
     ],
 )

@@ -41,8 +41,10 @@ class HeaderBasedTestingFilter(PluginBase):
     list of ``IP`` or ``IP:port`` items (IPv6 with or without brackets; ``[ip]:port`` with a
     port).  A missing or blank header keeps nothing (the request then fails with 429).
     ``IP:port`` needs an exact address and port match; a bare ``IP`` matches any port.
-    The result follows header order and holds each IP at most once; when several
-    endpoints share an IP (ranks), the last of them in candidate order stands for it.
+    The result follows header order and holds each endpoint at most once.  A bare ``IP``
+    stands for one endpoint of that address (the last in candidate order); GIE also keeps
+    only one endpoint per IP for ``IP:port`` items, which collapses data-parallel ranks and
+    same-host replicas into one — here distinct ``IP:port`` items stay distinct.
     Consumes: the request headers.  Parameters: none.
     """
 
@@ -72,9 +74,7 @@ class HeaderBasedTestingFilter(PluginBase):
             host, port = hp if hp is not None else (item, "")
             host = host.strip("[]")
             hit = by_hostport.get(f"{host}:{port}") if port else by_ip.get(host)
-            if hit is not None:
-                ip = hit.metadata.address.strip("[]")
-                if ip not in seen:
-                    seen.add(ip)
-                    out.append(hit)
+            if hit is not None and hit.name not in seen:
+                seen.add(hit.name)
+                out.append(hit)
         return out
