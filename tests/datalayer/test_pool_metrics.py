@@ -22,7 +22,7 @@ POOL = "pool-under-test"
 
 
 def gauge(metric: Any, pool: str = POOL) -> float | None:
-    return series.REGISTRY.get_sample_value(metric._name, {"name": pool})
+    return series.REGISTRY.get_sample_value(metric.name, {"name": pool})
 
 
 @pytest.fixture

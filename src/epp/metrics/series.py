@@ -1,16 +1,19 @@
 """Every EPP metric, with GIE's names, labels and buckets verbatim (gie-inventory §9.1).
 
 All series live in ``REGISTRY`` (ours, not prometheus_client's global one) so the
-exporter serves exactly the EPP's metrics plus process/platform collectors.
+exporter serves exactly the EPP's metrics plus process/platform collectors.  The metric
+classes are the lock-free ones of ``epp.metrics.fast``: this module is on every request.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+
+from epp.metrics.fast import Counter, Gauge, Histogram
 
 REGISTRY: Final = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
