@@ -48,7 +48,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> AsyncIterator[r.Reply]:
         stream = Stream(self._director, max_body_bytes=self._max_body, tracing=self._tracing)
         self.active_streams += 1
         self._idle.clear()
@@ -99,4 +99,15 @@ def _ids(stream: Stream) -> dict[str, str]:
 
 
 def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
-    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    """Register ``Process`` with a serializer that passes hand-encoded replies through."""
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE_NAME,
+        {
+            "Process": grpc.stream_stream_rpc_method_handler(
+                servicer.Process,
+                request_deserializer=pb.ProcessingRequest.FromString,
+                response_serializer=r.serialize,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))

@@ -94,7 +94,7 @@ class Stream:
         self.response_mode: int = FULL_DUPLEX
 
     # request phases ---------------------------------------------------------------
-    def on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def on_request_headers(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
         if msg.HasField("protocol_config"):
             pc = msg.protocol_config
             self.request_mode = pc.request_body_mode
@@ -143,7 +143,7 @@ class Stream:
         mo.response_body_mode = NONE
         mo.response_trailer_mode = mode_pb.ProcessingMode.SKIP
 
-    async def on_request_body(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    async def on_request_body(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
         ctx = self.ctx
         hb = msg.request_body
         if ctx is None:
@@ -162,15 +162,15 @@ class Stream:
             return []
         return await self._route()
 
-    async def on_request_trailers(self) -> list[pb.ProcessingResponse]:
+    async def on_request_trailers(self) -> list[r.Reply]:
         """Trailers end a body that had no end_of_stream: route now.  GIE sends nothing (and hangs)."""
-        out: list[pb.ProcessingResponse] = []
+        out: list[r.Reply] = []
         if self.ctx is not None and self.phase < Phase.REQUEST_BODY_DONE:
             out.extend(await self._route(end_of_stream=False))
         out.append(r.EMPTY_REQUEST_TRAILERS)
         return out
 
-    async def _route(self, *, end_of_stream: bool = True) -> list[pb.ProcessingResponse]:
+    async def _route(self, *, end_of_stream: bool = True) -> list[r.Reply]:
         ctx = self.ctx
         assert ctx is not None
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -188,7 +188,7 @@ class Stream:
         headers = self._upstream_headers(decision)
         out_body = decision.body if decision.body is not None else body
         if self.request_mode == FULL_DUPLEX:
-            out = [r.routing_headers_response(decision.destination, len(out_body), headers)]
+            out: list[r.Reply] = [r.routing_headers_response(decision.destination, len(out_body), headers)]
             out.extend(r.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
         else:
             changed = decision.body_changed
@@ -204,7 +204,7 @@ class Stream:
         return out
 
     # response phases --------------------------------------------------------------
-    def on_response_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def on_response_headers(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
         ctx = self.ctx
         rh = msg.response_headers
         self.phase = Phase.RESPONSE_HEADERS_DONE
@@ -223,7 +223,7 @@ class Stream:
             self.phase = Phase.RESPONSE_BODY_DONE
         return [r.response_headers_reply(added)]
 
-    def on_response_body(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def on_response_body(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
         hb = msg.response_body
         chunk, eos = hb.body, hb.end_of_stream
         ctx = self.ctx
@@ -248,9 +248,9 @@ class Stream:
             return r.streamed_response_body(out_chunk, eos, md)
         return [r.replaced_response_body(out_chunk if out_chunk is not chunk else None, md)]
 
-    def on_response_trailers(self) -> list[pb.ProcessingResponse]:
+    def on_response_trailers(self) -> list[r.Reply]:
         """gRPC responses end with trailers: flush a held body (without end_of_stream) and finish."""
-        out: list[pb.ProcessingResponse] = []
+        out: list[r.Reply] = []
         ctx = self.ctx
         if ctx is not None and self.phase < Phase.RESPONSE_BODY_DONE:
             if self._resp_buffered and self._resp_body:
@@ -290,8 +290,8 @@ def _metadata(msg: pb.ProcessingRequest) -> dict[str, Any]:
     return {ns: r.struct_to_python(s) for ns, s in fm.items()} if fm else {}
 
 
-def _echo(chunk: bytes, eos: bool, mode: int, *, request: bool) -> list[pb.ProcessingResponse]:
+def _echo(chunk: bytes, eos: bool, mode: int, *, request: bool) -> list[r.Reply]:
     """Pass a chunk through unchanged (streams the EPP does not process)."""
     if mode == FULL_DUPLEX:
-        return r.streamed_body(chunk, request=request, end_of_stream=eos)
+        return list[r.Reply](r.streamed_body(chunk, request=request, end_of_stream=eos))
     return [r.EMPTY_REQUEST_BODY if request else r.EMPTY_RESPONSE_BODY]

@@ -225,7 +225,9 @@ def _director() -> Director:
     return Director(ds, pipeline)
 
 
-def _metadata(reply: pb.ProcessingResponse) -> dict[str, Any]:
+def _metadata(reply: pb.ProcessingResponse | bytes) -> dict[str, Any]:
+    if isinstance(reply, bytes):  # hot-path replies are hand-encoded
+        reply = pb.ProcessingResponse.FromString(reply)
     return json_format.MessageToDict(reply.dynamic_metadata) if reply.HasField("dynamic_metadata") else {}
 
 

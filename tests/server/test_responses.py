@@ -1,0 +1,60 @@
+"""Hand-encoded body replies are byte-identical to upb's encoding of the same message."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import json_format
+
+from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp.errors import ResourceExhausted
+from epp.server import responses as r
+
+
+def upb_body(chunk: bytes, eos: bool, request: bool) -> bytes:
+    sbr = pb.StreamedBodyResponse(body=chunk, end_of_stream=eos)
+    br = pb.BodyResponse(response=pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=sbr)))
+    msg = pb.ProcessingResponse(request_body=br) if request else pb.ProcessingResponse(response_body=br)
+    return msg.SerializeToString()
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, 62000])
+@pytest.mark.parametrize("eos", [False, True])
+@pytest.mark.parametrize("request_side", [False, True])
+def test_body_reply_bytes_match_upb(size: int, eos: bool, request_side: bool) -> None:
+    """Every varint width and both directions encode exactly as protobuf would."""
+    chunk = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    (ours,) = r.streamed_body(chunk, request=request_side, end_of_stream=eos)
+    assert ours == upb_body(chunk, eos, request_side)
+
+
+def test_large_bodies_split_at_62000_bytes_eos_on_last() -> None:
+    """A 150,000-byte body becomes three mutations; only the last carries end_of_stream."""
+    body = b"x" * 150_000
+    msgs = [
+        pb.ProcessingResponse.FromString(m) for m in r.streamed_body(body, request=True, end_of_stream=True)
+    ]
+    parts = [m.request_body.response.body_mutation.streamed_response for m in msgs]
+    assert [len(p.body) for p in parts] == [62000, 62000, 26000]
+    assert [p.end_of_stream for p in parts] == [False, False, True]
+
+
+def test_metadata_rides_on_the_last_response_message() -> None:
+    """Dynamic metadata appended to the hand-encoded bytes decodes as the message's field."""
+    out = r.streamed_response_body(
+        b"y" * 70_000, True, {"envoy.lb": {"x-gateway-inference-request-cost": 10}}
+    )
+    last = pb.ProcessingResponse.FromString(r.serialize(out[-1]))
+    assert json_format.MessageToDict(last.dynamic_metadata) == {
+        "envoy.lb": {"x-gateway-inference-request-cost": 10}
+    }
+    assert not pb.ProcessingResponse.FromString(r.serialize(out[0])).HasField("dynamic_metadata")
+
+
+def test_immediate_error_carries_gie_status_and_text() -> None:
+    """An EppError becomes an ImmediateResponse with its HTTP status and GIE's body text."""
+    msg = r.immediate_error(ResourceExhausted("system saturated, sheddable request dropped"))
+    assert msg.immediate_response.status.code == 429
+    assert (
+        msg.immediate_response.body
+        == b"inference error: ResourceExhausted - system saturated, sheddable request dropped"
+    )
