@@ -121,19 +121,18 @@ SHEDDING = config(
 
 
 async def saturate(s: Stack) -> list[asyncio.Task[object]]:
-    """Pause every replica and park critical requests on them until the EPP sees the queues."""
+    """Pause every replica and park two requests directly on each (the EPP would spread them
+    unevenly before it sees any queue) until the EPP's scraped metrics show every queue."""
     for i in range(len(s.fleet.ports)):
         await s.sim_faults(i, paused=True)
-    parked = [
-        asyncio.create_task(
-            s.post(
-                "/v1/completions",
-                {"model": MODEL, "prompt": f"vip {i}", "max_tokens": 2},
-                headers={"x-gateway-inference-objective": "critical"},
-            )
-        )
-        for i in range(2 * len(s.fleet.ports))
-    ]
+
+    async def park(hostport: str, i: int) -> object:
+        body = {"model": MODEL, "prompt": f"parked {i}", "max_tokens": 2}
+        async with s.http.post(f"http://{hostport}/v1/completions", json=body) as r:
+            await r.read()
+            return r
+
+    parked = [asyncio.create_task(park(hp, i)) for hp in s.fleet.hostports for i in range(2)]
     async with asyncio.timeout(10):
         while True:
             text = await s.epp_metrics()
