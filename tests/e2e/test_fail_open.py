@@ -66,3 +66,21 @@ async def test_epp_stop_mid_run(tmp_path: pathlib.Path, body_mode: str, lost: bo
         assert statuses[200] < REQUESTS  # then Envoy stops serving: no fail-open in this mode
     else:
         assert statuses == Counter({200: REQUESTS})
+
+
+async def test_sigterm_drains_an_in_flight_stream(tmp_path: pathlib.Path) -> None:
+    """SIGTERM while a response is streaming: the EPP stops taking new streams, lets the in-flight
+    one finish within the grace period, and exits 0; the client gets every token."""
+    slow = ("--time-scale", "1.0", "--decode-ms-per-seq", "40", "--seed", "5")
+    async with make_stack(tmp_path, replicas=1, sim_args=slow, epp_args=["--shutdown-grace-period=20s"]) as s:
+        body = {"model": "mock-model", "prompt": "drain me", "max_tokens": 24, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        async with s.http.post(s.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            first = await r.content.readline()
+            assert first.startswith(b"data: ")
+            await s.epp.signal(signal.SIGTERM)  # mid-stream
+            rest = await r.read()
+        assert rest.rstrip().endswith(b"data: [DONE]")
+        assert b'"completion_tokens":24' in rest
+        assert await s.epp.wait(30) == 0
