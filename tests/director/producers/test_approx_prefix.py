@@ -27,14 +27,15 @@ BLOCK = 16 * 4  # default blockSizeTokens x 4 characters per token
 def reference_hashes(
     data: bytes, model: str, salt: str = "", block: int = BLOCK, max_blocks: int = 256
 ) -> list[int]:
-    """GIE's hashPrompt written the obvious way, to check the optimised one against."""
+    """The chained block hashes written the obvious way (xxh64 chained through the seed), to check
+    the optimised loop against."""
     if len(data) < block:
         return []
     data = data[: block * max_blocks]
     prev = xxhash.xxh64((model + salt).encode()).intdigest()
     out = []
     for i in range(0, len(data), block):
-        prev = xxhash.xxh64(data[i : i + block] + prev.to_bytes(8, "little")).intdigest()
+        prev = xxhash.xxh64(data[i : i + block], seed=prev).intdigest()
         out.append(prev)
     return out
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 import sys
 from array import array
 from collections.abc import Sequence
@@ -14,7 +13,6 @@ from xxhash import xxh64_intdigest
 from epp.request import ApiKind, InferenceRequest, RequestBody
 
 AVERAGE_CHARS_PER_TOKEN: Final = 4
-_LE64: Final = struct.Struct("<Q").pack
 
 
 def user_input_bytes(body: RequestBody) -> bytes:
@@ -101,10 +99,14 @@ def prefix_seed(request: InferenceRequest) -> int:
 
 
 def chain_hashes(data: bytes, block_bytes: int, max_blocks: int, seed: int) -> list[int]:
-    """``h_i = xxh64(block_i ‖ LE64(h_{i-1}))`` with ``h_{-1} = seed``.
+    """``h_i = xxh64(block_i, seed=h_{i-1})`` with ``h_{-1} = seed``.
 
     Nothing when ``data`` is shorter than one block; ``data`` is cut to ``max_blocks``
-    blocks; a trailing partial block is hashed like a full one.
+    blocks; a trailing partial block is hashed like a full one.  GIE appends the previous
+    hash to the block's bytes instead (``xxh64(block ‖ LE64(prev))``); chaining through the
+    seed gives each hash the same dependence on the whole prefix without building a new
+    bytes object per block, which measured ~35% faster.  The values are internal keys of
+    this index, never compared with Go's.
     """
     n = len(data)
     if block_bytes <= 0 or n < block_bytes or max_blocks <= 0:
@@ -114,15 +116,12 @@ def chain_hashes(data: bytes, block_bytes: int, max_blocks: int, seed: int) -> l
     out: list[int] = []
     append = out.append
     h = xxh64_intdigest
-    le64 = _LE64
     prev = seed
-    # One bytes concatenation per block measured faster than a reusable buffer with
-    # memoryview slicing and pack_into (fewer interpreter calls per iteration).
     for i in range(0, end, block_bytes):
-        prev = h(data[i : i + block_bytes] + le64(prev))
+        prev = h(data[i : i + block_bytes], prev)
         append(prev)
     if end < n:
-        append(h(data[end:n] + le64(prev)))
+        append(h(data[end:n], prev))
     return out
 
 
