@@ -144,3 +144,20 @@ async def test_metrics_endpoint_serves_gie_series(stack: Stack) -> None:
         'inference_objective_request_total{model_name="mock-model",priority="0",target_model_name="mock-model"}'
         in text
     )
+
+
+async def test_grpclib_transport_serves_the_same_contract(tmp_path: pathlib.Path) -> None:
+    """--ext-proc-transport=grpclib: routing, streaming and GIE errors behave as on grpc.aio."""
+    async with make_stack(tmp_path, epp_args=["--ext-proc-transport=grpclib", "--health-checking"]) as s:
+        assert_served_by_choice(
+            await s.post("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 3})
+        )
+        body = {"model": MODEL, "prompt": "s", "max_tokens": 5, "stream": True}
+        async with s.http.post(s.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            text = await r.text()
+        assert text.rstrip().endswith("data: [DONE]")
+        r2 = await s.request(
+            "POST", "/v1/completions", data=b"{", headers={"content-type": "application/json"}
+        )
+        assert r2.status == 400 and b"inference error: BadRequest" in r2.body

@@ -94,6 +94,7 @@ class Options:
     ha_enable_leader_election: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024
     shutdown_grace_period: float = 20.0
+    ext_proc_transport: str = "grpcio"
     # endpoint discovery
     pool_name: str = ""
     pool_namespace: str = ""
@@ -418,6 +419,13 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         new=True,
     ),
     _Flag(
+        "ext-proc-transport",
+        "str",
+        _SERVER,
+        "gRPC implementation serving ext_proc: grpcio (grpc.aio) or grpclib (HTTP/2 on the event loop).",
+        new=True,
+    ),
+    _Flag(
         "pool-name", "str", _DISCOVERY, "Name of the InferencePool this Endpoint Picker is associated with."
     ),
     _Flag(
@@ -732,6 +740,11 @@ def _validate_new(opts: Options) -> None:
             raise ConfigError(
                 f'invalid value {go_quote(opts.bind_address)} for "bind-address": not an IP address'
             ) from None
+    if opts.ext_proc_transport not in ("grpcio", "grpclib"):
+        raise ConfigError(
+            f'unexpected {go_quote(opts.ext_proc_transport)} value for "ext-proc-transport" flag, '
+            "it can only be set to 'grpcio' or 'grpclib'"
+        )
     if opts.log_format not in ("json", "console"):
         raise ConfigError(
             f'unexpected {go_quote(opts.log_format)} value for "log-format" flag, '

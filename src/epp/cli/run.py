@@ -202,6 +202,10 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         servicer = extproc.ExtProcServicer(
             app.director, max_body_bytes=opts.max_request_body_bytes, tracing=app.tracing
         )
+        if opts.ext_proc_transport == "grpclib":
+            return await _serve_grpclib(
+                app, servicer, health_servicer, stack, stop, health_port, metrics_server.port
+            )
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", 128 * 1024 * 1024),
@@ -235,5 +239,36 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         log.info("epp_draining", in_flight=servicer.active_streams, grace_seconds=opts.shutdown_grace_period)
         await server.stop(opts.shutdown_grace_period)
         log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))
+    await asyncio.to_thread(app.tracing.shutdown)
+    return 0
+
+
+async def _serve_grpclib(
+    app: App,
+    servicer: extproc.ExtProcServicer,
+    health_servicer: health.HealthServicer,
+    stack: contextlib.AsyncExitStack,
+    stop: asyncio.Event,
+    health_port: int,
+    metrics_port: int,
+) -> int:
+    """The same service on grpclib; drains by waiting for in-flight streams, bounded by the grace."""
+    from epp.server.grpclib_transport import GrpclibServer
+    from epp.server.tls import ssl_context
+
+    opts = app.options
+    gserver = GrpclibServer(servicer, health_servicer if opts.health_checking else None)
+    ctx = await asyncio.to_thread(ssl_context, opts.cert_path) if opts.secure_serving else None
+    host = opts.bind_address.strip("[]") or None
+    grpc_port = await gserver.start(host or "", opts.grpc_port, ctx)
+    log.info("epp_started", version=__version__, transport="grpclib", grpc_port=grpc_port,
+             grpc_health_port=health_port, metrics_port=metrics_port, endpoints=len(app.datastore.endpoints()))  # fmt: skip
+    await stop.wait()
+    app.draining = True
+    started = time.monotonic()
+    log.info("epp_draining", in_flight=servicer.active_streams, grace_seconds=opts.shutdown_grace_period)
+    await gserver.stop(opts.shutdown_grace_period, idle=servicer.wait_idle)
+    log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))
+    await stack.aclose()
     await asyncio.to_thread(app.tracing.shutdown)
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -183,3 +185,25 @@ class CertReloader:
                 return grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)])
         log.error("tls_certificate_reload_failed", path=self._dir, error=failure)
         return None
+
+
+def ssl_context(cert_path: str) -> ssl.SSLContext:
+    """An ``ssl.SSLContext`` (ALPN h2) for transports that take one (``--ext-proc-transport=grpclib``).
+
+    Same sources as ``server_credentials``: ``tls.crt``/``tls.key`` from ``cert_path``, or a
+    self-signed certificate generated in memory.  ``ssl`` loads keys only from files, so
+    the generated pair is written to a private temporary directory and removed at once.
+    """
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.set_alpn_protocols(["h2"])
+    if cert_path:
+        cert_pem, key_pem = load_key_pair(cert_path)
+    else:
+        cert_pem, key_pem = generate_self_signed()
+    with tempfile.TemporaryDirectory(prefix="epp-tls-") as d:
+        crt, key = Path(d) / CERT_FILE, Path(d) / KEY_FILE
+        crt.write_bytes(cert_pem)
+        key.touch(mode=0o600)
+        key.write_bytes(key_pem)
+        ctx.load_cert_chain(crt, key)
+    return ctx
