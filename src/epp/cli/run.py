@@ -32,7 +32,7 @@ from epp.errors import ConfigError
 from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
 from epp.server import extproc, health
-from epp.server.tls import server_credentials
+from epp.server.transport import Tls, make_server
 from epp.tracing.otel import Tracing, setup_tracing
 
 log = structlog.get_logger(__name__)
@@ -202,29 +202,15 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         servicer = extproc.ExtProcServicer(
             app.director, max_body_bytes=opts.max_request_body_bytes, tracing=app.tracing
         )
-        if opts.ext_proc_transport == "grpclib":
-            return await _serve_grpclib(
-                app, servicer, health_servicer, stack, stop, health_port, metrics_server.port
-            )
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 128 * 1024 * 1024),
-                ("grpc.max_send_message_length", 128 * 1024 * 1024),
-            ]
+        server = make_server(
+            opts.ext_proc_transport, servicer, health_servicer if opts.health_checking else None
         )
-        extproc.add_to_server(servicer, server)
-        if opts.health_checking:
-            health.add_to_server(health_servicer, server)
-        address = _address(opts, opts.grpc_port)
-        if opts.secure_serving:
-            creds = await asyncio.to_thread(server_credentials, opts.cert_path, opts.enable_cert_reload)
-            grpc_port = server.add_secure_port(address, creds)
-        else:
-            grpc_port = server.add_insecure_port(address)
-        await server.start()
+        tls = Tls(opts.cert_path, opts.enable_cert_reload) if opts.secure_serving else None
+        grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls)
         log.info(
             "epp_started",
             version=__version__,
+            transport=opts.ext_proc_transport,
             grpc_port=grpc_port,
             grpc_health_port=health_port,
             metrics_port=metrics_server.port,
@@ -239,36 +225,5 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         log.info("epp_draining", in_flight=servicer.active_streams, grace_seconds=opts.shutdown_grace_period)
         await server.stop(opts.shutdown_grace_period)
         log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))
-    await asyncio.to_thread(app.tracing.shutdown)
-    return 0
-
-
-async def _serve_grpclib(
-    app: App,
-    servicer: extproc.ExtProcServicer,
-    health_servicer: health.HealthServicer,
-    stack: contextlib.AsyncExitStack,
-    stop: asyncio.Event,
-    health_port: int,
-    metrics_port: int,
-) -> int:
-    """The same service on grpclib; drains by waiting for in-flight streams, bounded by the grace."""
-    from epp.server.grpclib_transport import GrpclibServer
-    from epp.server.tls import ssl_context
-
-    opts = app.options
-    gserver = GrpclibServer(servicer, health_servicer if opts.health_checking else None)
-    ctx = await asyncio.to_thread(ssl_context, opts.cert_path) if opts.secure_serving else None
-    host = opts.bind_address.strip("[]") or None
-    grpc_port = await gserver.start(host or "", opts.grpc_port, ctx)
-    log.info("epp_started", version=__version__, transport="grpclib", grpc_port=grpc_port,
-             grpc_health_port=health_port, metrics_port=metrics_port, endpoints=len(app.datastore.endpoints()))  # fmt: skip
-    await stop.wait()
-    app.draining = True
-    started = time.monotonic()
-    log.info("epp_draining", in_flight=servicer.active_streams, grace_seconds=opts.shutdown_grace_period)
-    await gserver.stop(opts.shutdown_grace_period, idle=servicer.wait_idle)
-    log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))
-    await stack.aclose()
     await asyncio.to_thread(app.tracing.shutdown)
     return 0

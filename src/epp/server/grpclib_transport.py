@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import grpclib.const
@@ -23,6 +22,8 @@ from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.server import responses as r
 from epp.server.extproc import SERVICE_NAME, ExtProcServicer
 from epp.server.health import HealthServicer
+from epp.server.tls import ssl_context
+from epp.server.transport import Tls
 
 
 class _Codec(CodecBase):
@@ -101,25 +102,28 @@ class GrpclibServer:
         handlers: list[Any] = [ExtProcHandler(servicer)]
         if health is not None:
             handlers.append(HealthHandler(health))
+        self._servicer = servicer
         self._server = grpclib.server.Server(handlers, codec=_Codec())
         self.port = 0
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
-        await self._server.start(host or None, port, ssl=ssl_context, reuse_address=True)
-        listener: Any = self._server._server  # noqa: SLF001 - grpclib exposes no bound address
+    async def start(self, host: str, port: int, tls: Tls | None) -> int:
+        ctx = None if tls is None else await asyncio.to_thread(ssl_context, tls.cert_path)
+        await self._server.start(host.strip("[]") or None, port, ssl=ctx, reuse_address=True)
+        listener: Any = self._server._server
         sockets = listener.sockets if listener is not None else ()
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
         return self.port
 
-    async def stop(self, grace: float, idle: Callable[[], Awaitable[None]]) -> None:
-        """Stop accepting connections, wait (up to ``grace`` s) for ``idle()``, then close.
+    async def stop(self, grace: float) -> None:
+        """Stop accepting connections, wait (up to ``grace`` s) for in-flight streams, then close.
 
         grpclib's own ``close`` cancels running handlers at once, so the wait comes first.
+        Certificate reload is not supported on this transport.
         """
-        listener = self._server._server  # noqa: SLF001 - the asyncio server: stop new connections only
+        listener = self._server._server
         if listener is not None:
             listener.close()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(idle(), grace)
+            await asyncio.wait_for(self._servicer.wait_idle(), grace)
         self._server.close()
         await self._server.wait_closed()
