@@ -196,3 +196,25 @@ async def test_empty_cert_path_serves_a_generated_cert(monkeypatch: pytest.Monke
     port = await serve(server_credentials("", enable_reload=True))
     assert len(generated) == 1
     assert await call(port, generated[0][0]) == b"ping"
+
+
+async def test_ssl_context_for_grpclib_negotiates_h2(tmp_path: Path) -> None:
+    """The SSLContext built for the grpclib transport serves the cert from --cert-path with ALPN h2."""
+    import asyncio
+    import ssl
+
+    from epp.server.tls import ssl_context
+
+    cert_pem, key_pem = generate_self_signed(hosts=["127.0.0.1"])
+    (tmp_path / "tls.crt").write_bytes(cert_pem)
+    (tmp_path / "tls.key").write_bytes(key_pem)
+    server_ctx = ssl_context(str(tmp_path))
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    client_ctx = ssl.create_default_context(cadata=cert_pem.decode())
+    client_ctx.set_alpn_protocols(["h2"])
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx, server_hostname="127.0.0.1")
+    assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
+    writer.close()
+    server.close()
+    await server.wait_closed()
