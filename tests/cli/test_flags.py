@@ -66,6 +66,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "objectives-file": "",
     "max-request-body-bytes": 67108864,
     "shutdown-grace-period": 20.0,
+    "ext-proc-transport": "grpcio",
     "log-format": "json",
     "bind-address": "",
 }

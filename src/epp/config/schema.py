@@ -11,6 +11,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from epp.units import parse_go_duration
+
 API_VERSION: Final = "inference.networking.x-k8s.io/v1alpha1"
 KIND: Final = "EndpointPickerConfig"
 
@@ -69,33 +71,6 @@ def parse_quantity(value: object) -> int:
             "quantity", "quantity must not be negative, got '{value}'", {"value": value}
         )
     return int(amount.to_integral_value(rounding=ROUND_CEILING))
-
-
-_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_DURATION_UNITS: Final = {
-    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0,
-}  # fmt: skip
-
-
-def parse_go_duration(text: str) -> float:
-    """Go's ``time.ParseDuration`` ("30s", "1m30s", "250ms", "0") in seconds; raises ValueError."""
-    s = text.strip()
-    sign = 1.0
-    if s and s[0] in "+-":
-        sign = -1.0 if s[0] == "-" else 1.0
-        s = s[1:]
-    if s == "0":
-        return 0.0
-    if not s:
-        raise ValueError(f"invalid duration {text!r}")
-    total, pos = 0.0, 0
-    while pos < len(s):
-        m = _DURATION_PART.match(s, pos)
-        if m is None:
-            raise ValueError(f"invalid duration {text!r}: expected e.g. '30s', '1m30s' or '250ms'")
-        total += float(m[1]) * _DURATION_UNITS[m[2]]
-        pos = m.end()
-    return sign * total
 
 
 def _duration(value: object) -> float:

@@ -9,11 +9,11 @@ import pytest
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.api import SaturationDetector
-from epp.flowcontrol.detectors.durations import parse_go_duration
 from epp.flowcontrol.detectors.utilization import UtilizationDetector
 from epp.plugin.registry import Registry
 from epp.plugin.state import CycleState
 from epp.scheduling.api import Filter
+from epp.units import parse_go_duration
 from tests.scheduling.builders import FakeHandle, build, endpoint, request
 
 

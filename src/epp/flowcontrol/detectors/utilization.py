@@ -10,10 +10,10 @@ import structlog
 
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
-from epp.flowcontrol.detectors.durations import parse_go_duration
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
+from epp.units import parse_go_duration
 
 log = structlog.get_logger(__name__)
 

@@ -1,0 +1,83 @@
+"""bench/REPORT.md is rebuilt from result files alone, with goals, tables and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bench.common
+import bench.report
+from bench.overhead import derive as overhead_derive
+from bench.routing import derive as routing_derive
+
+MACHINE = {"cores": 2, "cpu_model": "test cpu", "kernel": "6.0", "memory_gib": 1.0, "loadavg_at_start": [0.0]}
+
+
+def _routing() -> dict[str, Any]:
+    cells = []
+    for router, p90, tput in (("epp-default", 80.0, 2100.0), ("round-robin", 1000.0, 1000.0)):
+        cells.append({
+            "router": router, "rate": 16.0, "ttft_ms": {"p50": p90 / 2, "p90": p90, "p99": p90 * 2},
+            "itl_ms": {"p50": 10.0}, "output_tokens_per_s": tput, "success_rate": 1.0, "ok": 10, "requests": 10,
+            "fleet": {"prefix_hit_rate": 0.5, "load_imbalance_max_over_mean": 1.1},
+        })  # fmt: skip
+    routers = {"epp-default": "Envoy + EPP", "round-robin": "Envoy round robin"}
+    return {
+        "machine": MACHINE, "seeds": {"workload": 42}, "notes": ["a note"], "routers": routers, "cells": cells,
+        "settings": {"duration_s": 10, "loadgen": "builtin"},
+        "workload": {"replicas": 8, "time_scale": 1.0, "groups": 4, "system_tokens": 100, "question_tokens": 10,
+                     "output_tokens": 4, "kv_blocks": 10, "block_size": 16, "working_set_tokens": 400,
+                     "working_set_over_fleet_kv": 1.1, "working_set_over_replica_kv": 9.0},
+        "derived": routing_derive(cells, list(routers)),
+    }  # fmt: skip
+
+
+def _overhead() -> dict[str, Any]:
+    def cell(p50: float, cpu: float) -> dict[str, Any]:
+        return {"p50_ms": p50, "p99_ms": p50 * 3, "ok": 100, "offered": 100, "sustained": True,
+                "cpu_us_per_req": {"total": cpu, "extproc": cpu / 2}, "achieved_rps": 100.0}  # fmt: skip
+
+    paths = {"direct": "(a)", "envoy": "(b)", "floor": "(c)", "epp": "(d)"}
+    result = {
+        "machine": MACHINE, "paths": paths, "notes": [],
+        "settings": {"upstreams": 4, "request_bytes": 1000, "window_s": 1, "rounds": 1, "concurrency": 32,
+                     "capacity_s": 1, "sustain_rule": "rule"},
+        "ladder": {name: {"100": cell(0.2 * (i + 1), 100.0 * i)} for i, name in enumerate(paths)},
+        "capacity": {name: cell(1.0, 500.0) for name in paths},
+        "max_sustained_rps": dict.fromkeys(paths, 100),
+    }  # fmt: skip
+    result["derived"] = overhead_derive(result)
+    return result
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(bench.report, "PLOTS", tmp_path / "plots")
+    monkeypatch.setattr(bench.report, "REPORT", tmp_path / "REPORT.md")
+    (tmp_path / "results").mkdir()
+    return tmp_path
+
+
+def test_report_from_results(results_dir: Path) -> None:
+    """Goals with ratios, each section's table and plot, and a placeholder for missing results."""
+    (results_dir / "results" / "routing.json").write_text(json.dumps(_routing()))
+    (results_dir / "results" / "overhead.json").write_text(json.dumps(_overhead()))
+    text = bench.report.build().read_text()
+    times = "\u00d7"  # the report prints a multiplication sign
+    assert (
+        f"| 1 routing (Envoy + EPP, 16 req/s) | TTFT p90 ≤ 0.1{times} round robin | 0.08{times} | **met** |"
+        in text
+    )
+    assert (
+        "| 2 overhead | EPP adds ≤ 0.3 ms p50 over the no-op ext_proc floor (at 100 req/s, the lowest rate both "
+        "sustain) | 0.20 ms" in text
+    )
+    assert "## 1. Routing quality" in text
+    assert "## 2. Overhead of the routing hop" in text
+    assert "*No results (bench/results/streaming.json missing).*" in text
+    assert (results_dir / "plots" / "routing.png").stat().st_size > 1000
+    assert (results_dir / "plots" / "overhead.png").stat().st_size > 1000
