@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
+from epp.datalayer.api import Endpoint
 from epp.plugin.base import PluginParams
 from epp.request import ApiKind, InferenceRequest, RequestBody
+from epp.testing.builders import make_endpoint
 
 
 def endpoint(
@@ -27,25 +27,20 @@ def endpoint(
     fresh: bool = True,
 ) -> Endpoint:
     """``pod-<i>`` at 192.168.1.<i+1>:8000 with the given metrics (fresh unless told otherwise)."""
-    md = EndpointMetadata(
-        name=f"default/pod-{i}-rank-0",
-        address=address or f"192.168.1.{i + 1}",
+    return make_endpoint(
+        i,
+        queue=queue,
+        kv=kv,
+        running=running,
+        active=active,
+        waiting=waiting,
+        max_loras=max_active,
+        address=address or None,
         port=port,
-        pod_name=f"pod-{i}",
-        namespace="default",
-    )
-    m = Metrics(
-        waiting_queue_size=queue,
-        kv_cache_usage_percent=kv,
-        running_requests_size=running,
-        active_models=frozenset(active),
-        waiting_models=frozenset(waiting),
-        max_active_models=max_active,
+        fresh=fresh,
         cache_block_size=block_size,
         cache_num_blocks=num_blocks,
-        update_time=time.monotonic() if fresh else 0.0,
     )
-    return Endpoint(md, m)
 
 
 def request(
