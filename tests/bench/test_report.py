@@ -74,7 +74,7 @@ def test_report_from_results(results_dir: Path) -> None:
     )
     assert (
         "| 2 overhead | EPP adds ≤ 0.3 ms p50 over the no-op ext_proc floor (at 100 req/s, the lowest rate both "
-        "sustain) | 0.20 ms" in text
+        "sustain) | 0.20 ms | **met** |" in text
     )
     assert "## 1. Routing quality" in text
     assert "## 2. Overhead of the routing hop" in text

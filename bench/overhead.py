@@ -1,0 +1,315 @@
+"""Comparison 2, overhead: what each routing hop adds to a near-instant upstream, and what it costs.
+
+    python -m bench.overhead [--quick]      # writes bench/results/overhead.json
+
+Paths: (a) direct, (b) Envoy alone (round robin), (c) Envoy + the no-op Python ext_proc server
+(bench/noop_extproc.py: the floor of the protocol in Python), (d) Envoy + the EPP with GIE's
+default config, (e) vllm-router and sglang-router (cache_aware) when installed.  1 KB chat
+requests, non-streamed answers from 4 upstreams.  Open-loop Poisson windows over a rate ladder,
+paths interleaved within each round and their order rotated between rounds; latency from the
+scheduled send time.  A path that cannot keep up with a rate (achieved < 90% of offered, or
+errors) is not offered the higher rates.  Capacity: closed loop with 32 concurrent requests.
+CPU: utime+stime of the routing processes only, per successful request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from bench.common import log, versions, write_result
+from bench.httpload import RunResult, closed_loop, open_loop, post, summarize
+from bench.paths import DIRECT, ENVOY, EPP, FLOOR, PEERS, Lab, Path, available
+from bench.profiling import Profiler
+
+SEED = 7
+GOALS = {"epp_added_p50_ms_over_floor": 0.3, "epp_req_per_s_per_core": 1000.0}
+# A rate is "sustained" when nearly all offered requests succeed and the tail stays short.
+SUSTAIN_FRACTION = 0.95
+SUSTAIN_P99_MS = 20.0
+PROFILE_RATE = 600  # req/s while py-spy samples the EPP: busy, below saturation
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    rates: tuple[int, ...]
+    window_s: float
+    rounds: int
+    capacity_s: float
+    concurrency: int
+    profile_s: float
+
+
+QUICK = Settings(rates=(200, 600), window_s=2.0, rounds=1, capacity_s=2.0, concurrency=32, profile_s=3.0)
+FULL = Settings(
+    rates=(100, 300, 600, 1000, 1500, 2000, 3000),
+    window_s=5.0,
+    rounds=3,
+    capacity_s=5.0,
+    concurrency=32,
+    profile_s=10.0,
+)
+
+
+def chat_requests(n: int, size: int, seed: int, *, stream: bool = False, max_tokens: int = 16) -> list[bytes]:
+    """``n`` distinct OpenAI chat requests whose JSON body is about ``size`` bytes."""
+    rng = random.Random(seed)
+    words = ("the", "model", "cache", "prefix", "token", "route", "server", "gateway", "queue", "batch")
+    out = []
+    for i in range(n):
+        parts: list[str] = [f"user {i}:"]
+        length = 0
+        while length < size - 160:
+            w = rng.choice(words)
+            parts.append(w)
+            length += len(w) + 1
+        body = {
+            "model": "mock-model",
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": " ".join(parts)},
+            ],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
+        out.append(post("/v1/chat/completions", orjson.dumps(body)))
+    return out
+
+
+def _cpu_per_req(seconds: dict[str, float], ok: int) -> dict[str, float | None]:
+    out: dict[str, float | None] = {k: (round(v / ok * 1e6, 1) if ok else None) for k, v in seconds.items()}
+    out["total"] = round(sum(seconds.values()) / ok * 1e6, 1) if ok else None
+    return out
+
+
+async def measure(
+    path: Path, requests: list[bytes], *, rate: float, window: float, seed: int
+) -> dict[str, Any]:
+    meter = path.meter()
+    meter.start()
+    run = await open_loop(path.client(), requests, rate=rate, duration=window, seed=seed)
+    cpu = meter.stop()
+    return _record(run, cpu)
+
+
+def _record(run: RunResult, cpu: dict[str, float]) -> dict[str, Any]:
+    s: dict[str, Any] = summarize(run)
+    s["cpu_s"] = {k: round(v, 3) for k, v in cpu.items()}
+    s["cpu_us_per_req"] = _cpu_per_req(cpu, s["ok"])
+    s["_lat_ms"] = [x.latency * 1000 for x in run.ok]
+    return s
+
+
+def _pool(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Merge the windows of one (path, rate) cell across rounds."""
+    from bench.httpload import percentile
+
+    lat = sorted(x for w in windows for x in w["_lat_ms"])
+    ok = sum(w["ok"] for w in windows)
+    offered = sum(w["offered"] for w in windows)
+    cpu: dict[str, float] = {}
+    for w in windows:
+        for k, v in w["cpu_s"].items():
+            cpu[k] = cpu.get(k, 0.0) + v
+    wall = sum(w["wall_s"] for w in windows)
+    return {
+        "rounds": len(windows),
+        "offered": offered,
+        "ok": ok,
+        "errors": sum(w["errors"] for w in windows),
+        "achieved_rps": round(ok / wall, 1) if wall else 0.0,
+        "p50_ms": round(percentile(lat, 50), 3) if lat else None,
+        "p90_ms": round(percentile(lat, 90), 3) if lat else None,
+        "p99_ms": round(percentile(lat, 99), 3) if lat else None,
+        "client_late_p99_ms": max((w["client_late_p99_ms"] or 0.0) for w in windows),
+        "cpu_us_per_req": _cpu_per_req(cpu, ok),
+        "sustained": all(_sustained(w) for w in windows),
+    }
+
+
+def _sustained(w: dict[str, Any]) -> bool:
+    p99 = w["p99_ms"]
+    return bool(
+        w["offered"]
+        and w["ok"] >= SUSTAIN_FRACTION * w["offered"]
+        and w["errors"] == 0
+        and p99 is not None
+        and p99 <= SUSTAIN_P99_MS
+    )
+
+
+async def run(mode: str, *, profile: bool = True) -> dict[str, Any]:
+    st = QUICK if mode == "quick" else FULL
+    specs, notes = available([DIRECT, ENVOY, FLOOR, EPP, *PEERS])
+    for n in notes:
+        log(f"overhead: {n}")
+    requests = chat_requests(64, 1024, SEED)
+    cells: dict[str, dict[int, list[dict[str, Any]]]] = {s.name: {} for s in specs}
+    capacity: dict[str, list[dict[str, Any]]] = {s.name: [] for s in specs}
+    gave_up: dict[str, int] = {}
+    prof: dict[str, Any] = {}
+    async with Lab(specs) as lab:
+        idle = lab.idle_report()
+        paths = list(lab.paths.values())
+        log("overhead: warming up every path")
+        for p in paths:
+            await closed_loop(p.client(), requests, concurrency=8, duration=0.5)
+        for rnd in range(st.rounds):
+            order = paths[rnd % len(paths) :] + paths[: rnd % len(paths)]
+            for rate in st.rates:
+                for p in order:
+                    if gave_up.get(p.name, 10**9) < rate:
+                        continue
+                    w = await measure(
+                        p, requests, rate=rate, window=st.window_s, seed=SEED + rnd * 1000 + rate
+                    )
+                    cells[p.name].setdefault(rate, []).append(w)
+                    log(
+                        f"overhead: round {rnd + 1}/{st.rounds} {rate:>5} req/s {p.name:<14} "
+                        f"p50 {w['p50_ms']} ms p99 {w['p99_ms']} ms ok {w['ok']}/{w['offered']} "
+                        f"cpu {w['cpu_us_per_req']['total']} us/req"
+                    )
+                    if w["ok"] < 0.9 * w["offered"] or w["errors"]:
+                        gave_up[p.name] = min(gave_up.get(p.name, 10**9), rate)
+            for p in order:
+                meter = p.meter()
+                meter.start()
+                cl = await closed_loop(
+                    p.client(), requests, concurrency=st.concurrency, duration=st.capacity_s
+                )
+                c = _record(cl, meter.stop())
+                c.pop("_lat_ms")
+                capacity[p.name].append(c)
+                log(
+                    f"overhead: round {rnd + 1}/{st.rounds} capacity {p.name:<14} {c['achieved_rps']} req/s, "
+                    f"cpu {c['cpu_us_per_req']['total']} us/req"
+                )
+        if profile and "epp" in lab.paths:
+            p = lab.paths["epp"]
+            log(
+                f"overhead: profiling the EPP (py-spy, {st.profile_s:.0f} s, "
+                f"open loop at {min(st.rates[-1], PROFILE_RATE)} req/s)"
+            )
+            rate = min(st.rates[-1], PROFILE_RATE)
+            for native in (False, True):  # Python frames, then native frames (pauses the EPP per sample)
+                async with Profiler(p.pids["extproc"], st.profile_s, native=native) as pr:
+                    await open_loop(p.client(), requests, rate=rate, duration=st.profile_s, seed=SEED)
+                prof["native" if native else "python"] = pr.summary()
+    ladder: dict[str, dict[str, Any]] = {}
+    for name, by_rate in cells.items():
+        ladder[name] = {str(rate): _pool(ws) for rate, ws in sorted(by_rate.items())}
+    result: dict[str, Any] = {
+        "idle_cores": idle,
+        "settings": {
+            **asdict(st),
+            "request_bytes": len(requests[0]),
+            "upstreams": 4,
+            "sustain_rule": f">= {SUSTAIN_FRACTION:.0%} of offered ok, no errors, p99 <= {SUSTAIN_P99_MS} ms",
+        },
+        "paths": {s.name: s.title for s in specs},
+        "notes": notes,
+        "ladder": ladder,
+        "capacity": {name: _best(cs) for name, cs in capacity.items()},
+        "max_sustained_rps": {
+            name: max((int(r) for r, c in cells_.items() if c["sustained"]), default=0)
+            for name, cells_ in ladder.items()
+        },
+        "profile": prof,
+    }
+    result["derived"] = derive(result)
+    return result
+
+
+def _best(cs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Capacity: the round with the highest throughput (the least disturbed by the machine)."""
+    if not cs:
+        return {}
+    best = dict(max(cs, key=lambda c: c["achieved_rps"]))
+    best["rounds_rps"] = [c["achieved_rps"] for c in cs]
+    return best
+
+
+def derive(result: dict[str, Any]) -> dict[str, Any]:
+    """Added latency over direct and over the floor, and the goals."""
+    ladder = result["ladder"]
+    direct = ladder.get("direct", {})
+    floor = ladder.get("floor", {})
+    added: dict[str, dict[str, dict[str, float | None]]] = {}
+    for name, by_rate in ladder.items():
+        if name == "direct":
+            continue
+        added[name] = {}
+        for rate, c in by_rate.items():
+            d, f = direct.get(rate), floor.get(rate)
+            added[name][rate] = {
+                "p50_ms_over_direct": _diff(c.get("p50_ms"), d and d.get("p50_ms")),
+                "p99_ms_over_direct": _diff(c.get("p99_ms"), d and d.get("p99_ms")),
+                "p50_ms_over_floor": _diff(c.get("p50_ms"), f and f.get("p50_ms")),
+                "p99_ms_over_floor": _diff(c.get("p99_ms"), f and f.get("p99_ms")),
+            }
+    # The EPP-over-floor difference is judged at the lowest rate both sustain (else the lowest
+    # rate): above it the floor itself queues and the difference measures queueing, not the EPP.
+    both = sorted(
+        (int(r), v["p50_ms_over_floor"])
+        for r, v in added.get("epp", {}).items()
+        if v["p50_ms_over_floor"] is not None
+        and ladder["epp"][r]["sustained"]
+        and floor.get(r, {}).get("sustained")
+    )
+    lowest = sorted(
+        (int(r), v["p50_ms_over_floor"])
+        for r, v in added.get("epp", {}).items()
+        if v["p50_ms_over_floor"] is not None
+    )
+    judged = both[0] if both else (lowest[0] if lowest else None)
+    cap = result["capacity"].get("epp", {})
+    epp_us = (cap.get("cpu_us_per_req") or {}).get("extproc")
+    per_core = round(1e6 / epp_us, 0) if epp_us else None
+    worst = judged[1] if judged else None
+    return {
+        "added": added,
+        "epp_added_p50_ms_over_floor": worst,
+        "epp_added_p50_ms_over_floor_at_rate": judged[0] if judged else None,
+        "epp_added_p50_ms_over_floor_both_sustained": bool(both),
+        "epp_req_per_s_per_core_at_capacity": per_core,
+        "goals": {
+            "epp_added_p50_ms_over_floor": {
+                "goal": GOALS["epp_added_p50_ms_over_floor"],
+                "value": worst,
+                "met": worst is not None and worst <= GOALS["epp_added_p50_ms_over_floor"],
+            },
+            "epp_req_per_s_per_core": {
+                "goal": GOALS["epp_req_per_s_per_core"],
+                "value": per_core,
+                "met": per_core is not None and per_core >= GOALS["epp_req_per_s_per_core"],
+            },
+        },
+    }
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return round(a - b, 3) if a is not None and b is not None else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-profile", action="store_true")
+    args = ap.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    import uvloop
+
+    result = uvloop.run(run(mode, profile=not args.no_profile))
+    result["versions"] = versions()
+    path = write_result("overhead", result, mode=mode, seeds={"loadgen": SEED})
+    log(f"overhead: wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
