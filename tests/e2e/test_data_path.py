@@ -161,3 +161,25 @@ async def test_grpclib_transport_serves_the_same_contract(tmp_path: pathlib.Path
             "POST", "/v1/completions", data=b"{", headers={"content-type": "application/json"}
         )
         assert r2.status == 400 and b"inference error: BadRequest" in r2.body
+
+
+async def test_lean_mode_skips_response_bodies_unless_needed(tmp_path: pathlib.Path) -> None:
+    """With BUFFERED request bodies, STREAMED response bodies and allow_mode_override, the EPP asks
+    Envoy not to send responses it does not need: two ext_proc messages per request instead of one
+    per chunk.  A model rewrite (the client's name must be restored) keeps the response flowing."""
+    envoy = {"request_body_mode": "BUFFERED", "response_body_mode": "STREAMED", "allow_mode_override": True,
+             "buffer_limit_bytes": 1 << 20}  # fmt: skip
+    async with make_stack(tmp_path, envoy=envoy) as s:
+        body = {"model": MODEL, "prompt": "lean", "max_tokens": 12, "stream": True}
+        before = (await s.envoy.stats())["http.inference.ext_proc.stream_msgs_sent"]
+        for _ in range(5):
+            r = await s.post("/v1/completions", body)
+            assert r.status == 200 and r.body.rstrip().endswith(b"data: [DONE]")
+        lean = (await s.envoy.stats())["http.inference.ext_proc.stream_msgs_sent"] - before
+        assert lean == 5 * 2  # request headers + request body, nothing of the 14-event responses
+
+        aliased = {**body, "model": "client-alias"}
+        r = await s.post("/v1/completions", aliased, headers={"x-gateway-model-name-rewrite": MODEL})
+        assert r.status == 200 and b'"model":"client-alias"' in r.body  # restored in every chunk
+        full = (await s.envoy.stats())["http.inference.ext_proc.stream_msgs_sent"] - before - lean
+        assert full > 3  # response headers and body chunks (Envoy coalesces STREAMED chunks) reached the EPP

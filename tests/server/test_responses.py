@@ -58,3 +58,70 @@ def test_immediate_error_carries_gie_status_and_text() -> None:
         msg.immediate_response.body
         == b"inference error: ResourceExhausted - system saturated, sheddable request dropped"
     )
+
+
+def upb_option(key: str, value: str) -> object:
+    from epp._pb.envoy.config.core.v3 import base_pb2
+
+    return base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()))
+
+
+@pytest.mark.parametrize(
+    ("destination", "length", "extra"),
+    [
+        pytest.param("10.0.0.1:8000", 915, (), id="with-body"),
+        pytest.param(
+            "10.0.0.1:8000,10.0.0.2:8000", None, (("x-request-id", "abc"),), id="fallbacks-header-only"
+        ),
+        pytest.param(
+            "[fd00::1]:8000", 123456, (("traceparent", "00-" + "a" * 32 + "-" + "b" * 16 + "-01"),), id="ipv6"
+        ),
+    ],
+)
+def test_routing_reply_bytes_match_upb(
+    destination: str, length: int | None, extra: tuple[tuple[str, str], ...]
+) -> None:
+    """The hand-encoded routing reply equals upb's encoding of the same message."""
+    sets = [upb_option("x-gateway-destination-endpoint", destination)]
+    if length is not None:
+        sets.append(upb_option("Content-Length", str(length)))
+    sets += [upb_option(k, v) for k, v in extra]
+    expected = pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(
+                clear_route_cache=True, header_mutation=pb.HeaderMutation(set_headers=sets)
+            )
+        )
+    )
+    expected.dynamic_metadata.fields["envoy.lb"].struct_value.fields[
+        "x-gateway-destination-endpoint"
+    ].string_value = destination
+    assert r.routing_headers_response(destination, length, extra) == expected.SerializeToString()
+
+
+@pytest.mark.parametrize("extra", [(), (("x-conformance-test-served-endpoint", "10.0.0.1:8000"),)])
+def test_response_headers_reply_bytes_match_upb(extra: tuple[tuple[str, str], ...]) -> None:
+    """GIE's marker header (plus plugin headers) encodes as upb would."""
+    sets = [upb_option("x-went-into-resp-headers", "true")] + [upb_option(k, v) for k, v in extra]
+    expected = pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=sets))
+        )
+    )
+    assert r.response_headers_reply(extra) == expected.SerializeToString()
+
+
+def test_buffered_routing_reply_carries_mutation_body_and_metadata() -> None:
+    """The BUFFERED body reply sets the headers, replaces the body and carries envoy.lb metadata."""
+    msg = r.routing_body_response("10.0.0.1:8000", b"{}", 2, (("x-request-id", "id"),))
+    common = msg.request_body.response
+    assert common.clear_route_cache
+    assert [(o.header.key, o.header.raw_value) for o in common.header_mutation.set_headers] == [
+        ("x-gateway-destination-endpoint", b"10.0.0.1:8000"),
+        ("Content-Length", b"2"),
+        ("x-request-id", b"id"),
+    ]
+    assert common.body_mutation.body == b"{}"
+    assert json_format.MessageToDict(msg.dynamic_metadata) == {
+        "envoy.lb": {"x-gateway-destination-endpoint": "10.0.0.1:8000"}
+    }

@@ -98,6 +98,11 @@ class Director:
     def pipeline(self) -> Pipeline:
         return self._p
 
+    @property
+    def response_headers_needed(self) -> bool:
+        """Whether a plugin reads response headers (else lean mode skips them too)."""
+        return bool(self._p.response_header)
+
     def response_body_needed(self, ctx: RequestContext) -> bool:
         """Whether this request's response body must reach the EPP.
 

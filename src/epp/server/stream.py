@@ -25,10 +25,12 @@ from epp.director.context import RequestContext, RoutingDecision
 from epp.director.director import Director
 from epp.errors import BadRequest, EppError, PayloadTooLarge
 from epp.server import responses as r
+from epp.server import wire
 from epp.tracing.otel import RequestTrace, Tracing
 
 log = structlog.get_logger(__name__)
 _NO_TRACING = Tracing()
+_EMPTY_REQUEST_HEADERS_BYTES: Final = r.EMPTY_REQUEST_HEADERS.SerializeToString()
 
 FULL_DUPLEX: Final = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED: Final = mode_pb.ProcessingMode.BUFFERED
@@ -112,36 +114,38 @@ class Stream:
             self._director.request_sent(ctx)
             self.phase = Phase.REQUEST_BODY_DONE  # routed: any body that follows is passed through
             reply = r.routing_headers_response(decision.destination, None, self._upstream_headers(decision))
-            self._maybe_skip_response(reply)
-            return [reply]
+            return [reply + self._skip_response_override()]
         if mode == BUFFERED:
-            reply = r.EMPTY_REQUEST_HEADERS
-            if self._skippable():
-                reply = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
-                self._maybe_skip_response(reply)
-            return [reply]
+            return [_EMPTY_REQUEST_HEADERS_BYTES + self._skip_response_override()]
         return []
 
     def _skippable(self) -> bool:
         """Envoy honours mode_override only when neither body mode is FULL_DUPLEX_STREAMED."""
         return self.request_mode != FULL_DUPLEX and self.response_mode != FULL_DUPLEX
 
-    def _maybe_skip_response(self, reply: pb.ProcessingResponse) -> None:
-        """Ask Envoy not to send the response body when nothing in the EPP needs it.
+    def _skip_response_override(self) -> bytes:
+        """``ProcessingResponse.mode_override`` asking Envoy not to send the response (its headers
+        too when no plugin reads them), or b"".
 
-        Effective only with ``allow_mode_override: true`` and non-full-duplex body modes; the
-        request-side modes are restated because the override replaces the whole mode.
+        Only when nothing in the EPP needs it, and effective only with ``allow_mode_override:
+        true`` and non-full-duplex body modes (protobuf fields concatenate, so the field is
+        appended to the reply's bytes).  The request-side modes are restated because the
+        override replaces the whole mode.
         """
         ctx = self.ctx
         if ctx is None or not self._skippable() or self._director.response_body_needed(ctx):
-            return
-        mo = reply.mode_override
-        mo.request_header_mode = mode_pb.ProcessingMode.SEND
-        mo.request_body_mode = self.request_mode  # type: ignore[assignment]
-        mo.request_trailer_mode = mode_pb.ProcessingMode.SKIP
-        mo.response_header_mode = mode_pb.ProcessingMode.SEND
-        mo.response_body_mode = NONE
-        mo.response_trailer_mode = mode_pb.ProcessingMode.SKIP
+            return b""
+        mode = mode_pb.ProcessingMode(
+            request_header_mode=mode_pb.ProcessingMode.SEND,
+            request_body_mode=self.request_mode,  # type: ignore[arg-type]
+            request_trailer_mode=mode_pb.ProcessingMode.SKIP,
+            response_header_mode=mode_pb.ProcessingMode.SEND
+            if self._director.response_headers_needed
+            else mode_pb.ProcessingMode.SKIP,
+            response_body_mode=NONE,
+            response_trailer_mode=mode_pb.ProcessingMode.SKIP,
+        )
+        return wire.field(b"\x4a", mode.SerializeToString())  # ProcessingResponse.mode_override = 9
 
     async def on_request_body(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
         ctx = self.ctx

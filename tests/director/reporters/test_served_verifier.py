@@ -20,6 +20,7 @@ from epp.parsers.openai import OpenAIParser
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
+from epp.server.responses import serialize
 from epp.server.stream import Stream
 from tests.scheduling.builders import FakeHandle, build
 
@@ -112,8 +113,9 @@ def test_reads_response_headers_metadata(metadata: base_pb2.Metadata | None, exp
     msg = pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=_headers(**{":status": "200"})))
     if metadata is not None:
         msg.metadata_context.CopyFrom(metadata)
-    (reply,) = stream.on_response_headers(msg)
+    (raw,) = stream.on_response_headers(msg)
     stream.close()
+    reply = pb.ProcessingResponse.FromString(serialize(raw))
     sets = {
         h.header.key: h.header.raw_value.decode()
         for h in reply.response_headers.response.header_mutation.set_headers

@@ -1,0 +1,102 @@
+"""Hand-encoded protobuf for the replies sent on every request and every response chunk.
+
+Building nested upb messages and serialising them costs microseconds per message, and the
+hot replies have fixed shapes with one or two variable strings.  These functions emit the
+same bytes upb would (fields in number order; tests in tests/server/test_wire.py compare
+them byte for byte).  Field numbers, from envoy/service/ext_proc/v3/external_processor.proto
+and google/protobuf/struct.proto:
+
+    ProcessingResponse: request_headers=1 response_headers=2 request_body=3 response_body=4
+                        dynamic_metadata=8
+    HeadersResponse.response=1   BodyResponse.response=1
+    CommonResponse: header_mutation=2 body_mutation=3 clear_route_cache=5
+    HeaderMutation.set_headers=1   HeaderValueOption.header=1   HeaderValue: key=1 raw_value=3
+    BodyMutation.streamed_response=3   StreamedBodyResponse: body=1 end_of_stream=2
+    Struct.fields=1 (map entry: key=1 value=2)   Value: string_value=3 struct_value=5
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Final
+
+_SMALL_VARINTS: Final = tuple(bytes((i,)) for i in range(0x80))
+
+
+def varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: tag, length, payload."""
+    return tag + varint(len(payload)) + payload
+
+
+def header_option(key: str, value: str) -> bytes:
+    """One ``HeaderMutation.set_headers`` entry (a HeaderValueOption, field tag included)."""
+    header = field(b"\x0a", key.encode()) + field(b"\x1a", value.encode())  # HeaderValue key, raw_value
+    return field(b"\x0a", field(b"\x0a", header))  # set_headers[]: HeaderValueOption.header
+
+
+@functools.lru_cache(maxsize=1024)
+def cached_header_option(key: str, value: str) -> bytes:
+    """``header_option`` for values that repeat (destinations): encoded once per value."""
+    return header_option(key, value)
+
+
+def headers_reply(options: bytes, *, request: bool, clear_route_cache: bool, metadata: bytes = b"") -> bytes:
+    """A RequestHeaders/ResponseHeaders reply setting ``options`` (concatenated ``header_option``s)."""
+    common = field(b"\x12", options) + (b"\x28\x01" if clear_route_cache else b"")
+    return field(b"\x0a" if request else b"\x12", field(b"\x0a", common)) + metadata
+
+
+@functools.lru_cache(maxsize=1024)  # pure; destinations repeat (one per endpoint or fallback list)
+def string_metadata(namespace: str, key: str, value: str) -> bytes:
+    """``ProcessingResponse.dynamic_metadata`` = ``{namespace: {key: value}}`` with a string value."""
+    inner = field(b"\x0a", field(b"\x0a", key.encode()) + field(b"\x12", field(b"\x1a", value.encode())))
+    outer = field(b"\x0a", namespace.encode()) + field(b"\x12", field(b"\x2a", inner))
+    return field(b"\x42", field(b"\x0a", outer))
+
+
+def options(pairs: Iterable[tuple[str, str]]) -> bytes:
+    return b"".join(header_option(k, v) for k, v in pairs)
+
+
+_EOS: Final = b"\x10\x01"  # StreamedBodyResponse.end_of_stream = true
+
+
+def body_reply(chunk: bytes, eos: bool, request: bool) -> bytes:
+    """ProcessingResponse{request_body|response_body: BodyResponse{response: CommonResponse{
+    body_mutation: BodyMutation{streamed_response: {body, end_of_stream}}}}}.
+
+    The hottest message of a streamed response: the wrapper bytes depend only on
+    (length, eos, direction) and are cached, so a reply is a lookup and a concatenation.
+    """
+    prefix = _body_prefix(len(chunk), eos, request)
+    return prefix + chunk + _EOS if eos else prefix + chunk
+
+
+@functools.lru_cache(maxsize=4096)  # pure: the wrapper bytes of a (length, eos, direction)
+def _body_prefix(n: int, eos: bool, request: bool) -> bytes:
+    sbr_len = (1 + len(varint(n)) + n if n else 0) + (len(_EOS) if eos else 0)
+    bm_len = 1 + len(varint(sbr_len)) + sbr_len  # BodyMutation.streamed_response
+    cr_len = 1 + len(varint(bm_len)) + bm_len  # CommonResponse.body_mutation
+    br_len = 1 + len(varint(cr_len)) + cr_len  # BodyResponse.response
+    return b"".join(
+        (
+            b"\x1a" if request else b"\x22",  # ProcessingResponse.request_body | response_body
+            varint(br_len),
+            b"\x0a" + varint(cr_len),
+            b"\x1a" + varint(bm_len),
+            b"\x1a" + varint(sbr_len),
+            b"\x0a" + varint(n) if n else b"",  # StreamedBodyResponse.body (omitted when empty)
+        )
+    )
