@@ -13,6 +13,7 @@ from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
@@ -29,6 +30,7 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     LoraAffinityScorer,
     TokenLoadScorer,
     PrefixCacheScorer,
+    PrefillLoadScorer,
     PrefixCacheAffinityFilter,
     HeaderBasedTestingFilter,
 )
