@@ -11,7 +11,7 @@ from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
-from epp.scheduling.api import ScorerCategory, SchedulingResult
+from epp.scheduling.api import SchedulingResult, ScorerCategory
 from epp.scheduling.scorers.normalize import min_max_scores
 
 BYTES_PER_TOKEN: Final = 4
@@ -46,7 +46,6 @@ class PrefillLoadScorer(PluginBase):
     """
 
     TYPE: ClassVar[str] = "prefill-load-scorer"
-    PARAMS: ClassVar[type[NoParams]] = NoParams
     CATEGORY: ClassVar[ScorerCategory] = ScorerCategory.BALANCE
     BOUNDED: ClassVar[bool] = True
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
