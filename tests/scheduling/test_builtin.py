@@ -21,6 +21,7 @@ EXPECTED: dict[str, set[str]] = {
     "lora-affinity-scorer": set(),
     "token-load-scorer": {"queueThresholdTokens"},
     "prefix-cache-scorer": set(),
+    "prefill-load-scorer": set(),  # ours, not GIE's
     "prefix-cache-affinity-filter": {"affinityThreshold", "explorationProbability", "maxTTFTPenaltyMs"},
     "header-based-testing-filter": set(),
     "utilization-detector": {
@@ -48,7 +49,7 @@ _MINE = (
 
 
 def test_every_type_registered_once() -> None:
-    """Exactly GIE's type strings, with no duplicates across the three BUILTINS tuples."""
+    """Exactly GIE's type strings (plus our prefill-load-scorer), no duplicates across the three tuples."""
     reg = Registry(_MINE)
     assert set(reg.types()) == set(EXPECTED)
     assert len(_MINE) == len(EXPECTED)
