@@ -20,10 +20,12 @@ from epp.datalayer.api import Endpoint
 from epp.datastore.objects import apply_objects, load_objects
 from epp.datastore.store import Datastore, PoolInfo
 from epp.director.director import Director, Pipeline
-from epp.server.extproc import ExtProcServicer, add_to_server
+from epp.server.extproc import ExtProcServicer
+from epp.server.transport import ExtProcServer, make_server
 from epp.testing.builders import make_endpoint
 
 POOL = "vllm-qwen3-32b-pool"
+TRANSPORTS = ("h2", "grpcio")  # the contract tests run over both: grpc core is the client either way
 
 # gie:test/testdata/inferencepool-with-model-hermetic.yaml, as objects this EPP reads.
 HERMETIC_OBJECTS = """
@@ -172,7 +174,9 @@ class Harness:
         *,
         objects: str = HERMETIC_OBJECTS,
         subset_filter: bool = True,
+        transport: str = "h2",
     ) -> None:
+        self.transport = transport
         self.components = build(load_config(config), default_registry())
         self.datastore = Datastore()
         self.datastore.pool = PoolInfo(name=POOL, target_ports=(8000,), app_protocol="http")
@@ -194,7 +198,7 @@ class Harness:
                 subset_filter=subset_filter,
             ),
         )
-        self.server: grpc.aio.Server | None = None
+        self.server: ExtProcServer | None = None
         self.channel: grpc.aio.Channel | None = None
 
     def set_pods(self, endpoints: Sequence[Endpoint]) -> None:
@@ -209,10 +213,8 @@ class Harness:
     async def __aenter__(self) -> Harness:
         for observer in self.components.observers:
             self.datastore.add_observer(observer)
-        self.server = grpc.aio.server()
-        add_to_server(ExtProcServicer(self.director), self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        await self.server.start()
+        self.server = make_server(self.transport, ExtProcServicer(self.director), None)
+        port = await self.server.start("127.0.0.1", 0, None)
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         return self
 
@@ -220,7 +222,7 @@ class Harness:
         if self.channel is not None:
             await self.channel.close()
         if self.server is not None:
-            await self.server.stop(0)
+            await self.server.stop(0.0)
 
     async def exchange(self, messages: Sequence[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
         """Send every message, half-close, and collect replies until the server ends the stream."""

@@ -10,6 +10,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as v
 
 from epp.metrics.series import REGISTRY
 from tests.server.harness import (
+    TRANSPORTS,
     Harness,
     pods,
     req_body,
@@ -69,9 +70,9 @@ def headers(path: str, objective: str = "") -> dict[str, str]:
     return h
 
 
-@pytest.fixture
-async def harness() -> AsyncIterator[Harness]:
-    async with Harness(CONFIG) as h:
+@pytest.fixture(params=TRANSPORTS)
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    async with Harness(CONFIG, transport=request.param) as h:
         yield h
 
 

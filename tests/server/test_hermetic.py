@@ -15,6 +15,7 @@ import pytest
 from epp.metrics.series import REGISTRY
 from tests.server.harness import (
     POOL,
+    TRANSPORTS,
     Harness,
     destination_metadata,
     llm_request,
@@ -31,9 +32,9 @@ SUBSET = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 
 
-@pytest.fixture
-async def harness() -> AsyncIterator[Harness]:
-    async with Harness() as h:
+@pytest.fixture(params=TRANSPORTS)
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    async with Harness(transport=request.param) as h:
         yield h
 
 

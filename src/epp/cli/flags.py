@@ -94,7 +94,7 @@ class Options:
     ha_enable_leader_election: bool = False
     max_request_body_bytes: int = 64 * 1024 * 1024
     shutdown_grace_period: float = 20.0
-    ext_proc_transport: str = "grpcio"
+    ext_proc_transport: str = "h2"
     # endpoint discovery
     pool_name: str = ""
     pool_namespace: str = ""
@@ -363,7 +363,8 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         "ext-proc-transport",
         "str",
         _SERVER,
-        "gRPC implementation serving ext_proc: grpcio (grpc.aio) or grpclib (HTTP/2 on the event loop).",
+        "gRPC implementation serving ext_proc: h2 (the EPP's own HTTP/2 framing on the event loop), "
+        "grpcio (grpc.aio) or grpclib.",
         new=True,
     ),
     _Flag(
@@ -681,10 +682,10 @@ def _validate_new(opts: Options) -> None:
             raise ConfigError(
                 f'invalid value {go_quote(opts.bind_address)} for "bind-address": not an IP address'
             ) from None
-    if opts.ext_proc_transport not in ("grpcio", "grpclib"):
+    if opts.ext_proc_transport not in ("h2", "grpcio", "grpclib"):
         raise ConfigError(
             f'unexpected {go_quote(opts.ext_proc_transport)} value for "ext-proc-transport" flag, '
-            "it can only be set to 'grpcio' or 'grpclib'"
+            "it can only be set to 'h2', 'grpcio' or 'grpclib'"
         )
     if opts.log_format not in ("json", "console"):
         raise ConfigError(

@@ -157,12 +157,7 @@ class CertReloader:
         self.initial = grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)])
 
     def _signature(self) -> _Signature | None:
-        try:
-            crt = os.stat(os.path.join(self._dir, CERT_FILE))
-            key = os.stat(os.path.join(self._dir, KEY_FILE))
-        except OSError:
-            return None  # mid-swap; try again at the next handshake
-        return (crt.st_mtime_ns, crt.st_size, crt.st_ino), (key.st_mtime_ns, key.st_size, key.st_ino)
+        return signature(self._dir)  # None mid-swap: try again at the next handshake
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """A new ``ServerCertificateConfiguration`` when the files changed, else None (keep serving)."""
@@ -188,11 +183,10 @@ class CertReloader:
 
 
 def ssl_context(cert_path: str) -> ssl.SSLContext:
-    """An ``ssl.SSLContext`` (ALPN h2) for transports that take one (``--ext-proc-transport=grpclib``).
+    """An ``ssl.SSLContext`` (ALPN h2) for the transports on the event loop (h2, grpclib).
 
     Same sources as ``server_credentials``: ``tls.crt``/``tls.key`` from ``cert_path``, or a
-    self-signed certificate generated in memory.  ``ssl`` loads keys only from files, so
-    the generated pair is written to a private temporary directory and removed at once.
+    self-signed certificate generated in memory.
     """
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.set_alpn_protocols(["h2"])
@@ -200,10 +194,29 @@ def ssl_context(cert_path: str) -> ssl.SSLContext:
         cert_pem, key_pem = load_key_pair(cert_path)
     else:
         cert_pem, key_pem = generate_self_signed()
+    load_into(ctx, cert_pem, key_pem)
+    return ctx
+
+
+def load_into(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """Install a PEM pair in ``ctx``; later handshakes use it.
+
+    ``ssl`` loads keys only from files, so the pair is written to a private temporary
+    directory and removed at once.
+    """
     with tempfile.TemporaryDirectory(prefix="epp-tls-") as d:
         crt, key = Path(d) / CERT_FILE, Path(d) / KEY_FILE
         crt.write_bytes(cert_pem)
         key.touch(mode=0o600)
         key.write_bytes(key_pem)
         ctx.load_cert_chain(crt, key)
-    return ctx
+
+
+def signature(cert_path: str) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    """(mtime_ns, size, inode) of tls.crt and tls.key; None while either is missing."""
+    try:
+        crt = os.stat(os.path.join(cert_path, CERT_FILE))
+        key = os.stat(os.path.join(cert_path, KEY_FILE))
+    except OSError:
+        return None
+    return (crt.st_mtime_ns, crt.st_size, crt.st_ino), (key.st_mtime_ns, key.st_size, key.st_ino)

@@ -1,4 +1,4 @@
-"""The gRPC server that carries ext_proc: grpc.aio or grpclib, behind one small interface."""
+"""The gRPC server that carries ext_proc (own HTTP/2 framing, grpc.aio or grpclib) behind one interface."""
 
 from __future__ import annotations
 
@@ -65,7 +65,11 @@ class GrpcAioServer:
 def make_server(
     kind: str, servicer: extproc.ExtProcServicer, health_servicer: health.HealthServicer | None
 ) -> ExtProcServer:
-    """``kind`` is ``--ext-proc-transport``: ``grpcio`` or ``grpclib``."""
+    """``kind`` is ``--ext-proc-transport``: ``h2`` (the default), ``grpcio`` or ``grpclib``."""
+    if kind == "h2":
+        from epp.server.h2 import H2GrpcServer
+
+        return H2GrpcServer(servicer, health_servicer)
     if kind == "grpclib":
         from epp.server.grpclib_transport import GrpclibServer
 

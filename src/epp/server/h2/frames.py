@@ -1,0 +1,95 @@
+"""HTTP/2 (RFC 9113) and gRPC framing constants and encoders: what the ext_proc transport sends.
+
+Our replies never use the HPACK dynamic table: response headers and trailers are constant
+literal blocks, so encoding costs nothing per call and the peer's table state never matters.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+from urllib.parse import quote
+
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+# frame types
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
+PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 5, 6, 7, 8, 9
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY_FLAG: Final = 0x20
+# settings
+S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE = 2, 4, 5
+# error codes
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, COMPRESSION_ERROR = 0x0, 0x1, 0x3, 0x6, 0x9
+
+# gRPC status codes used here
+OK, UNKNOWN, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 0, 2, 8, 12, 13, 14
+
+MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
+RECV_WINDOW: Final = 1 << 24  # what we grant per stream and per connection; refilled at half
+DEFAULT_WINDOW: Final = 65_535
+MAX_FRAME: Final = 16_384  # SETTINGS_MAX_FRAME_SIZE we accept (the protocol default)
+U32 = struct.Struct(">I")
+TYPE_FLAGS_ID = struct.Struct(">BBI")
+DATA_HEADER = struct.Struct(">IBIBI")  # frame length<<8|type, flags, stream; gRPC flag, message length
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    n = len(payload)
+    return bytes((n >> 16, (n >> 8) & 0xFF, n & 0xFF)) + TYPE_FLAGS_ID.pack(kind, flags, stream_id) + payload
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """HPACK literal header field without indexing, new name, no Huffman (RFC 7541 §6.2.2)."""
+    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
+
+
+def _hpack_int(n: int, prefix: int) -> bytes:
+    limit = (1 << prefix) - 1
+    if n < limit:
+        return bytes((n,))
+    out = bytearray((limit,))
+    n -= limit
+    while n >= 128:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+# ":status: 200" is static entry 8; content-type (static 31) as a literal without indexing.
+RESPONSE_HEADERS: Final = b"\x88" + b"\x0f\x10" + _hpack_int(16, 7) + b"application/grpc"
+
+
+def trailers(status: int, message: str = "") -> bytes:
+    block = _literal(b"grpc-status", str(status).encode())
+    if message:
+        block += _literal(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
+    return block
+
+
+OK_TRAILERS: Final = trailers(OK)
+SERVER_SETTINGS: Final = frame(
+    SETTINGS,
+    0,
+    0,
+    struct.pack(">HIHI", S_INITIAL_WINDOW_SIZE, RECV_WINDOW, S_ENABLE_PUSH, 0),
+) + frame(WINDOW_UPDATE, 0, 0, U32.pack(RECV_WINDOW - DEFAULT_WINDOW))
+SETTINGS_ACK_FRAME: Final = frame(SETTINGS, ACK, 0)
+
+
+class ConnectionError_(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def unpad(payload: bytes) -> bytes:
+    if not payload:
+        raise ConnectionError_(PROTOCOL_ERROR)
+    pad = payload[0]
+    if pad >= len(payload):
+        raise ConnectionError_(PROTOCOL_ERROR)
+    return payload[1 : len(payload) - pad]
