@@ -51,7 +51,7 @@ class PathSpec:
 
 DIRECT = PathSpec("direct", "direct", label="(a) direct")
 ENVOY = PathSpec("envoy", "envoy", label="(b) Envoy alone")
-FLOOR = PathSpec("floor", "floor", label="(c) Envoy + no-op Python ext_proc")
+FLOOR = PathSpec("floor", "floor", label="(c) Envoy + no-op Python ext_proc (grpc.aio)")
 EPP = PathSpec("epp", "epp", label="(d) Envoy + EPP (default config)")
 PEERS = (
     PathSpec(
