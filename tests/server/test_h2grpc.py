@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.server.extproc import SERVICE_NAME
 from epp.server.h2 import H2GrpcServer
+from epp.server.h2 import connection as h2connection
 from epp.server.h2 import frames as h2
 from epp.server.health import HealthServicer
 from epp.server.tls import CERT_FILE, KEY_FILE, generate_self_signed
@@ -28,8 +29,34 @@ from epp.server.transport import Tls
 PROCESS = f"/{SERVICE_NAME}/Process"
 
 
+class EchoSession:
+    """Stands in for ``extproc.Session``: echoes raw messages, synchronously unless held."""
+
+    def __init__(self, servicer: EchoServicer) -> None:
+        self._servicer = servicer
+        self.finished = False
+
+    def handle(self, msg: bytes) -> list[bytes] | Awaitable[list[bytes]]:
+        self._servicer.started.set()
+        if msg == b"boom":
+            raise RuntimeError("boom")
+        if msg == b"end":
+            self.finished = True
+            return [b"ending"]
+        if not self._servicer.release.is_set():
+            return self._held(msg)
+        return [msg]
+
+    async def _held(self, msg: bytes) -> list[bytes]:
+        await self._servicer.release.wait()
+        return [msg]
+
+    def close(self) -> None:
+        self._servicer.closed.set()
+
+
 class EchoServicer:
-    """Stands in for ExtProcServicer: echoes raw messages; ``b"boom"`` raises; records cleanup."""
+    """Stands in for ExtProcServicer; ``release`` cleared holds messages (the session awaits)."""
 
     def __init__(self) -> None:
         self.closed = asyncio.Event()
@@ -37,16 +64,8 @@ class EchoServicer:
         self.release = asyncio.Event()
         self.release.set()
 
-    async def Process(self, messages: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
-        try:
-            self.started.set()
-            async for msg in messages:
-                await self.release.wait()
-                if msg == b"boom":
-                    raise RuntimeError("boom")
-                yield msg
-        finally:
-            self.closed.set()
+    def open(self) -> EchoSession:
+        return EchoSession(self)
 
 
 @pytest.fixture
@@ -106,6 +125,32 @@ async def test_handler_error_ends_the_call_with_a_status(echo: Any) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await call.read()
         assert e.value.code() == grpc.StatusCode.UNKNOWN
+        assert servicer.closed.is_set()
+
+
+async def test_messages_queued_behind_an_awaiting_one_keep_their_order(echo: Any) -> None:
+    servicer, _, port = echo
+    servicer.release.clear()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = raw_stream(ch)()
+        await call.write(b"first")
+        await servicer.started.wait()
+        for m in (b"second", b"third", b"fourth"):
+            await call.write(m)
+        servicer.release.set()
+        await call.done_writing()
+        assert [m async for m in call] == [b"first", b"second", b"third", b"fourth"]
+        assert servicer.closed.is_set()
+
+
+async def test_a_finished_session_ends_the_call_while_the_client_still_sends(echo: Any) -> None:
+    servicer, _, port = echo
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = raw_stream(ch)()
+        await call.write(b"end")
+        assert await call.read() == b"ending"
+        assert await call.read() is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
         assert servicer.closed.is_set()
 
 
@@ -307,3 +352,73 @@ async def test_a_frame_larger_than_advertised_is_refused(echo: Any) -> None:
     assert frames[-1][0] == h2.GOAWAY
     assert int.from_bytes(frames[-1][3][4:8], "big") == h2.FRAME_SIZE_ERROR
     writer.close()
+
+
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        self.out += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("step", [1, 5, 9, 17, 4096])
+async def test_any_read_boundaries_give_the_same_messages(step: int) -> None:
+    """Frames and messages cut at every kind of read boundary: a message spans three DATA frames."""
+    servicer = EchoServicer()
+    server = H2GrpcServer(servicer)  # type: ignore[arg-type]
+    server.routes[PROCESS.encode()] = (bytes, server.routes[PROCESS.encode()][1])
+    conn = h2connection.Connection(server)
+    transport = RecordingTransport()
+    conn.connection_made(transport)
+    enc = hpack.Encoder()
+    big, small = b"B" * 40_000, b"small"
+    wire = b"".join(b"\x00" + struct.pack(">I", len(m)) + m for m in (big, small))
+    parts = [wire[i : i + h2.MAX_FRAME] for i in range(0, len(wire), h2.MAX_FRAME)]
+    data = h2.PREFACE + frame(h2.SETTINGS, 0, 0)
+    data += frame(h2.HEADERS, h2.END_HEADERS, 1, request_block(enc, PROCESS))
+    for i, part in enumerate(parts):
+        data += frame(h2.DATA, h2.END_STREAM if i == len(parts) - 1 else 0, 1, part)
+    for i in range(0, len(data), step):
+        conn.data_received(data[i : i + step])
+    await asyncio.wait_for(servicer.closed.wait(), 5)  # the call ended: every reply was written
+    await asyncio.sleep(0)  # one loop turn: the coalesced write goes out
+    out = bytes(transport.out)
+    frames, pos = [], 0
+    while pos < len(out):
+        n = int.from_bytes(out[pos : pos + 3], "big")
+        sid = int.from_bytes(out[pos + 5 : pos + 9], "big")
+        frames.append((out[pos + 3], out[pos + 4], sid, out[pos + 9 : pos + 9 + n]))
+        pos += 9 + n
+    body = b"".join(p for k, _, sid, p in frames if k == h2.DATA and sid == 1)
+    assert body == wire  # both echoes, in order; the 40 KB one split into frames the peer accepts
+    assert all(len(p) <= h2.MAX_FRAME for _, _, _, p in frames)
+    last = frames[-1]
+    assert last[0] == h2.HEADERS and last[1] & h2.END_STREAM
+    assert dict(hpack.Decoder().decode(last[3]))["grpc-status"] == "0"
+    conn.connection_lost(None)
+
+
+async def test_cached_header_blocks_follow_the_dynamic_table() -> None:
+    """The same indexed-only bytes mean another header once the table changed: no stale cache hit."""
+    conn = h2connection.Connection(H2GrpcServer(EchoServicer()))  # type: ignore[arg-type]
+    enc = hpack.Encoder()
+    first = enc.encode([(":path", "/a")])  # literal, inserted at dynamic index 62
+    again = enc.encode([(":path", "/a")])
+    assert again == b"\xbe"  # now just "index 62"
+    assert conn._decode_headers(first) == [(b":path", b"/a")]
+    assert conn._decode_headers(again) == [(b":path", b"/a")]
+    assert conn._decode_headers(again) == [(b":path", b"/a")]  # served from the cache
+    conn._decode_headers(enc.encode([(":path", "/b")]))  # inserted: index 62 is /b now
+    assert conn._decode_headers(b"\xbe") == [(b":path", b"/b")]

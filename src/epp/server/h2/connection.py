@@ -5,19 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import hpack
 import structlog
 
+from epp.server.h2.calls import Call
 from epp.server.h2.frames import (
     ACK,
     COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
-    DATA_HEADER,
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
@@ -29,8 +27,6 @@ from epp.server.h2.frames import (
     MAX_FRAME,
     MAX_MESSAGE_BYTES,
     NO_ERROR,
-    OK,
-    OK_TRAILERS,
     PADDED,
     PING,
     PREFACE,
@@ -38,7 +34,6 @@ from epp.server.h2.frames import (
     PROTOCOL_ERROR,
     RECV_WINDOW,
     RESOURCE_EXHAUSTED,
-    RESPONSE_HEADERS,
     RST_STREAM,
     S_INITIAL_WINDOW_SIZE,
     S_MAX_FRAME_SIZE,
@@ -49,11 +44,9 @@ from epp.server.h2.frames import (
     U32,
     UNAVAILABLE,
     UNIMPLEMENTED,
-    UNKNOWN,
     WINDOW_UPDATE,
     ConnectionError_,
     frame,
-    trailers,
     unpad,
 )
 
@@ -61,124 +54,7 @@ if TYPE_CHECKING:
     from epp.server.h2.server import H2GrpcServer
 
 log = structlog.get_logger(__name__)
-
-
-class GrpcError(Exception):
-    """Ends a call with a non-OK grpc-status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class Inbox:
-    """The request messages of one call, as the async iterator a servicer reads."""
-
-    __slots__ = ("_closed", "_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._closed = False
-
-    def __aiter__(self) -> Inbox:
-        return self
-
-    async def __anext__(self) -> Any:
-        while not self._items:
-            if self._closed:
-                raise StopAsyncIteration
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self._items.popleft()
-
-    async def one(self) -> Any:
-        """The single request of a unary call (None if the client sent none)."""
-        async for msg in self:
-            return msg
-        return None
-
-    def put(self, msg: Any) -> None:
-        self._items.append(msg)
-        self._wake()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-        self._waiter = None
-
-
-Handler = Callable[["Call"], Awaitable[None]]
-
-
-class Call:
-    """One HTTP/2 stream carrying one gRPC call."""
-
-    __slots__ = (
-        "_conn",
-        "buf",
-        "decode",
-        "headers_sent",
-        "id",
-        "inbox",
-        "recv_unacked",
-        "send_window",
-        "task",
-        "window_waiter",
-    )
-
-    def __init__(self, conn: Connection, stream_id: int, decode: Callable[[bytes], Any]) -> None:
-        self._conn = conn
-        self.id = stream_id
-        self.decode = decode
-        self.inbox = Inbox()
-        self.buf = bytearray()
-        self.send_window = conn.peer_initial_window
-        self.recv_unacked = 0
-        self.headers_sent = False
-        self.task: asyncio.Task[None] | None = None
-        self.window_waiter: asyncio.Future[None] | None = None
-
-    async def send(self, data: bytes) -> None:
-        """One gRPC message (already serialised), respecting the peer's flow-control windows."""
-        conn = self._conn
-        if not self.headers_sent:
-            self.headers_sent = True
-            conn.write(frame(HEADERS, END_HEADERS, self.id, RESPONSE_HEADERS))
-        n = len(data) + 5
-        if n <= self.send_window and n <= conn.send_window and n <= conn.peer_max_frame:
-            self.send_window -= n
-            conn.send_window -= n
-            conn.write2(DATA_HEADER.pack(n << 8 | DATA, 0, self.id, 0, n - 5), data)
-            return
-        view = memoryview(b"\x00" + U32.pack(n - 5) + data)
-        while view:
-            room = min(self.send_window, conn.send_window, conn.peer_max_frame, len(view))
-            if room <= 0:
-                await conn.wait_window(self)
-                continue
-            self.send_window -= room
-            conn.send_window -= room
-            conn.write(frame(DATA, 0, self.id, bytes(view[:room])))
-            view = view[room:]
-
-    def finish(self, status: int = OK, message: str = "") -> None:
-        """Trailers (or a trailers-only response) ending the stream."""
-        block = OK_TRAILERS if status == OK and not message else trailers(status, message)
-        if not self.headers_sent:
-            self.headers_sent = True
-            block = RESPONSE_HEADERS + block
-        self._conn.write(frame(HEADERS, END_HEADERS | END_STREAM, self.id, block))
+Buffer = bytes | memoryview  # frames are memoryview slices of the read
 
 
 class Connection(asyncio.Protocol):
@@ -190,6 +66,7 @@ class Connection(asyncio.Protocol):
         self._buf = bytearray()
         self._preface = False
         self._decoder = hpack.Decoder()
+        self._header_cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self._calls: dict[int, Call] = {}
         self._last_stream = 0
         self._out: list[bytes] = []
@@ -212,34 +89,38 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.forget(self)
         self._transport = None
-        for call in list(self._calls.values()):
-            if call.task is not None:
-                call.task.cancel()
-        self._calls.clear()
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            self._server.leave()
+            if call.driver is not None:
+                call.driver.cancel()
         self._wake_window_waiters()
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
+        if self._buf:  # the tail of a frame cut by the last read: at most one frame, so bounded
+            data = bytes(self._buf) + data
+            self._buf.clear()
         if not self._preface:
-            if len(buf) < len(PREFACE):
+            if len(data) < len(PREFACE):
+                self._buf += data
                 return
-            if buf[: len(PREFACE)] != PREFACE:
+            if not data.startswith(PREFACE):
                 self._close_with(PROTOCOL_ERROR)
                 return
-            del buf[: len(PREFACE)]
+            data = data[len(PREFACE) :]
             self._preface = True
+        view = memoryview(data)  # frames are sliced out of the read without copying
         pos = 0
-        end = len(buf)
+        end = len(data)
         try:
             while end - pos >= 9:
-                length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+                length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
                 if length > MAX_FRAME:
                     raise ConnectionError_(FRAME_SIZE_ERROR)  # noqa: TRY301 - larger than we advertised
                 if pos + 9 + length > end:
                     break
-                kind, flags, sid = TYPE_FLAGS_ID.unpack_from(buf, pos + 3)
-                payload = bytes(buf[pos + 9 : pos + 9 + length])
+                kind, flags, sid = TYPE_FLAGS_ID.unpack_from(data, pos + 3)
+                payload = view[pos + 9 : pos + 9 + length]
                 pos += 9 + length
                 self._on_frame(kind, flags, sid & 0x7FFFFFFF, payload)
                 if self._transport is None:
@@ -247,9 +128,8 @@ class Connection(asyncio.Protocol):
         except ConnectionError_ as e:
             self._close_with(e.code)
             return
-        finally:
-            if pos:
-                del buf[:pos]
+        if pos < end:
+            self._buf += view[pos:]
         if self._recv_unacked >= RECV_WINDOW // 2:
             self.write(frame(WINDOW_UPDATE, 0, 0, U32.pack(self._recv_unacked)))
             self._recv_unacked = 0
@@ -258,7 +138,7 @@ class Connection(asyncio.Protocol):
         return None
 
     # -- frames -------------------------------------------------------------------------------
-    def _on_frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+    def _on_frame(self, kind: int, flags: int, sid: int, payload: Buffer) -> None:
         if self._continuation is not None and kind != CONTINUATION:
             raise ConnectionError_(PROTOCOL_ERROR)
         if kind == DATA:
@@ -287,16 +167,18 @@ class Connection(asyncio.Protocol):
                 self._on_settings(payload)
         elif kind == PING:
             if not flags & ACK:
-                self.write(frame(PING, ACK, 0, payload))
+                self.write(frame(PING, ACK, 0, bytes(payload)))
         elif kind == RST_STREAM:
             call = self._calls.pop(sid, None)
-            if call is not None and call.task is not None:
-                call.task.cancel()
+            if call is not None:
+                self._server.leave()
+                if call.driver is not None:
+                    call.driver.cancel()
         elif kind == GOAWAY:
             self._goaway_sent = True  # the client stops opening streams; let the open ones finish
         # PRIORITY, PUSH_PROMISE (never sent by clients) and unknown types are ignored (RFC 9113 §4.1)
 
-    def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
+    def _on_data(self, flags: int, sid: int, payload: Buffer) -> None:
         self._recv_unacked += len(payload)
         if flags & PADDED:
             payload = unpad(payload)
@@ -308,37 +190,84 @@ class Connection(asyncio.Protocol):
             self.write(frame(WINDOW_UPDATE, 0, sid, U32.pack(call.recv_unacked)))
             call.recv_unacked = 0
         buf = call.buf
-        buf += payload
-        while len(buf) >= 5:
-            n = U32.unpack_from(buf, 1)[0]
-            if buf[0] != 0:
+        if buf:  # a message spread over frames: gather it (amortised appends)
+            buf += payload
+            data: Buffer = bytes(buf)
+            buf.clear()
+        else:
+            data = payload  # the common case: whole messages in this frame, decoded in place
+        pos = self._messages(call, data)
+        if pos < 0:
+            return  # the call ended (an error, or a reply that finished it)
+        if pos < len(data):
+            buf += data[pos:]
+        if flags & END_STREAM:
+            call.half_closed = True
+            call.driver.on_end_stream()  # type: ignore[union-attr]
+
+    def _messages(self, call: Call, data: Buffer) -> int:
+        """Decode and deliver the whole gRPC messages in ``data``; how far it got, or -1 when the
+        call is over."""
+        pos, end = 0, len(data)
+        decode, driver, calls = call.decode, call.driver, self._calls
+        assert driver is not None
+        while end - pos >= 5:
+            if data[pos] != 0:
                 self._fail_call(call, UNIMPLEMENTED, "compressed messages are not supported")
-                return
+                return -1
+            n = U32.unpack_from(data, pos + 1)[0]
             if n > MAX_MESSAGE_BYTES:
                 self._fail_call(call, RESOURCE_EXHAUSTED, f"message of {n} bytes exceeds the limit")
-                return
-            if len(buf) < 5 + n:
+                return -1
+            if end - pos - 5 < n:
                 break
-            data = bytes(buf[5 : 5 + n])
-            del buf[: 5 + n]
             try:
-                msg = call.decode(data)
+                msg = decode(data[pos + 5 : pos + 5 + n])
             except Exception:
                 self._fail_call(call, INTERNAL, "could not parse the request message")
-                return
-            call.inbox.put(msg)
-        if flags & END_STREAM:
-            call.inbox.close()
+                return -1
+            pos += 5 + n
+            driver.on_message(msg)
+            if call.id not in calls:
+                return -1
+        return pos
 
-    def _on_headers(self, sid: int, flags: int, block: bytes) -> None:
+    def _decode_headers(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """HPACK-decode ``block``, from a cache while the dynamic table stays as it was.
+
+        A proxy opens every ext_proc stream with the same headers; Envoy sends them as the
+        same bytes each time (indexed fields and literals without indexing), which leave
+        the table untouched.  A block's meaning depends only on its bytes and the table, so
+        a decode that did not change the table is cached until one that did; ``hpack`` in
+        pure Python costs tens of µs per block, this is a dict lookup.
+        """
+        cache = self._header_cache
+        headers = cache.get(block)
+        if headers is not None:
+            return headers
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        before = (entries[0] if entries else None, len(entries), table.maxsize)  # holds the front entry
         try:
-            headers = self._decoder.decode(block, raw=True)
+            decoded = [(bytes(k), bytes(v)) for k, v in self._decoder.decode(block, raw=True)]
         except Exception as e:
             raise ConnectionError_(COMPRESSION_ERROR) from e  # the HPACK state is lost
+        front = entries[0] if entries else None
+        if front is before[0] and len(entries) == before[1] and table.maxsize == before[2]:
+            if len(cache) >= 64:
+                cache.clear()
+            cache[block] = decoded
+        else:
+            cache.clear()  # entries moved: cached blocks may mean something else now
+        return decoded
+
+    def _on_headers(self, sid: int, flags: int, block: Buffer) -> None:
+        headers = self._decode_headers(bytes(block))
         call = self._calls.get(sid)
         if call is not None:  # trailers from the client end its half of the stream
             if flags & END_STREAM:
-                call.inbox.close()
+                call.half_closed = True
+                call.driver.on_end_stream()  # type: ignore[union-attr]
             return
         if sid % 2 == 0:
             raise ConnectionError_(PROTOCOL_ERROR)  # clients open odd-numbered streams
@@ -360,46 +289,34 @@ class Connection(asyncio.Protocol):
             if not flags & END_STREAM:
                 self.write(frame(RST_STREAM, 0, sid, U32.pack(NO_ERROR)))
             return
-        decode, handler = route
+        decode, make_driver = route
         call = Call(self, sid, decode)
         self._calls[sid] = call
+        self._server.enter()
+        call.driver = make_driver(call)
         if flags & END_STREAM:
-            call.inbox.close()
-        call.task = self._loop.create_task(self._run(call, handler))
+            call.half_closed = True
+            call.driver.on_end_stream()
 
-    async def _run(self, call: Call, handler: Handler) -> None:
-        server = self._server
-        server.active += 1
-        server.idle.clear()
-        try:
-            await handler(call)
-            status, message = OK, ""
-        except GrpcError as e:
-            status, message = e.status, e.message
-        except asyncio.CancelledError:
-            return  # the client reset the stream or went away: nothing to answer
-        except Exception as e:
-            log.exception("grpc_handler_crashed", error=repr(e))
-            status, message = UNKNOWN, "internal error"
-        finally:
-            server.active -= 1
-            if server.active == 0:
-                server.idle.set()
-        if self._calls.pop(call.id, None) is not None and self._transport is not None:
-            call.finish(status, message)
-            if not call.inbox.closed:  # the client may stop sending: nobody reads it any more
-                self.write(frame(RST_STREAM, 0, call.id, U32.pack(NO_ERROR)))
-            if self._goaway_sent and not self._calls:
-                self._half_close()
+    def end_call(self, call: Call, status: int, message: str = "") -> None:
+        """Trailers for ``call``, once; a client still sending is told to stop (RST_STREAM)."""
+        if self._calls.pop(call.id, None) is None:
+            return
+        self._server.leave()
+        if self._transport is None:
+            return
+        call.finish(status, message)
+        if not call.half_closed:  # nobody reads the rest of the request any more
+            self.write(frame(RST_STREAM, 0, call.id, U32.pack(NO_ERROR)))
+        if self._goaway_sent and not self._calls:
+            self._half_close()
 
     def _fail_call(self, call: Call, status: int, message: str) -> None:
-        self._calls.pop(call.id, None)
-        if call.task is not None:
-            call.task.cancel()
-        call.finish(status, message)
-        self.write(frame(RST_STREAM, 0, call.id, U32.pack(NO_ERROR)))
+        if call.driver is not None:
+            call.driver.cancel()
+        self.end_call(call, status, message)
 
-    def _on_window_update(self, sid: int, payload: bytes) -> None:
+    def _on_window_update(self, sid: int, payload: Buffer) -> None:
         if len(payload) != 4:
             raise ConnectionError_(FRAME_SIZE_ERROR)
         inc = U32.unpack(payload)[0] & 0x7FFFFFFF
@@ -412,7 +329,7 @@ class Connection(asyncio.Protocol):
             call.send_window += inc
         self._wake_window_waiters()
 
-    def _on_settings(self, payload: bytes) -> None:
+    def _on_settings(self, payload: Buffer) -> None:
         if len(payload) % 6:
             raise ConnectionError_(FRAME_SIZE_ERROR)
         for off in range(0, len(payload), 6):
@@ -452,7 +369,7 @@ class Connection(asyncio.Protocol):
         if self._transport is not None and out:
             self._transport.write(b"".join(out))
 
-    async def wait_window(self, call: Call) -> None:
+    async def wait_window(self) -> None:
         if self._transport is None:
             raise asyncio.CancelledError
         waiter = self._loop.create_future()
@@ -497,4 +414,4 @@ class Connection(asyncio.Protocol):
 
 
 def _no_decode(data: bytes) -> None:
-    return None
+    return None  # a call refused at its headers reads nothing

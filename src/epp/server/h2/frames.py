@@ -86,7 +86,7 @@ class ConnectionError_(Exception):
         self.code = code
 
 
-def unpad(payload: bytes) -> bytes:
+def unpad(payload: bytes | memoryview) -> bytes | memoryview:
     if not payload:
         raise ConnectionError_(PROTOCOL_ERROR)
     pad = payload[0]

@@ -7,6 +7,7 @@ import contextlib
 import ssl
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -16,7 +17,8 @@ from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.errors import ConfigError
 from epp.server import responses as r
 from epp.server.extproc import SERVICE_NAME, ExtProcServicer
-from epp.server.h2.connection import Call, Connection, GrpcError, Handler
+from epp.server.h2.calls import Call, Driver, GrpcError, Inbox, SessionDriver, TaskDriver
+from epp.server.h2.connection import Connection
 from epp.server.h2.frames import UNIMPLEMENTED
 from epp.server.health import HealthServicer
 from epp.server.tls import RELOAD_DEBOUNCE, load_into, load_key_pair, signature, ssl_context
@@ -29,15 +31,15 @@ class H2GrpcServer:
 
     def __init__(self, servicer: ExtProcServicer, health: HealthServicer | None = None) -> None:
         self._servicer = servicer
-        self.routes: dict[bytes, tuple[Callable[[bytes], Any], Handler]] = {
-            f"/{SERVICE_NAME}/Process".encode(): (pb.ProcessingRequest.FromString, self._process),
+        self.routes: dict[bytes, tuple[Callable[[bytes], Any], Callable[[Call], Driver]]] = {
+            f"/{SERVICE_NAME}/Process".encode(): (pb.ProcessingRequest.FromString, self._session),
         }
         if health is not None:
             self._health = health
             check, listing = health_pb2.HealthCheckRequest.FromString, health_pb2.HealthListRequest.FromString
-            self.routes[b"/grpc.health.v1.Health/Check"] = (check, self._check)
-            self.routes[b"/grpc.health.v1.Health/List"] = (listing, self._list)
-            self.routes[b"/grpc.health.v1.Health/Watch"] = (check, _watch)
+            self.routes[b"/grpc.health.v1.Health/Check"] = (check, partial(TaskDriver, handler=self._check))
+            self.routes[b"/grpc.health.v1.Health/List"] = (listing, partial(TaskDriver, handler=self._list))
+            self.routes[b"/grpc.health.v1.Health/Watch"] = (check, partial(TaskDriver, handler=_watch))
         self.connections: set[Connection] = set()
         self.active = 0
         self.idle = asyncio.Event()
@@ -47,25 +49,31 @@ class H2GrpcServer:
         self._all_closed: asyncio.Future[None] | None = None
         self._reload: asyncio.Task[None] | None = None
 
+    def enter(self) -> None:
+        self.active += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.idle.set()
+
     def forget(self, conn: Connection) -> None:
         self.connections.discard(conn)
         if not self.connections and self._all_closed is not None and not self._all_closed.done():
             self._all_closed.set_result(None)
 
-    async def _process(self, call: Call) -> None:
-        send = call.send
-        serialize = r.serialize
-        async for reply in self._servicer.Process(call.inbox, None):
-            await send(serialize(reply))
+    def _session(self, call: Call) -> Driver:
+        return SessionDriver(call, self._servicer.open(), r.serialize)
 
-    async def _check(self, call: Call) -> None:
-        req = await call.inbox.one()
+    async def _check(self, call: Call, inbox: Inbox) -> None:
+        req = await inbox.one()
         service = req.service if req is not None else ""
         resp = health_pb2.HealthCheckResponse(status=self._health.status(service))
         await call.send(resp.SerializeToString())
 
-    async def _list(self, call: Call) -> None:
-        await call.inbox.one()
+    async def _list(self, call: Call, inbox: Inbox) -> None:
+        await inbox.one()
         resp = await self._health.List(health_pb2.HealthListRequest(), None)
         await call.send(resp.SerializeToString())
 
@@ -104,7 +112,7 @@ class H2GrpcServer:
             await self._server.wait_closed()
 
 
-async def _watch(call: Call) -> None:
+async def _watch(call: Call, inbox: Inbox) -> None:
     raise GrpcError(UNIMPLEMENTED, "Watch is not implemented")
 
 
