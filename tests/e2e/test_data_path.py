@@ -146,6 +146,22 @@ async def test_metrics_endpoint_serves_gie_series(stack: Stack) -> None:
     )
 
 
+@pytest.mark.parametrize("transport", ["h2", "grpcio"])
+async def test_tls_between_envoy_and_the_epp(tmp_path: pathlib.Path, transport: str) -> None:
+    """GIE's default: --secure-serving with a self-signed certificate, Envoy speaking TLS (ALPN h2)."""
+    args = ["--secure-serving=true", f"--ext-proc-transport={transport}"]
+    async with make_stack(tmp_path, epp_args=args, envoy={"ext_proc_tls": True}) as s:
+        assert '"secure_serving":true' in s.epp.log_tail()  # the later flag won; SERVING only once listening
+        for _ in range(3):
+            assert_served_by_choice(
+                await s.post("/v1/completions", {"model": MODEL, "prompt": "tls", "max_tokens": 3})
+            )
+        body = {"model": MODEL, "prompt": "s", "max_tokens": 5, "stream": True}
+        async with s.http.post(s.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+            assert (await r.text()).rstrip().endswith("data: [DONE]")
+
+
 async def test_grpclib_transport_serves_the_same_contract(tmp_path: pathlib.Path) -> None:
     """--ext-proc-transport=grpclib: routing, streaming and GIE errors behave as on grpc.aio."""
     async with make_stack(tmp_path, epp_args=["--ext-proc-transport=grpclib", "--health-checking"]) as s:

@@ -50,6 +50,7 @@ class App:
     admission: AdmissionController
     tracing: Tracing
     watched: list[WatchedFile[Any]] = field(default_factory=list)
+    serving: bool = False  # the ext_proc port is listening (TLS set up)
     draining: bool = False
 
 
@@ -160,7 +161,12 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
     def ready() -> bool:
         ds = app.datastore
         protocol = ds.pool.app_protocol if ds.pool else "http"
-        return ds.pool_synced and not app.draining and parser_supports(app.components.parser, protocol)
+        return (
+            app.serving
+            and ds.pool_synced
+            and not app.draining
+            and parser_supports(app.components.parser, protocol)
+        )
 
     health_servicer = health.HealthServicer(ready, leader_election=opts.ha_enable_leader_election)
     async with contextlib.AsyncExitStack() as stack:
@@ -207,6 +213,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         )
         tls = Tls(opts.cert_path, opts.enable_cert_reload) if opts.secure_serving else None
         grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls)
+        app.serving = True  # only now may probes say SERVING: a self-signed key takes seconds
         log.info(
             "epp_started",
             version=__version__,

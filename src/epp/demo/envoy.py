@@ -58,7 +58,19 @@ class EnvoyConfig:
     upstream_http2: bool = False  # h2c to model servers (vLLM's gRPC engine API)
     buffer_limit_bytes: int = 32768  # per-connection buffer (GIE's value); BUFFERED mode needs bodies to fit
     access_log: str = "/dev/null"
+    ext_proc_tls: bool = False  # TLS to the EPP (its --secure-serving, GIE's default); not verified
     extra_ext_proc: dict[str, Any] = field(default_factory=dict)
+
+
+_TLS_TO_EPP: dict[str, Any] = {
+    "transport_socket": {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"alpn_protocols": ["h2"]},
+        },
+    }
+}
 
 
 def render(cfg: EnvoyConfig) -> dict[str, Any]:
@@ -145,6 +157,7 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                     }
                 },
                 "load_assignment": _assignment("ext_proc", [f"127.0.0.1:{cfg.ext_proc_port}"]),
+                **(_TLS_TO_EPP if cfg.ext_proc_tls else {}),
             }
         )
     if cfg.upstreams:
