@@ -837,7 +837,7 @@ def findings(res: dict[str, dict[str, Any] | None]) -> list[str]:
                 out.append(
                     f"- **Top Python costs, routing workload** ({c['router']}, {c['rate']:g} req/s): "
                     f"{_top_own(c['profile'])}; {loop:.0%} of the busy samples are native code under the "
-                    "event loop and grpc's threads (transport, protobuf)."
+                    "event loop (syscalls, uvloop, protobuf)."
                 )
     o = res.get("overhead")
     if o:
@@ -882,8 +882,8 @@ def findings(res: dict[str, dict[str, Any] | None]) -> list[str]:
             out.append(
                 f"- **Streaming**: a response chunk costs the EPP {f(fd['extproc_us_per_chunk'], 0)} µs "
                 f"with a body plugin, the grpc.aio no-op floor {f(fl['extproc_us_per_chunk'], 0)} µs: "
-                "most of a chunk's cost is the message round trip (frame parsing, protobuf, waking the "
-                "stream's task, the reply), not the EPP's chunk handling. With Envoy's buffered/streamed "
+                "most of a chunk's cost is the message round trip (frame parsing, protobuf, the reply "
+                "and its write), not the EPP's chunk handling. With Envoy's buffered/streamed "
                 f"modes and nothing needing bodies, the EPP received "
                 f"{f(skip.get('extproc_msgs_per_event'), 3)} messages per streamed event."
             )
@@ -923,11 +923,11 @@ def suggestions(res: dict[str, dict[str, Any] | None]) -> list[str]:
     floor = (cap.get("floor", {}).get("cpu_us_per_req") or {}).get("extproc")
     if epp and floor and floor >= epp:
         out.append(
-            "- *Suggests*: with the transport no longer dominant, the remaining cost per message is "
-            "spread over frame parsing, protobuf decoding, waking each stream's task and the servicer's "
-            "async generator (profile above): a synchronous path for response chunks (no task switch "
-            "when the stream is idle) is the next per-chunk factor; beyond one core, several EPP "
-            "processes behind one Service."
+            "- *Suggests*: with the transport no longer dominant, the remaining cost per request is "
+            "spread thin (profile above): write syscalls, protobuf access to Envoy's header maps "
+            "(`headers_to_dict`), the prefix index, the director. Fewer writes per request (Envoy "
+            "answers each message separately) and decoding header maps from the wire bytes are the "
+            "next factors; beyond one core, several EPP processes behind one Service."
         )
     elif epp and floor and floor / epp >= 0.5:
         out.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import time
 from collections.abc import Mapping
@@ -214,6 +215,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         tls = Tls(opts.cert_path, opts.enable_cert_reload) if opts.secure_serving else None
         grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls)
         app.serving = True  # only now may probes say SERVING: a self-signed key takes seconds
+        tune_gc()
         log.info(
             "epp_started",
             version=__version__,
@@ -234,3 +236,19 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))
     await asyncio.to_thread(app.tracing.shutdown)
     return 0
+
+
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Once started: freeze what startup built and collect the young generation less often.
+
+    The cyclic collector scanned ~10% of the EPP's CPU under load (py-spy, native frames):
+    every 700 container allocations a gen-0 pass, and gen-2 passes over the config, plugins,
+    stubs and modules that live as long as the process.  Requests make almost no cycles, so
+    freezing the startup heap and a larger gen-0 threshold cost little memory.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
