@@ -411,7 +411,8 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
         out += [
             "Profiles of the EPP under this load (default config, open loop). Python frames are sampled "
             "without pausing the process; there, self time in `Runner.run` or `Thread.run` is native code "
-            "running under those frames (uvloop's loop, grpc's C core and its poller thread, protobuf). The "
+            "running under those frames (uvloop's loop, syscalls, protobuf; with "
+            "--ext-proc-transport=grpcio also grpc's C core). The "
             "native profile (py-spy `--native`, which pauses the process per sample) splits that time by C "
             "function and syscall; waits (`epoll_wait`, futexes) are left out of its shares.",
             "",

@@ -422,3 +422,15 @@ async def test_cached_header_blocks_follow_the_dynamic_table() -> None:
     assert conn._decode_headers(again) == [(b":path", b"/a")]  # served from the cache
     conn._decode_headers(enc.encode([(":path", "/b")]))  # inserted: index 62 is /b now
     assert conn._decode_headers(b"\xbe") == [(b":path", b"/b")]
+
+
+async def test_an_endless_continuation_chain_is_cut_off(echo: Any) -> None:
+    _, _, port = echo
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(h2.PREFACE + frame(h2.SETTINGS, 0, 0) + frame(h2.HEADERS, 0, 1, b"\x82"))
+    for _ in range(6):  # 6 x 16 KB > 64 KB of header block, never END_HEADERS
+        writer.write(frame(h2.CONTINUATION, 0, 1, b"\x82" * h2.MAX_FRAME))
+    frames = await read_frames(reader, 0)
+    assert frames[-1][0] == h2.GOAWAY
+    assert int.from_bytes(frames[-1][3][4:8], "big") == h2.PROTOCOL_ERROR
+    writer.close()

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from epp.server.h2.server import H2GrpcServer
 
 log = structlog.get_logger(__name__)
+MAX_HEADER_BLOCK = 64 << 10  # bytes of one header block across CONTINUATION frames
 Buffer = bytes | memoryview  # frames are memoryview slices of the read
 
 
@@ -156,6 +157,8 @@ class Connection(asyncio.Protocol):
             if self._continuation is None or self._continuation[0] != sid:
                 raise ConnectionError_(PROTOCOL_ERROR)
             self._continuation[2].extend(payload)
+            if len(self._continuation[2]) > MAX_HEADER_BLOCK:
+                raise ConnectionError_(PROTOCOL_ERROR)  # an endless CONTINUATION chain
             if flags & END_HEADERS:
                 sid, first_flags, block = self._continuation
                 self._continuation = None
