@@ -35,6 +35,7 @@ class EchoSession:
     def __init__(self, servicer: EchoServicer) -> None:
         self._servicer = servicer
         self.finished = False
+        self._open = True
 
     def handle(self, msg: bytes) -> list[bytes] | Awaitable[list[bytes]]:
         self._servicer.started.set()
@@ -52,6 +53,9 @@ class EchoSession:
         return [msg]
 
     def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._servicer.open_sessions -= 1
         self._servicer.closed.set()
 
 
@@ -63,9 +67,16 @@ class EchoServicer:
         self.started = asyncio.Event()
         self.release = asyncio.Event()
         self.release.set()
+        self.open_sessions = 0
 
     def open(self) -> EchoSession:
+        self.open_sessions += 1
         return EchoSession(self)
+
+    async def wait_idle(self) -> None:
+        while self.open_sessions:
+            self.closed.clear()
+            await self.closed.wait()
 
 
 @pytest.fixture

@@ -148,7 +148,7 @@ class CertReloader:
         debounce: float = RELOAD_DEBOUNCE,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._dir = cert_path
+        self._dir = self.path = cert_path
         self._debounce = debounce
         self._now = wall_clock
         self._lock = threading.Lock()
@@ -157,10 +157,23 @@ class CertReloader:
         self.initial = grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)])
 
     def _signature(self) -> _Signature | None:
-        return signature(self._dir)  # None mid-swap: try again at the next handshake
+        try:
+            crt = os.stat(os.path.join(self._dir, CERT_FILE))
+            key = os.stat(os.path.join(self._dir, KEY_FILE))
+        except OSError:
+            return None  # mid-swap; try again at the next handshake
+        return (crt.st_mtime_ns, crt.st_size, crt.st_ino), (key.st_mtime_ns, key.st_size, key.st_ino)
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """A new ``ServerCertificateConfiguration`` when the files changed, else None (keep serving)."""
+        pair = self.changed_pair()
+        if pair is None:
+            return None
+        cert_pem, key_pem = pair
+        return grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)])
+
+    def changed_pair(self) -> tuple[bytes, bytes] | None:
+        """The new (cert, key) PEM pair once the files changed and settled and it is valid, else None."""
         sig = self._signature()
         if sig is None or sig == self._seen:
             return None
@@ -172,12 +185,12 @@ class CertReloader:
                 return None
             self._seen = sig
             try:
-                cert_pem, key_pem = load_key_pair(self._dir)
+                pair = load_key_pair(self._dir)
             except ConfigError as e:
                 failure = str(e)
             else:
                 log.info("tls_certificate_reloaded", path=self._dir)
-                return grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)])
+                return pair
         log.error("tls_certificate_reload_failed", path=self._dir, error=failure)
         return None
 
@@ -210,13 +223,3 @@ def load_into(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
         key.touch(mode=0o600)
         key.write_bytes(key_pem)
         ctx.load_cert_chain(crt, key)
-
-
-def signature(cert_path: str) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
-    """(mtime_ns, size, inode) of tls.crt and tls.key; None while either is missing."""
-    try:
-        crt = os.stat(os.path.join(cert_path, CERT_FILE))
-        key = os.stat(os.path.join(cert_path, KEY_FILE))
-    except OSError:
-        return None
-    return (crt.st_mtime_ns, crt.st_size, crt.st_ino), (key.st_mtime_ns, key.st_size, key.st_ino)

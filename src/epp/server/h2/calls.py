@@ -77,9 +77,7 @@ class Call:
         n = len(data) + 5
         if n > self.send_window or n > conn.send_window or n > conn.peer_max_frame:
             return False
-        if not self.headers_sent:
-            self.headers_sent = True
-            conn.write(frame(HEADERS, END_HEADERS, self.id, RESPONSE_HEADERS))
+        self._open_response()
         self.send_window -= n
         conn.send_window -= n
         conn.write2(DATA_HEADER.pack(n << 8 | DATA, 0, self.id, 0, n - 5), data)
@@ -90,9 +88,7 @@ class Call:
         if self.send_nowait(data):
             return
         conn = self.conn
-        if not self.headers_sent:
-            self.headers_sent = True
-            conn.write(frame(HEADERS, END_HEADERS, self.id, RESPONSE_HEADERS))
+        self._open_response()
         view = memoryview(b"\x00" + U32.pack(len(data)) + data)
         while view:
             room = min(self.send_window, conn.send_window, conn.peer_max_frame, len(view))
@@ -103,6 +99,12 @@ class Call:
             conn.send_window -= room
             conn.write(frame(DATA, 0, self.id, bytes(view[:room])))
             view = view[room:]
+
+    def _open_response(self) -> None:
+        """Response headers, once, before the first message."""
+        if not self.headers_sent:
+            self.headers_sent = True
+            self.conn.write(frame(HEADERS, END_HEADERS, self.id, RESPONSE_HEADERS))
 
     def finish(self, status: int = OK, message: str = "") -> None:
         """Trailers (or a trailers-only response) ending the stream."""
@@ -203,18 +205,17 @@ class Session(Protocol):
 class SessionDriver:
     """An ext_proc session answered from the read callback whenever it can be."""
 
-    __slots__ = ("_busy", "_call", "_pending", "_serialize", "_session", "_task")
+    __slots__ = ("_call", "_pending", "_serialize", "_session", "_task")
 
     def __init__(self, call: Call, session: Session, serialize: Callable[[Any], bytes]) -> None:
         self._call = call
         self._session = session
         self._serialize = serialize
         self._pending: deque[Any] = deque()
-        self._busy = False  # a task owns the call until it has answered everything pending
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # set: it owns the call until nothing is pending
 
     def on_message(self, msg: Any) -> None:
-        if self._busy:
+        if self._task is not None:
             self._pending.append(msg)
             return
         try:
@@ -229,7 +230,7 @@ class SessionDriver:
             self._go_slow(out, None)
 
     def on_end_stream(self) -> None:
-        if not self._busy:
+        if self._task is None:
             self._end(OK)
 
     def cancel(self) -> None:
@@ -247,7 +248,6 @@ class SessionDriver:
             self._end(OK)
 
     def _go_slow(self, pending: Awaitable[list[Any]] | None, replies: list[Any] | None) -> None:
-        self._busy = True
         self._task = asyncio.get_running_loop().create_task(self._slow(pending, replies))
 
     async def _slow(self, pending: Awaitable[list[Any]] | None, replies: list[Any] | None) -> None:
@@ -269,7 +269,6 @@ class SessionDriver:
             self._end(UNKNOWN, "internal error")
             return
         finally:
-            self._busy = False
             self._task = None
         if session.finished or call.half_closed:
             self._end(OK)

@@ -92,7 +92,6 @@ class Connection(asyncio.Protocol):
         self._transport = None
         calls, self._calls = self._calls, {}
         for call in calls.values():
-            self._server.leave()
             if call.driver is not None:
                 call.driver.cancel()
         self._wake_window_waiters()
@@ -173,10 +172,8 @@ class Connection(asyncio.Protocol):
                 self.write(frame(PING, ACK, 0, bytes(payload)))
         elif kind == RST_STREAM:
             call = self._calls.pop(sid, None)
-            if call is not None:
-                self._server.leave()
-                if call.driver is not None:
-                    call.driver.cancel()
+            if call is not None and call.driver is not None:
+                call.driver.cancel()
         elif kind == GOAWAY:
             self._goaway_sent = True  # the client stops opening streams; let the open ones finish
         # PRIORITY, PUSH_PROMISE (never sent by clients) and unknown types are ignored (RFC 9113 §4.1)
@@ -295,7 +292,6 @@ class Connection(asyncio.Protocol):
         decode, make_driver = route
         call = Call(self, sid, decode)
         self._calls[sid] = call
-        self._server.enter()
         call.driver = make_driver(call)
         if flags & END_STREAM:
             call.half_closed = True
@@ -305,7 +301,6 @@ class Connection(asyncio.Protocol):
         """Trailers for ``call``, once; a client still sending is told to stop (RST_STREAM)."""
         if self._calls.pop(call.id, None) is None:
             return
-        self._server.leave()
         if self._transport is None:
             return
         call.finish(status, message)

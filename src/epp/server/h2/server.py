@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -14,14 +13,13 @@ import structlog
 from grpc_health.v1 import health_pb2
 
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from epp.errors import ConfigError
 from epp.server import responses as r
 from epp.server.extproc import SERVICE_NAME, ExtProcServicer
 from epp.server.h2.calls import Call, Driver, GrpcError, Inbox, SessionDriver, TaskDriver
 from epp.server.h2.connection import Connection
 from epp.server.h2.frames import UNIMPLEMENTED
 from epp.server.health import HealthServicer
-from epp.server.tls import RELOAD_DEBOUNCE, load_into, load_key_pair, signature, ssl_context
+from epp.server.tls import CertReloader, load_into, ssl_context
 
 log = structlog.get_logger(__name__)
 
@@ -41,22 +39,10 @@ class H2GrpcServer:
             self.routes[b"/grpc.health.v1.Health/List"] = (listing, partial(TaskDriver, handler=self._list))
             self.routes[b"/grpc.health.v1.Health/Watch"] = (check, partial(TaskDriver, handler=_watch))
         self.connections: set[Connection] = set()
-        self.active = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
         self.stopping = False
         self._server: asyncio.Server | None = None
         self._all_closed: asyncio.Future[None] | None = None
         self._reload: asyncio.Task[None] | None = None
-
-    def enter(self) -> None:
-        self.active += 1
-        self.idle.clear()
-
-    def leave(self) -> None:
-        self.active -= 1
-        if self.active == 0:
-            self.idle.set()
 
     def forget(self, conn: Connection) -> None:
         self.connections.discard(conn)
@@ -82,7 +68,8 @@ class H2GrpcServer:
         if tls is not None:
             ctx = await asyncio.to_thread(ssl_context, tls.cert_path)
             if tls.reload and tls.cert_path:
-                self._reload = asyncio.create_task(_reload_certs(ctx, tls.cert_path))
+                reloader = await asyncio.to_thread(CertReloader, tls.cert_path)
+                self._reload = asyncio.create_task(_reload_certs(ctx, reloader))
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Connection(self), host.strip("[]") or None, port, ssl=ctx, reuse_address=True
@@ -99,7 +86,7 @@ class H2GrpcServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.idle.wait(), grace)
+            await asyncio.wait_for(self._servicer.wait_idle(), grace)  # ext_proc calls; probes need no drain
         if self.connections:  # peers close after reading their last replies; give them a moment
             self._all_closed = loop.create_future()
             with contextlib.suppress(TimeoutError):
@@ -116,23 +103,18 @@ async def _watch(call: Call, inbox: Inbox) -> None:
     raise GrpcError(UNIMPLEMENTED, "Watch is not implemented")
 
 
-async def _reload_certs(ctx: ssl.SSLContext, cert_path: str, interval: float = 1.0) -> None:
-    """``--enable-cert-reload``: once tls.crt/tls.key changed and sat still for the debounce, new
-    handshakes get the new pair; an invalid pair is logged and the current one kept."""
-    seen = signature(cert_path)
+async def _reload_certs(ctx: ssl.SSLContext, reloader: CertReloader, interval: float = 1.0) -> None:
+    """``--enable-cert-reload``: new handshakes get the new pair once ``reloader`` accepts it (changed,
+    settled for the debounce, valid); until then, and after an invalid pair, the current one serves.
+
+    ``ssl`` has no per-handshake hook like grpc's certificate fetcher, so the files are polled.
+    """
     while True:
         await asyncio.sleep(interval)
-        sig = signature(cert_path)
-        if sig is None or sig == seen or time.time() - max(sig[0][0], sig[1][0]) / 1e9 < RELOAD_DEBOUNCE:
+        pair = await asyncio.to_thread(reloader.changed_pair)
+        if pair is None:
             continue
-        seen = sig
-        failure = ""
         try:
-            cert_pem, key_pem = await asyncio.to_thread(load_key_pair, cert_path)
-            await asyncio.to_thread(load_into, ctx, cert_pem, key_pem)
-        except (ConfigError, OSError, ssl.SSLError) as e:
-            failure = str(e)
-        if failure:
-            log.error("tls_certificate_reload_failed", path=cert_path, error=failure)
-        else:
-            log.info("tls_certificate_reloaded", path=cert_path)
+            await asyncio.to_thread(load_into, ctx, *pair)
+        except (OSError, ssl.SSLError) as e:  # the pair was valid; installing it was not
+            log.exception("tls_certificate_reload_failed", path=reloader.path, error=str(e))
