@@ -79,6 +79,15 @@ async def idle_cores(pids: Mapping[str, Mapping[str, int]], seconds: float) -> d
     return {name: {k: round(v / seconds, 4) for k, v in m.stop().items()} for name, m in meters.items()}
 
 
+def sum_cpu(windows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per-process CPU seconds (``cpu_s``) of measurement windows, added up."""
+    cpu: dict[str, float] = {}
+    for w in windows:
+        for k, v in w["cpu_s"].items():
+            cpu[k] = cpu.get(k, 0.0) + v
+    return cpu
+
+
 def rnd(x: float, nd: int = 3) -> float | None:
     """Round for JSON; NaN and infinities become null."""
     if x != x or x in (float("inf"), float("-inf")):

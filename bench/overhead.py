@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from bench.common import log, versions, write_result
+from bench.common import log, sum_cpu, versions, write_result
 from bench.httpload import RunResult, closed_loop, open_loop, post, summarize
 from bench.paths import DIRECT, ENVOY, EPP, FLOOR, PEERS, Lab, Path, available
 from bench.profiling import Profiler
@@ -112,10 +112,7 @@ def _pool(windows: list[dict[str, Any]]) -> dict[str, Any]:
     lat = sorted(x for w in windows for x in w["_lat_ms"])
     ok = sum(w["ok"] for w in windows)
     offered = sum(w["offered"] for w in windows)
-    cpu: dict[str, float] = {}
-    for w in windows:
-        for k, v in w["cpu_s"].items():
-            cpu[k] = cpu.get(k, 0.0) + v
+    cpu = sum_cpu(windows)
     wall = sum(w["wall_s"] for w in windows)
     return {
         "rounds": len(windows),

@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.common import log, versions, write_result
+from bench.common import log, sum_cpu, versions, write_result
 from bench.httpload import closed_loop, summarize
 from bench.overhead import chat_requests
 from bench.paths import SKIPPABLE, Lab, Path, PathSpec, extproc_messages
@@ -88,10 +88,7 @@ async def measure(path: Path, requests: list[bytes], *, concurrency: int, window
 def _merge(ws: list[dict[str, Any]]) -> dict[str, Any]:
     ok = sum(w["ok"] for w in ws)
     wall = sum(w["wall_s"] for w in ws)
-    cpu: dict[str, float] = {}
-    for w in ws:
-        for k, v in w["cpu_s"].items():
-            cpu[k] = cpu.get(k, 0.0) + v
+    cpu = sum_cpu(ws)
     msgs = sum(w["extproc_msgs_sent"] for w in ws)
     events = sum(w["events"] for w in ws)
     return {
