@@ -60,6 +60,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "metrics-endpoint-auth": True,
     "config-file": "",
     "config-text": "",
+    "kubeconfig": "",  # controller-runtime's, registered in GIE's binary too
     # ours
     "endpoints": (),
     "endpoints-file": "",
@@ -69,6 +70,9 @@ GIE_DEFAULTS: dict[str, Any] = {
     "ext-proc-transport": "h2",
     "log-format": "json",
     "bind-address": "",
+    "leader-election-lease-duration": 15.0,
+    "leader-election-renew-deadline": 10.0,
+    "leader-election-retry-period": 2.0,
 }
 
 

@@ -92,6 +92,9 @@ class Options:
     health_checking: bool = False
     grpc_health_port: int = 9003
     ha_enable_leader_election: bool = False
+    leader_election_lease_duration: float = 15.0
+    leader_election_renew_deadline: float = 10.0
+    leader_election_retry_period: float = 2.0
     max_request_body_bytes: int = 64 * 1024 * 1024
     shutdown_grace_period: float = 20.0
     ext_proc_transport: str = "h2"
@@ -99,6 +102,7 @@ class Options:
     pool_name: str = ""
     pool_namespace: str = ""
     pool_group: str = "inference.networking.k8s.io"
+    kubeconfig: str = ""
     endpoint_selector: str = ""
     endpoint_target_ports: tuple[int, ...] = ()
     endpoints: tuple[HostPort, ...] = ()
@@ -346,6 +350,27 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         "Enables leader election for high availability; readiness passes only on the leader.",
     ),
     _Flag(
+        "leader-election-lease-duration",
+        "duration",
+        _SERVER,
+        "How long a leader's lease lasts without renewal before another replica may take it.",
+        new=True,
+    ),
+    _Flag(
+        "leader-election-renew-deadline",
+        "duration",
+        _SERVER,
+        "How long the leader keeps trying to renew its lease before it stops acting as leader.",
+        new=True,
+    ),
+    _Flag(
+        "leader-election-retry-period",
+        "duration",
+        _SERVER,
+        "How often candidates try to acquire, and the leader to renew, the lease.",
+        new=True,
+    ),
+    _Flag(
         "max-request-body-bytes",
         "int",
         _SERVER,
@@ -378,6 +403,13 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         "empty means env NAMESPACE, else 'default'.",
     ),
     _Flag("pool-group", "str", _DISCOVERY, "Kubernetes API group of the InferencePool."),
+    _Flag(
+        "kubeconfig",
+        "str",
+        _DISCOVERY,
+        "Path to a kubeconfig; empty means $KUBECONFIG, then the in-cluster service account, "
+        "then ~/.kube/config.",
+    ),
     _Flag(
         "endpoint-selector",
         "str",
@@ -701,6 +733,22 @@ def _validate_new(opts: Options) -> None:
         raise ConfigError(
             f"invalid value {go_quote(format_go_duration(opts.shutdown_grace_period))} "
             'for "shutdown-grace-period": must not be negative'
+        )
+    if opts.ha_enable_leader_election and not (opts.pool_name or opts.endpoint_selector):
+        raise ConfigError(
+            'flag "ha-enable-leader-election" needs Kubernetes: set "pool-name" or "endpoint-selector" '
+            "(the lease lives in the API server)"
+        )
+    lease, renew, retry = (
+        opts.leader_election_lease_duration,
+        opts.leader_election_renew_deadline,
+        opts.leader_election_retry_period,
+    )
+    if not lease > renew > 1.2 * retry > 0:
+        raise ConfigError(
+            '"leader-election-lease-duration" > "leader-election-renew-deadline" > '
+            f'1.2 x "leader-election-retry-period" > 0 is required, got {format_go_duration(lease)}, '
+            f"{format_go_duration(renew)} and {format_go_duration(retry)}"
         )
     if opts.objectives_file and opts.pool_name:
         raise ConfigError(

@@ -29,7 +29,9 @@ from epp.datastore.static import endpoints_from_pairs, load_endpoints_file
 from epp.datastore.store import Datastore, PoolInfo
 from epp.datastore.watch import WatchedFile
 from epp.director.director import Director, Pipeline
-from epp.errors import ConfigError
+from epp.k8s.cluster import Cluster
+from epp.k8s.discovery import DiscoverySpec
+from epp.k8s.leader import Timings
 from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
 from epp.server import extproc, health
@@ -50,6 +52,8 @@ class App:
     data_layer: DataLayerRuntime
     admission: AdmissionController
     tracing: Tracing
+    env: Mapping[str, str] = field(default_factory=dict)
+    kubernetes: DiscoverySpec | None = None  # pool or standalone mode: what to watch
     watched: list[WatchedFile[Any]] = field(default_factory=list)
     serving: bool = False  # the ext_proc port is listening (TLS set up)
     draining: bool = False
@@ -61,15 +65,29 @@ def _standalone_protocol(components: Components) -> str:
     return "http" if not protocols or "http" in protocols else sorted(protocols)[0]
 
 
+def _kubernetes_spec(options: Options, app_protocol: str) -> DiscoverySpec | None:
+    """What to watch in pool (``--pool-name``) or standalone (``--endpoint-selector``) mode."""
+    if not (options.pool_name or options.endpoint_selector):
+        return None
+    return DiscoverySpec(
+        namespace=options.pool_namespace or "default",
+        pool_name=options.pool_name,
+        pool_group=options.pool_group,
+        selector=dict(options.endpoint_selector_labels),
+        target_ports=options.endpoint_target_ports,
+        standalone_name=options.deployment_name,
+        app_protocol=app_protocol,
+        metrics_port=options.model_server_metrics_port,
+    )
+
+
 def _discovery(options: Options, ds: Datastore, app_protocol: str) -> list[WatchedFile[Any]]:
-    """Fill the datastore from --endpoints / --endpoints-file / --objectives-file."""
-    if options.pool_name or options.endpoint_selector:
-        raise ConfigError(
-            "Kubernetes discovery (--pool-name / --endpoint-selector) is not available in this build yet; "
-            "run without a cluster with --endpoints HOST:PORT[,...] or --endpoints-file PATH"
-        )
+    """Fill the datastore from --endpoints / --endpoints-file / --objectives-file (Kubernetes
+    modes fill it from watches once serving; standalone mode may still take an objectives file)."""
     namespace = options.pool_namespace or "default"
-    ds.pool = PoolInfo(name=options.pool_label, namespace=namespace, app_protocol=app_protocol)
+    kubernetes = bool(options.pool_name or options.endpoint_selector)
+    if not kubernetes:
+        ds.pool = PoolInfo(name=options.pool_label, namespace=namespace, app_protocol=app_protocol)
     watched: list[WatchedFile[Any]] = []
     if options.endpoints:
         ds.replace_all(endpoints_from_pairs([(hp.host, hp.port) for hp in options.endpoints], namespace))
@@ -91,7 +109,7 @@ def _discovery(options: Options, ds: Datastore, app_protocol: str) -> list[Watch
         )
         of.load_now()
         watched.append(of)
-    ds.pool_synced = True
+    ds.pool_synced = not kubernetes
     return watched
 
 
@@ -104,7 +122,8 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
         BuildOptions(metrics=options.build_metrics_flags(MetricsFlags), env=env),
     )
     ds = Datastore()
-    watched = _discovery(options, ds, _standalone_protocol(components))
+    protocol = _standalone_protocol(components)
+    watched = _discovery(options, ds, protocol)
     data_layer = DataLayerRuntime(
         ds, components.data_sources, refresh_interval=options.refresh_metrics_interval
     )
@@ -138,7 +157,28 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
         data_layer=data_layer,
         admission=admission,
         tracing=tracing,
+        env=dict(env),
+        kubernetes=_kubernetes_spec(options, protocol),
         watched=watched,
+    )
+
+
+def _cluster(app: App) -> Cluster | None:
+    opts = app.options
+    if app.kubernetes is None:
+        return None
+    timings = Timings(
+        lease_duration=opts.leader_election_lease_duration,
+        renew_deadline=opts.leader_election_renew_deadline,
+        retry_period=opts.leader_election_retry_period,
+    )
+    return Cluster(
+        app.kubernetes,
+        kubeconfig=opts.kubeconfig,
+        env=app.env,
+        leader_election=timings if opts.ha_enable_leader_election else None,
+        metrics_auth=opts.metrics_endpoint_auth,
+        notification_sources=app.data_layer.k8s_sources,  # type: ignore[arg-type]
     )
 
 
@@ -169,7 +209,14 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             and parser_supports(app.components.parser, protocol)
         )
 
-    health_servicer = health.HealthServicer(ready, leader_election=opts.ha_enable_leader_election)
+    cluster = _cluster(app)
+    if cluster is not None:
+        await cluster.connect()  # a bad kubeconfig fails here, before anything starts
+    health_servicer = health.HealthServicer(
+        ready,
+        leader_election=opts.ha_enable_leader_election,
+        leader=cluster.is_leader if cluster is not None else lambda: True,
+    )
     async with contextlib.AsyncExitStack() as stack:
         for plugin in app.components.lifecycle:
             await plugin.start()
@@ -182,6 +229,9 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         for wf in app.watched:
             await wf.start()
             stack.push_async_callback(wf.stop)
+        if cluster is not None:
+            stack.push_async_callback(cluster.stop)
+            await cluster.start(app.datastore)
         await stack.enter_async_context(
             PoolMetrics(
                 app.datastore,
@@ -190,13 +240,16 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
                 scrape_interval=opts.refresh_metrics_interval,
             )
         )
+        authorize = cluster.authorize if cluster is not None and cluster.authorizer is not None else None
         metrics_server = await stack.enter_async_context(
-            MetricsServer(opts.bind_address, opts.metrics_port, enable_pprof=opts.enable_pprof)
+            MetricsServer(
+                opts.bind_address, opts.metrics_port, enable_pprof=opts.enable_pprof, authorize=authorize
+            )
         )
-        if opts.metrics_endpoint_auth:
+        if opts.metrics_endpoint_auth and authorize is None:
             log.warning(
                 "metrics_auth_unavailable",
-                reason="--metrics-endpoint-auth needs Kubernetes' TokenReview API",
+                reason="--metrics-endpoint-auth needs Kubernetes' TokenReview API (no-Kubernetes mode)",
                 served="without authentication",
             )
 
@@ -231,6 +284,8 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         await stop.wait()
         app.draining = True  # health turns NOT_SERVING so the proxy stops sending new streams
         started = time.monotonic()
+        if cluster is not None:
+            await cluster.release()  # a successor takes the lease while we drain
         log.info("epp_draining", in_flight=servicer.active_streams, grace_seconds=opts.shutdown_grace_period)
         await server.stop(opts.shutdown_grace_period)
         log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))

@@ -8,6 +8,7 @@ import gc
 import io
 import pstats
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -19,6 +20,9 @@ from epp.metrics.series import REGISTRY
 log = structlog.get_logger(__name__)
 
 MAX_PROFILE_SECONDS = 60.0
+
+# (Authorization header, path) -> (HTTP status, reason); 200 lets the request through.
+Authorize = Callable[[str, str], Awaitable[tuple[int, str]]]
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -62,8 +66,22 @@ async def _heap(request: web.Request) -> web.Response:
     return web.Response(text="\n".join(lines) + "\n")
 
 
-def build_app(*, enable_pprof: bool) -> web.Application:
-    app = web.Application()
+def _auth_middleware(authorize: Authorize) -> Any:
+    """Every path on this server (/metrics, /debug/pprof/*) needs an authorised bearer token."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        status, reason = await authorize(request.headers.get("Authorization", ""), request.path)
+        if status != 200:
+            return web.Response(status=status, text=f"{reason}\n")
+        resp: web.StreamResponse = await handler(request)
+        return resp
+
+    return middleware
+
+
+def build_app(*, enable_pprof: bool, authorize: Authorize | None = None) -> web.Application:
+    app = web.Application(middlewares=[_auth_middleware(authorize)] if authorize is not None else [])
     app.router.add_get("/metrics", _metrics)
     if enable_pprof:
         app.router.add_get("/debug/pprof/goroutine", _tasks)
@@ -75,11 +93,13 @@ def build_app(*, enable_pprof: bool) -> web.Application:
 class MetricsServer:
     """``async with MetricsServer(host, port):`` serves /metrics until the block exits."""
 
-    def __init__(self, host: str, port: int, *, enable_pprof: bool = True) -> None:
+    def __init__(
+        self, host: str, port: int, *, enable_pprof: bool = True, authorize: Authorize | None = None
+    ) -> None:
         self._host = host
         self._port = port
         self._pprof = enable_pprof
-        self._app = build_app(enable_pprof=enable_pprof)
+        self._app = build_app(enable_pprof=enable_pprof, authorize=authorize)
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -90,7 +110,9 @@ class MetricsServer:
         await site.start()
         server: Any = site._server  # aiohttp exposes no public accessor for the bound port
         self.port = server.sockets[0].getsockname()[1] if server and server.sockets else self._port
-        log.info("metrics_server_started", port=self.port, pprof=self._pprof)
+        log.info(
+            "metrics_server_started", port=self.port, pprof=self._pprof, auth=bool(self._app.middlewares)
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
