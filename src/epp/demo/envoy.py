@@ -60,6 +60,10 @@ class EnvoyConfig:
     access_log: str = "/dev/null"
     ext_proc_tls: bool = False  # TLS to the EPP (its --secure-serving, GIE's default); not verified
     extra_ext_proc: dict[str, Any] = field(default_factory=dict)
+    # Several EPP replicas: (ext_proc port, health port) each, actively health-checked with the
+    # gRPC health service ``ext_proc_health_service`` (GIE's readiness: only the leader passes).
+    ext_proc_replicas: Sequence[tuple[int, int]] = ()
+    ext_proc_health_service: str = "readiness"
 
 
 _TLS_TO_EPP: dict[str, Any] = {
@@ -158,6 +162,7 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 },
                 "load_assignment": _assignment("ext_proc", [f"127.0.0.1:{cfg.ext_proc_port}"]),
                 **(_TLS_TO_EPP if cfg.ext_proc_tls else {}),
+                **(_health_checked(cfg) if cfg.ext_proc_replicas else {}),
             }
         )
     if cfg.upstreams:
@@ -249,6 +254,36 @@ _H2C: dict[str, Any] = {
         }
     }
 }
+
+
+def _health_checked(cfg: EnvoyConfig) -> dict[str, Any]:
+    """The ext_proc cluster over several EPPs, each probed on its health port every 200 ms.
+
+    When no replica passes (a leader just died, its successor not yet elected), Envoy's panic
+    routing sends to all of them: a hot-standby EPP can route even before it leads.
+    """
+    eps = [
+        {
+            "endpoint": {
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": grpc_port}},
+                "health_check_config": {"port_value": health_port},
+            }
+        }
+        for grpc_port, health_port in cfg.ext_proc_replicas
+    ]
+    return {
+        "load_assignment": {"cluster_name": "ext_proc", "endpoints": [{"lb_endpoints": eps}]},
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": "0.2s",
+                "no_traffic_interval": "0.2s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": cfg.ext_proc_health_service},
+            }
+        ],
+    }
 
 
 def _assignment(name: str, hostports: Sequence[str]) -> dict[str, Any]:

@@ -88,10 +88,14 @@ class LeaderElector:
         self._leader = False
         self.transitions = 0  # times this process became leader
         self.holder = ""  # last holder seen
+        self._released = False  # after release() this process never competes again
 
     @property
     def is_leader(self) -> bool:
         return self._leader and self._clock() - self._renewed_at < self.timings.renew_deadline
+
+    def is_released(self) -> bool:
+        return self._released
 
     def _set_leader(self, value: bool) -> None:
         if value != self._leader:
@@ -104,8 +108,10 @@ class LeaderElector:
 
     async def run(self) -> None:
         period = self.timings.retry_period
-        while True:
+        while not self.is_released():
             ok = await self._try()
+            if self.is_released():
+                return
             now = self._clock()
             if ok:
                 self._renewed_at = now
@@ -189,6 +195,7 @@ class LeaderElector:
 
     async def release(self) -> None:
         """Give the lease up (on SIGTERM) so a successor need not wait for it to expire."""
+        self._released = True
         if not self._leader:
             return
         self._set_leader(False)

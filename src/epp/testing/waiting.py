@@ -1,0 +1,16 @@
+"""Waiting for a condition that the code under test makes true, bounded, without fixed sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+async def until(cond: Callable[[], bool], timeout: float = 10.0, *, what: str = "condition") -> None:
+    """Check ``cond`` every few milliseconds; AssertionError naming ``what`` after ``timeout`` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} not met within {timeout} s")
+        await asyncio.sleep(0.01)
