@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,7 +25,18 @@ async def server() -> AsyncIterator[KubeApiServer]:
 
 @pytest.fixture
 async def api(server: KubeApiServer, tmp_path: Path) -> AsyncIterator[client.ApiClient]:
-    path = server.write_kubeconfig(tmp_path / "kubeconfig")
+    async with connect(server, tmp_path) as api_client:
+        yield api_client
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    server: KubeApiServer, tmp_path: Path, token: str = "admin"
+) -> AsyncIterator[client.ApiClient]:
+    """A client configured the way the EPP configures one: from a kubeconfig file."""
+    path = server.write_kubeconfig(
+        tmp_path / f"kubeconfig-{server.url.rsplit(':', 1)[1]}-{token}", token=token
+    )
     cfg = client.Configuration()
     await config.load_kube_config(config_file=str(path), client_configuration=cfg)
     async with client.ApiClient(cfg) as api_client:

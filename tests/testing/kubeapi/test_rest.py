@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
@@ -10,7 +11,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from epp.testing.kubeapi import AlreadyExists, Conflict, KubeApiServer, NotFound, Resource
 
-from .conftest import pod, pool
+from .conftest import connect, pod, pool
 
 MERGE = "application/merge-patch+json"
 INF, INF_X = "inference.networking.k8s.io", "inference.networking.x-k8s.io"
@@ -169,14 +170,24 @@ async def test_discovery_reports_exactly_the_registered_apis(
     assert exc.value.status == 404
 
 
-async def test_a_cluster_without_the_objective_crds(api: client.ApiClient) -> None:
-    async with KubeApiServer() as bare:
+async def test_a_cluster_without_the_objective_crds(tmp_path: Path) -> None:
+    async with KubeApiServer() as bare, connect(bare, tmp_path) as api:
+        co = client.CustomObjectsApi(api)
+        with pytest.raises(ApiException) as no_crds:
+            await co.get_api_resources(INF, "v1")
+        assert no_crds.value.status == 404
         bare.register_inference_crds(objectives=False)
+        names = {r["name"] for r in (await co.get_api_resources(INF_X, "v1alpha2")).to_dict()["resources"]}
+        assert names == {"inferencepools", "inferencepools/status"}
+        with pytest.raises(ApiException) as missing:
+            await co.list_namespaced_custom_object(INF_X, "v1alpha2", "default", "inferenceobjectives")
+        assert missing.value.status == 404
+
         bare.register(Resource("example.com", "v1", "widgets", "Widget", namespaced=False))
-        assert bare.get("v1", "Namespace", None, "default") is not None
-        kinds = {r.kind for r in bare.registry.resources(INF_X, "v1alpha2")}
-        assert kinds == {"InferencePool"}
-        assert bare.create({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
+        widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+        created = await co.create_cluster_custom_object("example.com", "v1", "widgets", widget)
+        assert "namespace" not in created["metadata"]
+        assert (await co.get_cluster_custom_object("example.com", "v1", "widgets", "w"))["kind"] == "Widget"
 
 
 async def test_label_selectors_follow_the_apiserver_grammar(
