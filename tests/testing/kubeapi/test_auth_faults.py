@@ -44,6 +44,11 @@ async def test_token_review(server: KubeApiServer, api: client.ApiClient) -> Non
     assert known.status.user.groups == ["system:serviceaccounts", "system:authenticated"]
     unknown = await authn.create_token_review({"spec": {"token": "forged"}})
     assert not unknown.status.authenticated
+    with pytest.raises(ApiException) as exc:  # review APIs are create-only
+        await api.call_api(
+            "/apis/authentication.k8s.io/v1/tokenreviews", "GET", auth_settings=["BearerToken"]
+        )
+    assert exc.value.status == 405
 
 
 async def test_subject_access_review(server: KubeApiServer, api: client.ApiClient) -> None:

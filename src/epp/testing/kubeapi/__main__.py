@@ -26,7 +26,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--namespace", default="default", help="the kubeconfig context's namespace")
     p.add_argument("--inference-crds", action="store_true", help="serve GIE's InferencePool/Objective CRDs")
     p.add_argument("--no-objectives", action="store_true", help="with --inference-crds: only InferencePool")
-    p.add_argument("--bookmark-interval", type=float, default=60.0)
+    p.add_argument("--bookmark-interval", type=float, default=1.0)
     p.add_argument("--seed", type=Path, action="append", default=[], help="YAML file of objects to create")
     return p.parse_args(argv)
 

@@ -27,6 +27,8 @@ from .watch import WatchParams, WatchStream
 
 NAMESPACES = ("", "v1", "namespaces")
 PODS = ("", "v1", "pods")
+COLLECTION_VERBS = {"GET": "list", "POST": "create", "DELETE": "deletecollection"}
+ITEM_VERBS = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 StreamHook = Callable[[WatchStream, web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -100,7 +102,9 @@ class RestApi:
         return Target(resource, namespace, name, sub, watch)
 
     async def _collection(self, request: web.Request, t: Target) -> web.StreamResponse:
-        if request.method == "GET" and (t.watch or _flag(request.query.get("watch"))):
+        watching = t.watch or _flag(request.query.get("watch"))
+        _permit(t.resource, COLLECTION_VERBS.get(request.method, ""), watching)
+        if request.method == "GET" and watching:
             return await self._watch(request, t)
         if request.method == "GET":
             return json_response(self._list(request, t))
@@ -116,6 +120,7 @@ class RestApi:
     async def _item(self, request: web.Request, t: Target) -> web.StreamResponse:
         assert t.name is not None
         namespace = t.namespace or ""
+        _permit(t.resource, ITEM_VERBS.get(request.method, ""), t.watch)
         if request.method == "GET" and t.watch:
             return await self._watch(request, t)
         if request.method == "GET":
@@ -252,6 +257,14 @@ async def _body(request: web.Request, kind: type) -> Any:
     if not isinstance(body, kind):
         raise ApiError(400, f"the request body must be a JSON {kind.__name__}")
     return body
+
+
+def _permit(resource: Resource, verb: str, watching: bool) -> None:
+    """405 for a verb the resource does not serve (listing TokenReviews, say)."""
+    if (("watch" if watching else verb) or "none") not in resource.verbs:
+        raise ApiError(
+            405, f"the server does not allow this method on the requested resource ({resource.plural})"
+        )
 
 
 def _flag(value: str | None) -> bool:

@@ -62,7 +62,7 @@ class _Watches:
 class KubeApiServer:
     """A Kubernetes apiserver speaking the real REST and watch protocol on 127.0.0.1."""
 
-    def __init__(self, *, bookmark_interval: float = 60.0, history: int = 10_000) -> None:
+    def __init__(self, *, bookmark_interval: float = 1.0, history: int = 10_000) -> None:
         self.registry = Registry()
         self.store = ObjectStore(history)
         self.auth = Auth()
@@ -148,6 +148,8 @@ class KubeApiServer:
     def create(self, obj: Obj) -> Obj:
         """Create ``obj`` by apiVersion/kind; its namespace defaults to ``default``, created if missing."""
         resource = self.registry.by_kind(obj["apiVersion"], obj["kind"])
+        if resource.virtual:
+            raise ValueError(f"{resource.kind} is a review API; it stores no objects")
         obj = copy.deepcopy(obj)
         if resource.namespaced:
             namespace = obj.setdefault("metadata", {}).setdefault("namespace", "default")
