@@ -248,6 +248,11 @@ async def test_pagination_with_limit_and_continue(server: KubeApiServer, api: cl
     assert first.metadata.remaining_item_count == 3
     rest = await core.list_namespaced_pod("default", limit=10, _continue=first.metadata._continue)
     assert [p.metadata.name for p in rest.items] == ["p2", "p3", "p4"] and not rest.metadata._continue
+    server.create(pod("later"))
+    server.compact()  # the token's resourceVersion is now older than the compaction point
+    with pytest.raises(ApiException) as exc:
+        await core.list_namespaced_pod("default", limit=2, _continue=first.metadata._continue)
+    assert exc.value.status == 410
 
 
 def test_python_api_raises_like_the_server() -> None:

@@ -102,7 +102,7 @@ class RestApi:
         return Target(resource, namespace, name, sub, watch)
 
     async def _collection(self, request: web.Request, t: Target) -> web.StreamResponse:
-        watching = t.watch or _flag(request.query.get("watch"))
+        watching = request.method == "GET" and (t.watch or _flag(request.query.get("watch")))
         _permit(t.resource, COLLECTION_VERBS.get(request.method, ""), watching)
         if request.method == "GET" and watching:
             return await self._watch(request, t)
@@ -120,8 +120,9 @@ class RestApi:
     async def _item(self, request: web.Request, t: Target) -> web.StreamResponse:
         assert t.name is not None
         namespace = t.namespace or ""
-        _permit(t.resource, ITEM_VERBS.get(request.method, ""), t.watch)
-        if request.method == "GET" and t.watch:
+        watching = request.method == "GET" and t.watch
+        _permit(t.resource, ITEM_VERBS.get(request.method, ""), watching)
+        if watching:
             return await self._watch(request, t)
         if request.method == "GET":
             obj = self.store.get(t.resource, namespace, t.name)
@@ -214,9 +215,19 @@ class RestApi:
         items, rv = self._select(request, t), self.store.rv
         start, token_rv = _continue(request.query.get("continue", ""))
         if token_rv is not None:
+            if token_rv < self.store.oldest:
+                raise ApiError(
+                    410,
+                    "The provided continue parameter is too old to display a consistent list result. You "
+                    "can start a new list without the continue parameter.",
+                    "Expired",
+                )
             rv = token_rv
             items = [o for o in items if _key(o) > start]
-        limit = int(request.query.get("limit", "0") or 0)
+        try:
+            limit = int(request.query.get("limit", "0") or 0)
+        except ValueError:
+            raise ApiError(400, f"invalid limit {request.query['limit']!r}") from None
         body = self._list_body(t.resource, items[:limit] if limit > 0 else items, rv)
         if 0 < limit < len(items):
             last = _key(items[limit - 1])

@@ -21,7 +21,7 @@ from . import patch as patching
 from .auth import MASTERS, Auth, Rule, UserInfo
 from .handlers import RestApi, json_response
 from .resources import Registry, Resource, inference_crds
-from .status import ApiError, NotFound
+from .status import ApiError, NotFound, failure
 from .store import Obj, ObjectStore
 from .watch import WatchStream
 
@@ -273,6 +273,8 @@ class KubeApiServer:
             return await handler(request)
         except ApiError as exc:
             return json_response(exc.status(), exc.code)
+        except Exception as exc:  # a bug in the fake still answers with a Status the client can parse
+            return json_response(failure(500, f"fake apiserver error: {exc!r}"), 500)
 
     def _gate(self, path_qs: str, user: UserInfo | None) -> None:
         """Outage first, then injected faults, then authentication: the order a test expects to observe."""
