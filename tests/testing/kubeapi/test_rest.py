@@ -275,3 +275,10 @@ def test_python_api_raises_like_the_server() -> None:
         srv.delete("v1", "Pod", "default", "p")
     srv.create(pod("q", namespace="fresh"))  # the namespace appears on demand
     assert srv.get("v1", "Namespace", None, "fresh") is not None
+
+
+async def test_health_endpoints(server: KubeApiServer, api: client.ApiClient) -> None:
+    for path in ("/healthz", "/livez", "/readyz"):
+        resp = await api.call_api(path, "GET", auth_settings=["BearerToken"], _preload_content=False)
+        async with resp:
+            assert (resp.status, await resp.text()) == (200, "ok")

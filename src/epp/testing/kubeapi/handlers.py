@@ -62,6 +62,8 @@ class RestApi:
         parts = path.strip("/").split("/")
         if path == "/version":
             return json_response(discovery.VERSION)
+        if path in ("/healthz", "/livez", "/readyz"):
+            return web.Response(text="ok")
         if path == "/api":
             return json_response(discovery.core_versions(request.host))
         if path == "/apis":
