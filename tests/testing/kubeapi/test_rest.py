@@ -282,3 +282,18 @@ async def test_health_endpoints(server: KubeApiServer, api: client.ApiClient) ->
         resp = await api.call_api(path, "GET", auth_settings=["BearerToken"], _preload_content=False)
         async with resp:
             assert (resp.status, await resp.text()) == (200, "ok")
+
+
+async def test_delete_preconditions_and_status_answers(api: client.ApiClient) -> None:
+    leases = client.CoordinationV1Api(api)
+    created = await leases.create_namespaced_lease("default", {"metadata": {"name": "l"}, "spec": {}})
+    await leases.patch_namespaced_lease("l", "default", {"spec": {"holderIdentity": "a"}})
+    stale = {"preconditions": {"resourceVersion": created.metadata.resource_version}}
+    with pytest.raises(ApiException) as exc:
+        await leases.delete_namespaced_lease("l", "default", body=stale)
+    assert exc.value.status == 409
+    done = await leases.delete_namespaced_lease("l", "default")
+    assert (done.kind, done.status, done.details.name) == ("Status", "Success", "l")
+    with pytest.raises(ApiException) as gone:
+        await leases.delete_namespaced_lease("l", "default")
+    assert gone.value.status == 404
