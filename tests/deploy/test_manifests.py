@@ -13,6 +13,8 @@ import socket
 from functools import cache
 from typing import Any
 
+import celpy
+import jsonschema
 import pytest
 
 from tests.deploy.kustomize import KUBERNETES, build, load_documents, manifest_files
@@ -231,3 +233,31 @@ def test_the_validators_work_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
     assert errors_for(epp_deployment()) == []
     assert errors_for(example("InferencePool")) == []
+
+
+def schema_nodes(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, schema)]
+    for name, sub in schema.get("properties", {}).items():
+        out += schema_nodes(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        out += schema_nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        out += schema_nodes(schema["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+@pytest.mark.parametrize("kind", ["InferencePool", "InferenceObjective", "InferenceModelRewrite"])
+def test_crd_schema_is_structural(kind: str) -> None:
+    """What the API server demands of a CRD schema beyond its OpenAPI shape."""
+    (crd,) = [c for c in our_crds().values() if c.kind == kind]
+    for path, node in schema_nodes(crd.schema):
+        assert "type" in node, f"{path}: every node of a structural schema has a type"
+        if "default" in node:  # defaults must pass their own schema
+            assert list(jsonschema.Draft7Validator(node).iter_errors(node["default"])) == [], path
+        for key in node.get("x-kubernetes-list-map-keys", []):
+            item = node["items"]
+            assert key in item.get("required", []) or "default" in item["properties"][key], path
+        for rule in node.get("x-kubernetes-validations", []):
+            celpy.Environment().compile(rule["rule"])  # every CEL rule compiles, even on absent fields
+            assert rule["message"]
+    assert set(crd.schema["properties"]["metadata"]) == {"type"}  # metadata: only `type: object` allowed
