@@ -23,7 +23,7 @@ class UserInfo:
     username: str
     groups: tuple[str, ...] = ("system:authenticated",)
     uid: str = ""
-    extra: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    extra: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> dict[str, Any]:
         user: dict[str, Any] = {"username": self.username, "groups": list(self.groups)}

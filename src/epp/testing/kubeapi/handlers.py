@@ -27,6 +27,8 @@ from .watch import WatchParams, WatchStream
 
 NAMESPACES = ("", "v1", "namespaces")
 PODS = ("", "v1", "pods")
+COLLECTION_VERBS = {"GET": "list", "POST": "create", "DELETE": "deletecollection"}
+ITEM_VERBS = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 StreamHook = Callable[[WatchStream, web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -60,6 +62,8 @@ class RestApi:
         parts = path.strip("/").split("/")
         if path == "/version":
             return json_response(discovery.VERSION)
+        if path in ("/healthz", "/livez", "/readyz"):
+            return web.Response(text="ok")
         if path == "/api":
             return json_response(discovery.core_versions(request.host))
         if path == "/apis":
@@ -100,7 +104,9 @@ class RestApi:
         return Target(resource, namespace, name, sub, watch)
 
     async def _collection(self, request: web.Request, t: Target) -> web.StreamResponse:
-        if request.method == "GET" and (t.watch or _flag(request.query.get("watch"))):
+        watching = request.method == "GET" and (t.watch or _flag(request.query.get("watch")))
+        _permit(t.resource, COLLECTION_VERBS.get(request.method, ""), watching)
+        if request.method == "GET" and watching:
             return await self._watch(request, t)
         if request.method == "GET":
             return json_response(self._list(request, t))
@@ -116,7 +122,9 @@ class RestApi:
     async def _item(self, request: web.Request, t: Target) -> web.StreamResponse:
         assert t.name is not None
         namespace = t.namespace or ""
-        if request.method == "GET" and t.watch:
+        watching = request.method == "GET" and t.watch
+        _permit(t.resource, ITEM_VERBS.get(request.method, ""), watching)
+        if watching:
             return await self._watch(request, t)
         if request.method == "GET":
             obj = self.store.get(t.resource, namespace, t.name)
@@ -209,9 +217,19 @@ class RestApi:
         items, rv = self._select(request, t), self.store.rv
         start, token_rv = _continue(request.query.get("continue", ""))
         if token_rv is not None:
+            if token_rv < self.store.oldest:
+                raise ApiError(
+                    410,
+                    "The provided continue parameter is too old to display a consistent list result. You "
+                    "can start a new list without the continue parameter.",
+                    "Expired",
+                )
             rv = token_rv
             items = [o for o in items if _key(o) > start]
-        limit = int(request.query.get("limit", "0") or 0)
+        try:
+            limit = int(request.query.get("limit", "0") or 0)
+        except ValueError:
+            raise ApiError(400, f"invalid limit {request.query['limit']!r}") from None
         body = self._list_body(t.resource, items[:limit] if limit > 0 else items, rv)
         if 0 < limit < len(items):
             last = _key(items[limit - 1])
@@ -252,6 +270,14 @@ async def _body(request: web.Request, kind: type) -> Any:
     if not isinstance(body, kind):
         raise ApiError(400, f"the request body must be a JSON {kind.__name__}")
     return body
+
+
+def _permit(resource: Resource, verb: str, watching: bool) -> None:
+    """405 for a verb the resource does not serve (listing TokenReviews, say)."""
+    if (("watch" if watching else verb) or "none") not in resource.verbs:
+        raise ApiError(
+            405, f"the server does not allow this method on the requested resource ({resource.plural})"
+        )
 
 
 def _flag(value: str | None) -> bool:

@@ -21,7 +21,7 @@ from . import patch as patching
 from .auth import MASTERS, Auth, Rule, UserInfo
 from .handlers import RestApi, json_response
 from .resources import Registry, Resource, inference_crds
-from .status import ApiError, NotFound
+from .status import ApiError, NotFound, failure
 from .store import Obj, ObjectStore
 from .watch import WatchStream
 
@@ -62,7 +62,7 @@ class _Watches:
 class KubeApiServer:
     """A Kubernetes apiserver speaking the real REST and watch protocol on 127.0.0.1."""
 
-    def __init__(self, *, bookmark_interval: float = 60.0, history: int = 10_000) -> None:
+    def __init__(self, *, bookmark_interval: float = 1.0, history: int = 10_000) -> None:
         self.registry = Registry()
         self.store = ObjectStore(history)
         self.auth = Auth()
@@ -148,6 +148,8 @@ class KubeApiServer:
     def create(self, obj: Obj) -> Obj:
         """Create ``obj`` by apiVersion/kind; its namespace defaults to ``default``, created if missing."""
         resource = self.registry.by_kind(obj["apiVersion"], obj["kind"])
+        if resource.virtual:
+            raise ValueError(f"{resource.kind} is a review API; it stores no objects")
         obj = copy.deepcopy(obj)
         if resource.namespaced:
             namespace = obj.setdefault("metadata", {}).setdefault("namespace", "default")
@@ -271,6 +273,8 @@ class KubeApiServer:
             return await handler(request)
         except ApiError as exc:
             return json_response(exc.status(), exc.code)
+        except Exception as exc:  # a bug in the fake still answers with a Status the client can parse
+            return json_response(failure(500, f"fake apiserver error: {exc!r}"), 500)
 
     def _gate(self, path_qs: str, user: UserInfo | None) -> None:
         """Outage first, then injected faults, then authentication: the order a test expects to observe."""

@@ -66,6 +66,11 @@ class ObjectStore:
         return self._rv
 
     @property
+    def oldest(self) -> int:
+        """The compaction point: every event after this resourceVersion is still in history."""
+        return self._oldest
+
+    @property
     def subscriptions(self) -> int:
         return len(self._subscriptions)
 
