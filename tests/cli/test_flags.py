@@ -67,6 +67,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "objectives-file": "",
     "max-request-body-bytes": 67108864,
     "shutdown-grace-period": 20.0,
+    "shutdown-delay": 5.0,
     "ext-proc-transport": "h2",
     "log-format": "json",
     "bind-address": "",

@@ -53,6 +53,7 @@ async def test_epp_stop_mid_run(tmp_path: pathlib.Path, body_mode: str, lost: bo
     lost; with FULL_DUPLEX_STREAMED (GIE's mode) Envoy 1.40 does not fail open (issue #1266)."""
     async with make_stack(
         tmp_path,
+        epp_args=["--shutdown-delay=0s"],  # the port closes at once: what Envoy does when the EPP is gone
         envoy={
             "failure_mode_allow": True,
             "request_body_mode": body_mode,

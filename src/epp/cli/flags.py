@@ -97,6 +97,7 @@ class Options:
     leader_election_retry_period: float = 2.0
     max_request_body_bytes: int = 64 * 1024 * 1024
     shutdown_grace_period: float = 20.0
+    shutdown_delay: float = 5.0
     ext_proc_transport: str = "h2"
     # endpoint discovery
     pool_name: str = ""
@@ -375,6 +376,14 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         "int",
         _SERVER,
         "Largest request body buffered for parsing; larger requests get 413. 0 means unlimited.",
+        new=True,
+    ),
+    _Flag(
+        "shutdown-delay",
+        "duration",
+        _SERVER,
+        "On SIGTERM, keep accepting new streams (while health says NOT_SERVING) until none arrived for "
+        "500ms, at most this long, so the proxy moves traffic away before the port closes.",
         new=True,
     ),
     _Flag(
@@ -733,6 +742,11 @@ def _validate_new(opts: Options) -> None:
         raise ConfigError(
             f"invalid value {go_quote(format_go_duration(opts.shutdown_grace_period))} "
             'for "shutdown-grace-period": must not be negative'
+        )
+    if opts.shutdown_delay < 0:
+        raise ConfigError(
+            f"invalid value {go_quote(format_go_duration(opts.shutdown_delay))} "
+            'for "shutdown-delay": must not be negative'
         )
     if opts.ha_enable_leader_election and not (opts.pool_name or opts.endpoint_selector):
         raise ConfigError(

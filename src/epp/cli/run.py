@@ -286,11 +286,34 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         started = time.monotonic()
         if cluster is not None:
             await cluster.release()  # a successor takes the lease while we drain
+        await until_unrouted(servicer, opts.shutdown_delay)
         log.info("epp_draining", in_flight=servicer.active_streams, grace_seconds=opts.shutdown_grace_period)
         await server.stop(opts.shutdown_grace_period)
         log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))
     await asyncio.to_thread(app.tracing.shutdown)
     return 0
+
+
+QUIET_BEFORE_CLOSE = 0.5
+
+
+async def until_unrouted(
+    servicer: extproc.ExtProcServicer, limit: float, quiet: float = QUIET_BEFORE_CLOSE
+) -> None:
+    """Keep the port open after SIGTERM until the proxy stops opening streams (or ``limit``).
+
+    Closing the listener at once fails every request the proxy sends before its health check
+    sees NOT_SERVING (or Kubernetes removes the pod from the Service): a leader stepping down
+    under load lost ~0.5 s of requests that way.  Under load new streams keep arriving until
+    the proxy switches, so a quiet gap is the signal; an idle EPP waits only ``quiet``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    seen, since = servicer.opened, loop.time()
+    while (now := loop.time()) < deadline and now - since < quiet:
+        await asyncio.sleep(0.05)
+        if servicer.opened != seen:
+            seen, since = servicer.opened, loop.time()
 
 
 GC_THRESHOLDS = (20_000, 20, 20)

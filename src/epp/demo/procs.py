@@ -147,10 +147,13 @@ class SimFleet(_Proc):
 class EppProcess(_Proc):
     """The ``epp`` command on free ports, plaintext, waited on until its health check says SERVING."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, health_service: str = "inference-extension"
+    ) -> None:
         super().__init__("epp")
         self.args = args
         self.env = env
+        self.health_service = health_service  # with leader election: "liveness" (up) or "readiness" (leads)
         self.grpc_port = free_port()
         self.health_port = free_port()
         self.metrics_port = free_port()
@@ -188,7 +191,7 @@ class EppProcess(_Proc):
                         raise RuntimeError(f"epp exited with {self.proc.returncode}:\n{self.log_tail()}")
                     with contextlib.suppress(grpc.aio.AioRpcError):
                         resp = await stub.Check(
-                            health_pb2.HealthCheckRequest(service="inference-extension"), timeout=1
+                            health_pb2.HealthCheckRequest(service=self.health_service), timeout=1
                         )
                         if resp.status == health_pb2.HealthCheckResponse.SERVING:
                             return

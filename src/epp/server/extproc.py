@@ -32,6 +32,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._max_body = max_body_bytes
         self._tracing = tracing
         self.active_streams = 0
+        self.opened = 0  # streams ever opened: shutdown waits until new ones stop arriving
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -42,6 +43,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def open(self) -> Session:
         """A new ext_proc stream; the caller must ``close`` it exactly once, whatever happens."""
         self.active_streams += 1
+        self.opened += 1
         self._idle.clear()
         return Session(self, Stream(self._director, max_body_bytes=self._max_body, tracing=self._tracing))
 
