@@ -31,6 +31,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("parsers", "bench.parsers", True),
     ("flowcontrol", "bench.flowcontrol", True),
     ("sim_cost", "bench.sim_cost", True),
+    ("failover", "bench.failover", True),
 )
 
 

@@ -520,6 +520,28 @@ VALIDATION: list[Any] = [
         Case([*POOL, "--metrics-port=-1"], {}, 'invalid port number -1 in "metrics-port"'),
         id="metrics-port-range",
     ),
+    pytest.param(
+        Case(
+            ["--endpoints=127.0.0.1:8000", "--ha-enable-leader-election"],
+            {},
+            'flag "ha-enable-leader-election" needs Kubernetes: set "pool-name" or "endpoint-selector" '
+            "(the lease lives in the API server)",
+        ),
+        id="leader-election-without-kubernetes",
+    ),
+    pytest.param(
+        Case(
+            [*POOL, "--leader-election-renew-deadline=20s"],
+            {},
+            '"leader-election-lease-duration" > "leader-election-renew-deadline" > '
+            '1.2 x "leader-election-retry-period" > 0 is required, got 15s, 20s and 2s',
+        ),
+        id="leader-election-timings",
+    ),
+    pytest.param(
+        Case([*POOL, "--shutdown-delay=-1s"], {}, 'invalid value "-1s" for "shutdown-delay": must not be negative'),
+        id="negative-shutdown-delay",
+    ),
 ]
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from epp.demo.envoy import Envoy, EnvoyConfig
 from epp.demo.procs import EppProcess, SimFleet
-from epp.testing.kubeapi import KubeApiServer
+from epp.testing.kubeapi import KubeApiServer, UserInfo
 from epp.testing.waiting import until
 from tests.e2e.conftest import FAST_SIM
 
@@ -217,6 +217,42 @@ async def test_standalone_selector_mode(tmp_path: pathlib.Path) -> None:
             assert not any("inferencepools" in r.path for r in c.api.requests if r.username)
 
 
+async def test_starts_during_an_api_outage_and_guards_metrics(tmp_path: pathlib.Path) -> None:
+    """No API server at startup: the EPP runs, is not ready, and becomes ready once it can list;
+    /metrics needs a token that TokenReview accepts and SubjectAccessReview allows."""
+    async with cluster(tmp_path, 1) as c:
+        c.api.add_token("prom", UserInfo(username="system:serviceaccount:monitoring:prometheus"))
+        c.api.add_token("nobody", UserInfo(username="system:serviceaccount:default:nobody"))
+        c.api.allow("system:serviceaccount:monitoring:prometheus", verb="get", path="/metrics")
+        c.api.down = True
+        e = epp(c, "--metrics-endpoint-auth=true")
+        await e.start(wait=False)
+        try:
+            await until(
+                lambda: any(r.path.endswith("/pods") for r in c.api.requests), 20, what="a pod list attempt"
+            )
+            assert not await _ready(e, "inference-extension")
+            c.api.down = False
+            await e.wait_serving(20)
+            async with (
+                Envoy(EnvoyConfig(ext_proc_port=e.grpc_port)) as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                assert await served_by(http, proxy.url, 5) == {c.ips["pod-0"]}
+                url = f"http://127.0.0.1:{e.metrics_port}/metrics"
+                statuses = {}
+                for who, headers in (("none", {}), ("nobody", {"Authorization": "Bearer nobody"}),
+                                     ("prom", {"Authorization": "Bearer prom"})):  # fmt: skip
+                    async with http.get(url, headers=headers) as r:
+                        statuses[who] = r.status
+                        body = await r.text()
+                assert statuses == {"none": 401, "nobody": 403, "prom": 200}
+                assert "inference_pool_ready_pods" in body or "inference_objective_request_total" in body
+        finally:
+            await e.stop()
+            e.cleanup()
+
+
 # --- high availability ---------------------------------------------------------------------
 
 
@@ -314,7 +350,7 @@ async def test_leader_failover_under_load(tmp_path: pathlib.Path, sig: signal.Si
                     assert t_lease < 3.0 + 1.5
 
 
-async def _ready(e: EppProcess) -> bool:
+async def _ready(e: EppProcess, service: str = "readiness") -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

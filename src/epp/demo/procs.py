@@ -174,8 +174,10 @@ class EppProcess(_Proc):
         await self.start()
         return self
 
-    async def start(self, timeout: float = 30.0) -> None:
+    async def start(self, timeout: float = 30.0, *, wait: bool = True) -> None:
         await self._spawn(self.argv(), env=self.env)
+        if not wait:
+            return
         try:
             await self.wait_serving(timeout)
         except BaseException:
