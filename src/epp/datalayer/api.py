@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from epp.datalayer.health import EndpointHealth
 from epp.plugin.base import Plugin
 
 
@@ -62,11 +63,12 @@ class Endpoint:
     ``m = ep.metrics`` once sees a consistent reading.
     """
 
-    __slots__ = ("metadata", "metrics")
+    __slots__ = ("health", "metadata", "metrics")
 
     def __init__(self, metadata: EndpointMetadata, metrics: Metrics = EMPTY_METRICS) -> None:
         self.metadata = metadata
         self.metrics = metrics
+        self.health = EndpointHealth()  # passive health: scrape reachability, 5xx ejections
 
     @property
     def name(self) -> str:
