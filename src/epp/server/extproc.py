@@ -55,7 +55,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[r.Reply]:
-        """The gRPC method, for transports that drive a servicer by async iterators (grpc.aio, grpclib)."""
+        """The gRPC method, for transports that drive a servicer by async iterators (grpc.aio)."""
         session = self.open()
         try:
             async for msg in request_iterator:
