@@ -24,21 +24,15 @@ from epp.datastore.store import Datastore
 from epp.director.candidates import locate
 from epp.director.context import RequestContext, RoutingDecision
 from epp.director.lifecycle import RequestLifecycle
-from epp.director.pipeline import DEFAULT_PRODUCER_TIMEOUT, Pipeline, SchedulerLike
-from epp.director.response import ResponseSide, plugin_timer, rewrite_model_name
+from epp.director.pipeline import Pipeline
+from epp.director.response import ResponseSide, plugin_timer
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
 from epp.metrics import series
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 
-__all__ = [
-    "DEFAULT_PRODUCER_TIMEOUT",
-    "Director",
-    "Pipeline",
-    "RequestLifecycle",
-    "SchedulerLike",
-    "rewrite_model_name",
-]
+# Pipeline lives in pipeline.py (the response side needs it too); callers import it from here.
+__all__ = ["Director", "Pipeline", "RequestLifecycle"]
 
 log = structlog.get_logger(__name__)
 
