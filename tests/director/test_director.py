@@ -14,7 +14,9 @@ from epp.admission.legacy import AlwaysAdmit, LegacyAdmission
 from epp.datalayer.api import Endpoint
 from epp.datastore.rewrites import ModelRewrite, RewriteRule, RewriteTarget
 from epp.datastore.store import Datastore, Objective
-from epp.director.director import Director, Pipeline, rewrite_model_name
+from epp.director.director import Director, Pipeline
+from epp.director.lifecycle import Phase
+from epp.director.response import rewrite_model_name
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
 from epp.metrics.series import REGISTRY
 from epp.plugin.base import TypedName
@@ -173,11 +175,11 @@ async def test_routes_to_scheduler_choice_and_counts_request() -> None:
     before = metric(
         "inference_objective_request_total", model_name="m1", target_model_name="m1", priority="2"
     )
-    ctx = d.new_request({"x-gateway-inference-objective": "gold", "x-request-id": "r1"}, {})
-    decision = await d.route(ctx, body("m1"))
+    lc = d.start({"x-gateway-inference-objective": "gold", "x-request-id": "r1"}, {})
+    decision = await lc.route(body("m1"))
     assert decision.destination == "192.168.1.2:8000"
     assert decision.body_changed is False
-    assert ctx.request.priority == 2
+    assert lc.request.priority == 2
     after = metric("inference_objective_request_total", model_name="m1", target_model_name="m1", priority="2")
     assert after == before + 1
 
@@ -185,20 +187,20 @@ async def test_routes_to_scheduler_choice_and_counts_request() -> None:
 async def test_fallbacks_are_comma_joined_primary_first() -> None:
     """With several targets the destination lists them in order."""
     d, _ = director(scheduler=LowestQueue(n=3))
-    decision = await d.route(d.new_request({}, {}), body())
+    decision = await d.start({}, {}).route(body())
     assert decision.destination == "192.168.1.2:8000,192.168.1.1:8000,192.168.1.3:8000"
 
 
 async def test_header_rewrite_changes_body_and_response_model() -> None:
     """x-gateway-model-name-rewrite sets the target; the response shows the client's name again."""
     d, _ = director()
-    ctx = d.new_request({"x-gateway-model-name-rewrite": "target-x"}, {})
-    decision = await d.route(ctx, body("client-m"))
+    lc = d.start({"x-gateway-model-name-rewrite": "target-x"}, {})
+    decision = await lc.route(body("client-m"))
     assert decision.body_changed and decision.body is not None
     assert orjson.loads(decision.body)["model"] == "target-x"
-    assert ctx.request.incoming_model == "client-m" and ctx.request.target_model == "target-x"
-    d.response_headers(ctx, {":status": "200", "content-type": "application/json"})
-    out = d.response_body(ctx, b'{"model":"target-x","x":1}', True)
+    assert lc.request.incoming_model == "client-m" and lc.request.target_model == "target-x"
+    lc.response_headers({":status": "200", "content-type": "application/json"}, end_of_stream=False)
+    out = lc.response_chunk(b'{"model":"target-x","x":1}', True)
     assert out == b'{"model":"client-m","x":1}'
 
 
@@ -213,9 +215,9 @@ async def test_rewrite_rule_overrides_header_and_is_counted() -> None:
         model_name="m",
         target_model="m-v2",
     )
-    ctx = d.new_request({"x-gateway-model-name-rewrite": "ignored"}, {})
-    await d.route(ctx, body("m"))
-    assert ctx.request.target_model == "m-v2"
+    lc = d.start({"x-gateway-model-name-rewrite": "ignored"}, {})
+    await lc.route(body("m"))
+    assert lc.request.target_model == "m-v2"
     assert (
         metric(
             "inference_extension_model_rewrite_decisions_total",
@@ -240,7 +242,7 @@ async def test_bad_bodies(raw: bytes, error: type[EppError], message: str) -> No
     """Bodies the parser or the director cannot serve are 400s with GIE's message."""
     d, _ = director()
     with pytest.raises(error, match=message):
-        await d.route(d.new_request({}, {}), raw)
+        await d.start({}, {}).route(raw)
 
 
 async def test_no_candidates_is_503() -> None:
@@ -248,35 +250,35 @@ async def test_no_candidates_is_503() -> None:
     d, _ = director()
     md = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": []}}
     with pytest.raises(ServiceUnavailable, match="failed to find endpoint candidates"):
-        await d.route(d.new_request({}, md), body())
+        await d.start({}, md).route(body())
 
 
 async def test_scheduling_failure_is_429() -> None:
     """A scheduler error becomes ResourceExhausted 'failed to find target endpoint: ...'."""
     d, _ = director(scheduler=LowestQueue(fail=RuntimeError("no endpoints available for the given request")))
     with pytest.raises(ResourceExhausted, match="failed to find target endpoint: no endpoints available"):
-        await d.route(d.new_request({}, {}), body())
+        await d.start({}, {}).route(body())
 
 
 async def test_admitter_denial_is_500_and_skips_scheduling() -> None:
     """An AdmitRequest plugin's denial is GIE's 500 'request cannot be admitted'."""
     d, _ = director(hooks=Hooks(deny="too slow"))
     with pytest.raises(Internal, match="request cannot be admitted"):
-        await d.route(d.new_request({}, {}), body())
+        await d.start({}, {}).route(body())
     assert "schedule" not in LOG
 
 
 async def test_order_of_stages() -> None:
     """Producers run before admit plugins, which run before the scheduler and pre-request."""
     d, _ = director(producers=(Producer("a"), Producer("b")), hooks=Hooks())
-    await d.route(d.new_request({}, {}), body())
+    await d.start({}, {}).route(body())
     assert LOG == ["produce:a", "produce:b", "admit", "schedule", "pre_request"]
 
 
 async def test_failing_producer_does_not_stop_the_request() -> None:
     """A producer that raises is logged; later producers still run and the request is routed."""
     d, _ = director(producers=(Producer("bad", "fail"), Producer("good")))
-    decision = await d.route(d.new_request({}, {}), body())
+    decision = await d.start({}, {}).route(body())
     assert decision.destination
     assert LOG[:2] == ["produce:bad", "produce:good"]
 
@@ -284,7 +286,7 @@ async def test_failing_producer_does_not_stop_the_request() -> None:
 async def test_producers_share_one_timeout() -> None:
     """A hanging producer is cut off by the shared timeout and the request still routes."""
     d, _ = director(producers=(Producer("slow", "hang"),), timeout=0.05)
-    decision = await d.route(d.new_request({}, {}), body())
+    decision = await d.start({}, {}).route(body())
     assert decision.destination == "192.168.1.2:8000"
 
 
@@ -300,50 +302,49 @@ async def test_sheddable_request_is_shed_when_saturated() -> None:
     d, ds = director(admission=LegacyAdmission(Full()))  # type: ignore[arg-type]
     ds.set_objectives([Objective(name="cheap", priority=-1), Objective(name="vip", priority=1)])
     with pytest.raises(ResourceExhausted, match="system saturated, sheddable request dropped"):
-        await d.route(d.new_request({"x-gateway-inference-objective": "cheap"}, {}), body())
-    assert (await d.route(d.new_request({"x-gateway-inference-objective": "vip"}, {}), body())).destination
+        await d.start({"x-gateway-inference-objective": "cheap"}, {}).route(body())
+    assert (await d.start({"x-gateway-inference-objective": "vip"}, {}).route(body())).destination
 
 
 async def test_header_only_request_prefers_least_loaded_and_honours_hint() -> None:
     """A GET goes through the scheduler (lowest queue) and respects the subset hint."""
     d, _ = director()
-    assert d.route_headers_only(d.new_request({}, {})).destination == "192.168.1.2:8000"
+    assert d.start({}, {}).route_headers_only().destination == "192.168.1.2:8000"
     md = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": ["192.168.1.3:8000"]}}
-    assert d.route_headers_only(d.new_request({}, md)).destination == "192.168.1.3:8000"
+    assert d.start({}, md).route_headers_only().destination == "192.168.1.3:8000"
 
 
 def test_header_only_with_empty_pool_is_500() -> None:
     """No endpoint at all: GIE's 500 'no pods available in datastore'."""
     d, _ = director(eps=[])
     with pytest.raises(Internal, match="no pods available in datastore"):
-        d.route_headers_only(d.new_request({}, {}))
+        d.start({}, {}).route_headers_only()
 
 
 def test_request_id_generated_when_missing() -> None:
     """A missing x-request-id is generated and forwarded upstream."""
     d, _ = director()
-    ctx = d.new_request({}, {})
-    assert len(ctx.request.request_id) == 36
-    assert d.route_headers_only(ctx).headers == (("x-request-id", ctx.request.request_id),)
+    lc = d.start({}, {})
+    assert len(lc.request.request_id) == 36
+    assert lc.route_headers_only().headers == (("x-request-id", lc.request.request_id),)
 
 
 async def test_completion_runs_once_and_metrics_recorded() -> None:
     """The completion hook runs once at end of stream; tokens, running gauge and metadata follow."""
     hooks = Hooks()
     d, _ = director(hooks=hooks)
-    ctx = d.new_request({}, {})
-    await d.route(ctx, body("tok-model"))
-    d.request_sent(ctx)
+    lc = d.start({}, {})
+    await lc.route(body("tok-model"))
     assert metric("inference_objective_running_requests", model_name="tok-model") == 1
     headers = {":status": "200", "content-type": "text/event-stream"}
-    d.response_headers(ctx, headers)
+    lc.response_headers(headers, end_of_stream=False)
     assert headers["x-added-by-plugin"] == "yes"
-    d.response_body(ctx, b"data: {}\n\n", False)
-    d.response_body(ctx, b"data: [DONE]\n\n", True)
-    d.finish(ctx)
+    lc.response_chunk(b"data: {}\n\n", False)
+    lc.response_chunk(b"data: [DONE]\n\n", True)
+    lc.close()
     assert len(hooks.completions) == 1
     assert hooks.completions[0].usage == Usage(prompt_tokens=7, completion_tokens=10, total_tokens=17)
-    assert ctx.response is not None and ctx.response.dynamic_metadata
+    assert lc.response_metadata
     assert metric("inference_objective_running_requests", model_name="tok-model") == 0
     assert (
         metric("inference_objective_input_tokens_sum", model_name="tok-model", target_model_name="tok-model")
@@ -355,11 +356,10 @@ async def test_abnormal_end_still_completes_and_counts_error_once() -> None:
     """A stream that dies mid-response still runs completion (releasing state); errors count once."""
     hooks = Hooks()
     d, _ = director(hooks=hooks)
-    ctx = d.new_request({}, {})
-    await d.route(ctx, body("err-model"))
-    d.request_sent(ctx)
-    d.response_headers(ctx, {":status": "503"})
-    d.finish(ctx)
+    lc = d.start({}, {})
+    await lc.route(body("err-model"))
+    lc.response_headers({":status": "503"}, end_of_stream=False)
+    lc.close()
     assert len(hooks.completions) == 1 and not hooks.completions[0].end_of_stream
     assert metric("inference_objective_running_requests", model_name="err-model") == 0
     assert (
@@ -395,10 +395,11 @@ async def test_failing_pre_request_hook_still_completes() -> None:
 
     hooks = Boom()
     d, _ = director(hooks=hooks)
-    ctx = d.new_request({}, {})
+    lc = d.start({}, {})
     with pytest.raises(RuntimeError):
-        await d.route(ctx, body())
-    d.finish(ctx)
+        await lc.route(body())
+    assert lc.phase is Phase.RECEIVING and lc.scheduled
+    lc.close()
     assert len(hooks.completions) == 1
 
 
@@ -416,8 +417,6 @@ async def test_stale_endpoints_are_skipped_while_a_fresh_one_exists() -> None:
         staleness_threshold=2.0,
     )
     d = Director(ds, pipe)
-    assert (await d.route(d.new_request({}, {}), body())).destination == alive.hostport
+    assert (await d.start({}, {}).route(body())).destination == alive.hostport
     alive.metrics = dead.metrics
-    assert (
-        await d.route(d.new_request({}, {}), body())
-    ).destination == dead.hostport  # fail open: lowest queue
+    assert (await d.start({}, {}).route(body())).destination == dead.hostport  # fail open: lowest queue

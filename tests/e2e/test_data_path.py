@@ -162,23 +162,6 @@ async def test_tls_between_envoy_and_the_epp(tmp_path: pathlib.Path, transport: 
             assert (await r.text()).rstrip().endswith("data: [DONE]")
 
 
-async def test_grpclib_transport_serves_the_same_contract(tmp_path: pathlib.Path) -> None:
-    """--ext-proc-transport=grpclib: routing, streaming and GIE errors behave as on grpc.aio."""
-    async with make_stack(tmp_path, epp_args=["--ext-proc-transport=grpclib", "--health-checking"]) as s:
-        assert_served_by_choice(
-            await s.post("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 3})
-        )
-        body = {"model": MODEL, "prompt": "s", "max_tokens": 5, "stream": True}
-        async with s.http.post(s.url + "/v1/completions", json=body) as r:
-            assert r.status == 200
-            text = await r.text()
-        assert text.rstrip().endswith("data: [DONE]")
-        r2 = await s.request(
-            "POST", "/v1/completions", data=b"{", headers={"content-type": "application/json"}
-        )
-        assert r2.status == 400 and b"inference error: BadRequest" in r2.body
-
-
 async def test_lean_mode_skips_response_bodies_unless_needed(tmp_path: pathlib.Path) -> None:
     """With BUFFERED request bodies, STREAMED response bodies and allow_mode_override, the EPP asks
     Envoy not to send responses it does not need: two ext_proc messages per request instead of one

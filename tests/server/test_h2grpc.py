@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +30,16 @@ PROCESS = f"/{SERVICE_NAME}/Process"
 
 
 class EchoSession:
-    """Stands in for ``extproc.Session``: echoes raw messages, synchronously unless held."""
+    """Stands in for ``stream.Stream``: echoes raw messages, at once unless held (then via ``route``)."""
 
     def __init__(self, servicer: EchoServicer) -> None:
         self._servicer = servicer
         self.finished = False
+        self.route_pending = False
+        self._held: bytes = b""
         self._open = True
 
-    def handle(self, msg: bytes) -> list[bytes] | Awaitable[list[bytes]]:
+    def handle(self, msg: bytes) -> list[bytes]:
         self._servicer.started.set()
         if msg == b"boom":
             raise RuntimeError("boom")
@@ -45,12 +47,14 @@ class EchoSession:
             self.finished = True
             return [b"ending"]
         if not self._servicer.release.is_set():
-            return self._held(msg)
+            self._held, self.route_pending = msg, True
+            return []
         return [msg]
 
-    async def _held(self, msg: bytes) -> list[bytes]:
+    async def route(self) -> list[bytes]:
+        self.route_pending = False
         await self._servicer.release.wait()
-        return [msg]
+        return [self._held]
 
     def close(self) -> None:
         if self._open:

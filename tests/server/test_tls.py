@@ -198,8 +198,8 @@ async def test_empty_cert_path_serves_a_generated_cert(monkeypatch: pytest.Monke
     assert await call(port, generated[0][0]) == b"ping"
 
 
-async def test_ssl_context_for_grpclib_negotiates_h2(tmp_path: Path) -> None:
-    """The SSLContext built for the grpclib transport serves the cert from --cert-path with ALPN h2."""
+async def test_ssl_context_for_the_event_loop_transport_negotiates_h2(tmp_path: Path) -> None:
+    """The SSLContext built for the h2 transport serves the cert from --cert-path with ALPN h2."""
     import asyncio
     import ssl
 

@@ -397,8 +397,8 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         "ext-proc-transport",
         "str",
         _SERVER,
-        "gRPC implementation serving ext_proc: h2 (the EPP's own HTTP/2 framing on the event loop), "
-        "grpcio (grpc.aio) or grpclib.",
+        "gRPC implementation serving ext_proc: h2 (the EPP's own HTTP/2 framing on the event loop) "
+        "or grpcio (grpc.aio).",
         new=True,
     ),
     _Flag(
@@ -723,10 +723,10 @@ def _validate_new(opts: Options) -> None:
             raise ConfigError(
                 f'invalid value {go_quote(opts.bind_address)} for "bind-address": not an IP address'
             ) from None
-    if opts.ext_proc_transport not in ("h2", "grpcio", "grpclib"):
+    if opts.ext_proc_transport not in ("h2", "grpcio"):
         raise ConfigError(
             f'unexpected {go_quote(opts.ext_proc_transport)} value for "ext-proc-transport" flag, '
-            "it can only be set to 'h2', 'grpcio' or 'grpclib'"
+            "it can only be set to 'h2' or 'grpcio'"
         )
     if opts.log_format not in ("json", "console"):
         raise ConfigError(

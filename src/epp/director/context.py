@@ -1,4 +1,8 @@
-"""Per-request state the director keeps between the request and response phases."""
+"""Per-request data the director keeps between the request and response phases.
+
+What a request *is* and what routing learned about it; where it *is* in its lifecycle is
+``RequestLifecycle.phase`` (lifecycle.py), kept nowhere else.
+"""
 
 from __future__ import annotations
 
@@ -23,17 +27,16 @@ class RoutingDecision:
 
 @dataclass(slots=True, eq=False)
 class RequestContext:
-    """One request's journey; lives from the request headers to the end of the ext_proc stream."""
+    """One request's data; lives from the request headers to the end of the ext_proc stream."""
 
     request: InferenceRequest
     state: CycleState = field(default_factory=CycleState)
+    # Set once the scheduler chose for a request with a body: from then on the request is
+    # "scheduled" (completion hooks and response metrics apply, also if a later step fails).
     result: SchedulingResult | None = None
     target: Endpoint | None = None
     response: ResponseInfo | None = None
     usage_parser: UsageParser | None = None
-    scheduled: bool = False  # routed with a body through the scheduler (metrics and hooks apply)
-    running_counted: bool = False  # incremented inference_objective_running_requests
-    completed: bool = False  # completion hooks ran
     rewrite_response_model: bool = False  # the response carries the target model; show the client's
     error_code: str = ""  # first error code seen (request_error_total is recorded once)
     generated_request_id: bool = False

@@ -1,9 +1,11 @@
-"""The director: one request's pipeline from parsed body to routing decision, and its response side.
+"""The director's routing side: one request from its headers to a routing decision.
 
 Order (GIE §3.1): parse → model rewrite → objective priority → candidates → admission →
 data producers (DAG order, shared timeout) → admit plugins → scheduler → pre-request
-plugins → body repackaging.  Response side: header hooks, per-chunk body hooks, and one
-completion call per scheduled request, also when the stream ends abnormally.
+plugins → body repackaging.  The director hands out one ``RequestLifecycle`` per request
+(``start``); the lifecycle calls back here to route and into ``ResponseSide`` (response.py)
+for the response, so routing, the response side and the per-request state each live in one
+module.
 """
 
 from __future__ import annotations
@@ -13,30 +15,24 @@ import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import structlog
 
-from epp.admission.api import AdmissionController
 from epp.datalayer.api import Endpoint, fresh_or_all
 from epp.datastore.store import Datastore
-from epp.director.api import (
-    Admitter,
-    DataProducer,
-    PreRequest,
-    ResponseBodyProcessor,
-    ResponseCompleteProcessor,
-    ResponseHeaderProcessor,
-)
 from epp.director.candidates import locate
 from epp.director.context import RequestContext, RoutingDecision
+from epp.director.lifecycle import RequestLifecycle
+from epp.director.pipeline import Pipeline
+from epp.director.response import ResponseSide, plugin_timer
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
 from epp.metrics import series
-from epp.parsers.api import Parser
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo
-from epp.scheduling.api import SchedulingResult
+from epp.request import InferenceRequest
+
+# Pipeline lives in pipeline.py (the response side needs it too); callers import it from here.
+__all__ = ["Director", "Pipeline", "RequestLifecycle"]
 
 log = structlog.get_logger(__name__)
 
@@ -45,39 +41,6 @@ OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"
 MODEL_REWRITE_HEADER: Final = "x-gateway-model-name-rewrite"
 FAIRNESS_HEADER: Final = "x-gateway-inference-fairness-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
-DEFAULT_PRODUCER_TIMEOUT: Final = 0.4
-
-
-class SchedulerLike(Protocol):
-    def schedule(
-        self, state: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
-    ) -> SchedulingResult: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Pipeline:
-    """The plugins a director runs, already ordered (producers topologically, the rest by config)."""
-
-    parser: Parser
-    scheduler: SchedulerLike
-    admission: AdmissionController
-    producers: tuple[DataProducer, ...] = ()
-    admitters: tuple[Admitter, ...] = ()
-    pre_request: tuple[PreRequest, ...] = ()
-    response_header: tuple[ResponseHeaderProcessor, ...] = ()
-    response_body: tuple[ResponseBodyProcessor, ...] = ()
-    response_complete: tuple[ResponseCompleteProcessor, ...] = ()
-    producer_timeout: float = DEFAULT_PRODUCER_TIMEOUT
-    subset_filter: bool = True
-    # Endpoints whose metrics are older than this are not candidates while a fresh one
-    # exists (0 disables): a dead or unreachable server stops attracting traffic once its
-    # last scrape ages out, and an endpoint joins once it has been scraped.
-    staleness_threshold: float = 0.0
-
-
-def _timed_label(point: str, plugin: Any) -> Any:
-    tn = plugin.typed_name
-    return series.PLUGIN_DURATION.labels(point, tn.type, tn.name)
 
 
 class Director:
@@ -87,38 +50,22 @@ class Director:
         self._ds = datastore
         self._p = pipeline
         self._rng = rng or random.Random()
-        self._pre_timers = tuple((p, _timed_label("PreRequest", p)) for p in pipeline.pre_request)
-        self._hdr_timers = tuple((p, _timed_label("ResponseReceived", p)) for p in pipeline.response_header)
-        self._body_timers = tuple((p, _timed_label("ResponseStreaming", p)) for p in pipeline.response_body)
-        self._done_timers = tuple(
-            (p, _timed_label("ResponseStreaming", p)) for p in pipeline.response_complete
-        )
+        self._pre_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
+        self.responses = ResponseSide(datastore, pipeline)
 
     @property
     def pipeline(self) -> Pipeline:
         return self._p
 
-    @property
-    def response_headers_needed(self) -> bool:
-        """Whether a plugin reads response headers (else lean mode skips them too)."""
-        return bool(self._p.response_header)
-
-    def response_body_needed(self, ctx: RequestContext) -> bool:
-        """Whether this request's response body must reach the EPP.
-
-        Plugins with body or completion hooks need it, and so does restoring the client's
-        model name after a rewrite (a header rewrite, or any InferenceModelRewrite rule).
-        Token and TTFT metrics are recorded only when bodies flow anyway: asking for them
-        is what a FULL_DUPLEX_STREAMED response mode in Envoy's config expresses.
-        """
-        p = self._p
-        return bool(
-            p.response_body or p.response_complete or ctx.request.target_model or len(self._ds.rewrites)
-        )
-
     # request side -----------------------------------------------------------------
-    def new_request(self, headers: dict[str, str], metadata: Mapping[str, Any]) -> RequestContext:
-        """Start a request from its headers; generates ``x-request-id`` when absent."""
+    def start(
+        self, headers: dict[str, str], metadata: Mapping[str, Any], *, can_hold_response: bool = False
+    ) -> RequestLifecycle:
+        """Start a request from its headers; generates ``x-request-id`` when absent.
+
+        ``can_hold_response``: the edge may forward a response chunk later than it arrived
+        (ext_proc FULL_DUPLEX_STREAMED), so a body can be held whole when that is needed.
+        """
         request_id = headers.get(REQUEST_ID_HEADER, "")
         generated = not request_id
         if generated:
@@ -133,7 +80,8 @@ class Director:
             metadata=metadata,
             received_at=time.monotonic(),
         )
-        return RequestContext(request=req, generated_request_id=generated)
+        ctx = RequestContext(request=req, generated_request_id=generated)
+        return RequestLifecycle(self, self.responses, ctx, can_hold_response=can_hold_response)
 
     def _extra_headers(self, ctx: RequestContext) -> tuple[tuple[str, str], ...]:
         if ctx.generated_request_id:
@@ -142,6 +90,8 @@ class Director:
 
     def route_headers_only(self, ctx: RequestContext) -> RoutingDecision:
         """A request without a body (GET ...): schedule on load alone, no plugins but the profile.
+
+        Called by ``RequestLifecycle.route_headers_only``.
 
         GIE picks a uniformly random pod from the whole pool here, ignoring the subset
         hint; we honour the hint and let the scheduler prefer the least-loaded endpoint.
@@ -168,7 +118,10 @@ class Director:
         )
 
     async def route(self, ctx: RequestContext, body: bytes) -> RoutingDecision:
-        """Route a request whose complete body has arrived.  Raises ``EppError``."""
+        """Route a request whose complete body has arrived.  Raises ``EppError``.
+
+        Called by ``RequestLifecycle.route``.
+        """
         p = self._p
         req = ctx.request
         req.request_size_bytes = len(body)
@@ -229,12 +182,11 @@ class Director:
             raise ResourceExhausted(f"failed to find target endpoint: {e}") from e
         if not targets:
             raise Internal("results must be greater than zero")
+        # From here on the request counts as scheduled: if a pre-request hook or the body
+        # repackaging fails, closing the lifecycle still runs the completion hooks that
+        # release what the pre-request hooks took (in-flight counters).
         ctx.result = result
         ctx.target = targets[0]
-        # From here on the request counts as scheduled: if a pre-request hook or the body
-        # repackaging fails, finish() still runs the completion hooks that release what the
-        # pre-request hooks took (in-flight counters).
-        ctx.scheduled = True
         for plugin, timer in self._pre_timers:
             t0 = time.perf_counter()
             plugin.pre_request(state, req, result)
@@ -272,122 +224,3 @@ class Director:
                         )
         except TimeoutError:
             log.warning("prepare_data_timed_out", request_id=req.request_id, timeout=self._p.producer_timeout)
-
-    def request_sent(self, ctx: RequestContext) -> None:
-        """The routing reply went out: count the request as running."""
-        if ctx.scheduled and ctx.request.incoming_model:
-            series.RUNNING_REQUESTS.labels(ctx.request.incoming_model).inc()
-            ctx.running_counted = True
-
-    # response side ----------------------------------------------------------------
-    def response_headers(self, ctx: RequestContext, headers: dict[str, str]) -> None:
-        """Record the response headers; run header hooks (they may add to ``headers``)."""
-        resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id, headers=headers)
-        status = headers.get(":status", "")
-        resp.status = int(status) if status.isdigit() else 0
-        if resp.status and not 200 <= resp.status < 300 and not ctx.error_code:
-            ctx.error_code = "ModelServerError"
-        resp.streaming = "text/event-stream" in headers.get("content-type", "")
-        if ctx.scheduled:
-            ctx.usage_parser = self._p.parser.usage_parser(headers)
-        for plugin, timer in self._hdr_timers:
-            t0 = time.perf_counter()
-            plugin.response_header(ctx.state, ctx.request, resp, ctx.target)
-            timer.observe(time.perf_counter() - t0)
-
-    def response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> bytes:
-        """Account one response chunk; returns the chunk to forward (model name restored)."""
-        resp = ctx.response
-        if resp is None:  # a body without headers: be lenient
-            resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id)
-        if chunk:
-            if not resp.first_chunk_at:
-                resp.first_chunk_at = time.monotonic()
-            resp.body_bytes += len(chunk)
-            up = ctx.usage_parser
-            if up is not None:
-                usage = up.feed(chunk, end_of_stream)
-                if usage is not None:
-                    resp.usage = usage
-        elif end_of_stream and ctx.usage_parser is not None:
-            usage = ctx.usage_parser.feed(b"", True)
-            if usage is not None:
-                resp.usage = usage
-        if end_of_stream:
-            resp.end_of_stream = True
-        for plugin, timer in self._body_timers:
-            t0 = time.perf_counter()
-            plugin.response_body(ctx.state, ctx.request, resp, chunk, ctx.target)
-            timer.observe(time.perf_counter() - t0)
-        if end_of_stream:
-            self._complete(ctx)
-        if ctx.rewrite_response_model and chunk:
-            return rewrite_model_name(chunk, ctx.request.target_model, ctx.request.incoming_model)
-        return chunk
-
-    def _complete(self, ctx: RequestContext) -> None:
-        if ctx.completed:
-            return
-        ctx.completed = True
-        resp = ctx.response
-        if resp is None:
-            resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id)
-        now = time.monotonic()
-        resp.completed_at = now
-        for plugin, timer in self._done_timers:
-            t0 = time.perf_counter()
-            try:
-                plugin.response_complete(ctx.state, ctx.request, resp, ctx.target)
-            except Exception:
-                log.warning("response_complete_failed", plugin=str(plugin.typed_name), exc_info=True)
-            timer.observe(time.perf_counter() - t0)
-        if ctx.scheduled and resp.end_of_stream:
-            self._record_response_metrics(ctx, resp, now)
-        self._p.admission.notify()
-
-    def _record_response_metrics(self, ctx: RequestContext, resp: ResponseInfo, now: float) -> None:
-        req = ctx.request
-        labels = (req.incoming_model, req.target_model)
-        elapsed = now - req.received_at
-        series.REQUEST_DURATION.labels(*labels).observe(elapsed)
-        series.RESPONSE_SIZES.labels(*labels).observe(resp.body_bytes)
-        usage = resp.usage
-        if usage is not None:
-            if usage.prompt_tokens > 0:
-                series.INPUT_TOKENS.labels(*labels).observe(usage.prompt_tokens)
-            if usage.completion_tokens > 0:
-                series.OUTPUT_TOKENS.labels(*labels).observe(usage.completion_tokens)
-                series.NORMALIZED_TPOT.labels(*labels).observe(elapsed / usage.completion_tokens)
-            if usage.cached_tokens is not None:
-                series.PROMPT_CACHED_TOKENS.labels(*labels).observe(usage.cached_tokens)
-        if resp.streaming and resp.first_chunk_at:
-            series.REQUEST_TTFT.labels(*labels).observe(resp.first_chunk_at - req.received_at)
-            if usage is not None and usage.completion_tokens > 1:
-                tpot = (now - resp.first_chunk_at) / (usage.completion_tokens - 1)
-                series.REQUEST_TPOT.labels(*labels).observe(tpot)
-
-    def finish(self, ctx: RequestContext, error: EppError | None = None) -> None:
-        """The ext_proc stream ended (normally, with an error, or cancelled). Runs exactly once."""
-        if error is not None and not ctx.error_code:
-            ctx.error_code = error.code
-        if ctx.scheduled and not ctx.completed:
-            self._complete(ctx)  # abnormal end: completion hooks release per-request state
-        if ctx.running_counted:
-            series.RUNNING_REQUESTS.labels(ctx.request.incoming_model).dec()
-            ctx.running_counted = False
-        if ctx.error_code:
-            req = ctx.request
-            series.REQUEST_ERROR_TOTAL.labels(req.incoming_model, req.target_model, ctx.error_code).inc()
-
-
-def rewrite_model_name(chunk: bytes, target: str, incoming: str) -> bytes:
-    """Restore the client-facing model name in a response chunk (GIE's byte replacement)."""
-    if not target or not incoming or target == incoming:
-        return chunk
-    old = b'"model":"' + target.encode() + b'"'
-    if old in chunk:
-        return chunk.replace(old, b'"model":"' + incoming.encode() + b'"')
-    old = b'"model": "' + target.encode() + b'"'
-    if old in chunk:
-        return chunk.replace(old, b'"model": "' + incoming.encode() + b'"')
-    return chunk

@@ -196,7 +196,7 @@ class CertReloader:
 
 
 def ssl_context(cert_path: str) -> ssl.SSLContext:
-    """An ``ssl.SSLContext`` (ALPN h2) for the transports on the event loop (h2, grpclib).
+    """An ``ssl.SSLContext`` (ALPN h2) for the transports on the event loop (h2).
 
     Same sources as ``server_credentials``: ``tls.crt``/``tls.key`` from ``cert_path``, or a
     self-signed certificate generated in memory.

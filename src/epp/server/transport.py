@@ -1,4 +1,4 @@
-"""The gRPC server that carries ext_proc (own HTTP/2 framing, grpc.aio or grpclib) behind one interface."""
+"""The gRPC server that carries ext_proc (own HTTP/2 framing, or grpc.aio) behind one interface."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class ExtProcServer(Protocol):
 
 
 class GrpcAioServer:
-    """ext_proc on grpc.aio (gRPC core; the default)."""
+    """ext_proc on grpc.aio (gRPC core; the fallback transport, ``--ext-proc-transport=grpcio``)."""
 
     def __init__(
         self, servicer: extproc.ExtProcServicer, health_servicer: health.HealthServicer | None
@@ -65,15 +65,11 @@ class GrpcAioServer:
 def make_server(
     kind: str, servicer: extproc.ExtProcServicer, health_servicer: health.HealthServicer | None
 ) -> ExtProcServer:
-    """``kind`` is ``--ext-proc-transport``: ``h2`` (the default), ``grpcio`` or ``grpclib``."""
+    """``kind`` is ``--ext-proc-transport``: ``h2`` (the default) or ``grpcio``."""
     if kind == "h2":
         from epp.server.h2 import H2GrpcServer
 
         return H2GrpcServer(servicer, health_servicer)
-    if kind == "grpclib":
-        from epp.server.grpclib_transport import GrpclibServer
-
-        return GrpclibServer(servicer, health_servicer)
     return GrpcAioServer(servicer, health_servicer)
 
 

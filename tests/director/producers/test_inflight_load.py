@@ -307,8 +307,9 @@ async def test_concurrent_requests_with_abnormal_ends(pd: bool) -> None:
     async def one(i: int) -> None:
         ending = rng.choice(("normal", "abnormal-mid-response", "abnormal-before-response", "error"))
         body = orjson.dumps({"model": "m", "prompt": "x" * rng.randrange(1, 400)})
-        ctx = director.new_request({":path": "/v1/completions"}, {})
-        await director.route(ctx, body)
+        lc = director.start({":path": "/v1/completions"}, {})
+        await lc.route(body)
+        ctx = lc.ctx
         assert ctx.result is not None
         tokens = estimate_tokens(ctx.request)
         held = [
@@ -321,20 +322,20 @@ async def test_concurrent_requests_with_abnormal_ends(pd: bool) -> None:
         check()
         await asyncio.sleep(0)
         if ending == "abnormal-before-response":
-            director.finish(ctx, None)
+            lc.close(None)
             account(held, -1)
             check()
             return
-        director.response_headers(ctx, {":status": "200", "content-type": "application/json"})
+        lc.response_headers({":status": "200", "content-type": "application/json"}, end_of_stream=False)
         if prefill is not None:
             account([(prefill.target_endpoints[0].metadata.name, tokens)], -1)
             held.remove((prefill.target_endpoints[0].metadata.name, tokens))
         check()
         await asyncio.sleep(0)
         if ending == "normal":
-            director.response_body(ctx, b'{"usage":{"prompt_tokens":1,"completion_tokens":1}}', True)
+            lc.response_chunk(b'{"usage":{"prompt_tokens":1,"completion_tokens":1}}', True)
         error: EppError | None = Internal("stream broke") if ending == "error" else None
-        director.finish(ctx, error)
+        lc.close(error)
         account(held, -1)
         check()
 

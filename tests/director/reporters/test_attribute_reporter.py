@@ -252,7 +252,7 @@ async def test_final_body_message_carries_cost(content_type: str, chunks: list[b
     """GIE's integration case: the last ResponseBody reply has envoy.lb cost = completion_tokens (10)."""
     stream = Stream(_director())
     full_duplex = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
-    stream.on_request_headers(
+    stream.handle(
         pb.ProcessingRequest(
             request_headers=pb.HttpHeaders(
                 headers=_headers(**{":path": "/v1/completions", ":method": "POST"})
@@ -263,11 +263,11 @@ async def test_final_body_message_carries_cost(content_type: str, chunks: list[b
         )
     )
     body = orjson.dumps({"model": "food-review", "prompt": "hello", "max_tokens": 20})
-    routed = await stream.on_request_body(
-        pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
-    )
+    assert not stream.handle(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+    assert stream.route_pending
+    routed = await stream.route()
     assert routed, "the request was routed"
-    stream.on_response_headers(
+    stream.handle(
         pb.ProcessingRequest(
             response_headers=pb.HttpHeaders(
                 headers=_headers(**{":status": "200", "content-type": content_type})
@@ -278,9 +278,7 @@ async def test_final_body_message_carries_cost(content_type: str, chunks: list[b
     for i, chunk in enumerate(chunks):
         eos = i == len(chunks) - 1
         replies.extend(
-            stream.on_response_body(
-                pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=eos))
-            )
+            stream.handle(pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=eos)))
         )
     stream.close()
     assert replies

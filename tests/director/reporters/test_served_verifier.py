@@ -105,7 +105,7 @@ def test_reads_response_headers_metadata(metadata: base_pb2.Metadata | None, exp
         response_header=(verifier(),),
     )
     stream = Stream(Director(ds, pipeline))
-    stream.on_request_headers(
+    stream.handle(
         pb.ProcessingRequest(
             request_headers=pb.HttpHeaders(headers=_headers(**{":path": "/"}), end_of_stream=True)
         )
@@ -113,7 +113,7 @@ def test_reads_response_headers_metadata(metadata: base_pb2.Metadata | None, exp
     msg = pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=_headers(**{":status": "200"})))
     if metadata is not None:
         msg.metadata_context.CopyFrom(metadata)
-    (raw,) = stream.on_response_headers(msg)
+    (raw,) = stream.handle(msg)
     stream.close()
     reply = pb.ProcessingResponse.FromString(serialize(raw))
     sets = {

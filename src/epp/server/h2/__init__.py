@@ -1,7 +1,7 @@
 """ext_proc on the EPP's own HTTP/2 + gRPC framing, an asyncio ``Protocol`` on the event loop.
 
 grpc.aio hands every message between gRPC core's threads and the loop (about 35 thread
-switches per request, overhead-baseline.md), and grpclib parses every frame with ``h2``.
+switches per request, overhead-baseline.md), and grpclib (removed) parsed every frame with ``h2``.
 An ext_proc stream needs little of HTTP/2: one header block in, length-prefixed protobuf
 messages both ways, constant response headers and trailers.  Doing just that here costs a
 fraction of either (docs/decisions.md "ext_proc transport"), and everything the server must

@@ -1,10 +1,10 @@
 """One gRPC call on an HTTP/2 stream, and the two ways of driving it.
 
 ``TaskDriver`` runs a coroutine handler that reads an async iterator (health checks).
-``SessionDriver`` feeds each message to an ext_proc ``Session`` from the connection's read
-callback and writes the replies at once when no I/O is needed, falling back to a task only
-while the session awaits (routing a request body) or the peer's window is full: a response
-chunk then costs no task switch.
+``SessionDriver`` feeds each message to an ext_proc session (``epp.server.stream.Stream``)
+from the connection's read callback and writes the replies at once, falling back to a task
+only while the session routes a request body (``route_pending``: ``await route()``) or the
+peer's window is full: a response chunk then costs no task switch.
 """
 
 from __future__ import annotations
@@ -194,11 +194,17 @@ class TaskDriver:
 
 
 class Session(Protocol):
-    """What ``epp.server.extproc.Session`` offers a transport."""
+    """What an ext_proc ``epp.server.stream.Stream`` offers a transport.
+
+    ``handle`` answers at once; when it leaves ``route_pending`` set, the replies to that
+    message come from ``await route()`` instead.
+    """
 
     finished: bool
+    route_pending: bool
 
-    def handle(self, msg: Any) -> list[Any] | Awaitable[list[Any]]: ...
+    def handle(self, msg: Any) -> list[Any]: ...
+    async def route(self) -> list[Any]: ...
     def close(self) -> None: ...
 
 
@@ -218,16 +224,17 @@ class SessionDriver:
         if self._task is not None:
             self._pending.append(msg)
             return
+        session = self._session
         try:
-            out = self._session.handle(msg)
+            out = session.handle(msg)
         except Exception as e:  # a session answers its own errors; this is a bug, not a request's fault
             log.exception("ext_proc_call_crashed", error=repr(e))
             self._end(UNKNOWN, "internal error")
             return
-        if isinstance(out, list):
-            self._write(out)
+        if session.route_pending:
+            self._go_slow(out)
         else:
-            self._go_slow(out, None)
+            self._write(out)
 
     def on_end_stream(self) -> None:
         if self._task is None:
@@ -242,26 +249,27 @@ class SessionDriver:
         call, serialize = self._call, self._serialize
         for i, reply in enumerate(out):
             if not call.send_nowait(serialize(reply)):
-                self._go_slow(None, out[i:])
+                self._go_slow(out[i:])
                 return
         if self._session.finished or call.half_closed:
             self._end(OK)
 
-    def _go_slow(self, pending: Awaitable[list[Any]] | None, replies: list[Any] | None) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._slow(pending, replies))
+    def _go_slow(self, replies: list[Any]) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._slow(replies))
 
-    async def _slow(self, pending: Awaitable[list[Any]] | None, replies: list[Any] | None) -> None:
+    async def _slow(self, replies: list[Any]) -> None:
+        """Own the call while routing awaits or the peer's window is full, then hand back."""
         session, call, serialize = self._session, self._call, self._serialize
         try:
             while True:
-                if pending is not None:
-                    replies = await pending
-                for reply in replies or ():
+                for reply in replies:
                     await call.send(serialize(reply))
+                if session.route_pending:
+                    replies = await session.route()
+                    continue
                 if session.finished or not self._pending:
                     break
-                out = session.handle(self._pending.popleft())
-                pending, replies = (None, out) if isinstance(out, list) else (out, None)
+                replies = session.handle(self._pending.popleft())
         except asyncio.CancelledError:
             return
         except Exception as e:

@@ -1,0 +1,199 @@
+"""One request's lifecycle: the object the director hands out per request, and its one state.
+
+A request passes through routing (director.py) and then its response (response.py), and
+each step has rules about order and repetition: a request is counted as running once it is
+routed and uncounted once; completion hooks run exactly once for a scheduled request, also
+when the stream dies mid-response; a non-streamed response whose model name must be
+restored is held to its end so the name cannot straddle chunks.  Those rules used to be
+split between the ext_proc edge (a phase enum, the buffering rule) and booleans on the
+request context; here they are one ``Phase`` on one object, so the edge only translates
+ext_proc messages and modes into calls on it:
+
+    lc = director.start(headers, metadata, can_hold_response=...)
+    decision = await lc.route(body)   |  lc.route_headers_only()
+    added = lc.response_headers(headers, end_of_stream=...)
+    out = lc.response_chunk(chunk, end_of_stream)   # None: held, nothing to forward yet
+    out = lc.response_end()                          # trailers: flush what is held
+    lc.close(error)                                  # always, exactly once
+
+Every method is synchronous except ``route`` (admission and data producers may wait), which
+is what lets the edge answer response chunks from the transport's read callback.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from epp.director.context import RequestContext, RoutingDecision
+from epp.director.response import ResponseSide
+from epp.errors import EppError
+from epp.request import InferenceRequest
+
+if TYPE_CHECKING:
+    from epp.director.director import Director
+
+
+class Phase(enum.IntEnum):
+    """Where a request is; it only moves forward (a response may start without headers)."""
+
+    RECEIVING = 0  # request headers in, body arriving; nothing decided (also: routing failed)
+    ROUTED = 1  # the routing decision was handed out; a scheduled request counts as running
+    RESPONDING = 2  # the response started (headers, or a chunk without headers)
+    COMPLETE = 3  # the response ended; completion hooks ran
+    CLOSED = 4  # the stream is over; the request's books are closed
+
+
+# The members as module constants: reading one off the Enum class costs ~100 ns on Python 3.11,
+# as much as the rest of a response chunk's bookkeeping in the lifecycle.
+RECEIVING: Final = Phase.RECEIVING
+ROUTED: Final = Phase.ROUTED
+RESPONDING: Final = Phase.RESPONDING
+COMPLETE: Final = Phase.COMPLETE
+CLOSED: Final = Phase.CLOSED
+
+
+class RequestLifecycle:
+    """One request from its headers to the end of its ext_proc stream.  Made by ``Director.start``."""
+
+    __slots__ = ("_director", "_held", "_hold", "_responses", "ctx", "phase")
+
+    def __init__(
+        self, director: Director, responses: ResponseSide, ctx: RequestContext, *, can_hold_response: bool
+    ) -> None:
+        self._director = director
+        self._responses = responses
+        self._hold = can_hold_response
+        self._held: list[bytes] | None = None  # a response held to its end (see response_headers)
+        self.ctx = ctx
+        self.phase: Phase = RECEIVING
+
+    @property
+    def request(self) -> InferenceRequest:
+        return self.ctx.request
+
+    @property
+    def scheduled(self) -> bool:
+        """Routed with a body through the scheduler: completion hooks and response metrics apply."""
+        return self.ctx.result is not None
+
+    @property
+    def response_headers_needed(self) -> bool:
+        """Whether a plugin reads response headers."""
+        return self._responses.headers_needed
+
+    @property
+    def response_body_needed(self) -> bool:
+        """Whether the response body must reach the EPP (see ``ResponseSide.body_needed``)."""
+        return self._responses.body_needed(self.ctx)
+
+    def set_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """Envoy's filter metadata of the latest message that carried some (GIE: the latest wins)."""
+        self.ctx.request.metadata = metadata
+
+    # request side -----------------------------------------------------------------
+    async def route(self, body: bytes) -> RoutingDecision:
+        """Route on the complete body.  Raises ``EppError``; the phase then stays RECEIVING."""
+        self._expect(RECEIVING, "route")
+        decision = await self._director.route(self.ctx, body)
+        self._routed()
+        return decision
+
+    def route_headers_only(self) -> RoutingDecision:
+        """Route a request that has no body for the EPP (GET, or body modes that cannot carry one)."""
+        self._expect(RECEIVING, "route")
+        decision = self._director.route_headers_only(self.ctx)
+        self._routed()
+        return decision
+
+    def _routed(self) -> None:
+        self.phase = ROUTED
+        self._responses.request_sent(self.ctx)
+
+    def _expect(self, phase: Phase, what: str) -> None:
+        if self.phase is not phase:
+            raise RuntimeError(f"{what} in phase {self.phase.name}")
+
+    # response side ----------------------------------------------------------------
+    def response_headers(self, headers: dict[str, str], *, end_of_stream: bool) -> list[tuple[str, str]]:
+        """The response headers; returns the headers that hooks added or changed."""
+        ctx = self.ctx
+        before = dict(headers)
+        self._responses.headers(ctx, headers)
+        if self.phase < RESPONDING:
+            self.phase = RESPONDING
+        # Restoring the model name works chunk by chunk except in a non-streamed body, where the
+        # name could straddle two chunks: hold such a body to its end when the edge can.
+        if self._hold and ctx.rewrite_response_model and not (ctx.response and ctx.response.streaming):
+            self._held = []
+        if end_of_stream:
+            self._last(b"")
+        return [(k, v) for k, v in headers.items() if before.get(k) != v]  # new or overridden
+
+    def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
+        """One response body chunk; returns the bytes to forward now, or None while held.
+
+        Unchanged chunks come back as the same object.  The common case (a chunk in mid
+        response) is the first branch: this runs once per streamed token.
+        """
+        if self._held is None and not end_of_stream and self.phase is RESPONDING:
+            return self._responses.chunk(self.ctx, chunk, False)
+        held = self._held
+        if held is not None:
+            if chunk:
+                held.append(chunk)
+            if not end_of_stream:
+                return None
+            self._held = None
+            chunk = held[0] if len(held) == 1 else b"".join(held)
+        if end_of_stream:
+            return self._last(chunk)
+        if self.phase < RESPONDING:  # a body without headers
+            self.phase = RESPONDING
+        return self._responses.chunk(self.ctx, chunk, False)
+
+    def response_end(self) -> bytes | None:
+        """The response ended without an end-of-stream chunk (gRPC trailers): complete it.
+
+        Returns a held body to forward (as a chunk without end_of_stream), or None.
+        """
+        if self.phase >= COMPLETE:
+            return None
+        held, self._held = self._held, None
+        if held:
+            return self._last(held[0] if len(held) == 1 else b"".join(held))
+        self._last(b"")
+        return None
+
+    def _last(self, chunk: bytes) -> bytes:
+        out = self._responses.chunk(self.ctx, chunk, True)
+        if self.phase < COMPLETE:
+            self.phase = COMPLETE
+            self._responses.complete(self.ctx)
+        return out
+
+    @property
+    def response_metadata(self) -> dict[str, Any] | None:
+        """Dynamic metadata for the message that ends the response (completion hooks write it)."""
+        resp = self.ctx.response
+        return resp.dynamic_metadata if resp is not None and resp.dynamic_metadata else None
+
+    def close(self, error: EppError | None = None) -> None:
+        """The stream is over (normally, with ``error``, or cancelled).  Idempotent.
+
+        A scheduled request whose response did not end still gets its completion hooks
+        (they release what pre-request hooks took); the running gauge and the error count
+        are settled once.
+        """
+        phase = self.phase
+        if phase is CLOSED:
+            return
+        self.phase = CLOSED
+        self._held = None
+        ctx = self.ctx
+        scheduled = ctx.result is not None
+        if scheduled and phase < COMPLETE:
+            self._responses.complete(ctx)
+        running = scheduled and phase >= ROUTED and bool(ctx.request.incoming_model)
+        self._responses.finish(ctx, error, running=running)

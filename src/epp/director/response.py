@@ -1,0 +1,175 @@
+"""The director's response side: response hooks, per-chunk accounting, completion and metrics.
+
+Routing (director.py) ends when the decision is handed out; everything after it is here:
+header hooks, per-chunk work (TTFT, usage parsing, body hooks, restoring the client's model
+name), completion hooks and the response metrics (running requests, duration, sizes, tokens,
+errors).  ``ResponseSide`` keeps no per-request state: it is called with a request's
+``RequestContext`` by that request's ``RequestLifecycle`` (lifecycle.py), which decides *when*
+(each step once, in order, also when the stream ends abnormally); this module says *what*.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from epp.datastore.store import Datastore
+from epp.director.context import RequestContext
+from epp.director.pipeline import Pipeline
+from epp.errors import EppError
+from epp.metrics import series
+from epp.request import ResponseInfo
+
+log = structlog.get_logger(__name__)
+
+
+def plugin_timer(point: str, plugin: Any) -> Any:
+    """The ``plugin_duration`` histogram child of one plugin at one extension point."""
+    tn = plugin.typed_name
+    return series.PLUGIN_DURATION.labels(point, tn.type, tn.name)
+
+
+class ResponseSide:
+    """Response hooks and metrics of one director's pipeline."""
+
+    __slots__ = ("_admission", "_body_timers", "_done_timers", "_ds", "_hdr_timers", "_p", "headers_needed")
+
+    def __init__(self, datastore: Datastore, pipeline: Pipeline) -> None:
+        self._ds = datastore
+        self._p = pipeline
+        self._admission = pipeline.admission
+        self._hdr_timers = tuple((p, plugin_timer("ResponseReceived", p)) for p in pipeline.response_header)
+        self._body_timers = tuple((p, plugin_timer("ResponseStreaming", p)) for p in pipeline.response_body)
+        self._done_timers = tuple(
+            (p, plugin_timer("ResponseStreaming", p)) for p in pipeline.response_complete
+        )
+        # Whether a plugin reads response headers (else lean mode skips them too).
+        self.headers_needed = bool(pipeline.response_header)
+
+    def body_needed(self, ctx: RequestContext) -> bool:
+        """Whether this request's response body must reach the EPP.
+
+        Plugins with body or completion hooks need it, and so does restoring the client's
+        model name after a rewrite (a header rewrite, or any InferenceModelRewrite rule).
+        Token and TTFT metrics are recorded only when bodies flow anyway: asking for them
+        is what a FULL_DUPLEX_STREAMED response mode in Envoy's config expresses.
+        """
+        p = self._p
+        return bool(
+            p.response_body or p.response_complete or ctx.request.target_model or len(self._ds.rewrites)
+        )
+
+    def request_sent(self, ctx: RequestContext) -> bool:
+        """The routing decision went out: count a scheduled request as running; True if counted."""
+        if ctx.result is not None and ctx.request.incoming_model:
+            series.RUNNING_REQUESTS.labels(ctx.request.incoming_model).inc()
+            return True
+        return False
+
+    def headers(self, ctx: RequestContext, headers: dict[str, str]) -> None:
+        """Record the response headers; run header hooks (they may add to ``headers``)."""
+        resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id, headers=headers)
+        status = headers.get(":status", "")
+        resp.status = int(status) if status.isdigit() else 0
+        if resp.status and not 200 <= resp.status < 300 and not ctx.error_code:
+            ctx.error_code = "ModelServerError"
+        resp.streaming = "text/event-stream" in headers.get("content-type", "")
+        if ctx.result is not None:
+            ctx.usage_parser = self._p.parser.usage_parser(headers)
+        for plugin, timer in self._hdr_timers:
+            t0 = time.perf_counter()
+            plugin.response_header(ctx.state, ctx.request, resp, ctx.target)
+            timer.observe(time.perf_counter() - t0)
+
+    def chunk(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> bytes:
+        """Account one response chunk and run body hooks; returns the chunk to forward."""
+        resp = ctx.response
+        if resp is None:  # a body without headers: be lenient
+            resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id)
+        if chunk:
+            if not resp.first_chunk_at:
+                resp.first_chunk_at = time.monotonic()
+            resp.body_bytes += len(chunk)
+            up = ctx.usage_parser
+            if up is not None:
+                usage = up.feed(chunk, end_of_stream)
+                if usage is not None:
+                    resp.usage = usage
+        elif end_of_stream and ctx.usage_parser is not None:
+            usage = ctx.usage_parser.feed(b"", True)
+            if usage is not None:
+                resp.usage = usage
+        if end_of_stream:
+            resp.end_of_stream = True
+        for plugin, timer in self._body_timers:
+            t0 = time.perf_counter()
+            plugin.response_body(ctx.state, ctx.request, resp, chunk, ctx.target)
+            timer.observe(time.perf_counter() - t0)
+        if ctx.rewrite_response_model and chunk:
+            return rewrite_model_name(chunk, ctx.request.target_model, ctx.request.incoming_model)
+        return chunk
+
+    def complete(self, ctx: RequestContext) -> None:
+        """Completion hooks (each failure logged, none skipped), then the response metrics."""
+        resp = ctx.response
+        if resp is None:
+            resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id)
+        now = time.monotonic()
+        resp.completed_at = now
+        for plugin, timer in self._done_timers:
+            t0 = time.perf_counter()
+            try:
+                plugin.response_complete(ctx.state, ctx.request, resp, ctx.target)
+            except Exception:
+                log.warning("response_complete_failed", plugin=str(plugin.typed_name), exc_info=True)
+            timer.observe(time.perf_counter() - t0)
+        if ctx.result is not None and resp.end_of_stream:
+            _record_response_metrics(ctx, resp, now)
+        self._admission.notify()
+
+    def finish(self, ctx: RequestContext, error: EppError | None, *, running: bool) -> None:
+        """The request's last bookkeeping: the running gauge (if counted) and its error, once."""
+        if error is not None and not ctx.error_code:
+            ctx.error_code = error.code
+        req = ctx.request
+        if running:
+            series.RUNNING_REQUESTS.labels(req.incoming_model).dec()
+        if ctx.error_code:
+            series.REQUEST_ERROR_TOTAL.labels(req.incoming_model, req.target_model, ctx.error_code).inc()
+
+
+def _record_response_metrics(ctx: RequestContext, resp: ResponseInfo, now: float) -> None:
+    req = ctx.request
+    labels = (req.incoming_model, req.target_model)
+    elapsed = now - req.received_at
+    series.REQUEST_DURATION.labels(*labels).observe(elapsed)
+    series.RESPONSE_SIZES.labels(*labels).observe(resp.body_bytes)
+    usage = resp.usage
+    if usage is not None:
+        if usage.prompt_tokens > 0:
+            series.INPUT_TOKENS.labels(*labels).observe(usage.prompt_tokens)
+        if usage.completion_tokens > 0:
+            series.OUTPUT_TOKENS.labels(*labels).observe(usage.completion_tokens)
+            series.NORMALIZED_TPOT.labels(*labels).observe(elapsed / usage.completion_tokens)
+        if usage.cached_tokens is not None:
+            series.PROMPT_CACHED_TOKENS.labels(*labels).observe(usage.cached_tokens)
+    if resp.streaming and resp.first_chunk_at:
+        series.REQUEST_TTFT.labels(*labels).observe(resp.first_chunk_at - req.received_at)
+        if usage is not None and usage.completion_tokens > 1:
+            tpot = (now - resp.first_chunk_at) / (usage.completion_tokens - 1)
+            series.REQUEST_TPOT.labels(*labels).observe(tpot)
+
+
+def rewrite_model_name(chunk: bytes, target: str, incoming: str) -> bytes:
+    """Restore the client-facing model name in a response chunk (GIE's byte replacement)."""
+    if not target or not incoming or target == incoming:
+        return chunk
+    old = b'"model":"' + target.encode() + b'"'
+    if old in chunk:
+        return chunk.replace(old, b'"model":"' + incoming.encode() + b'"')
+    old = b'"model": "' + target.encode() + b'"'
+    if old in chunk:
+        return chunk.replace(old, b'"model": "' + incoming.encode() + b'"')
+    return chunk

@@ -1,0 +1,184 @@
+"""One request's lifecycle: its phases, each step once, and when a response is held."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.director.lifecycle import Phase, RequestLifecycle
+from epp.errors import Internal, ServiceUnavailable
+from tests.director.test_director import Hooks, body, director, metric
+
+SSE = {":status": "200", "content-type": "text/event-stream"}
+JSON = {":status": "200", "content-type": "application/json"}
+
+
+def running(model: str) -> float:
+    return metric("inference_objective_running_requests", model_name=model)
+
+
+def errors(model: str, code: str) -> float:
+    return metric(
+        "inference_objective_request_error_total", model_name=model, target_model_name=model, error_code=code
+    )
+
+
+async def routed(model: str, hooks: Hooks | None = None, **start: bool) -> RequestLifecycle:
+    d, _ = director(hooks=hooks)
+    lc = d.start({}, {}, **start)
+    assert lc.phase is Phase.RECEIVING
+    await lc.route(body(model))
+    return lc
+
+
+async def test_streamed_response_walks_every_phase_once() -> None:
+    """Routed → responding → complete → closed; chunks pass as the same objects; books balance."""
+    hooks = Hooks()
+    lc = await routed("lc-stream", hooks)
+    assert lc.phase is Phase.ROUTED and lc.scheduled
+    assert running("lc-stream") == 1
+    added = lc.response_headers(dict(SSE), end_of_stream=False)
+    assert added == [("x-added-by-plugin", "yes")]
+    assert lc.phase is Phase.RESPONDING
+    chunks = [b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]
+    assert lc.response_chunk(chunks[0], False) is chunks[0]
+    assert lc.response_chunk(chunks[1], False) is chunks[1]
+    assert lc.response_metadata is None  # written by completion hooks, at the end
+    assert lc.response_chunk(chunks[2], True) is chunks[2]
+    assert lc.phase is Phase.COMPLETE
+    assert len(hooks.completions) == 1 and hooks.completions[0].end_of_stream
+    assert lc.response_metadata == {"envoy.lb": {"x-gateway-inference-request-cost": 10}}
+    lc.close()
+    lc.close()  # idempotent
+    assert lc.phase is Phase.CLOSED
+    assert len(hooks.completions) == 1
+    assert running("lc-stream") == 0
+
+
+async def test_close_with_error_mid_stream_completes_and_counts_once() -> None:
+    """The stream dies mid-response: completion hooks still run (not end_of_stream), the error counts once."""
+    hooks = Hooks()
+    lc = await routed("lc-broken", hooks)
+    lc.response_headers(dict(SSE), end_of_stream=False)
+    lc.response_chunk(b"data: {}\n\n", False)
+    before = errors("lc-broken", "Internal")
+    lc.close(Internal("stream broke"))
+    lc.close(Internal("again"))
+    assert lc.phase is Phase.CLOSED
+    assert len(hooks.completions) == 1 and not hooks.completions[0].end_of_stream
+    assert errors("lc-broken", "Internal") == before + 1
+    assert running("lc-broken") == 0
+
+
+async def test_response_chunk_before_headers() -> None:
+    """A body without headers is accounted leniently and ends the response normally."""
+    hooks = Hooks()
+    lc = await routed("lc-headless", hooks)
+    chunk = b'{"usage":{}}'
+    assert lc.response_chunk(chunk, False) is chunk
+    assert lc.phase is Phase.RESPONDING
+    assert lc.ctx.response is not None and lc.ctx.response.body_bytes == len(chunk)
+    lc.response_chunk(b"", True)
+    assert lc.phase is Phase.COMPLETE and len(hooks.completions) == 1
+    lc.close()
+
+
+async def test_response_headers_with_end_of_stream_complete_the_response() -> None:
+    """A body-less response (HEAD, 204) completes at its headers."""
+    hooks = Hooks()
+    lc = await routed("lc-empty", hooks)
+    lc.response_headers({":status": "204"}, end_of_stream=True)
+    assert lc.phase is Phase.COMPLETE and len(hooks.completions) == 1
+    lc.close()
+    assert len(hooks.completions) == 1
+
+
+async def test_headers_only_request_is_not_scheduled() -> None:
+    """A GET is routed without counting as running; completion hooks run only if its response ends."""
+    hooks = Hooks()
+    d, _ = director(hooks=hooks)
+    lc = d.start({}, {})
+    assert lc.route_headers_only().destination == "192.168.1.2:8000"
+    assert lc.phase is Phase.ROUTED and not lc.scheduled
+    lc.close()  # ended before any response: nothing was taken, nothing to release
+    assert not hooks.completions
+
+    lc = d.start({}, {})
+    lc.route_headers_only()
+    lc.response_headers(dict(JSON), end_of_stream=False)
+    lc.response_chunk(b"{}", True)
+    lc.close()
+    assert len(hooks.completions) == 1
+
+
+async def test_failed_route_stays_receiving_and_closes_with_its_error() -> None:
+    """A routing error leaves the request unrouted; closing counts the error, no running gauge."""
+    d, _ = director(eps=[])
+    lc = d.start({}, {})
+    with pytest.raises(ServiceUnavailable):
+        await lc.route(body("lc-unroutable"))
+    assert lc.phase is Phase.RECEIVING and not lc.scheduled
+    before = errors("lc-unroutable", "ServiceUnavailable")
+    lc.close(ServiceUnavailable("no endpoints"))
+    assert errors("lc-unroutable", "ServiceUnavailable") == before + 1
+    assert running("lc-unroutable") == 0
+
+
+async def test_a_request_is_routed_once() -> None:
+    """Routing is the only way out of RECEIVING, and happens once."""
+    lc = await routed("lc-twice")
+    with pytest.raises(RuntimeError, match="route in phase ROUTED"):
+        await lc.route(body("lc-twice"))
+    with pytest.raises(RuntimeError, match="route in phase ROUTED"):
+        lc.route_headers_only()
+    lc.close()
+
+
+def rewritten(d_hold: bool) -> tuple[RequestLifecycle, Hooks]:
+    hooks = Hooks()
+    d, _ = director(hooks=hooks)
+    return d.start({"x-gateway-model-name-rewrite": "served"}, {}, can_hold_response=d_hold), hooks
+
+
+async def test_non_streamed_rewritten_response_is_held_to_its_end() -> None:
+    """The client's model name is restored even when it straddles chunks: the body is held whole."""
+    lc, hooks = rewritten(True)
+    await lc.route(body("client"))
+    lc.response_headers(dict(JSON), end_of_stream=False)
+    assert lc.response_chunk(b'{"model":"ser', False) is None
+    assert lc.response_chunk(b'ved","x":1}', False) is None
+    assert lc.phase is Phase.RESPONDING
+    assert lc.response_chunk(b"", True) == b'{"model":"client","x":1}'
+    assert lc.phase is Phase.COMPLETE and len(hooks.completions) == 1
+    lc.close()
+
+
+async def test_held_response_is_flushed_by_trailers() -> None:
+    """Trailers end a held body without an end-of-stream chunk: the whole body comes out then."""
+    lc, hooks = rewritten(True)
+    await lc.route(body("client"))
+    lc.response_headers(dict(JSON), end_of_stream=False)
+    assert lc.response_chunk(b'{"model":"served"}', False) is None
+    assert lc.response_end() == b'{"model":"client"}'
+    assert lc.phase is Phase.COMPLETE and len(hooks.completions) == 1
+    assert lc.response_end() is None  # already complete
+    lc.close()
+
+
+@pytest.mark.parametrize(
+    ("can_hold", "headers"),
+    [
+        pytest.param(True, SSE, id="streamed-response"),
+        pytest.param(False, JSON, id="edge-cannot-hold"),
+    ],
+)
+async def test_rewritten_response_is_not_held(can_hold: bool, headers: dict[str, str]) -> None:
+    """SSE events carry the model whole, and an edge that must answer every chunk cannot hold."""
+    lc, _ = rewritten(can_hold)
+    await lc.route(body("client"))
+    lc.response_headers(dict(headers), end_of_stream=False)
+    assert lc.response_chunk(b'{"model":"served"}', False) == b'{"model":"client"}'
+    unchanged = b"no model here"
+    assert lc.response_chunk(unchanged, False) is unchanged
+    assert lc.response_end() is None
+    assert lc.phase is Phase.COMPLETE
+    lc.close()

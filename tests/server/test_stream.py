@@ -1,0 +1,102 @@
+"""The shape a transport drives: ``handle`` answers at once, ``route`` only for a completed body."""
+
+from __future__ import annotations
+
+from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp.director.lifecycle import Phase
+from epp.server import responses as r
+from epp.server.stream import Stream
+from tests.server.harness import (
+    Harness,
+    pods,
+    req_body,
+    req_headers,
+    resp_body,
+    resp_headers,
+    resp_trailers,
+    streamed,
+)
+
+BODY = b'{"model":"my-model","prompt":"hi","max_tokens":3}'
+
+
+def stream() -> tuple[Stream, list[str]]:
+    h = Harness()
+    h.set_pods(pods((0, 0, 0.1), (1, 3, 0.2)))
+    closed: list[str] = []
+    return Stream(h.director, on_close=lambda: closed.append("closed")), closed
+
+
+def parse(replies: list[r.Reply]) -> list[pb.ProcessingResponse]:
+    return [pb.ProcessingResponse.FromString(r.serialize(x)) for x in replies]
+
+
+async def test_only_the_body_completing_message_needs_routing() -> None:
+    """Headers and partial bodies answer nothing yet; end of body leaves route() to answer."""
+    s, closed = stream()
+    assert s.handle(req_headers({":path": "/v1/completions"})) == []
+    assert s.handle(req_body(BODY[:10], eos=False)) == []
+    assert not s.route_pending
+    assert s.handle(req_body(BODY[10:], eos=True)) == []
+    assert s.route_pending
+    replies = parse(await s.route())
+    assert not s.route_pending and not s.finished
+    assert [m.WhichOneof("response") for m in replies] == ["request_headers", "request_body"]
+    assert streamed(replies[1]) == (BODY, True)
+    assert s.lifecycle is not None and s.lifecycle.phase is Phase.ROUTED
+
+    # the response side never waits: every chunk is answered by handle itself
+    assert len(s.handle(resp_headers({":status": "200", "content-type": "text/event-stream"}))) == 1
+    for eos in (False, True):
+        (reply,) = parse(s.handle(resp_body(b"data: {}\n\n", eos=eos)))
+        assert not s.route_pending
+        assert streamed(reply) == (b"data: {}\n\n", eos)
+    assert s.lifecycle.phase is Phase.COMPLETE
+    s.close()
+    s.close()
+    assert closed == ["closed"] and s.lifecycle.phase is Phase.CLOSED
+
+
+async def test_request_trailers_end_the_body() -> None:
+    """A body ended by trailers: route() answers with the routing replies, then the trailers reply."""
+    s, _ = stream()
+    s.handle(req_headers({":path": "/v1/completions"}))
+    s.handle(req_body(BODY, eos=False))
+    assert s.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers())) == []
+    assert s.route_pending
+    replies = parse(await s.route())
+    assert [m.WhichOneof("response") for m in replies] == [
+        "request_headers",
+        "request_body",
+        "request_trailers",
+    ]
+    assert streamed(replies[1]) == (BODY, False)
+    # a response ending in trailers completes the request
+    s.handle(resp_headers({":status": "200"}))
+    assert parse(s.handle(resp_trailers()))[-1].WhichOneof("response") == "response_trailers"
+    assert s.lifecycle is not None and s.lifecycle.phase is Phase.COMPLETE
+    s.close()
+
+
+async def test_routing_error_is_an_immediate_response() -> None:
+    """A body the director refuses ends the stream with GIE's error; closing records it."""
+    s, closed = stream()
+    s.handle(req_headers({":path": "/v1/completions"}))
+    s.handle(req_body(b"{", eos=True))
+    (reply,) = parse(await s.route())
+    assert reply.immediate_response.status.code == 400
+    assert s.finished and not s.route_pending
+    assert s.error is not None and s.error.code == "BadRequest"
+    s.close()
+    assert closed == ["closed"]
+    assert s.lifecycle is not None and s.lifecycle.phase is Phase.CLOSED
+
+
+def test_headers_only_request_is_answered_at_once() -> None:
+    """A GET is routed from its headers inside handle: no routing task."""
+    s, _ = stream()
+    (reply,) = parse(s.handle(req_headers({":path": "/v1/models", ":method": "GET"}, eos=True)))
+    assert not s.route_pending
+    assert reply.WhichOneof("response") == "request_headers"
+    assert s.lifecycle is not None and s.lifecycle.phase is Phase.ROUTED and not s.lifecycle.scheduled
+    s.close()
