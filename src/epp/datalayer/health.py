@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
 CONSECUTIVE_5XX: Final = 3
-BASE_EJECTION: Final = 2.0
-MAX_EJECTION: Final = 60.0
+BASE_EJECTION: Final = 10.0  # Envoy: 30 s; a replica that recovers should not wait that long
+MAX_EJECTION: Final = 300.0  # Envoy's max_ejection_time
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from typing import Any, Final
 import structlog
 
 from epp.datalayer.api import Endpoint, fresh_or_all
+from epp.datalayer.health import available_or_all
 from epp.datastore.store import Datastore
 from epp.director.candidates import locate
 from epp.director.context import RequestContext, RoutingDecision
@@ -102,6 +103,7 @@ class Director:
         candidates = locate(all_eps, ctx.request.metadata, subset_filter=self._p.subset_filter)
         if not candidates:
             raise ServiceUnavailable("failed to find endpoint candidates for serving the request")
+        candidates = available_or_all(candidates, time.monotonic())
         try:
             result = self._p.scheduler.schedule(ctx.state, ctx.request, candidates)
             targets = result.primary.target_endpoints
@@ -155,8 +157,10 @@ class Director:
         await p.admission.admit(req, candidates)  # before the empty check: flow control waits for endpoints
         if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
             candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
+        now = time.monotonic()
         if p.staleness_threshold > 0:
-            candidates = fresh_or_all(candidates, time.monotonic(), p.staleness_threshold)
+            candidates = fresh_or_all(candidates, now, p.staleness_threshold)
+        candidates = available_or_all(candidates, now)  # not a crashed or failing replica
         if not candidates:
             raise ServiceUnavailable("failed to find endpoint candidates for serving the request")
 

@@ -75,6 +75,16 @@ class ResponseSide:
         resp.status = int(status) if status.isdigit() else 0
         if resp.status and not 200 <= resp.status < 300 and not ctx.error_code:
             ctx.error_code = "ModelServerError"
+        target = ctx.target
+        if target is not None and resp.status and target.health.response(resp.status, time.monotonic()):
+            h = target.health
+            log.warning(
+                "endpoint_ejected",
+                endpoint=target.name,
+                status=resp.status,
+                seconds=round(h.ejected_until - time.monotonic(), 1),
+                ejections=h.ejections,
+            )
         resp.streaming = "text/event-stream" in headers.get("content-type", "")
         if ctx.result is not None:
             ctx.usage_parser = self._p.parser.usage_parser(headers)
