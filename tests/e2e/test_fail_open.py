@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import signal
+import time
 from collections import Counter
 
 import pytest
@@ -85,3 +86,51 @@ async def test_sigterm_drains_an_in_flight_stream(tmp_path: pathlib.Path) -> Non
         assert rest.rstrip().endswith(b"data: [DONE]")
         assert b'"completion_tokens":24' in rest
         assert await s.epp.wait(30) == 0
+
+
+FAIL_OPEN_ENVOY = {
+    "failure_mode_allow": True,
+    "request_body_mode": "BUFFERED",
+    "buffer_limit_bytes": 1 << 20,
+    "fallback_to_fleet": True,
+}
+
+
+async def test_epp_sigkill_under_load_loses_nothing_with_the_fail_open_config(tmp_path: pathlib.Path) -> None:
+    """~50 req/s, half streamed; the EPP is SIGKILLed, then restarted on the same ports. With the
+    fail-open config every request succeeds (round robin while the EPP is away), and requests
+    carry the EPP's routing again within 2 s of it being back."""
+    async with make_stack(tmp_path, envoy=FAIL_OPEN_ENVOY) as s:
+        results: list[tuple[float, int, bool]] = []  # (sent at, status, routed by the EPP)
+
+        async def one(i: int) -> None:
+            t = time.monotonic()
+            body = {"model": "mock-model", "prompt": f"k {i}", "max_tokens": 3, "stream": i % 2 == 0}
+            try:
+                async with s.http.post(s.url + "/v1/completions", json=body) as r:
+                    data = await r.read()
+                    complete = not body["stream"] or data.rstrip().endswith(b"[DONE]")
+                    results.append((t, r.status if complete else -2, bool(r.headers.get("x-epp-destination"))))
+            except Exception:
+                results.append((t, -1, False))
+
+        tasks: list[asyncio.Task[None]] = []
+
+        async def load(seconds: float) -> None:
+            start = time.monotonic()
+            while time.monotonic() - start < seconds:
+                tasks.append(asyncio.create_task(one(len(tasks))))
+                await asyncio.sleep(0.02)
+
+        await load(1.0)
+        await s.epp.signal(signal.SIGKILL)
+        await s.epp.wait(10)
+        await load(1.5)
+        await s.epp.start()  # same ports; returns once its health says SERVING
+        back = time.monotonic()
+        await load(3.0)
+        await asyncio.gather(*tasks)
+    assert Counter(status for _, status, _ in results) == Counter({200: len(results)})
+    routed_again = [t for t, _, routed in results if t >= back and routed]
+    assert routed_again and routed_again[0] - back < 2.0
+    assert all(routed for t, _, routed in results if t >= back + 2.0)
