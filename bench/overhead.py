@@ -24,7 +24,7 @@ import orjson
 
 from bench.common import log, sum_cpu, versions, write_result
 from bench.httpload import RunResult, closed_loop, open_loop, post, summarize
-from bench.paths import DIRECT, ENVOY, EPP, FLOOR, PEERS, Lab, Path, available
+from bench.paths import DIRECT, ENVOY, EPP, EPP_FAIL_OPEN, FLOOR, PEERS, Lab, Path, available
 from bench.profiling import Profiler
 
 SEED = 7
@@ -142,7 +142,7 @@ def _sustained(w: dict[str, Any]) -> bool:
 
 async def run(mode: str, *, profile: bool = True) -> dict[str, Any]:
     st = QUICK if mode == "quick" else FULL
-    specs, notes = available([DIRECT, ENVOY, FLOOR, EPP, *PEERS])
+    specs, notes = available([DIRECT, ENVOY, FLOOR, EPP, EPP_FAIL_OPEN, *PEERS])
     for n in notes:
         log(f"overhead: {n}")
     requests = chat_requests(64, 1024, SEED)

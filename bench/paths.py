@@ -53,6 +53,14 @@ DIRECT = PathSpec("direct", "direct", label="(a) direct")
 ENVOY = PathSpec("envoy", "envoy", label="(b) Envoy alone")
 FLOOR = PathSpec("floor", "floor", label="(c) Envoy + no-op Python ext_proc (grpc.aio)")
 EPP = PathSpec("epp", "epp", label="(d) Envoy + EPP (default config)")
+# deploy/envoy/fail-open.yaml: BUFFERED request bodies + failure_mode_allow, so Envoy goes on without
+# the EPP when it is down (FULL_DUPLEX_STREAMED does not fail open with Envoy 1.40).
+EPP_FAIL_OPEN = PathSpec(
+    "epp-fail-open",
+    "epp",
+    envoy=(("request_body_mode", "BUFFERED"), ("failure_mode_allow", True), ("buffer_limit_bytes", 1 << 20)),
+    label="(d') Envoy + EPP, fail-open config (BUFFERED)",
+)
 PEERS = (
     PathSpec(
         "vllm-router",
