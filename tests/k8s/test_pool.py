@@ -78,6 +78,30 @@ def test_ranks_and_active_ports_annotation() -> None:
     assert [(m.name, m.port) for m in narrowed] == [("p1-rank-0", 8000), ("p1-rank-2", 8002)]
 
 
+def test_llm_d_active_ports_annotation_and_precedence() -> None:
+    """llm-d-router's ``llm-d.ai/active-ports`` narrows ranks too; with both keys GIE's wins."""
+    pool = pool_from_object(inference_pool(ports=(8000, 8001, 8002)))
+    llmd = pod_endpoints(pod("p1", annotations={"llm-d.ai/active-ports": "8001"}), pool)
+    assert [(m.name, m.port) for m in llmd] == [("p1-rank-1", 8001)]
+    both = pod_endpoints(
+        pod(
+            "p1",
+            annotations={"inference.networking.k8s.io/active-ports": "8000", "llm-d.ai/active-ports": "8001"},
+        ),
+        pool,
+    )
+    assert [(m.name, m.port) for m in both] == [("p1-rank-0", 8000)]
+    # An empty GIE annotation still counts as "set": every port, not the llm-d list.
+    empty = pod_endpoints(
+        pod(
+            "p1",
+            annotations={"inference.networking.k8s.io/active-ports": "", "llm-d.ai/active-ports": "8001"},
+        ),
+        pool,
+    )
+    assert [m.port for m in empty] == [8000, 8001, 8002]
+
+
 @pytest.mark.parametrize(
     "obj",
     [

@@ -3,7 +3,8 @@
 One endpoint per ready pod and active target port, named ``<pod>-rank-<i>`` (i = index of the
 port in ``targetPorts``: data-parallel ranks).  Ready means no ``deletionTimestamp``, condition
 ``Ready=True`` and a pod IP: an evicted pod whose IP was cleared leaves no ghost endpoint.
-The ``inference.networking.k8s.io/active-ports`` annotation narrows the ranks.  A changed
+The ``inference.networking.k8s.io/active-ports`` annotation (or llm-d-router's
+``llm-d.ai/active-ports``; GIE's key wins when a pod carries both) narrows the ranks.  A changed
 selector, port list or metrics port resyncs every pod; a deleted pool clears the datastore.
 
 Pods of the whole namespace are watched and matched here, as controller-runtime's cache
@@ -25,6 +26,7 @@ from epp.k8s.reflector import Obj, object_key
 log = structlog.get_logger(__name__)
 
 ACTIVE_PORTS: Final = "inference.networking.k8s.io/active-ports"
+LLMD_ACTIVE_PORTS: Final = "llm-d.ai/active-ports"  # llm-d-router's name for the same annotation
 V1_GROUP: Final = "inference.networking.k8s.io"
 X_GROUP: Final = "inference.networking.x-k8s.io"
 POOL_VERSIONS: Final = {V1_GROUP: "v1", X_GROUP: "v1alpha2"}
@@ -76,7 +78,16 @@ def _ready(pod: Obj) -> bool:
 
 
 def _active_ports(pod: Obj, ports: tuple[int, ...]) -> tuple[int, ...]:
-    annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(ACTIVE_PORTS)
+    """The target ports the pod's active-ports annotation keeps; all of them without one.
+
+    GIE's key is read first and llm-d-router's ``llm-d.ai/active-ports`` is the fallback, so a
+    pod annotated with both follows GIE (llm-d-router itself prefers its own key; a pod
+    carrying two different lists is a misconfiguration either way).
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotation = annotations.get(ACTIVE_PORTS)
+    if annotation is None:
+        annotation = annotations.get(LLMD_ACTIVE_PORTS)
     if not annotation:
         return ports
     wanted: set[int] = set()

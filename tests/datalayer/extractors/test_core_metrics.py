@@ -17,6 +17,7 @@ from epp.plugin.registry import Registry
 from tests.datalayer.conftest import HANDLE, VLLM_SMALL, make_endpoint, make_extractor
 
 ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+LLMD_ENGINE_LABEL = "llm-d.ai/engine-type"
 
 SGLANG = b"""# TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{model_name="m"} 4
@@ -95,6 +96,8 @@ def test_vllm_lora() -> None:
         pytest.param({}, 3, id="unlabeled-default-vllm"),
         pytest.param({ENGINE_LABEL: "no-such-engine"}, 3, id="unknown-engine-default"),
         pytest.param({ENGINE_LABEL: "sglang"}, 0, id="labeled-sglang-reads-sglang-names"),
+        pytest.param({LLMD_ENGINE_LABEL: "sglang"}, 0, id="llm-d-label-picks-the-table"),
+        pytest.param({ENGINE_LABEL: "vllm", LLMD_ENGINE_LABEL: "sglang"}, 3, id="gie-label-wins-over-llm-d"),
     ],
 )
 def test_engine_choice(labels: dict[str, str], expected: int) -> None:
@@ -108,6 +111,9 @@ def test_custom_label_key_and_default_engine() -> None:
     ep, _ = run(SGLANG, make_endpoint(labels={"x/engine": "sglang"}), engineLabelKey="x/engine")
     assert ep.metrics.waiting_queue_size == 4
     ep, _ = run(SGLANG, defaultEngine="sglang")
+    assert ep.metrics.waiting_queue_size == 4
+    # A custom key still falls back to the well-known keys, as llm-d-router does for GIE's.
+    ep, _ = run(SGLANG, make_endpoint(labels={LLMD_ENGINE_LABEL: "sglang"}), engineLabelKey="x/engine")
     assert ep.metrics.waiting_queue_size == 4
 
 

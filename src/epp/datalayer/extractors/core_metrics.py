@@ -13,6 +13,7 @@ from epp.datalayer.extractors.engines import (
     BUILTIN_ENGINES,
     DEFAULT_ENGINE,
     DEFAULT_ENGINE_LABEL_KEY,
+    LLMD_ENGINE_LABEL_KEY,
     RESERVED_ENGINE,
     EngineMapping,
     EngineTable,
@@ -57,8 +58,9 @@ class CoreMetricsExtractor(PluginBase):
     """Turns a scraped metrics page into the endpoint's ``Metrics``.  Type ``core-metrics-extractor``.
 
     The engine is the endpoint's ``engineLabelKey`` pod label (default
-    ``inference.networking.k8s.io/engine-type``); unlabeled or unknown engines use
-    ``defaultEngine`` (``vllm``).  Built-in tables: ``vllm``, ``sglang``, ``trtllm-serve``,
+    ``inference.networking.k8s.io/engine-type``), else GIE's key, else llm-d-router's
+    ``llm-d.ai/engine-type`` (as llm-d-router falls back to GIE's key); unlabeled or unknown
+    engines use ``defaultEngine`` (``vllm``).  Built-in tables: ``vllm``, ``sglang``, ``trtllm-serve``,
     ``triton-tensorrt-llm`` (gie-inventory §6.5).  Each spec is a PromQL-style selector
     ``name{label=value}``; among matching series the one with the latest timestamp wins.
     LoRA info takes the series with the largest value (its creation time) and reads the
@@ -87,6 +89,9 @@ class CoreMetricsExtractor(PluginBase):
         super().__init__(name, params, handle)
         assert isinstance(params, CoreMetricsExtractorParams)
         self._label_key = params.engine_label_key or DEFAULT_ENGINE_LABEL_KEY
+        self._label_keys = tuple(
+            dict.fromkeys((self._label_key, DEFAULT_ENGINE_LABEL_KEY, LLMD_ENGINE_LABEL_KEY))
+        )
         default_engine = params.default_engine or DEFAULT_ENGINE
         tables = [EngineTable(**p.model_dump()) for p in params.engine_configs]
         user_names = {t.name for t in tables}
@@ -132,8 +137,12 @@ class CoreMetricsExtractor(PluginBase):
         return tuple(self._mappings)
 
     def mapping_for(self, endpoint: Endpoint) -> EngineMapping:
-        engine = endpoint.metadata.labels.get(self._label_key)
-        return self._mappings.get(engine, self._default) if engine else self._default
+        labels = endpoint.metadata.labels
+        for key in self._label_keys:
+            engine = labels.get(key)
+            if engine:
+                return self._mappings.get(engine, self._default)
+        return self._default
 
     def extract(self, data: MetricFamilies, endpoint: Endpoint) -> None:
         mapping = self.mapping_for(endpoint)

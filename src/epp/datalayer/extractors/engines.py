@@ -13,6 +13,7 @@ from epp.datalayer.api import Metrics
 from epp.datalayer.exposition import MetricFamilies, Sample
 
 DEFAULT_ENGINE_LABEL_KEY: Final = "inference.networking.k8s.io/engine-type"
+LLMD_ENGINE_LABEL_KEY: Final = "llm-d.ai/engine-type"  # llm-d-router's name for the same pod label
 DEFAULT_ENGINE: Final = "vllm"
 RESERVED_ENGINE: Final = "default"  # the fallback mapping's key; no engine may take the name
 DEFAULT_CACHE_BLOCK_SIZE_LABEL: Final = "block_size"
