@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from epp.config.features import validate_gates
+from epp.config.llmd import LLMD_API_VERSIONS, LlmdEndpointPickerConfig
 from epp.config.schema import EndpointPickerConfig
 from epp.errors import ConfigError
 
@@ -150,7 +151,10 @@ def load_config(text: str | bytes) -> EndpointPickerConfig:
             f"failed to parse config: expected a mapping (an EndpointPickerConfig), got {type(data).__name__}"
         )
     try:
-        cfg = EndpointPickerConfig.model_validate(data)
+        if data.get("apiVersion") in LLMD_API_VERSIONS:  # llm-d-router's layout (config/llmd.py)
+            cfg = LlmdEndpointPickerConfig.model_validate(data).to_gie()
+        else:
+            cfg = EndpointPickerConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format(e)) from None
     check_structure(cfg)

@@ -14,6 +14,8 @@ from pydantic_core import PydanticCustomError
 from epp.units import parse_go_duration
 
 API_VERSION: Final = "inference.networking.x-k8s.io/v1alpha1"
+# llm-d-router's group (config/llmd.py maps its layout onto this model and keeps its apiVersion).
+LLMD_API_VERSION: Final = "llm-d.ai/v1alpha1"
 KIND: Final = "EndpointPickerConfig"
 
 # Names GIE falls back to when a reference is omitted (gie-inventory §5.2, §5.5, §5.6, §8.2).
@@ -213,7 +215,7 @@ class FlowControlConfig(_Model):
 class EndpointPickerConfig(_Model):
     """The whole file.  ``None`` sections are defaulted by the builder (gie-inventory §8.2)."""
 
-    api_version: Literal["inference.networking.x-k8s.io/v1alpha1"]
+    api_version: Literal["inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1", "llm-d.ai/v1"]
     kind: Literal["EndpointPickerConfig"]
     feature_gates: Seq[str] = ()
     plugins: Seq[PluginSpec] = ()
