@@ -70,6 +70,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "shutdown-delay": 5.0,
     "ext-proc-transport": "h2",
     "log-format": "json",
+    "metrics-families": "gie,llm-d",
     "bind-address": "",
     "leader-election-lease-duration": 15.0,
     "leader-election-renew-deadline": 10.0,
@@ -487,6 +488,14 @@ VALIDATION: list[Any] = [
             "unexpected \"text\" value for \"log-format\" flag, it can only be set to 'json' or 'console'",
         ),
         id="log-format",
+    ),
+    pytest.param(
+        Case(
+            [*POOL, "--metrics-families=gie,prom"],
+            {},
+            'invalid value "gie,prom" for "metrics-families": must be a comma-separated list of gie, llm-d',
+        ),
+        id="metrics-families",
     ),
     pytest.param(
         Case(

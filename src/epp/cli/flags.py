@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 
 from epp.errors import ConfigError
+from epp.metrics.llmd import parse_families
 from epp.units import go_quote, parse_go_duration
 
 T = TypeVar("T")
@@ -130,6 +131,7 @@ class Options:
     metrics_port: int = 9090
     metrics_endpoint_auth: bool = True
     enable_pprof: bool = True
+    metrics_families: str = "gie,llm-d"
     tracing: bool = True
     # logging
     v: int = 2
@@ -507,6 +509,14 @@ FLAGS: Final[tuple[_Flag, ...]] = (
     ),
     _Flag("enable-pprof", "bool", _OBS, "Serve profiling handlers under /debug/pprof on the metrics port."),
     _Flag(
+        "metrics-families",
+        "str",
+        _OBS,
+        "Metric names /metrics serves: gie (inference_objective_*, inference_pool_*, inference_extension_*), "
+        "llm-d (llm-d-router's llm_d_epp_*), or both, comma-separated.",
+        new=True,
+    ),
+    _Flag(
         "tracing",
         "bool",
         _OBS,
@@ -728,6 +738,12 @@ def _validate_new(opts: Options) -> None:
             f'unexpected {go_quote(opts.ext_proc_transport)} value for "ext-proc-transport" flag, '
             "it can only be set to 'h2' or 'grpcio'"
         )
+    try:
+        parse_families(opts.metrics_families)
+    except ValueError as e:
+        raise ConfigError(
+            f'invalid value {go_quote(opts.metrics_families)} for "metrics-families": {e}'
+        ) from None
     if opts.log_format not in ("json", "console"):
         raise ConfigError(
             f'unexpected {go_quote(opts.log_format)} value for "log-format" flag, '

@@ -34,6 +34,7 @@ from epp.k8s.discovery import DiscoverySpec
 from epp.k8s.leader import Timings
 from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
+from epp.metrics.llmd import parse_families
 from epp.server import extproc, health
 from epp.server.transport import Tls, make_server
 from epp.tracing.otel import Tracing, setup_tracing
@@ -243,7 +244,11 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         authorize = cluster.authorize if cluster is not None and cluster.authorizer is not None else None
         metrics_server = await stack.enter_async_context(
             MetricsServer(
-                opts.bind_address, opts.metrics_port, enable_pprof=opts.enable_pprof, authorize=authorize
+                opts.bind_address,
+                opts.metrics_port,
+                enable_pprof=opts.enable_pprof,
+                authorize=authorize,
+                families=parse_families(opts.metrics_families),
             )
         )
         if opts.metrics_endpoint_auth and authorize is None:

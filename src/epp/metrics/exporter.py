@@ -8,13 +8,14 @@ import gc
 import io
 import pstats
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
 
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.metrics.llmd import FAMILY_SETS, Exposition
 from epp.metrics.series import REGISTRY
 
 log = structlog.get_logger(__name__)
@@ -25,8 +26,11 @@ MAX_PROFILE_SECONDS = 60.0
 Authorize = Callable[[str, str], Awaitable[tuple[int, str]]]
 
 
+_EXPOSITION: Final = web.AppKey("exposition", Exposition)
+
+
 async def _metrics(request: web.Request) -> web.Response:
-    body = await asyncio.to_thread(generate_latest, REGISTRY)
+    body = await asyncio.to_thread(generate_latest, request.app[_EXPOSITION])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -80,8 +84,12 @@ def _auth_middleware(authorize: Authorize) -> Any:
     return middleware
 
 
-def build_app(*, enable_pprof: bool, authorize: Authorize | None = None) -> web.Application:
+def build_app(
+    *, enable_pprof: bool, authorize: Authorize | None = None, families: Iterable[str] = FAMILY_SETS
+) -> web.Application:
+    """``families``: which metric names /metrics serves, GIE's and/or llm-d-router's (metrics/llmd.py)."""
     app = web.Application(middlewares=[_auth_middleware(authorize)] if authorize is not None else [])
+    app[_EXPOSITION] = Exposition(REGISTRY, families)
     app.router.add_get("/metrics", _metrics)
     if enable_pprof:
         app.router.add_get("/debug/pprof/goroutine", _tasks)
@@ -94,12 +102,19 @@ class MetricsServer:
     """``async with MetricsServer(host, port):`` serves /metrics until the block exits."""
 
     def __init__(
-        self, host: str, port: int, *, enable_pprof: bool = True, authorize: Authorize | None = None
+        self,
+        host: str,
+        port: int,
+        *,
+        enable_pprof: bool = True,
+        authorize: Authorize | None = None,
+        families: Iterable[str] = FAMILY_SETS,
     ) -> None:
         self._host = host
         self._port = port
         self._pprof = enable_pprof
-        self._app = build_app(enable_pprof=enable_pprof, authorize=authorize)
+        self._families = frozenset(families)
+        self._app = build_app(enable_pprof=enable_pprof, authorize=authorize, families=self._families)
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -111,7 +126,11 @@ class MetricsServer:
         server: Any = site._server  # aiohttp exposes no public accessor for the bound port
         self.port = server.sockets[0].getsockname()[1] if server and server.sockets else self._port
         log.info(
-            "metrics_server_started", port=self.port, pprof=self._pprof, auth=bool(self._app.middlewares)
+            "metrics_server_started",
+            port=self.port,
+            pprof=self._pprof,
+            auth=bool(self._app.middlewares),
+            families=",".join(sorted(self._families)),
         )
         return self
 
