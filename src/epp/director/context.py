@@ -13,6 +13,7 @@ from epp.parsers.api import UsageParser
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
+from epp.tracing.stages import StageSpans
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,3 +41,4 @@ class RequestContext:
     rewrite_response_model: bool = False  # the response carries the target model; show the client's
     error_code: str = ""  # first error code seen (request_error_total is recorded once)
     generated_request_id: bool = False
+    stages: StageSpans | None = None  # set by the edge for a sampled request: spans per routing stage

@@ -27,10 +27,14 @@ from epp.director.context import RequestContext, RoutingDecision
 from epp.director.lifecycle import RequestLifecycle
 from epp.director.pipeline import Pipeline
 from epp.director.response import ResponseSide, plugin_timer
+from epp.director.traced import traced_scheduler
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
 from epp.metrics import series
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
+from epp.scheduling.api import ProfileRunResult, SchedulingResult
+from epp.tracing import spans
+from epp.tracing.stages import CURRENT, StageSpans, stage
 
 # Pipeline lives in pipeline.py (the response side needs it too); callers import it from here.
 __all__ = ["Director", "Pipeline", "RequestLifecycle"]
@@ -52,6 +56,7 @@ class Director:
         self._p = pipeline
         self._rng = rng or random.Random()
         self._pre_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
+        self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
 
     @property
@@ -126,35 +131,56 @@ class Director:
         """
         p = self._p
         req = ctx.request
+        stages = ctx.stages
         req.request_size_bytes = len(body)
-        parsed = p.parser.parse_request(body, req.headers)
-        req.body = parsed
-        changed = False
-        if parsed.json is not None:
-            incoming = parsed.model
-            if not incoming:
-                raise BadRequest("model not found in request body")
-            req.incoming_model = incoming
-            target = req.target_model or incoming
-            decision = self._ds.rewrites.decide(incoming, self._rng) if len(self._ds.rewrites) else None
-            if decision is not None:
-                target = decision.target_model
-                series.MODEL_REWRITE_DECISIONS_TOTAL.labels(decision.rewrite_name, incoming, target).inc()
-            req.target_model = target
-            if target != incoming:
-                parsed.json["model"] = target
-                changed = True
-                ctx.rewrite_response_model = True
-        else:
-            req.target_model = ""
-        if req.objective:
-            obj = self._ds.objective(req.objective)
-            if obj is not None:
-                req.priority = obj.priority
+        with stage(stages, spans.STAGE_PARSE) as span:
+            parsed = p.parser.parse_request(body, req.headers)
+            req.body = parsed
+            changed = False
+            rewrite = ""
+            if parsed.json is not None:
+                incoming = parsed.model
+                if not incoming:
+                    raise BadRequest("model not found in request body")
+                req.incoming_model = incoming
+                target = req.target_model or incoming
+                decision = self._ds.rewrites.decide(incoming, self._rng) if len(self._ds.rewrites) else None
+                if decision is not None:
+                    target = decision.target_model
+                    rewrite = decision.rewrite_name
+                    series.MODEL_REWRITE_DECISIONS_TOTAL.labels(decision.rewrite_name, incoming, target).inc()
+                req.target_model = target
+                if target != incoming:
+                    parsed.json["model"] = target
+                    changed = True
+                    ctx.rewrite_response_model = True
+            else:
+                req.target_model = ""
+            if req.objective:
+                obj = self._ds.objective(req.objective)
+                if obj is not None:
+                    req.priority = obj.priority
+            if span is not None:
+                span.set_attributes(
+                    {
+                        spans.ATTR_BODY_BYTES: len(body),
+                        spans.ATTR_MODEL: req.incoming_model,
+                        spans.ATTR_TARGET: req.target_model,
+                        spans.ATTR_MODEL_REWRITE: rewrite,
+                        spans.ATTR_OBJECTIVE: req.objective,
+                        spans.ATTR_PRIORITY: req.priority,
+                    }
+                )
 
         snapshot = self._ds.endpoints()
         candidates = locate(snapshot, req.metadata, subset_filter=p.subset_filter)
-        await p.admission.admit(req, candidates)  # before the empty check: flow control waits for endpoints
+        with stage(stages, spans.STAGE_ADMISSION) as span:
+            if span is not None:
+                span.set_attribute(spans.ATTR_CANDIDATES, len(candidates))
+            # before the empty check: flow control waits for endpoints
+            await p.admission.admit(req, candidates)
+            if span is not None:
+                span.set_attribute(spans.ATTR_OUTCOME, "admitted")
         if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
             candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
         now = time.monotonic()
@@ -166,19 +192,31 @@ class Director:
 
         state = ctx.state
         if p.producers:
-            await self._prepare_data(state, req, candidates)
-        for admitter in p.admitters:
-            reason = admitter.admit_request(state, req, candidates)
-            if reason is not None:
-                log.info(
-                    "request_denied",
-                    plugin=str(admitter.typed_name),
-                    reason=reason,
-                    request_id=req.request_id,
-                )
-                raise Internal("request cannot be admitted")
+            with stage(stages, spans.STAGE_PRODUCERS) as span:
+                if span is not None:
+                    span.set_attribute(spans.ATTR_PRODUCERS, [str(x.typed_name) for x in p.producers])
+                    span.set_attribute(spans.ATTR_CANDIDATES, len(candidates))
+                await self._prepare_data(state, req, candidates)
+        if p.admitters:
+            with stage(stages, spans.STAGE_ADMIT_PLUGINS) as span:
+                if span is not None:
+                    span.set_attribute(spans.ATTR_PLUGINS, [str(a.typed_name) for a in p.admitters])
+                for admitter in p.admitters:
+                    reason = admitter.admit_request(state, req, candidates)
+                    if reason is not None:
+                        log.info(
+                            "request_denied",
+                            plugin=str(admitter.typed_name),
+                            reason=reason,
+                            request_id=req.request_id,
+                        )
+                        if span is not None:
+                            span.set_attribute(
+                                spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}"
+                            )
+                        raise Internal("request cannot be admitted")
         try:
-            result = p.scheduler.schedule(state, req, candidates)
+            result = self._schedule(stages, state, req, candidates)
             targets = result.primary.target_endpoints
         except EppError:
             raise
@@ -191,20 +229,55 @@ class Director:
         # release what the pre-request hooks took (in-flight counters).
         ctx.result = result
         ctx.target = targets[0]
-        for plugin, timer in self._pre_timers:
-            t0 = time.perf_counter()
-            plugin.pre_request(state, req, result)
-            timer.observe(time.perf_counter() - t0)
+        with stage(stages, spans.STAGE_PICK) as span:
+            for plugin, timer in self._pre_timers:
+                t0 = time.perf_counter()
+                plugin.pre_request(state, req, result)
+                timer.observe(time.perf_counter() - t0)
 
-        out = p.parser.serialize_request(parsed) if changed else body
-        series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
-        series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
+            out = p.parser.serialize_request(parsed) if changed else body
+            series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
+            series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
+            destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
+            if span is not None:
+                span.set_attributes(
+                    {
+                        spans.ATTR_DESTINATION: destination,
+                        spans.ATTR_PRIMARY_PROFILE: result.primary_profile_name,
+                        spans.ATTR_TARGETS: [t.hostport for t in targets],
+                    }
+                )
         return RoutingDecision(
-            destination=targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets),
+            destination=destination,
             body=out,
             body_changed=out is not body,
             headers=self._extra_headers(ctx),
         )
+
+    def _schedule(
+        self,
+        stages: StageSpans | None,
+        state: CycleState,
+        req: InferenceRequest,
+        candidates: Sequence[Endpoint],
+    ) -> SchedulingResult:
+        """The scheduler's verdict; for a sampled request inside ``epp.schedule`` with a span per profile."""
+        if stages is None:
+            return self._p.scheduler.schedule(state, req, candidates)
+        with stage(stages, spans.STAGE_SCHEDULE) as span:
+            assert span is not None
+            span.set_attribute(spans.ATTR_CANDIDATES, len(candidates))
+            token = CURRENT.set(stages.under(span))
+            try:
+                result = self._traced_scheduler.schedule(state, req, candidates)
+            finally:
+                CURRENT.reset(token)
+            span.set_attribute(spans.ATTR_PRIMARY_PROFILE, result.primary_profile_name)
+            span.set_attribute(
+                spans.ATTR_PROFILE_RESULTS,
+                [f"{name}={_picked(r)}" for name, r in result.profile_results.items()],
+            )
+            return result
 
     async def _prepare_data(self, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]) -> None:
         """Run producers in DAG order under one timeout; a failure is logged and the request goes on.
@@ -228,3 +301,7 @@ class Director:
                         )
         except TimeoutError:
             log.warning("prepare_data_timed_out", request_id=req.request_id, timeout=self._p.producer_timeout)
+
+
+def _picked(result: ProfileRunResult | None) -> str:
+    return ",".join(t.hostport for t in result.target_endpoints) if result is not None else "failed"

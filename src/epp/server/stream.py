@@ -254,6 +254,7 @@ class Stream:
         self._body = []
         if self._tracing.enabled:
             span = self._tracing.start_orchestration(self.trace)
+            lc.ctx.stages = self._tracing.stages(span)
             try:
                 decision = await lc.route(body)
             finally:

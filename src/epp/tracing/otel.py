@@ -31,6 +31,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from epp import __version__
 from epp.tracing import spans
+from epp.tracing.stages import StageSpans
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +74,10 @@ class Tracing:
         return None
 
     def end_orchestration(self, span: Span | None, *, target_model: str = "", priority: int = 0) -> None:
+        return None
+
+    def stages(self, span: Span | None) -> StageSpans | None:
+        """The per-stage child spans of an orchestration span (None when it records nothing)."""
         return None
 
     def inject(self, trace: RequestTrace | None) -> Sequence[tuple[str, str]]:
@@ -131,6 +136,7 @@ class OtelTracing(Tracing):
         self._root_bound = root_sampler.bound
         self._request_tracer = provider.get_tracer(spans.REQUEST_TRACER)
         self._orchestration_tracer = provider.get_tracer(spans.ORCHESTRATION_TRACER)
+        self._stage_tracer = provider.get_tracer(spans.STAGE_TRACER)
         self._traceparent = TraceContextTextMapPropagator()
         self.propagator = CompositePropagator([self._traceparent, W3CBaggagePropagator()])  # the global one
 
@@ -184,6 +190,11 @@ class OtelTracing(Tracing):
         span.set_attribute(spans.ATTR_TARGET_MODEL, target_model)
         span.set_attribute(spans.ATTR_REQUEST_PRIO, priority)
         span.end()
+
+    def stages(self, span: Span | None) -> StageSpans | None:
+        if span is None or not span.is_recording():
+            return None
+        return StageSpans(self._stage_tracer, trace_api.set_span_in_context(span))
 
     def inject(self, trace: RequestTrace | None) -> Sequence[tuple[str, str]]:
         # Formatted by hand: the propagator API costs several times more.  Unsampled spans are
