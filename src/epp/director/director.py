@@ -31,10 +31,10 @@ from epp.director.traced import traced_scheduler
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
 from epp.metrics import series
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
+from epp.request import InferenceRequest, RequestBody
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.tracing import spans
-from epp.tracing.stages import CURRENT, StageSpans, stage
+from epp.tracing.stages import CURRENT, StageSpans, fail, stage
 
 # Pipeline lives in pipeline.py (the response side needs it too); callers import it from here.
 __all__ = ["Director", "Pipeline", "RequestLifecycle"]
@@ -133,54 +133,39 @@ class Director:
         req = ctx.request
         stages = ctx.stages
         req.request_size_bytes = len(body)
-        with stage(stages, spans.STAGE_PARSE) as span:
-            parsed = p.parser.parse_request(body, req.headers)
-            req.body = parsed
-            changed = False
-            rewrite = ""
-            if parsed.json is not None:
-                incoming = parsed.model
-                if not incoming:
-                    raise BadRequest("model not found in request body")
-                req.incoming_model = incoming
-                target = req.target_model or incoming
-                decision = self._ds.rewrites.decide(incoming, self._rng) if len(self._ds.rewrites) else None
-                if decision is not None:
-                    target = decision.target_model
-                    rewrite = decision.rewrite_name
-                    series.MODEL_REWRITE_DECISIONS_TOTAL.labels(decision.rewrite_name, incoming, target).inc()
-                req.target_model = target
-                if target != incoming:
-                    parsed.json["model"] = target
-                    changed = True
-                    ctx.rewrite_response_model = True
-            else:
-                req.target_model = ""
-            if req.objective:
-                obj = self._ds.objective(req.objective)
-                if obj is not None:
-                    req.priority = obj.priority
-            if span is not None:
-                span.set_attributes(
-                    {
-                        spans.ATTR_BODY_BYTES: len(body),
-                        spans.ATTR_MODEL: req.incoming_model,
-                        spans.ATTR_TARGET: req.target_model,
-                        spans.ATTR_MODEL_REWRITE: rewrite,
-                        spans.ATTR_OBJECTIVE: req.objective,
-                        spans.ATTR_PRIORITY: req.priority,
-                    }
-                )
+        # Stage spans (sampled requests only) are opened and closed by hand: a with-block per
+        # stage would cost every untraced request several context-manager calls.
+        span = None if stages is None else stages.start(spans.STAGE_PARSE)
+        try:
+            parsed, changed, rewrite = self._parse(ctx, body)
+        except BaseException as e:
+            fail(span, e)
+            raise
+        if span is not None:
+            span.set_attributes(
+                {
+                    spans.ATTR_BODY_BYTES: len(body),
+                    spans.ATTR_MODEL: req.incoming_model,
+                    spans.ATTR_TARGET: req.target_model,
+                    spans.ATTR_MODEL_REWRITE: rewrite,
+                    spans.ATTR_OBJECTIVE: req.objective,
+                    spans.ATTR_PRIORITY: req.priority,
+                }
+            )
+            span.end()
 
         snapshot = self._ds.endpoints()
         candidates = locate(snapshot, req.metadata, subset_filter=p.subset_filter)
-        with stage(stages, spans.STAGE_ADMISSION) as span:
-            if span is not None:
-                span.set_attribute(spans.ATTR_CANDIDATES, len(candidates))
+        span = None if stages is None else stages.start(spans.STAGE_ADMISSION)
+        try:
             # before the empty check: flow control waits for endpoints
             await p.admission.admit(req, candidates)
-            if span is not None:
-                span.set_attribute(spans.ATTR_OUTCOME, "admitted")
+        except BaseException as e:
+            fail(span, e)
+            raise
+        if span is not None:
+            span.set_attributes({spans.ATTR_CANDIDATES: len(candidates), spans.ATTR_OUTCOME: "admitted"})
+            span.end()
         if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
             candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
         now = time.monotonic()
@@ -192,29 +177,41 @@ class Director:
 
         state = ctx.state
         if p.producers:
-            with stage(stages, spans.STAGE_PRODUCERS) as span:
-                if span is not None:
-                    span.set_attribute(spans.ATTR_PRODUCERS, [str(x.typed_name) for x in p.producers])
-                    span.set_attribute(spans.ATTR_CANDIDATES, len(candidates))
+            span = None if stages is None else stages.start(spans.STAGE_PRODUCERS)
+            try:
                 await self._prepare_data(state, req, candidates)
+            except BaseException as e:
+                fail(span, e)
+                raise
+            if span is not None:
+                span.set_attributes(
+                    {
+                        spans.ATTR_PRODUCERS: [str(x.typed_name) for x in p.producers],
+                        spans.ATTR_CANDIDATES: len(candidates),
+                    }
+                )
+                span.end()
         if p.admitters:
-            with stage(stages, spans.STAGE_ADMIT_PLUGINS) as span:
-                if span is not None:
-                    span.set_attribute(spans.ATTR_PLUGINS, [str(a.typed_name) for a in p.admitters])
-                for admitter in p.admitters:
-                    reason = admitter.admit_request(state, req, candidates)
-                    if reason is not None:
-                        log.info(
-                            "request_denied",
-                            plugin=str(admitter.typed_name),
-                            reason=reason,
-                            request_id=req.request_id,
-                        )
-                        if span is not None:
-                            span.set_attribute(
-                                spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}"
-                            )
-                        raise Internal("request cannot be admitted")
+            span = None if stages is None else stages.start(spans.STAGE_ADMIT_PLUGINS)
+            if span is not None:
+                span.set_attribute(spans.ATTR_PLUGINS, [str(a.typed_name) for a in p.admitters])
+            for admitter in p.admitters:
+                reason = admitter.admit_request(state, req, candidates)
+                if reason is not None:
+                    log.info(
+                        "request_denied",
+                        plugin=str(admitter.typed_name),
+                        reason=reason,
+                        request_id=req.request_id,
+                    )
+                    if span is not None:
+                        span.set_attribute(spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}")
+                    err = Internal("request cannot be admitted")
+                    fail(span, err)
+                    raise err
+            if span is not None:
+                span.set_attribute(spans.ATTR_OUTCOME, "admitted")
+                span.end()
         try:
             result = self._schedule(stages, state, req, candidates)
             targets = result.primary.target_endpoints
@@ -229,30 +226,66 @@ class Director:
         # release what the pre-request hooks took (in-flight counters).
         ctx.result = result
         ctx.target = targets[0]
-        with stage(stages, spans.STAGE_PICK) as span:
+        span = None if stages is None else stages.start(spans.STAGE_PICK)
+        try:
             for plugin, timer in self._pre_timers:
                 t0 = time.perf_counter()
                 plugin.pre_request(state, req, result)
                 timer.observe(time.perf_counter() - t0)
 
             out = p.parser.serialize_request(parsed) if changed else body
-            series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
-            series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
-            destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
-            if span is not None:
-                span.set_attributes(
-                    {
-                        spans.ATTR_DESTINATION: destination,
-                        spans.ATTR_PRIMARY_PROFILE: result.primary_profile_name,
-                        spans.ATTR_TARGETS: [t.hostport for t in targets],
-                    }
-                )
+        except BaseException as e:
+            fail(span, e)
+            raise
+        series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
+        series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
+        destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
+        if span is not None:
+            span.set_attributes(
+                {
+                    spans.ATTR_DESTINATION: destination,
+                    spans.ATTR_PRIMARY_PROFILE: result.primary_profile_name,
+                    spans.ATTR_TARGETS: [t.hostport for t in targets],
+                }
+            )
+            span.end()
         return RoutingDecision(
             destination=destination,
             body=out,
             body_changed=out is not body,
             headers=self._extra_headers(ctx),
         )
+
+    def _parse(self, ctx: RequestContext, body: bytes) -> tuple[RequestBody, bool, str]:
+        """Parse, rewrite the model, take the objective's priority: (parsed body, body changed, rewrite)."""
+        req = ctx.request
+        parsed = self._p.parser.parse_request(body, req.headers)
+        req.body = parsed
+        changed = False
+        rewrite = ""
+        if parsed.json is not None:
+            incoming = parsed.model
+            if not incoming:
+                raise BadRequest("model not found in request body")
+            req.incoming_model = incoming
+            target = req.target_model or incoming
+            decision = self._ds.rewrites.decide(incoming, self._rng) if len(self._ds.rewrites) else None
+            if decision is not None:
+                target = decision.target_model
+                rewrite = decision.rewrite_name
+                series.MODEL_REWRITE_DECISIONS_TOTAL.labels(decision.rewrite_name, incoming, target).inc()
+            req.target_model = target
+            if target != incoming:
+                parsed.json["model"] = target
+                changed = True
+                ctx.rewrite_response_model = True
+        else:
+            req.target_model = ""
+        if req.objective:
+            obj = self._ds.objective(req.objective)
+            if obj is not None:
+                req.priority = obj.priority
+        return parsed, changed, rewrite
 
     def _schedule(
         self,

@@ -35,6 +35,14 @@ class StageSpans:
         return StageSpans(self._tracer, trace_api.set_span_in_context(span, self._parent))
 
 
+def fail(span: Span | None, exc: BaseException) -> None:
+    """End ``span`` (if any) with ``exc`` recorded and an error status."""
+    if span is not None:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.end()
+
+
 class _Stage:
     __slots__ = ("span",)
 
@@ -48,9 +56,9 @@ class _Stage:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if exc is not None:
-            self.span.record_exception(exc)
-            self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        self.span.end()
+            fail(self.span, exc)
+        else:
+            self.span.end()
 
 
 class _NoStage:
