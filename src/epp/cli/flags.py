@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 
 from epp.errors import ConfigError
-from epp.units import go_quote, parse_go_duration
+from epp.units import (
+    format_go_duration,
+    go_quote,
+    parse_go_atoi,
+    parse_go_bool,
+    parse_go_duration,
+    parse_go_int,
+)
 
 T = TypeVar("T")
 
@@ -181,74 +188,6 @@ class Options:
             insecure_skip_verify=m.insecure_skip_verify,
             explicitly_set=m.explicitly_set,
         )
-
-
-# --- Go value syntax -------------------------------------------------------------------------------
-
-
-_GO_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_GO_FALSE: Final = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-_INT64_MAX: Final = (1 << 63) - 1
-_GO_INT: Final = re.compile(
-    r"[+-]?(?:0[xX](?:_?[0-9a-fA-F])+|0[bB](?:_?[01])+|0[oO](?:_?[0-7])+|0(?:_?[0-7])*|[1-9](?:_?[0-9])*)"
-)
-_GO_ATOI: Final = re.compile(r"[+-]?[0-9]+")
-
-
-def parse_go_bool(s: str) -> bool:
-    """Go's ``strconv.ParseBool``."""
-    if s in _GO_TRUE:
-        return True
-    if s in _GO_FALSE:
-        return False
-    raise ValueError(f"strconv.ParseBool: parsing {go_quote(s)}: invalid syntax")
-
-
-def parse_go_int(s: str) -> int:
-    """Go's ``strconv.ParseInt(s, 0, 64)`` (pflag ints): 0x/0o/0b prefixes, leading-0 octal, ``_``."""
-    if not _GO_INT.fullmatch(s):
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(s)}: invalid syntax")
-    sign = -1 if s[0] == "-" else 1
-    body = s.lstrip("+-").replace("_", "")
-    leading_zero_octal = len(body) > 1 and body[0] == "0" and body[1].isdigit()
-    n = sign * int(body, 8 if leading_zero_octal else 0)
-    if not -_INT64_MAX - 1 <= n <= _INT64_MAX:
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(s)}: value out of range")
-    return n
-
-
-def parse_go_atoi(s: str) -> int:
-    """Go's ``strconv.Atoi`` (pflag int-slice elements): base 10, optional sign, nothing else."""
-    if not _GO_ATOI.fullmatch(s):
-        raise ValueError(f"strconv.Atoi: parsing {go_quote(s)}: invalid syntax")
-    n = int(s)
-    if not -_INT64_MAX - 1 <= n <= _INT64_MAX:
-        raise ValueError(f"strconv.Atoi: parsing {go_quote(s)}: value out of range")
-    return n
-
-
-def format_go_duration(seconds: float) -> str:
-    """Go's ``Duration.String`` for the values we print in ``--help`` (``50ms``, ``1m30s``)."""
-    ns = round(seconds * 1e9)
-    if ns == 0:
-        return "0s"
-    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
-    if ns < 1_000_000_000:
-        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if ns >= scale:
-                return f"{sign}{_trim(ns / scale)}{unit}"
-    h, rem = divmod(ns, 3_600_000_000_000)
-    m, rem = divmod(rem, 60_000_000_000)
-    secs = f"{_trim(rem / 1e9)}s"
-    if h:
-        return f"{sign}{h}h{m}m{secs}"
-    if m:
-        return f"{sign}{m}m{secs}"
-    return f"{sign}{secs}"
-
-
-def _trim(x: float) -> str:
-    return f"{x:.9f}".rstrip("0").rstrip(".")
 
 
 # --- controller-runtime zap flag values (parsed so typos fail; only the level is used) -------------
