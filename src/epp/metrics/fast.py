@@ -14,7 +14,7 @@ no ``_created`` samples are exported.
 A leaf (an import-linter contract in pyproject.toml keeps it from importing the EPP), fenced
 by a differential test (tests/metrics/test_fast.py): hypothesis-generated sequences of
 updates on labelled and unlabelled counters, gauges and histograms, applied here and to
-prometheus_client's classes, must export the same text.  Where the two differ on purpose:
+prometheus_client's classes (the reference), must export the same text.  Where the two differ on purpose:
 
 - a NaN observation counts in the ``+Inf`` bucket (and in ``_count``) as in Go's client, which
   GIE uses; prometheus_client counts it in no bucket;
