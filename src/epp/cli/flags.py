@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 
+from epp import pflag
 from epp.errors import ConfigError
 from epp.units import (
     format_go_duration,
@@ -484,6 +485,8 @@ FLAGS: Final[tuple[_Flag, ...]] = (
     ),
 )
 _BY_NAME: Final = {f.name: f for f in FLAGS}
+_IS_BOOL: Final = {f.name: f.kind == "bool" for f in FLAGS}
+_SHORTHANDS: Final = {f.shorthand: f.name for f in FLAGS if f.shorthand}
 DEFAULTS: Final = Options()
 
 
@@ -511,66 +514,30 @@ def _convert(flag: _Flag, raw: str, previous: object) -> object:
     raise AssertionError(flag.kind)  # pragma: no cover - Kind is exhaustive
 
 
-def _split_arg(arg: str) -> tuple[_Flag, str | None]:
-    """The flag a ``-x``/``--name[=value]`` token names and its inline value, if any."""
-    if arg.startswith("--"):
-        name, eq, value = arg[2:].partition("=")
-        if name in ("help", "h"):
-            raise HelpRequested(usage())
-        flag = _BY_NAME.get(name)
-        if flag is None:
-            raise ConfigError(f"unknown flag: --{name}")
-        return flag, value if eq else None
-    body = arg[1:]
-    name, eq, value = body.partition("=")
-    if len(name) > 1 and name in _BY_NAME:  # Go's flag package style: -pool-name=x
-        return _BY_NAME[name], value if eq else None
-    short = body[0]
-    if short == "h":
-        raise HelpRequested(usage())
-    if short != "v":
-        raise ConfigError(f"unknown shorthand flag: {short!r} in {arg}")
-    rest = body[1:]
-    if rest.startswith("="):
-        return _BY_NAME["v"], rest[1:]
-    return _BY_NAME["v"], rest or None
-
-
 def parse_flags(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     """Parse ``argv`` (without the program name) and the environment into validated ``Options``.
 
     Raises ``ConfigError`` with GIE's message for any invalid flag or combination, and
-    ``HelpRequested`` for ``--help``.
+    ``HelpRequested`` for ``--help``.  The command-line syntax is pflag's (``epp.pflag``).
     """
     values: dict[str, Any] = {}
     explicit: dict[str, None] = {}  # ordered set
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg == "--" or not arg.startswith("-") or arg == "-":
-            extra = argv[i:] if arg == "--" else argv[i - 1 :]
-            if not extra:
-                break
-            hint = ""
-            prev = argv[i - 2] if i >= 2 else ""
-            if prev.startswith("-") and "=" not in prev:
-                with_prev = _BY_NAME.get(prev.lstrip("-"))
-                if with_prev is not None and with_prev.kind == "bool":
-                    hint = f" (boolean flags take their value inline: {prev}={extra[0]})"
-            raise ConfigError(f"unexpected argument {go_quote(extra[0])}: the epp takes flags only{hint}")
-        flag, value = _split_arg(arg)
-        if value is None:
-            if flag.kind == "bool":
-                value = "true"
-            elif i < len(argv):
-                value = argv[i]
-                i += 1
-            else:
-                what = "'v' in -v" if arg.startswith("-v") and not arg.startswith("--") else f"--{flag.name}"
-                raise ConfigError(f"flag needs an argument: {what}")
-        values[flag.attr] = _convert(flag, value, values.get(flag.attr))
-        explicit[flag.name] = None
+    try:
+        for name, value in pflag.scan(argv, _IS_BOOL, _SHORTHANDS):
+            flag = _BY_NAME[name]
+            values[flag.attr] = _convert(flag, value, values.get(flag.attr))
+            explicit[flag.name] = None
+    except pflag.HelpFlag:
+        raise HelpRequested(usage()) from None
+    except pflag.FlagSyntaxError as e:
+        raise ConfigError(str(e)) from None
+    except pflag.PositionalArgument as e:
+        hint = ""
+        if e.after_bool is not None:
+            hint = f" (boolean flags take their value inline: {e.after_bool}={e.argument})"
+        raise ConfigError(
+            f"unexpected argument {go_quote(e.argument)}: the epp takes flags only{hint}"
+        ) from None
     raw_endpoints = values.pop("endpoints", "")
     opts: Options = dataclasses.replace(DEFAULTS, **values, explicit=frozenset(explicit))
     return _complete(opts, raw_endpoints if isinstance(raw_endpoints, str) else "", env)
