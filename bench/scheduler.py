@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
+from epp.director.prefix.hashing import hash_request
+from epp.director.prefix.index import PrefixIndex
 from epp.director.producers.approx_prefix import ApproxPrefixCacheParams, ApproxPrefixCacheProducer
-from epp.director.producers.prefix_hash import hash_request
-from epp.director.producers.prefix_index import PrefixIndex
 from epp.plugin.base import NoParams
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, RequestBody
