@@ -39,3 +39,31 @@ class PrefixCacheScorer(PluginBase):
             info.match_blocks / info.total_blocks if info is not None and info.total_blocks > 0 else 0.0
             for info in map(infos.get, endpoints)
         ]
+
+    def add_weighted_scores(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        endpoints: Sequence[Endpoint],
+        totals: Sequence[float] | None,
+        weight: float,
+    ) -> list[float]:
+        """``score`` times ``weight`` added into ``totals`` in the same pass (the profile's fast path)."""
+        infos = state.attributes(PREFIX_MATCH)
+        if totals is None:
+            if not infos:
+                return [0.0 * weight] * len(endpoints)
+            return [
+                (info.match_blocks / info.total_blocks if info is not None and info.total_blocks > 0 else 0.0)
+                * weight
+                for info in map(infos.get, endpoints)
+            ]
+        if not infos:
+            zero = 0.0 * weight
+            return [t + zero for t in totals]
+        return [
+            t
+            + (info.match_blocks / info.total_blocks if info is not None and info.total_blocks > 0 else 0.0)
+            * weight
+            for t, info in zip(totals, map(infos.get, endpoints), strict=True)
+        ]
