@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from math import isnan
-from operator import attrgetter
 from time import perf_counter
 from typing import Any, Final
 
@@ -97,9 +96,6 @@ def _combine(
     return totals
 
 
-_METRICS: Final = attrgetter("metrics")
-
-
 class _Scorer:
     """One weighted scorer of a profile, its histogram child and its optional metrics-only path."""
 
@@ -135,7 +131,7 @@ class SchedulerProfile:
     __slots__ = (
         "_filters",
         "_lead",
-        "_n_metrics",
+        "_metrics_hists",
         "_picker",
         "_scorers",
         "_snap_metrics",
@@ -165,8 +161,8 @@ class SchedulerProfile:
         self.picker = picker
         self._filters = tuple((f.filter, _timer("Filter", f)) for f in self.filters)
         self._scorers = tuple(_Scorer(s, w) for s, w in self.scorers)
-        self._n_metrics = sum(1 for s in self._scorers if s.score_metrics is not None)
-        self._uses_metrics = self._n_metrics > 0
+        self._metrics_hists = tuple(s.hist for s in self._scorers if s.score_metrics is not None)
+        self._uses_metrics = bool(self._metrics_hists)
         lead = 0  # how many leading scorers are metrics-only: their partial sum is cached
         while lead < len(self._scorers) and self._scorers[lead].score_metrics is not None:
             lead += 1
@@ -244,12 +240,12 @@ class SchedulerProfile:
     def _refresh(self, eps: Sequence[Endpoint], n: int) -> None:
         """Bring the metrics-only scores up to the candidates' current readings."""
         t0 = perf_counter()
-        metrics = list(map(_METRICS, eps))
+        metrics = [ep.metrics for ep in eps]  # a comprehension beats map(attrgetter) on slots
         if metrics == self._snap_metrics:  # same objects (or equal readings): reuse everything
-            share = (perf_counter() - t0) / self._n_metrics
-            for sc in self._scorers:
-                if sc.score_metrics is not None:
-                    sc.hist.observe(share)
+            hists = self._metrics_hists
+            share = (perf_counter() - t0) / len(hists)
+            for hist in hists:
+                hist.observe(share)
             return
         scores_by_scorer: list[Sequence[float] | None] = []
         for sc in self._scorers:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
-from typing import ClassVar, Final
+from typing import ClassVar
 
 from epp.datalayer.api import Endpoint, Metrics
 from epp.plugin.base import PluginBase
@@ -12,8 +11,6 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import ScorerCategory
 from epp.scheduling.scorers.normalize import min_max_scores
-
-_RUNNING_REQUESTS_SIZE: Final = attrgetter("running_requests_size")
 
 
 class RunningRequestsSizeScorer(PluginBase):
@@ -35,4 +32,4 @@ class RunningRequestsSizeScorer(PluginBase):
 
     def score_metrics(self, metrics: Sequence[Metrics]) -> Sequence[float]:
         """The same scores from the readings alone: the profile reuses them until the metrics change."""
-        return min_max_scores(list(map(_RUNNING_REQUESTS_SIZE, metrics)))
+        return min_max_scores([m.running_requests_size for m in metrics])
