@@ -131,6 +131,7 @@ class SchedulerProfile:
     __slots__ = (
         "_filters",
         "_lead",
+        "_lead_weights",
         "_metrics_hists",
         "_picker",
         "_scorers",
@@ -167,6 +168,7 @@ class SchedulerProfile:
         while lead < len(self._scorers) and self._scorers[lead].score_metrics is not None:
             lead += 1
         self._lead = lead
+        self._lead_weights = tuple(s.weight for s in self._scorers[:lead])
         self._picker = (picker.pick, _timer("Picker", picker))
         # The metrics snapshot: readings, per-scorer scores (None: request-dependent), partial sum.
         self._snap_metrics: list[Metrics] | None = None
@@ -241,7 +243,10 @@ class SchedulerProfile:
         """Bring the metrics-only scores up to the candidates' current readings."""
         t0 = perf_counter()
         metrics = [ep.metrics for ep in eps]  # a comprehension beats map(attrgetter) on slots
-        if metrics == self._snap_metrics:  # same objects (or equal readings): reuse everything
+        snap = self._snap_metrics
+        # Same objects (or equal readings) as last time: reuse everything.  The identity test of
+        # the first reading saves a Metrics.__eq__ call on the usual miss (a new scrape).
+        if snap is not None and len(snap) == n and metrics[0] is snap[0] and metrics == snap:
             hists = self._metrics_hists
             share = (perf_counter() - t0) / len(hists)
             for hist in hists:
@@ -261,8 +266,7 @@ class SchedulerProfile:
         lead = self._lead
         partial = None
         if lead:
-            lead_scores = [s for s in scores_by_scorer[:lead] if s is not None]
-            partial = _combine(lead_scores, [sc.weight for sc in self._scorers[:lead]], n, None)
+            partial = _combine(scores_by_scorer[:lead], self._lead_weights, n, None)  # type: ignore[arg-type]
         self._snap_scores = scores_by_scorer
         self._snap_partial = partial
         self._snap_metrics = metrics
