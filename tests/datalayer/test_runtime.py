@@ -273,6 +273,31 @@ async def test_jittered_start() -> None:
     assert max(firsts.values()) - min(firsts.values()) > interval / 2
 
 
+async def test_polls_share_phase_slots() -> None:
+    """Every loop ticks on one of interval/slot phases of one shared grid, so polls batch per slot."""
+    ds = Datastore()
+    interval, slot, timeout = 0.2, 0.02, 1.0
+    dues: dict[str, float] = {}
+    runtime: DataLayerRuntime
+
+    async def poll(endpoint: Endpoint) -> None:
+        lp = runtime._loops[endpoint]
+        dues.setdefault(endpoint.name, lp.deadline - timeout)  # the tick's due time
+
+    source = FakeSource(poll=poll)
+    binding = SourceBinding(source, (NullExtractor(),))
+    runtime = DataLayerRuntime(
+        ds, [binding], refresh_interval=interval, poll_timeout=timeout, rng=random.Random(5), slot=slot
+    )
+    async with runtime:
+        for i in range(30):
+            ds.upsert(metadata(f"e{i}"))
+        await wait_until(lambda: len(dues) == 30)
+    phases = {round((due - runtime._epoch) / slot, 6) for due in dues.values()}
+    assert all(p == int(p) for p in phases)  # on the grid
+    assert 3 < len({p % (interval / slot) for p in phases}) <= interval / slot  # spread over the slots
+
+
 async def test_lifecycle_order_and_failed_start() -> None:
     """Sources start in order and stop in reverse; if one fails to start, the started ones are stopped."""
     log: list[str] = []
