@@ -176,8 +176,10 @@ async def test_server_that_vanishes_and_returns(servers: Callable[[int], Any]) -
     async with DataLayerRuntime(ds, scraping(), refresh_interval=INTERVAL) as runtime:
         ep = ds.upsert(metadata("e", port))
         await wait_until(lambda: ep.metrics.update_time > 0)
+        assert ep.health.available(0.0)
         await srv.stop()
         await wait_until(lambda: runtime.stats(ep).failing)  # type: ignore[union-attr]
+        assert ep.health.unreachable  # refused connections: not picked any more, long before staleness
         stale_since = ep.metrics.update_time
         revived = FakeModelServer()
         from tests.datalayer.sources.test_metrics_http import _restart_on
@@ -188,6 +190,7 @@ async def test_server_that_vanishes_and_returns(servers: Callable[[int], Any]) -
             revived.behaviour.body = revived.behaviour.body.replace(b"} 3", b"} 9", 1)
             await wait_until(lambda: ep.metrics.update_time > stale_since)
             assert not runtime.stats(ep).failing  # type: ignore[union-attr]
+            assert not ep.health.unreachable
         finally:
             await revived.stop()
 

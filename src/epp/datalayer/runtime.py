@@ -311,6 +311,8 @@ class DataLayerRuntime:
             except Exception as e:
                 errors = errors or []
                 errors.append(f"{polled.label}: {e}")
+                if isinstance(e, ConnectionError):  # refused or reset: stop picking it now
+                    endpoint.health.scraped(False)
                 continue
             finally:
                 lp.deadline = _NEVER
@@ -321,6 +323,8 @@ class DataLayerRuntime:
                     errors = errors or []
                     errors.append(f"{ext.typed_name}: {e}")
         if errors is None:
+            if endpoint.health.unreachable:
+                endpoint.health.scraped(True)
             if stats.failing:
                 stats.failing = False
                 stats.last_error = ""
