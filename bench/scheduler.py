@@ -7,6 +7,11 @@ prefix-cache-scorer (w3) and max-score-picker under single-profile-handler; the
 approx-prefix-cache-producer's prepare step (hashing + index walk) is timed separately and as
 part of the total.  Prompts are chat bodies whose first half is one of a few shared system
 prompts, so the index has real matches.
+
+The profile reuses the metrics-only scores (queue, KV cache) while the endpoints' ``Metrics``
+objects are unchanged, as they are in the main cells.  The ``refreshed`` cells replace every
+endpoint's ``Metrics`` with a new reading (same values, later update time, as a scrape does)
+before each request, outside the timed window: the cost when every request sees a new scrape.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
+from epp.director.prefix.hashing import hash_request
+from epp.director.prefix.index import PrefixIndex
 from epp.director.producers.approx_prefix import ApproxPrefixCacheParams, ApproxPrefixCacheProducer
-from epp.director.producers.prefix_hash import hash_request
-from epp.director.producers.prefix_index import PrefixIndex
 from epp.plugin.base import NoParams
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, RequestBody
@@ -113,8 +118,26 @@ def _build(producer: ApproxPrefixCacheProducer) -> Scheduler:
     return Scheduler(SingleProfileHandler("single-profile-handler", NoParams(), h), [profile])
 
 
-def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int) -> dict[str, Any]:
-    """Time prepare (producer), schedule and pre-request for one endpoint count and prompt size."""
+def _rescrape(eps: list[Endpoint]) -> None:
+    """Every endpoint gets a new ``Metrics`` reading: same values, a later ``update_time`` (a scrape)."""
+    for ep in eps:
+        m = ep.metrics
+        ep.metrics = Metrics(
+            waiting_queue_size=m.waiting_queue_size,
+            kv_cache_usage_percent=m.kv_cache_usage_percent,
+            running_requests_size=m.running_requests_size,
+            cache_block_size=m.cache_block_size,
+            update_time=m.update_time + 0.05,
+        )
+
+
+def bench_cell(
+    n_endpoints: int, chars: int, iterations: int, seed: int, *, refreshed: bool = False
+) -> dict[str, Any]:
+    """Time prepare (producer), schedule and pre-request for one endpoint count and prompt size.
+
+    ``refreshed``: new ``Metrics`` objects for every endpoint before each request (untimed).
+    """
     rng = random.Random(seed)
     eps = _endpoints(n_endpoints, rng)
     producer = ApproxPrefixCacheProducer("approx-prefix-cache-producer", ApproxPrefixCacheParams(), _Handle())
@@ -132,6 +155,8 @@ def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int) -> dict
     thread_time = time.thread_time
     for i in range(warmup + iterations):
         req = requests[i % len(requests)]
+        if refreshed:
+            _rescrape(eps)
         state = CycleState()
         c0 = thread_time()
         t0 = perf()
@@ -151,6 +176,7 @@ def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int) -> dict
     return {
         "endpoints": n_endpoints,
         "prompt_chars": chars,
+        "metrics_refreshed_per_request": refreshed,
         "iterations": iterations,
         "prepare_us": _stats(prep),
         "schedule_us": _stats(sched),
@@ -234,6 +260,15 @@ def main(argv: list[str] | None = None) -> int:
                 f" {total['p50']:>8.1f}/{total['p99']:<8.1f} | {c['total_cpu_us']['p50']:>8.1f} |"
                 f" {c['pre_request_us']['p50']:>11.1f}"
             )
+    refreshed = []
+    for n in ENDPOINTS:
+        c = bench_cell(
+            n, 1_000, iterations if n < 1000 else max(iterations // 2, 100), seed=n * 31 + 7, refreshed=True
+        )
+        refreshed.append(c)
+        sched = c["schedule_us"]
+        print(f"{n:>9} {1000:>7} | metrics refreshed before every request: schedule p50/p99 "
+              f"{sched['p50']:.1f}/{sched['p99']:.1f}")  # fmt: skip
     hashing = bench_hashing(100 if args.quick else 500)
     print(f"hash 100k chars: {json.dumps(hashing)}")
     memory = bench_memory(100, capacity)
@@ -270,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "profile": "queue w2 + kv-cache w2 + prefix w3, max-score-picker, approx-prefix-cache-producer",
         "cells": cells,
+        "refreshed_cells": refreshed,
         "hashing_100k_chars": hashing,
         "prefix_index_memory": memory,
         "goals": goals,

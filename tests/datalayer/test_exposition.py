@@ -171,3 +171,74 @@ def test_label_values_round_trip(values: list[str], value: float) -> None:
     (s,) = ExpositionParser(["m"]).parse(line)["m"]
     assert dict(s.labels) == {f"l{i}": v for i, v in enumerate(values)}
     assert s.value == value
+
+
+# --- differential: generated exposition text against prometheus_client, all and filtered ------------
+_NAMES = ("a", "ab", "a_b", "a_total", "ab_total", "vllm:x", "vllm:xy", "vllm:x_total", "vllm:x_bucket", "_u")
+_LABEL_NAMES = ("l", "le", "model_name", "k2", "_p")
+_values = st.one_of(
+    st.integers(-(10**6), 10**12).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(["NaN", "+Inf", "-Inf", "1e3", "-0", "0.5e-3", "1E+2"]),
+)
+_lv = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\r"), max_size=12)
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@st.composite
+def _pages(draw: st.DrawFn) -> str:
+    lines: list[str] = []
+    names = draw(st.lists(st.sampled_from(_NAMES), min_size=1, max_size=6, unique=True))
+    for name in names:  # one family per name, its samples together (as every client writes them)
+        if draw(st.booleans()):
+            lines.append(f"# HELP {name} {draw(st.sampled_from(['help', 'a b {c} d', '']))}".rstrip())
+        if draw(st.booleans()):
+            # prometheus_client renames the samples of a counter not named *_total (ours keeps
+            # names as exposed and aliases on lookup), so counters here are *_total as vLLM's are.
+            kinds = ["gauge", "untyped"] + (["counter"] if name.endswith("_total") else [])
+            lines.append(f"# TYPE {name} {draw(st.sampled_from(kinds))}")
+        for _ in range(draw(st.integers(1, 4))):
+            keys = draw(st.lists(st.sampled_from(_LABEL_NAMES), max_size=3, unique=True))
+            labels = ",".join(f'{k}="{_esc(draw(_lv))}"' for k in keys)
+            block = f"{{{labels}}}" if keys or draw(st.booleans()) else ""
+            ts = f" {draw(st.integers(0, 2**41))}" if draw(st.integers(0, 3)) == 0 else ""
+            lines.append(f"{name}{block} {draw(_values)}{ts}")
+        if draw(st.integers(0, 3)) == 0:
+            lines.append("# a free comment")
+    return "\n".join(lines) + draw(st.sampled_from(["\n", ""]))
+
+
+def _key(name: str, labels: Any, value: float, ts: float | None) -> tuple[Any, ...]:
+    return (name, tuple(sorted(labels.items())), "nan" if math.isnan(value) else value, ts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(page=_pages(), data=st.data())
+def test_generated_pages_agree_with_prometheus_client(page: str, data: st.DataObject) -> None:
+    """Every sample of a generated page parses as prometheus_client parses it, in page order; the
+    filtered parser (wanted names only, the scrape path) returns exactly those samples of the
+    wanted families, identical to the unfiltered parse, and nothing else."""
+    client = [
+        _key(s.name, s.labels, s.value, None if s.timestamp is None else float(s.timestamp))
+        for fam in text_string_to_metric_families(page)
+        for s in fam.samples
+    ]
+    everything = ExpositionParser(None).parse(page.encode())
+    ours = [
+        _key(name, s.labels, s.value, None if s.timestamp_ms is None else s.timestamp_ms / 1000)
+        for name, ss in everything.items()
+        for s in ss
+    ]
+    assert ours == client
+
+    wanted = data.draw(st.lists(st.sampled_from(_NAMES), max_size=4, unique=True))
+    filtered = ExpositionParser(with_total_aliases(wanted)).parse(page.encode())
+
+    def keyed(fams: MetricFamilies) -> dict[str, list[tuple[Any, ...]]]:
+        return {n: [_key(n, s.labels, s.value, s.timestamp_ms) for s in ss] for n, ss in fams.items()}
+
+    expect = {n: ss for n, ss in keyed(everything).items() if n in with_total_aliases(wanted)}
+    assert keyed(filtered) == expect

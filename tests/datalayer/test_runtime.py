@@ -176,8 +176,10 @@ async def test_server_that_vanishes_and_returns(servers: Callable[[int], Any]) -
     async with DataLayerRuntime(ds, scraping(), refresh_interval=INTERVAL) as runtime:
         ep = ds.upsert(metadata("e", port))
         await wait_until(lambda: ep.metrics.update_time > 0)
+        assert ep.health.available(0.0)
         await srv.stop()
         await wait_until(lambda: runtime.stats(ep).failing)  # type: ignore[union-attr]
+        assert ep.health.unreachable  # refused connections: not picked any more, long before staleness
         stale_since = ep.metrics.update_time
         revived = FakeModelServer()
         from tests.datalayer.sources.test_metrics_http import _restart_on
@@ -188,6 +190,7 @@ async def test_server_that_vanishes_and_returns(servers: Callable[[int], Any]) -
             revived.behaviour.body = revived.behaviour.body.replace(b"} 3", b"} 9", 1)
             await wait_until(lambda: ep.metrics.update_time > stale_since)
             assert not runtime.stats(ep).failing  # type: ignore[union-attr]
+            assert not ep.health.unreachable
         finally:
             await revived.stop()
 
@@ -271,6 +274,31 @@ async def test_jittered_start() -> None:
     for name, t in source.calls:
         firsts.setdefault(name, t)
     assert max(firsts.values()) - min(firsts.values()) > interval / 2
+
+
+async def test_polls_share_phase_slots() -> None:
+    """Every loop ticks on one of interval/slot phases of one shared grid, so polls batch per slot."""
+    ds = Datastore()
+    interval, slot, timeout = 0.2, 0.02, 1.0
+    dues: dict[str, float] = {}
+    runtime: DataLayerRuntime
+
+    async def poll(endpoint: Endpoint) -> None:
+        lp = runtime._loops[endpoint]
+        dues.setdefault(endpoint.name, lp.deadline - timeout)  # the tick's due time
+
+    source = FakeSource(poll=poll)
+    binding = SourceBinding(source, (NullExtractor(),))
+    runtime = DataLayerRuntime(
+        ds, [binding], refresh_interval=interval, poll_timeout=timeout, rng=random.Random(5), slot=slot
+    )
+    async with runtime:
+        for i in range(30):
+            ds.upsert(metadata(f"e{i}"))
+        await wait_until(lambda: len(dues) == 30)
+    phases = {round((due - runtime._epoch) / slot, 6) for due in dues.values()}
+    assert all(p == int(p) for p in phases)  # on the grid
+    assert 3 < len({p % (interval / slot) for p in phases}) <= interval / slot  # spread over the slots
 
 
 async def test_lifecycle_order_and_failed_start() -> None:

@@ -110,7 +110,9 @@ async def test_epp_sigkill_under_load_loses_nothing_with_the_fail_open_config(tm
                 async with s.http.post(s.url + "/v1/completions", json=body) as r:
                     data = await r.read()
                     complete = not body["stream"] or data.rstrip().endswith(b"[DONE]")
-                    results.append((t, r.status if complete else -2, bool(r.headers.get("x-epp-destination"))))
+                    results.append(
+                        (t, r.status if complete else -2, bool(r.headers.get("x-epp-destination")))
+                    )
             except Exception:
                 results.append((t, -1, False))
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import prometheus_client as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from epp.metrics import fast
@@ -71,3 +76,133 @@ def test_unlabelled_metrics() -> None:
     h.observe(0.5)
     assert reg.get_sample_value("size") == 42
     assert reg.get_sample_value("d_count") == 1
+
+
+def test_nan_observation_goes_to_inf_bucket_as_in_go() -> None:
+    """Go's client (GIE's) counts a NaN observation in +Inf only; the sum becomes NaN."""
+    reg = CollectorRegistry()
+    h = fast.Histogram("h", "help", buckets=(1.0, 2.0), registry=reg)
+    h.observe(math.nan)
+    h.observe(0.5)
+    assert reg.get_sample_value("h_bucket", {"le": "1.0"}) == 1
+    assert reg.get_sample_value("h_bucket", {"le": "2.0"}) == 1
+    assert reg.get_sample_value("h_bucket", {"le": "+Inf"}) == 2
+    assert reg.get_sample_value("h_count") == 2
+    assert math.isnan(reg.get_sample_value("h_sum") or 0.0)
+
+
+def test_le_labels_are_formatted_as_go() -> None:
+    """Bounds of a million and more are written Go's way (1e+06), as GIE's request-size buckets."""
+    reg = CollectorRegistry()
+    fast.Histogram("h", "help", buckets=(64.0, 1048576.0), registry=reg).observe(1)
+    text = generate_latest(reg).decode()
+    assert 'le="64.0"' in text
+    assert 'le="1.048576e+06"' in text
+
+
+# --- differential: random update sequences on ours and on prometheus_client ----------------------
+
+LABEL_VALUES = st.one_of(
+    st.text(max_size=4),  # any text: quotes, backslashes, newlines and non-ASCII are escaped alike
+    st.sampled_from(("a", "b", 'q"uote', "back\\slash", "new\nline", "µ")),
+    st.integers(-3, 3),  # non-string values are exported as str(value), as upstream
+)
+AMOUNTS = st.floats(allow_nan=False, allow_infinity=True, width=64) | st.integers(-(10**6), 10**6)
+BOUNDS = st.lists(
+    st.floats(0, 1e12, allow_nan=False) | st.sampled_from((1048576.0, 1e6, 999999.0, 1e-5, 0.1, 64.0)),
+    min_size=1,
+    max_size=6,
+    unique=True,
+).map(sorted)  # non-negative, as every EPP histogram's (see fast.py's docstring for negative bounds)
+# (family, update, amount); family 0-2 are labelled, 3-5 the same kinds without labels.
+KINDS = ("counter", "gauge", "histogram")
+OPS = st.tuples(
+    st.integers(0, 5),
+    st.sampled_from(("inc", "dec", "set", "observe", "remove", "clear", "labels")),
+    st.lists(LABEL_VALUES, min_size=1, max_size=3),
+    AMOUNTS | st.just(math.nan),
+)
+
+
+def _apply(family: Any, kind: str, labelled: bool, op: str, values: list[Any], amount: float) -> str:
+    """One update on one family; the outcome as a caller sees it (ok, or the exception type)."""
+    try:
+        if op == "remove":
+            if labelled and len(values) == 2:  # valid removals only: ours does not check the count
+                family.remove(*values)
+            return "ok"
+        if op == "clear":
+            if labelled:
+                family.clear()
+            return "ok"
+        target = family.labels(*values) if labelled else family
+        if op == "labels":
+            return "ok"
+        if kind == "counter" and op == "inc":
+            target.inc(amount)
+        elif kind == "gauge" and op in ("inc", "dec", "set"):
+            getattr(target, op)(amount)
+        elif kind == "histogram" and op == "observe" and not math.isnan(amount):
+            target.observe(amount)  # NaN: see test_nan_observation_goes_to_inf_bucket_as_in_go
+    except ValueError as e:
+        return type(e).__name__
+    return "ok"
+
+
+def _families(registry: CollectorRegistry, lib: Any, bounds: list[float]) -> list[tuple[Any, str, bool]]:
+    made = []
+    for i, kind in enumerate(KINDS * 2):
+        labelled = i < 3
+        labelnames = ("x", "y") if labelled else ()
+        cls = getattr(lib, kind.capitalize())
+        extra = {"buckets": bounds} if kind == "histogram" else {}
+        made.append((cls(f"m{i}", f"Help {i}.", labelnames, registry=registry, **extra), kind, labelled))
+    return made
+
+
+def _text(registry: CollectorRegistry) -> list[str]:
+    return sorted(ln for ln in generate_latest(registry).decode().split("\n") if "_created" not in ln)
+
+
+def check_against_prometheus_client(
+    bounds: list[float], ops: list[tuple[int, str, list[Any], float]]
+) -> None:
+    ours_reg, theirs_reg = CollectorRegistry(), CollectorRegistry()
+    ours, theirs = _families(ours_reg, fast, bounds), _families(theirs_reg, pc, bounds)
+    for index, op, values, amount in ops:
+        (a, kind, labelled), (b, _, _) = ours[index], theirs[index]
+        vals = values[:2] if len(values) >= 2 and op != "labels" else values
+        assert _apply(a, kind, labelled, op, vals, amount) == _apply(b, kind, labelled, op, vals, amount)
+    assert _text(ours_reg) == _text(theirs_reg)
+
+
+@settings(max_examples=120, deadline=None)
+@given(bounds=BOUNDS, ops=st.lists(OPS, max_size=30))
+def test_random_updates_export_what_prometheus_client_exports(
+    bounds: list[float], ops: list[tuple[int, str, list[Any], float]]
+) -> None:
+    """Any sequence of inc/dec/set/observe/labels/remove/clear on counters, gauges and histograms,
+    labelled or not, gives prometheus_client's exposition text (``_created`` aside) and the
+    same errors (negative counter increments, wrong label counts)."""
+    check_against_prometheus_client(bounds, ops)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=5000, deadline=None)
+@given(bounds=BOUNDS, ops=st.lists(OPS, max_size=60))
+def test_random_updates_export_what_prometheus_client_exports_long(
+    bounds: list[float], ops: list[tuple[int, str, list[Any], float]]
+) -> None:
+    """The same, at length (``pytest -m fuzz``)."""
+    check_against_prometheus_client(bounds, ops)
+
+
+def test_equal_label_values_share_a_series() -> None:
+    """Documented deviation: values equal by ``==`` (1, 1.0, True) share the first one's series."""
+    reg = CollectorRegistry()
+    c = fast.Counter("c", "h", ("x",), registry=reg)
+    c.labels(1).inc()
+    c.labels(1.0).inc()
+    c.labels(True).inc()
+    assert reg.get_sample_value("c_total", {"x": "1"}) == 3
+    assert reg.get_sample_value("c_total", {"x": "1.0"}) is None

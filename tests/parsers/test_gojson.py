@@ -1,10 +1,23 @@
-"""Go encoding/json error texts: the scanner replay and the top-level type errors."""
+"""Go encoding/json error texts: the scanner replay and the top-level type errors.
+
+Go's ``encoding/json`` is the reference and there is no Go here to run it, so the replay is
+checked against Go's documented behaviour in three ways: recorded Go messages (the tables),
+the stdlib ``json`` parser for *which* inputs are JSON (hypothesis-generated near-valid
+bodies and arbitrary bytes), and the properties of an online scanner (the first error is
+decided by the bytes up to the one it names).
+"""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from epp.parsers import gojson
+from epp.units import go_quote
 
 BODY_MAP = "json: cannot unmarshal {} into Go value of type map[string]interface {{}}"
 
@@ -129,3 +142,101 @@ def test_quote_char(byte: int, expected: str) -> None:
 def test_type_error(value: object, kind: str) -> None:
     """A non-object top level gets Go's UnmarshalTypeError text for map[string]any."""
     assert gojson.type_error(value) == BODY_MAP.format(kind)
+
+
+def test_quote_char_is_strconv_quote_of_the_byte_as_a_rune() -> None:
+    """Every byte: Go's quoteChar is strconv.Quote(string(rune(c))) in single quotes, with ' and "
+    special-cased; epp.units.go_quote is strconv.Quote, written independently."""
+    for c in range(256):
+        expected = {0x27: "'\\''", 0x22: "'\"'"}.get(c) or "'" + go_quote(chr(c))[1:-1] + "'"
+        assert gojson.quote_char(c) == expected, hex(c)
+
+
+# --- properties on hypothesis input ----------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+spaces = st.text(" \t\r\n", max_size=2)
+
+
+@st.composite
+def near_json(draw: st.DrawFn) -> bytes:
+    """A JSON document with random whitespace, then maybe one byte edit: most edits break it."""
+    text = json.dumps(draw(json_values), ensure_ascii=draw(st.booleans()))
+    if draw(st.booleans()):
+        text = text.replace(",", draw(spaces) + "," + draw(spaces)).replace(":", draw(spaces) + ":")
+    data = draw(spaces).encode() + text.encode() + draw(spaces).encode()
+    edit = draw(st.sampled_from(("none", "insert", "delete", "replace", "truncate")))
+    if edit == "none" or not data:
+        return data
+    i = draw(st.integers(0, len(data) - 1))
+    byte = bytes([draw(st.sampled_from(b'{}[]:,"\\ -+.0123456789eEtfnulrsa\x00\x1f\x7f\xc3\xff'))])
+    if edit == "insert":
+        return data[:i] + byte + data[i:]
+    if edit == "delete":
+        return data[:i] + data[i + 1 :]
+    if edit == "replace":
+        return data[:i] + byte + data[i + 1 :]
+    return data[:i]
+
+
+def stdlib_accepts(data: bytes) -> bool:
+    """RFC 8259 JSON per the stdlib parser, bytes that are not UTF-8 kept as lone surrogates
+    (inside strings Go accepts any byte >= 0x20, and json any character)."""
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(name)  # NaN, Infinity: Python-only extensions
+
+    try:
+        json.loads(data.decode("utf-8", "surrogateescape"), parse_constant=no_constants)
+    except ValueError:
+        return False
+    return True
+
+
+def check_scanner(data: bytes) -> None:
+    message = gojson.syntax_error(data)
+    assert (message is None) == stdlib_accepts(data), (data, message)
+    prefixes = [gojson.syntax_error(data[:k]) for k in range(1, len(data) + 1)]
+    if message is None or message == gojson.END_OF_INPUT:
+        # No byte was invalid, so no prefix has an invalid byte either.
+        assert all(m is None or m == gojson.END_OF_INPUT for m in prefixes), data
+        return
+    # An online scanner: the shortest prefix that has an invalid byte fails with this message,
+    # and the byte it names is that prefix's last.
+    k = next(k for k, m in enumerate(prefixes, 1) if m is not None and m != gojson.END_OF_INPUT)
+    assert prefixes[k - 1] == message, (data, k)
+    assert message.startswith(f"invalid character {gojson.quote_char(data[k - 1])} "), (data, k)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=near_json() | st.binary(max_size=12))
+@example(data=b'"\\ud800"')  # a lone surrogate escape: both accept
+@example(data=b'"\xff"')  # not UTF-8 inside a string: Go accepts, so does json on surrogateescape
+@example(data=b"-")
+@example(data=b"1.")
+def test_scanner_accepts_what_json_accepts_and_fails_at_the_named_byte(data: bytes) -> None:
+    """``syntax_error`` is None exactly when the stdlib parser accepts (depths under Python's
+    recursion limit), and a reported character is the byte where a growing prefix first fails."""
+    check_scanner(data)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=10000, deadline=None)
+@given(data=near_json() | st.binary(max_size=40))
+def test_scanner_accepts_what_json_accepts_and_fails_at_the_named_byte_long(data: bytes) -> None:
+    """The same, at length (``pytest -m fuzz``)."""
+    check_scanner(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=near_json(), budget=st.integers(1, 40), max_bytes=st.integers(1, 200))
+def test_limits_only_ever_give_up(data: bytes, budget: int, max_bytes: int) -> None:
+    """Under a token or byte limit the answer is the unlimited one or None (gave up), never another."""
+    limited = gojson.syntax_error(data, token_budget=budget, max_bytes=max_bytes)
+    assert limited is None or limited == gojson.syntax_error(data)

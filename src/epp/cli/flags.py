@@ -10,9 +10,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 
+from epp import pflag
 from epp.errors import ConfigError
 from epp.metrics.llmd import parse_families
-from epp.units import go_quote, parse_go_duration
+from epp.units import (
+    format_go_duration,
+    go_quote,
+    parse_go_atoi,
+    parse_go_bool,
+    parse_go_duration,
+    parse_go_int,
+)
 
 T = TypeVar("T")
 
@@ -183,74 +191,6 @@ class Options:
             insecure_skip_verify=m.insecure_skip_verify,
             explicitly_set=m.explicitly_set,
         )
-
-
-# --- Go value syntax -------------------------------------------------------------------------------
-
-
-_GO_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_GO_FALSE: Final = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-_INT64_MAX: Final = (1 << 63) - 1
-_GO_INT: Final = re.compile(
-    r"[+-]?(?:0[xX](?:_?[0-9a-fA-F])+|0[bB](?:_?[01])+|0[oO](?:_?[0-7])+|0(?:_?[0-7])*|[1-9](?:_?[0-9])*)"
-)
-_GO_ATOI: Final = re.compile(r"[+-]?[0-9]+")
-
-
-def parse_go_bool(s: str) -> bool:
-    """Go's ``strconv.ParseBool``."""
-    if s in _GO_TRUE:
-        return True
-    if s in _GO_FALSE:
-        return False
-    raise ValueError(f"strconv.ParseBool: parsing {go_quote(s)}: invalid syntax")
-
-
-def parse_go_int(s: str) -> int:
-    """Go's ``strconv.ParseInt(s, 0, 64)`` (pflag ints): 0x/0o/0b prefixes, leading-0 octal, ``_``."""
-    if not _GO_INT.fullmatch(s):
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(s)}: invalid syntax")
-    sign = -1 if s[0] == "-" else 1
-    body = s.lstrip("+-").replace("_", "")
-    leading_zero_octal = len(body) > 1 and body[0] == "0" and body[1].isdigit()
-    n = sign * int(body, 8 if leading_zero_octal else 0)
-    if not -_INT64_MAX - 1 <= n <= _INT64_MAX:
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(s)}: value out of range")
-    return n
-
-
-def parse_go_atoi(s: str) -> int:
-    """Go's ``strconv.Atoi`` (pflag int-slice elements): base 10, optional sign, nothing else."""
-    if not _GO_ATOI.fullmatch(s):
-        raise ValueError(f"strconv.Atoi: parsing {go_quote(s)}: invalid syntax")
-    n = int(s)
-    if not -_INT64_MAX - 1 <= n <= _INT64_MAX:
-        raise ValueError(f"strconv.Atoi: parsing {go_quote(s)}: value out of range")
-    return n
-
-
-def format_go_duration(seconds: float) -> str:
-    """Go's ``Duration.String`` for the values we print in ``--help`` (``50ms``, ``1m30s``)."""
-    ns = round(seconds * 1e9)
-    if ns == 0:
-        return "0s"
-    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
-    if ns < 1_000_000_000:
-        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if ns >= scale:
-                return f"{sign}{_trim(ns / scale)}{unit}"
-    h, rem = divmod(ns, 3_600_000_000_000)
-    m, rem = divmod(rem, 60_000_000_000)
-    secs = f"{_trim(rem / 1e9)}s"
-    if h:
-        return f"{sign}{h}h{m}m{secs}"
-    if m:
-        return f"{sign}{m}m{secs}"
-    return f"{sign}{secs}"
-
-
-def _trim(x: float) -> str:
-    return f"{x:.9f}".rstrip("0").rstrip(".")
 
 
 # --- controller-runtime zap flag values (parsed so typos fail; only the level is used) -------------
@@ -555,6 +495,8 @@ FLAGS: Final[tuple[_Flag, ...]] = (
     ),
 )
 _BY_NAME: Final = {f.name: f for f in FLAGS}
+_IS_BOOL: Final = {f.name: f.kind == "bool" for f in FLAGS}
+_SHORTHANDS: Final = {f.shorthand: f.name for f in FLAGS if f.shorthand}
 DEFAULTS: Final = Options()
 
 
@@ -582,66 +524,30 @@ def _convert(flag: _Flag, raw: str, previous: object) -> object:
     raise AssertionError(flag.kind)  # pragma: no cover - Kind is exhaustive
 
 
-def _split_arg(arg: str) -> tuple[_Flag, str | None]:
-    """The flag a ``-x``/``--name[=value]`` token names and its inline value, if any."""
-    if arg.startswith("--"):
-        name, eq, value = arg[2:].partition("=")
-        if name in ("help", "h"):
-            raise HelpRequested(usage())
-        flag = _BY_NAME.get(name)
-        if flag is None:
-            raise ConfigError(f"unknown flag: --{name}")
-        return flag, value if eq else None
-    body = arg[1:]
-    name, eq, value = body.partition("=")
-    if len(name) > 1 and name in _BY_NAME:  # Go's flag package style: -pool-name=x
-        return _BY_NAME[name], value if eq else None
-    short = body[0]
-    if short == "h":
-        raise HelpRequested(usage())
-    if short != "v":
-        raise ConfigError(f"unknown shorthand flag: {short!r} in {arg}")
-    rest = body[1:]
-    if rest.startswith("="):
-        return _BY_NAME["v"], rest[1:]
-    return _BY_NAME["v"], rest or None
-
-
 def parse_flags(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     """Parse ``argv`` (without the program name) and the environment into validated ``Options``.
 
     Raises ``ConfigError`` with GIE's message for any invalid flag or combination, and
-    ``HelpRequested`` for ``--help``.
+    ``HelpRequested`` for ``--help``.  The command-line syntax is pflag's (``epp.pflag``).
     """
     values: dict[str, Any] = {}
     explicit: dict[str, None] = {}  # ordered set
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg == "--" or not arg.startswith("-") or arg == "-":
-            extra = argv[i:] if arg == "--" else argv[i - 1 :]
-            if not extra:
-                break
-            hint = ""
-            prev = argv[i - 2] if i >= 2 else ""
-            if prev.startswith("-") and "=" not in prev:
-                with_prev = _BY_NAME.get(prev.lstrip("-"))
-                if with_prev is not None and with_prev.kind == "bool":
-                    hint = f" (boolean flags take their value inline: {prev}={extra[0]})"
-            raise ConfigError(f"unexpected argument {go_quote(extra[0])}: the epp takes flags only{hint}")
-        flag, value = _split_arg(arg)
-        if value is None:
-            if flag.kind == "bool":
-                value = "true"
-            elif i < len(argv):
-                value = argv[i]
-                i += 1
-            else:
-                what = "'v' in -v" if arg.startswith("-v") and not arg.startswith("--") else f"--{flag.name}"
-                raise ConfigError(f"flag needs an argument: {what}")
-        values[flag.attr] = _convert(flag, value, values.get(flag.attr))
-        explicit[flag.name] = None
+    try:
+        for name, value in pflag.scan(argv, _IS_BOOL, _SHORTHANDS):
+            flag = _BY_NAME[name]
+            values[flag.attr] = _convert(flag, value, values.get(flag.attr))
+            explicit[flag.name] = None
+    except pflag.HelpFlag:
+        raise HelpRequested(usage()) from None
+    except pflag.FlagSyntaxError as e:
+        raise ConfigError(str(e)) from None
+    except pflag.PositionalArgument as e:
+        hint = ""
+        if e.after_bool is not None:
+            hint = f" (boolean flags take their value inline: {e.after_bool}={e.argument})"
+        raise ConfigError(
+            f"unexpected argument {go_quote(e.argument)}: the epp takes flags only{hint}"
+        ) from None
     raw_endpoints = values.pop("endpoints", "")
     opts: Options = dataclasses.replace(DEFAULTS, **values, explicit=frozenset(explicit))
     return _complete(opts, raw_endpoints if isinstance(raw_endpoints, str) else "", env)

@@ -28,6 +28,11 @@ class ScrapeError(Exception):
     """The endpoint could not be scraped: connect failure, bad status, malformed or oversized reply."""
 
 
+class ConnectFailed(ScrapeError, ConnectionError):
+    """The endpoint refused or dropped the connection: likely dead, not merely slow (a
+    ``ConnectionError``, so the data layer can tell without knowing this client)."""
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: one request at a time, the response parsed as bytes arrive.
 
@@ -347,7 +352,7 @@ class ScrapeClient:
                 lambda: _Connection(max_body, loop), host, port, ssl=self._ssl
             )
         except (OSError, ssl.SSLError) as e:
-            raise ScrapeError(f"connect to {host}:{port} failed: {e}") from None
+            raise ConnectFailed(f"connect to {host}:{port} failed: {e}") from None
         return conn
 
     def _request_bytes(self, host: str, port: int, path: str) -> bytes:

@@ -30,6 +30,7 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_REFRESH_INTERVAL: Final = 0.05  # --refresh-metrics-interval
 DEFAULT_POLL_TIMEOUT: Final = 1.0  # GIE's; see docs/decisions-datalayer.md for why not < interval
+DEFAULT_SLOT: Final = 0.005  # width of a phase slot: loops in one slot poll in one loop iteration
 
 
 @dataclass(slots=True)
@@ -87,8 +88,13 @@ class DataLayerRuntime:
     per endpoint added later); removing an endpoint cancels its task.  On exit everything
     is cancelled and awaited and the sources are stopped in reverse order.
 
-    Each loop starts at a random phase within the interval (so N endpoints do not poll in
-    lock-step), then ticks every ``refresh_interval`` on its own grid.  A tick polls each
+    Each loop starts in a random phase slot of the interval (so N endpoints do not all poll
+    in lock-step), then ticks every ``refresh_interval`` on that slot.  Slots are
+    ``slot`` seconds wide (5 ms: ten slots of a 50 ms interval) on one grid shared by every
+    loop, so the polls of a slot share one timer wake-up, their requests go out back to back
+    and the replies are read in one batch of ready sockets: at 100 endpoints every 50 ms this
+    cuts the event-loop and syscall cost of scraping by about a third against polls spread
+    uniformly (bench/scrape.py).  A tick polls each
     source under a deadline (the source's ``poll_timeout``, else ``poll_timeout`` here,
     default 1 s) and runs the source's extractors.  A tick that overruns the interval skips
     the missed ticks instead of queueing them, so a slow server is polled back-to-back at
@@ -108,6 +114,7 @@ class DataLayerRuntime:
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
         poll_timeout: float | None = None,
         rng: random.Random | None = None,
+        slot: float = DEFAULT_SLOT,
     ) -> None:
         if not bindings:
             raise ConfigError("data layer enabled but no data sources configured")
@@ -115,6 +122,8 @@ class DataLayerRuntime:
         self._interval = refresh_interval if refresh_interval > 0 else DEFAULT_REFRESH_INTERVAL
         default_timeout = poll_timeout if poll_timeout and poll_timeout > 0 else DEFAULT_POLL_TIMEOUT
         self._rng = rng or random.Random()
+        self._slots = max(1, round(self._interval / slot)) if slot > 0 else 1
+        self._epoch = 0.0  # the shared grid's origin (loop time at entry)
         self._polled: list[_Polled] = []
         self._sinks: list[EndpointEventSink] = []
         self._k8s: list[NotificationSource] = []
@@ -173,6 +182,7 @@ class DataLayerRuntime:
             await self._stop_sources()
             raise
         self._running = True
+        self._epoch = asyncio.get_running_loop().time()
         if self._polled:
             self._watchdog_task = asyncio.get_running_loop().create_task(
                 self._watchdog(), name="datalayer:watchdog"
@@ -260,7 +270,16 @@ class DataLayerRuntime:
         loop = asyncio.get_running_loop()
         interval = self._interval
         stats = lp.stats
-        due = loop.time() + self._rng.uniform(0.0, interval)
+        # The first due time: this loop's slot in the current (or next) interval of the grid.
+        now = loop.time()
+        since = now - self._epoch
+        due = (
+            self._epoch
+            + (since - since % interval)
+            + self._rng.randrange(self._slots) * interval / self._slots
+        )
+        if due < now:
+            due += interval
         while True:
             delay = due - loop.time()
             if delay > 0:
@@ -292,6 +311,8 @@ class DataLayerRuntime:
             except Exception as e:
                 errors = errors or []
                 errors.append(f"{polled.label}: {e}")
+                if isinstance(e, ConnectionError):  # refused or reset: stop picking it now
+                    endpoint.health.scraped(False)
                 continue
             finally:
                 lp.deadline = _NEVER
@@ -302,6 +323,8 @@ class DataLayerRuntime:
                     errors = errors or []
                     errors.append(f"{ext.typed_name}: {e}")
         if errors is None:
+            if endpoint.health.unreachable:
+                endpoint.health.scraped(True)
             if stats.failing:
                 stats.failing = False
                 stats.last_error = ""

@@ -8,6 +8,17 @@ for the long runs (whitespace, strings, numbers), so only tokens cost Python ste
 only after orjson has refused the body, and gives up (returns None) past ``max_bytes`` or
 ``token_budget`` tokens, so a hostile body cannot make the error path expensive (Python's
 regex engine scans character classes at only tens of MB/s).
+
+What it re-implements: Go's ``encoding/json`` scanner (``checkValid``) and its error texts.
+The reference is Go itself; no Python package reproduces Go's messages, and no Go
+toolchain is installed here to run it, so tests/parsers/test_gojson.py checks recorded Go
+messages plus properties on hypothesis-generated near-valid bodies and arbitrary bytes:
+the replay accepts exactly what the stdlib ``json`` parser accepts (RFC 8259, with bytes
+that are not UTF-8 allowed inside strings as Go allows them), and a reported character is
+the byte at which a growing prefix first fails.  Parsing itself is orjson's; this module
+only words the refusal.
+
+A leaf: an import-linter contract in pyproject.toml keeps it from importing the EPP.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
-from epp.datalayer.api import Endpoint
+from epp.datalayer.api import Endpoint, Metrics
 from epp.plugin.base import Plugin
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
@@ -72,6 +72,43 @@ class Scorer(Plugin, Protocol):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class MetricsScorer(Protocol):
+    """Optional fast path of a ``Scorer`` whose scores depend on the candidates' ``Metrics`` only.
+
+    ``score_metrics(metrics)`` must return what ``score`` returns for endpoints carrying
+    those readings, in the same order, whatever the request and the cycle state: a pure
+    function of the sequence (it may normalise over it, as the queue scorer does).  The
+    profile then computes these scores, and their weighted partial sum, once per metrics
+    refresh instead of once per request: it keeps them while the candidates' ``Metrics``
+    objects are the same (or equal), and calls ``score_metrics`` again when any changed.
+    ``score`` must still work; it is used when a scorer is run on its own.
+    """
+
+    def score_metrics(self, metrics: Sequence[Metrics]) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class AccumulatingScorer(Protocol):
+    """Optional fast path of a request-dependent ``Scorer``: add its weighted scores into the totals.
+
+    ``add_weighted_scores`` returns ``[t + s * weight for t, s in zip(totals, scores)]``, or
+    ``[s * weight for s in scores]`` when ``totals`` is None, where ``scores`` is what
+    ``score`` returns (clamped to [0, 1] by the scorer itself), computed with exactly these
+    float operations so the totals are bit-identical to the per-scorer path.  It saves the
+    intermediate list and its pass: one pass over the endpoints per scorer.
+    """
+
+    def add_weighted_scores(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        endpoints: Sequence[Endpoint],
+        totals: Sequence[float] | None,
+        weight: float,
+    ) -> list[float]: ...
 
 
 @runtime_checkable

@@ -11,8 +11,8 @@ import xxhash
 from epp.datalayer.api import Endpoint, EndpointObserver
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.director.api import DataProducer, PreRequest
+from epp.director.prefix.hashing import hash_request, user_input_bytes
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
-from epp.director.producers.prefix_hash import hash_request, user_input_bytes
 from epp.errors import ConfigError
 from epp.metrics.series import REGISTRY
 from epp.plugin.registry import Registry

@@ -8,8 +8,8 @@ from typing import Any, ClassVar, Final
 
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
-from epp.director.producers.prefix_hash import AVERAGE_CHARS_PER_TOKEN, hash_request
-from epp.director.producers.prefix_index import PrefixIndex
+from epp.director.prefix.hashing import AVERAGE_CHARS_PER_TOKEN, hash_request
+from epp.director.prefix.index import PrefixIndex
 from epp.errors import ConfigError
 from epp.metrics.series import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO, PREFIX_INDEXER_SIZE
 from epp.plugin.base import Handle, PluginBase, PluginParams
@@ -46,7 +46,7 @@ class _RequestPrefix:
 class ApproxPrefixCacheProducer(PluginBase):
     """Approximate prefix-cache index.  Type ``approx-prefix-cache-producer``.
 
-    Before scheduling, the request's user input (see ``prefix_hash.user_input_bytes``) is
+    Before scheduling, the request's user input (see ``epp.director.prefix.hashing.user_input_bytes``) is
     cut into blocks of ``blockSize * 4`` bytes (4 characters per token), at most
     ``maxPrefixBlocksToMatch`` of them, and hashed as a chain of xxHash64 values seeded by
     the target model and ``cache_salt``.  Walking the chain until the first block no

@@ -14,10 +14,10 @@ from epp.errors import ConfigError
 from epp.log import is_enabled_for
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo, Usage
+from epp.request import InferenceRequest, ResponseInfo
 
 if TYPE_CHECKING:
-    from epp.director.reporters.cel import CelProgram, UsageValue
+    from epp.cel import CelProgram, UsageValue
 
 log = structlog.get_logger(__name__)
 
@@ -59,7 +59,7 @@ class RequestAttributeReporter(PluginBase):
 
     Expressions are compiled once at startup; a syntax error, an undeclared variable or
     function, or a ``has()`` on anything but a field selection is a ConfigError naming
-    the parameter.  See ``cel.py`` for how evaluation stays in the tens of microseconds.
+    the parameter.  See ``epp.cel`` for how evaluation stays in the tens of microseconds.
     Consumes: nothing.
     Parameters: ``attributes`` (exactly one entry): ``key.namespace`` (``envoy.lb``),
     ``key.name`` (required), ``expression`` (required), ``condition`` (optional).
@@ -81,9 +81,9 @@ class RequestAttributeReporter(PluginBase):
         self.namespace = attr.key.namespace or DEFAULT_NAMESPACE
         self.key = attr.key.name
         # Imported here: celpy takes half a second to import, paid only when configured.
-        from epp.director.reporters.cel import as_int64, is_true, usage_value
+        from epp.cel import as_int64, is_true, usage_value
 
-        self._usage_value: Callable[[Usage], UsageValue] = usage_value
+        self._usage_value: Callable[[int, int, int, int | None], UsageValue] = usage_value
         self._is_true: Callable[[object], bool] = is_true
         self._as_int64: Callable[[object], int | None] = as_int64
         self.expression = _compile(attr.expression, "expression")
@@ -95,7 +95,9 @@ class RequestAttributeReporter(PluginBase):
         usage = response.usage
         if usage is None or not response.end_of_stream:
             return
-        data = self._usage_value(usage)
+        data = self._usage_value(
+            usage.prompt_tokens, usage.completion_tokens, usage.total_tokens, usage.cached_tokens
+        )
         condition = self.condition
         if condition is not None:
             ok = condition.evaluate(data)
@@ -121,7 +123,7 @@ class RequestAttributeReporter(PluginBase):
 
 
 def _compile(source: str, field: str) -> CelProgram:
-    from epp.director.reporters.cel import CelCompileError, CelProgram
+    from epp.cel import CelCompileError, CelProgram
 
     try:
         return CelProgram(source)

@@ -37,11 +37,8 @@ class MaxScorePicker(PickerBase):
         rng = self.rng
         if k == 1:
             best = max(scores)
-            first = scores.index(best)
-            try:
-                scores.index(best, first + 1)
-            except ValueError:  # the usual case: a unique best
-                return ProfileRunResult((endpoints[first],))
+            if scores.count(best) == 1:  # the usual case: a unique best (count: no exception raised)
+                return ProfileRunResult((endpoints[scores.index(best)],))
             ties = [i for i, s in enumerate(scores) if s == best]
             return ProfileRunResult((endpoints[ties[rng.randrange(len(ties))]],))
         k = min(k, n)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from epp.datalayer.api import Endpoint
+from epp.datalayer.api import Endpoint, Metrics
 from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
@@ -26,3 +26,7 @@ class KVCacheUtilizationScorer(PluginBase):
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[float]:
         return [1.0 - ep.metrics.kv_cache_usage_percent for ep in endpoints]
+
+    def score_metrics(self, metrics: Sequence[Metrics]) -> Sequence[float]:
+        """The same scores from the readings alone: the profile reuses them until the metrics change."""
+        return [1.0 - m.kv_cache_usage_percent for m in metrics]

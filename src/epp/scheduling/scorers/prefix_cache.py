@@ -39,3 +39,51 @@ class PrefixCacheScorer(PluginBase):
             info.match_blocks / info.total_blocks if info is not None and info.total_blocks > 0 else 0.0
             for info in map(infos.get, endpoints)
         ]
+
+    def add_weighted_scores(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        endpoints: Sequence[Endpoint],
+        totals: Sequence[float] | None,
+        weight: float,
+    ) -> list[float]:
+        """``score`` times ``weight`` added into ``totals`` in the same pass (the profile's fast path).
+
+        The producer gives every endpoint without a match one shared info object, so the
+        weighted score of that object is computed once and the pass only tests identity
+        for most endpoints; the float operations, hence the totals, are those of ``score``.
+        """
+        infos = state.attributes(PREFIX_MATCH)
+        n = len(endpoints)
+        if not infos:
+            zero = 0.0 * weight
+            return [zero] * n if totals is None else [t + zero for t in totals]
+        get = infos.get
+        common = get(endpoints[0])
+        if common is not None and common.match_blocks and n > 1:
+            common = get(endpoints[-1])  # the first endpoint matched: probe the last one instead
+        if common is None:
+            c = 0.0 * weight
+        else:
+            c = (common.match_blocks / common.total_blocks if common.total_blocks > 0 else 0.0) * weight
+        if totals is None:
+            return [
+                c
+                if info is common
+                else (
+                    info.match_blocks / info.total_blocks
+                    if info is not None and info.total_blocks > 0
+                    else 0.0
+                )
+                * weight
+                for info in map(get, endpoints)
+            ]
+        return [
+            t + c
+            if info is common
+            else t
+            + (info.match_blocks / info.total_blocks if info is not None and info.total_blocks > 0 else 0.0)
+            * weight
+            for t, info in zip(totals, map(get, endpoints), strict=True)
+        ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from epp.datalayer.api import Endpoint
+from epp.datalayer.api import Endpoint, Metrics
 from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
@@ -29,3 +29,7 @@ class QueueScorer(PluginBase):
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[float]:
         return min_max_scores([ep.metrics.waiting_queue_size for ep in endpoints])
+
+    def score_metrics(self, metrics: Sequence[Metrics]) -> Sequence[float]:
+        """The same scores from the readings alone: the profile reuses them until the metrics change."""
+        return min_max_scores([m.waiting_queue_size for m in metrics])

@@ -1,4 +1,9 @@
-"""CEL over the response ``usage``: celpy parses and checks; common expressions run as compiled closures.
+"""CEL over a ``usage`` map: celpy parses and checks; common expressions run as compiled closures.
+
+A leaf: it imports nothing of the EPP (an import-linter contract in pyproject.toml fails
+the build if it ever does); the plugin that uses it is
+``epp.director.reporters.attribute_reporter``, which passes the usage counts in as plain
+numbers.
 
 celpy (cel-python) is the reference: it parses every expression, and it evaluates any
 expression outside the subset below.  Its tree-walking interpreter costs 150-650 µs per
@@ -8,8 +13,9 @@ literals, arithmetic, comparisons, ``&&``/``||``/``!``, ``?:``, ``in``, and call
 CEL's standard functions such as ``int()``) are compiled once into a tree of Python
 closures.  Each closure does what celpy's ``Evaluator`` method for the same grammar rule
 does, with celpy's own operator functions and value types, so both paths give the same
-value or the same error for every input (tests/director/reporters/test_cel.py checks it
-on random expressions).  Nothing is ever passed to Python's ``eval``/``exec``.
+value or the same error for every input (tests/test_cel.py checks it on
+hypothesis-generated expressions against celpy's own ``Runner``).  Nothing is ever passed
+to Python's ``eval``/``exec``.
 
 Importing this module imports celpy (about half a second), so plugins import it lazily.
 """
@@ -26,8 +32,6 @@ import lark
 from celpy import celtypes, evaluation
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, Evaluator, base_functions, boolean
-
-from epp.request import Usage
 
 USAGE: Final = "usage"
 
@@ -98,20 +102,22 @@ class _Unsupported(Exception):
     """The expression is outside the compiled subset: celpy's interpreter evaluates it."""
 
 
-def usage_value(usage: Usage) -> celtypes.MapType:
+def usage_value(
+    prompt_tokens: int, completion_tokens: int, total_tokens: int, cached_tokens: int | None = None
+) -> celtypes.MapType:
     """The CEL ``usage`` variable, shaped as GIE's ``google.protobuf.Struct`` of the Go Usage.
 
     Struct numbers are doubles, so every count is a ``double``; ``prompt_token_details``
-    exists only when the server reported cached tokens.
+    exists only when the server reported cached tokens (``cached_tokens`` is not None).
     """
     double = celtypes.DoubleType
     m = celtypes.MapType()
-    m[_KEY_PROMPT] = double(usage.prompt_tokens)
-    m[_KEY_COMPLETION] = double(usage.completion_tokens)
-    m[_KEY_TOTAL] = double(usage.total_tokens)
-    if usage.cached_tokens is not None:
+    m[_KEY_PROMPT] = double(prompt_tokens)
+    m[_KEY_COMPLETION] = double(completion_tokens)
+    m[_KEY_TOTAL] = double(total_tokens)
+    if cached_tokens is not None:
         details = celtypes.MapType()
-        details[_KEY_CACHED] = double(usage.cached_tokens)
+        details[_KEY_CACHED] = double(cached_tokens)
         m[_KEY_DETAILS] = details
     return m
 

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import pytest
 
-from epp.director.producers.prefix_index import PrefixIndex
+from epp.director.prefix.index import PrefixIndex
 
 
 def _check_against_model(index: PrefixIndex, model: dict[str, OrderedDict[int, None]]) -> None:

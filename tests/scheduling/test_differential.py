@@ -1,0 +1,283 @@
+"""Differential test: the scheduling fast paths against the frozen reference (tests/scheduling/reference.py).
+
+Generated fleets (1-300 endpoints, random metrics with zeros, equal values, ties, out-of-range
+and NaN KV readings, LoRA adapters, prefix matches, in-flight loads), random scorer lists and
+weights, filters and ``maxNumOfEndpoints``, run for several rounds in which some endpoints'
+metrics are replaced (new readings, equal copies, or untouched) and the candidate list
+changes.  Each round must give the same totals (bit for bit) and, with pickers seeded alike,
+the same picks.  Rounds are what exercise the profile's metrics snapshot and its invalidation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
+from epp.datalayer.attributes import INFLIGHT_LOAD, PREFIX_MATCH, InFlightLoad, PrefixMatchInfo
+from epp.plugin.base import PluginBase
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.scheduling.api import ProfileRunResult
+from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
+from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.scheduler import SchedulerProfile, SchedulingError
+from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
+from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
+from epp.scheduling.scorers.queue import QueueScorer
+from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
+from epp.scheduling.scorers.token_load import TokenLoadScorer
+from tests.scheduling import reference as ref
+from tests.scheduling.builders import build, request
+
+MODELS = ("base", "lora-a", "lora-b", "lora-c")
+SCORER_TYPES = (
+    "queue-scorer",
+    "kv-cache-utilization-scorer",
+    "running-requests-size-scorer",
+    "prefix-cache-scorer",
+    "lora-affinity-scorer",
+    "token-load-scorer",
+)
+_CLASSES: dict[str, Any] = {
+    "queue-scorer": QueueScorer,
+    "kv-cache-utilization-scorer": KVCacheUtilizationScorer,
+    "running-requests-size-scorer": RunningRequestsSizeScorer,
+    "prefix-cache-scorer": PrefixCacheScorer,
+    "lora-affinity-scorer": LoraAffinityScorer,
+    "token-load-scorer": TokenLoadScorer,
+}
+
+
+class RecordingMaxScore(MaxScorePicker):
+    """The real max-score picker, recording the totals it is handed."""
+
+    TYPE: ClassVar[str] = "max-score-picker"
+
+    def __init__(self, k: int) -> None:
+        super().__init__(
+            "max-score-picker", MaxScorePicker.PARAMS.model_validate({"maxNumOfEndpoints": k}), None
+        )  # type: ignore[arg-type]
+        self.seen: list[float] = []
+
+    def pick(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        endpoints: Sequence[Endpoint],
+        scores: Sequence[float],
+    ) -> ProfileRunResult:
+        self.seen = list(scores)
+        return super().pick(state, request, endpoints, scores)
+
+
+class DropFilter(PluginBase):
+    """Drops the endpoints whose index is in ``drop`` (a new list: the snapshot cannot be keyed on it)."""
+
+    TYPE: ClassVar[str] = "test-drop-filter"
+
+    def __init__(self, drop: frozenset[int]) -> None:
+        super().__init__("drop", None, None)  # type: ignore[arg-type]
+        self.drop = drop
+
+    def filter(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        return [e for e in endpoints if int(e.metadata.pod_name) not in self.drop]
+
+
+# --- generators -------------------------------------------------------------------------------
+kv_values = st.one_of(
+    st.sampled_from([0.0, 0.5, 1.0, 0.25]),
+    st.floats(0.0, 1.0),
+    st.floats(-0.5, 1.5),
+    st.just(math.nan),
+)
+
+
+@st.composite
+def metrics(draw: st.DrawFn, queue_hi: int) -> Metrics:
+    return Metrics(
+        waiting_queue_size=draw(st.integers(0, queue_hi)),
+        running_requests_size=draw(st.integers(0, queue_hi)),
+        kv_cache_usage_percent=draw(kv_values),
+        active_models=frozenset(draw(st.lists(st.sampled_from(MODELS), max_size=2))),
+        waiting_models=frozenset(draw(st.lists(st.sampled_from(MODELS), max_size=2))),
+        max_active_models=draw(st.integers(0, 3)),
+        update_time=draw(st.floats(0.0, 1e6)),
+    )
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[Endpoint]:
+    n = draw(st.one_of(st.integers(1, 12), st.integers(1, 300)))
+    queue_hi = draw(st.sampled_from([0, 1, 3, 50]))  # 0: all equal; small: many ties
+    shared = draw(metrics(queue_hi))
+    out = []
+    for i in range(n):
+        m = shared if draw(st.integers(0, 9)) == 0 else draw(metrics(queue_hi))
+        md = EndpointMetadata(name=f"ns/pod-{i}-rank-0", address=f"10.0.{i // 256}.{i % 256}", port=8000)
+        out.append(Endpoint(replace(md, pod_name=str(i)), m))
+    return out
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict[str, Any]:
+    eps = draw(fleets())
+    types = draw(st.lists(st.sampled_from(SCORER_TYPES), min_size=0, max_size=6))
+    weights = draw(
+        st.lists(
+            st.one_of(st.integers(0, 5).map(float), st.floats(-2.0, 10.0)),
+            min_size=len(types),
+            max_size=len(types),
+        )
+    )
+    return {
+        "endpoints": eps,
+        "scorers": list(zip(types, weights, strict=True)),
+        "k": draw(st.sampled_from([1, 1, 2, 3, 7])),
+        "filter": draw(st.sampled_from(["none", "drop", "affinity"])),
+        "threshold": draw(st.sampled_from([0.0, 0.5, 0.8])),
+        "cap": draw(st.sampled_from([0, 10, 1000])),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+        "rounds": draw(st.integers(1, 4)),
+    }
+
+
+def _round_state(rng: random.Random, eps: Sequence[Endpoint]) -> CycleState:
+    """Random PREFIX_MATCH (shared no-match object, matches, zero totals, gaps) and INFLIGHT_LOAD."""
+    state = CycleState()
+    if rng.random() < 0.85:
+        total = rng.choice([0, 1, 4, 16])
+        none = PrefixMatchInfo(0, total, 16)
+        infos: dict[Any, PrefixMatchInfo] = {}
+        for ep in eps:
+            r = rng.random()
+            if r < 0.1:
+                continue  # no entry: scores 0
+            infos[ep] = none if r < 0.6 else PrefixMatchInfo(rng.randint(0, total), total, 16)
+        state.set_attributes(PREFIX_MATCH, infos)
+    if rng.random() < 0.7:
+        loads = {
+            ep: InFlightLoad(rng.randint(0, 3), rng.choice([0, 5, 100, 5000]))
+            for ep in eps
+            if rng.random() < 0.7
+        }
+        state.set_attributes(INFLIGHT_LOAD, loads)
+    return state
+
+
+def _mutate(rng: random.Random, eps: Sequence[Endpoint]) -> None:
+    """A metrics refresh: some endpoints get a new reading, some an equal copy, the rest keep theirs."""
+    for ep in eps:
+        r = rng.random()
+        if r < 0.15:
+            m = ep.metrics
+            ep.metrics = replace(
+                m,
+                waiting_queue_size=max(m.waiting_queue_size + rng.choice([-1, 0, 1, 3]), 0),
+                running_requests_size=rng.choice([m.running_requests_size, 0, 2]),
+                kv_cache_usage_percent=rng.choice([m.kv_cache_usage_percent, rng.random(), 1.0, 0.0]),
+                update_time=m.update_time + 0.05,
+            )
+        elif r < 0.25:
+            ep.metrics = replace(ep.metrics)  # equal reading, new object
+
+
+def _same(a: Sequence[float], b: Sequence[float]) -> bool:
+    return len(a) == len(b) and all(
+        x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True)
+    )
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(scenarios())
+def test_fast_paths_pick_exactly_like_the_reference(sc: dict[str, Any]) -> None:
+    eps: list[Endpoint] = sc["endpoints"]
+    seed: int = sc["seed"]
+    k: int = sc["k"]
+    plugins = []
+    ref_scorers = []
+    for t, w in sc["scorers"]:
+        if t == "token-load-scorer":
+            plugin = build(TokenLoadScorer, queueThresholdTokens=sc["cap"])
+            ref_scorers.append((ref.token_load(plugin.queue_threshold_tokens), True, w))
+        else:
+            plugin = build(_CLASSES[t])
+            formula, bounded = ref.SCORERS[t]
+            ref_scorers.append((formula, bounded, w))
+        plugins.append((plugin, w))
+
+    picker = RecordingMaxScore(k)
+    picker.rng = random.Random(seed)
+    ref_rng = random.Random(seed)
+    filters: list[Any] = []
+    ref_filters: list[Any] = []
+    drop = frozenset(i for i in range(len(eps)) if (i * 2654435761 + seed) % 5 == 0)
+    if sc["filter"] == "drop":
+        filters = [DropFilter(drop)]
+        ref_filters = [DropFilter(drop).filter]
+    elif sc["filter"] == "affinity":
+        params = {"affinityThreshold": sc["threshold"], "explorationProbability": 0.3}
+        f_new = build(PrefixCacheAffinityFilter, **params)
+        f_ref = build(PrefixCacheAffinityFilter, **params)
+        f_new.rng, f_ref.rng = random.Random(seed + 1), random.Random(seed + 1)
+        filters, ref_filters = [f_new], [f_ref.filter]
+    profile = SchedulerProfile("p", filters=filters, scorers=plugins, picker=picker)
+
+    world = random.Random(seed ^ 0x5EED)
+    candidates: Sequence[Endpoint] = tuple(eps)
+    for rnd in range(sc["rounds"] * 2):
+        if rnd:
+            _mutate(world, eps)
+            if world.random() < 0.3:  # the candidate list changes (subset, or a new tuple)
+                candidates = tuple(ep for ep in eps if world.random() < 0.8) or tuple(eps)
+        state = _round_state(world, candidates)
+        req = request(model=world.choice(MODELS))
+        expected = ref.run_profile(
+            state,
+            req,
+            candidates,
+            filters=ref_filters,
+            scorers=ref_scorers,
+            pick=lambda e, s: ref.max_score_pick(e, s, k, ref_rng),
+        )
+        try:
+            got = profile.run(state, req, candidates)
+        except SchedulingError:
+            assert expected is None
+            continue
+        assert expected is not None
+        want_pick, want_totals = expected
+        assert _same(picker.seen, want_totals), (picker.seen, want_totals)
+        assert got.target_endpoints == want_pick
+
+
+def test_metrics_scorers_agree_with_their_per_endpoint_scores() -> None:
+    """``score_metrics`` is ``score`` on the endpoints' readings (the optional path adds nothing)."""
+    rng = random.Random(3)
+    eps = [
+        Endpoint(
+            EndpointMetadata(name=f"e{i}", address="10.0.0.1", port=8000 + i),
+            Metrics(
+                waiting_queue_size=rng.randint(0, 4),
+                running_requests_size=rng.randint(0, 4),
+                kv_cache_usage_percent=rng.random(),
+            ),
+        )
+        for i in range(50)
+    ]
+    for cls in (QueueScorer, RunningRequestsSizeScorer, KVCacheUtilizationScorer):
+        s = build(cls)
+        assert list(s.score_metrics([ep.metrics for ep in eps])) == list(
+            s.score(CycleState(), request(), eps)
+        )
