@@ -5,15 +5,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
+import grpc
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from epp.director.traced import traced_scheduler
+from epp.plugin.state import CycleState
+from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile
 from epp.server.extproc import ExtProcServicer
 from epp.server.transport import make_server
 from epp.tracing import spans
 from epp.tracing.otel import OtelTracing, Tracing, setup_tracing
+from epp.tracing.stages import CURRENT, StageSpans
+from tests.config.fakes import MultiProfileHandler
+from tests.scheduling.builders import build, endpoint, request
+from tests.scheduling.test_scheduler import DropFilter
 from tests.server.harness import Harness, llm_request, pods, req_body, req_headers, set_headers
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -37,8 +48,6 @@ class TracedHarness(Harness):
         self.tracing = tracing
 
     async def __aenter__(self) -> TracedHarness:
-        import grpc
-
         for observer in self.components.observers:
             self.datastore.add_observer(observer)
         self.server = make_server(self.transport, ExtProcServicer(self.director, tracing=self.tracing), None)
@@ -148,3 +157,50 @@ async def test_unsampled_request_records_nothing_but_still_propagates(
     assert upstream["x-gateway-destination-endpoint"] == "192.168.1.2:8000"
     assert upstream[spans.TRACEPARENT].startswith(f"00-{TRACE_ID}-")
     assert upstream[spans.TRACEPARENT].endswith("-00")
+
+
+def test_each_profile_gets_a_span_and_a_failed_one_says_so(exporter: InMemorySpanExporter) -> None:
+    """Two profiles under one handler: a span each under ``epp.schedule``; the filtered-out one is an error."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    eps = [endpoint(0), endpoint(1)]
+    everyone = {e.metadata.pod_name for e in eps}
+    plain = Scheduler(
+        build(MultiProfileHandler),
+        [
+            SchedulerProfile("decode", filters=[], scorers=[], picker=build(MaxScorePicker)),
+            SchedulerProfile(
+                "prefill",
+                filters=[DropFilter("none", everyone, [])],
+                scorers=[],
+                picker=build(MaxScorePicker),
+            ),
+        ],
+    )
+    scheduler = traced_scheduler(plain)
+    assert scheduler is not plain
+    parent = tracer.start_span("epp.schedule")
+    token = CURRENT.set(StageSpans(tracer, Context()).under(parent))
+    try:
+        result = scheduler.schedule(CycleState(), request(), eps)
+    finally:
+        CURRENT.reset(token)
+    parent.end()
+    assert result.profile_results["prefill"] is None
+    runs = {
+        dict(s.attributes or {})[spans.ATTR_PROFILE_NAME]: s
+        for s in exporter.get_finished_spans()
+        if s.name == spans.STAGE_PROFILE
+    }
+    assert set(runs) == {"decode", "prefill"}
+    for s in runs.values():
+        assert s.parent is not None and s.parent.span_id == parent.get_span_context().span_id
+    assert runs["decode"].status.status_code != StatusCode.ERROR
+    assert len(dict(runs["decode"].attributes or {})[spans.ATTR_TARGETS]) == 1  # type: ignore[arg-type]
+    assert runs["prefill"].status.status_code == StatusCode.ERROR
+    # Outside a traced request the same profiles record nothing.
+    exporter.clear()
+    scheduler.schedule(CycleState(), request(), eps)
+    assert exporter.get_finished_spans() == ()
+    provider.shutdown()
