@@ -118,6 +118,7 @@ class Options:
     endpoints_file: str = ""
     objectives_file: str = ""
     disable_endpoint_subset_filter: bool = False
+    emit_endpoint_scores: bool = False
     # configuration
     config_file: str = ""
     config_text: str = ""
@@ -392,6 +393,13 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         _DISCOVERY,
         "Without an InferencePool: a YAML file of InferenceObjective and InferenceModelRewrite objects.",
         new=True,
+    ),
+    _Flag(
+        "emit-endpoint-scores",
+        "bool",
+        _DISCOVERY,
+        "Add every candidate's final scheduler score to the routing reply's envoy.lb dynamic metadata "
+        "under 'x-gateway-destination-endpoint-scores' (llm-d-router's flag).",
     ),
     _Flag(
         "disable-endpoint-subset-filter",

@@ -145,6 +145,7 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
         response_body=components.response_body,
         response_complete=components.response_complete,
         subset_filter=not options.disable_endpoint_subset_filter,
+        emit_endpoint_scores=options.emit_endpoint_scores,
         staleness_threshold=options.metrics_staleness_threshold,
     )
     tracing = setup_tracing(options, env)

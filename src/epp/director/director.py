@@ -102,7 +102,9 @@ class Director:
             raise Internal("no pods available in datastore")
         candidates = locate(all_eps, ctx.request.metadata, subset_filter=self._p.subset_filter)
         if not candidates:
-            raise ServiceUnavailable("failed to find endpoint candidates for serving the request")
+            raise ServiceUnavailable(
+                "failed to find endpoint candidates for serving the request", reason="rejected-subset-empty"
+            )
         candidates = available_or_all(candidates, time.monotonic())
         try:
             result = self._p.scheduler.schedule(ctx.state, ctx.request, candidates)
@@ -162,7 +164,10 @@ class Director:
             candidates = fresh_or_all(candidates, now, p.staleness_threshold)
         candidates = available_or_all(candidates, now)  # not a crashed or failing replica
         if not candidates:
-            raise ServiceUnavailable("failed to find endpoint candidates for serving the request")
+            raise ServiceUnavailable(
+                "failed to find endpoint candidates for serving the request",
+                reason="rejected-subset-empty" if self._ds.endpoints() else "rejected-no-endpoints",
+            )
 
         state = ctx.state
         if p.producers:
@@ -176,14 +181,17 @@ class Director:
                     reason=reason,
                     request_id=req.request_id,
                 )
-                raise Internal("request cannot be admitted")
+                raise Internal("request cannot be admitted", reason="rejected-admission")
+        req.explain = p.emit_endpoint_scores
         try:
             result = p.scheduler.schedule(state, req, candidates)
             targets = result.primary.target_endpoints
         except EppError:
             raise
         except Exception as e:  # SchedulingError and any plugin failure: GIE answers 429
-            raise ResourceExhausted(f"failed to find target endpoint: {e}") from e
+            raise ResourceExhausted(
+                f"failed to find target endpoint: {e}", reason="rejected-no-candidates"
+            ) from e
         if not targets:
             raise Internal("results must be greater than zero")
         # From here on the request counts as scheduled: if a pre-request hook or the body
@@ -199,11 +207,13 @@ class Director:
         out = p.parser.serialize_request(parsed) if changed else body
         series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
         series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
+        scored = result.primary.scored
         return RoutingDecision(
             destination=targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets),
             body=out,
             body_changed=out is not body,
             headers=self._extra_headers(ctx),
+            scores={ep.hostport: round(score, 6) for ep, score in scored} if scored else None,
         )
 
     async def _prepare_data(self, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]) -> None:
