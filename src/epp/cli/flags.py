@@ -156,24 +156,21 @@ class Options:
 
     @property
     def model_server_metrics(self) -> ModelServerMetricsFlags:
-        return ModelServerMetricsFlags(
-            scheme=self.model_server_metrics_scheme,
-            path=self.model_server_metrics_path,
-            port=self.model_server_metrics_port,
-            insecure_skip_verify=self.model_server_metrics_https_insecure_skip_verify,
-            explicitly_set=frozenset(attr for f, attr in _METRICS_FLAG_ATTRS.items() if f in self.explicit),
-        )
+        """The deprecated ``--model-server-metrics-*`` values, as the config builder takes them."""
+        return ModelServerMetricsFlags(**self._metrics_flag_values())
 
     def build_metrics_flags(self, factory: Callable[..., T]) -> T:
-        """Hand the deprecated metrics flags to the config builder's own dataclass."""
-        m = self.model_server_metrics
-        return factory(
-            scheme=m.scheme,
-            path=m.path,
-            port=m.port,
-            insecure_skip_verify=m.insecure_skip_verify,
-            explicitly_set=m.explicitly_set,
+        """The same values handed to ``factory`` (keyword arguments named as the fields)."""
+        return factory(**self._metrics_flag_values())
+
+    def _metrics_flag_values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            f.attr: getattr(self, f.flag.replace("-", "_")) for f in MODEL_SERVER_METRICS_FLAGS
+        }
+        values["explicitly_set"] = frozenset(
+            f.attr for f in MODEL_SERVER_METRICS_FLAGS if f.flag in self.explicit
         )
+        return values
 
 
 # --- controller-runtime zap flag values (parsed so typos fail; only the level is used) -------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any
 
 import structlog
 
@@ -83,7 +83,7 @@ __all__ = [
 
 # The deprecated ``--model-server-metrics-*`` flags: declared once, with the parameters of
 # ``metrics-data-source`` they stand for.
-MetricsFlags: Final = ModelServerMetricsFlags
+MetricsFlags = ModelServerMetricsFlags
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
