@@ -10,6 +10,7 @@ import pytest
 
 import bench.common
 import bench.report
+import bench.report.fmt
 from bench.overhead import derive as overhead_derive
 from bench.routing import derive as routing_derive
 
@@ -56,7 +57,7 @@ def _overhead() -> dict[str, Any]:
 @pytest.fixture
 def results_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(bench.common, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(bench.report, "PLOTS", tmp_path / "plots")
+    monkeypatch.setattr(bench.report.fmt, "PLOTS", tmp_path / "plots")
     monkeypatch.setattr(bench.report, "REPORT", tmp_path / "REPORT.md")
     (tmp_path / "results").mkdir()
     return tmp_path
