@@ -93,6 +93,15 @@ def findings(res: dict[str, dict[str, Any] | None]) -> list[str]:
                 "the rest, "
                 f"{f(epp - floor, 0)} µs."
             )
+        own = (cap.get("floor-h2", {}).get("cpu_us_per_req") or {}).get("extproc")
+        if epp and own:
+            out.append(
+                "- **Routing cost over the own floor** (overhead, at capacity): the no-op ext_proc server "
+                f"on the EPP's own h2 transport costs {f(own, 0)} µs per request, the EPP {f(epp, 0)} µs: "
+                "the EPP's routing work (parse, prefix hashing, scheduling, metrics) is "
+                f"{f(epp - own, 0)} µs "
+                f"({(epp - own) / epp:.0%} of its CPU per request)."
+            )
         prof = o.get("profile") or {}
         py, nat = _top_own(prof.get("python")), _top_own(prof.get("native"))
         if py or nat:

@@ -26,6 +26,16 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
         "Added latency is the path's percentile minus the direct path's, at the same rate in the same run.",
         "",
     ]
+    own_floor = (
+        "floor-h2" in o["ladder"]
+    )  # the no-op server on the EPP's own transport (older results lack it)
+    if own_floor:
+        out += [
+            'Two floors: the no-op ext_proc server on grpc.aio ("floor", what a Python ext_proc server '
+            "costs written the obvious way) and the same server on the EPP's own HTTP/2 transport "
+            '("own floor", src/epp/server/h2): over the own floor, the EPP\'s cost is its routing work.',
+            "",
+        ]
     out += [f"- {n}" for n in o.get("notes", [])]
     rates = sorted({int(k) for v in o["ladder"].values() for k in v})
     rows = []
@@ -45,6 +55,7 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
                     f(a.get("p50_ms_over_direct"), 2),
                     f(a.get("p99_ms_over_direct"), 2),
                     f(a.get("p50_ms_over_floor"), 2),
+                    *([f(a.get("p50_ms_over_own_floor"), 2)] if own_floor else []),
                     f(cpu.get("total"), 0),
                     f(cpu.get("extproc") or cpu.get("router"), 0),
                     f"{c['ok']}/{c['offered']}",
@@ -62,6 +73,7 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
                 "added p50",
                 "added p99",
                 "p50 over floor",
+                *(["p50 over own floor"] if own_floor else []),
                 "CPU µs/req (all)",
                 "CPU µs/req (ext_proc or router)",
                 "ok/offered",
@@ -74,22 +86,24 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
     cap = o["capacity"]
     env = cap.get("envoy", {})
     floor = cap.get("floor", {})
+    own = cap.get("floor-h2", {})
     rows = []
     for name, title in paths.items():
         c = cap.get(name)
         if not c:
             continue
         cpu = c["cpu_us_per_req"]
-        own = cpu.get("extproc") or cpu.get("router")
+        proc = cpu.get("extproc") or cpu.get("router")
         rows.append(
             [
                 title,
                 f(c["achieved_rps"], 0),
                 ratio(quotient(c["achieved_rps"], env.get("achieved_rps"))),
                 ratio(quotient(c["achieved_rps"], floor.get("achieved_rps"))),
+                *([ratio(quotient(c["achieved_rps"], own.get("achieved_rps")))] if own_floor else []),
                 f(cpu.get("total"), 0),
-                f(own, 0),
-                f(1e6 / own, 0) if own else "–",
+                f(proc, 0),
+                f(1e6 / proc, 0) if proc else "–",
                 f(o["max_sustained_rps"].get(name), 0),
             ]
         )
@@ -103,6 +117,7 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
                 "max req/s",
                 "vs Envoy alone",
                 "vs floor",
+                *(["vs own floor"] if own_floor else []),
                 "CPU µs/req (all)",
                 "CPU µs/req (ext_proc or router)",
                 "req/s per core of that process",

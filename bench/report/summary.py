@@ -111,6 +111,22 @@ def summary_rows(res: dict[str, dict[str, Any] | None]) -> list[list[str]]:
                 met(g["epp_added_p50_ms_over_floor"]["met"]),
             ]
         )
+        if "epp_added_p50_ms_over_own_floor" in g:
+            d = o["derived"]
+            rows.append(
+                [
+                    "2 overhead",
+                    "EPP adds ≤ 0.3 ms p50 over the no-op floor on its own h2 transport "
+                    f"(at {d.get('epp_added_p50_ms_over_own_floor_at_rate')} req/s, "
+                    + (
+                        "the lowest rate both sustain)"
+                        if d.get("epp_added_p50_ms_over_own_floor_both_sustained")
+                        else "the lowest rate; not sustained by both)"
+                    ),
+                    f(g["epp_added_p50_ms_over_own_floor"]["value"], 2, " ms"),
+                    met(g["epp_added_p50_ms_over_own_floor"]["met"]),
+                ]
+            )
         rows.append(
             [
                 "2 overhead",
