@@ -136,6 +136,23 @@ async def test_framing(raw: MakeRaw, reply: Reply, body: bytes) -> None:
         pytest.param(
             [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"], "chunk size", id="bad-chunk"
         ),
+        # Found by the differential tests below: int() took these, llhttp (and RFC 9112) do not.
+        *(
+            pytest.param(
+                [b"HTTP/1.1 200 OK\r\nContent-Length: " + v + b"\r\n\r\nhello", b""],
+                "invalid Content-Length",
+                id=f"length-{v.decode()}",
+            )
+            for v in (b"+5", b"-1", b"0_5")
+        ),
+        *(
+            pytest.param(
+                [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + v + b"\r\nhello\r\n0\r\n\r\n"],
+                "chunk size",
+                id=f"chunk-{v.decode()}",
+            )
+            for v in (b"0x5", b"+5", b"0_5")
+        ),
         pytest.param(
             [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf", b""], "before the response", id="cut"
         ),
