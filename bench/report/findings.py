@@ -139,6 +139,19 @@ def findings(res: dict[str, dict[str, Any] | None]) -> list[str]:
                 f"and nothing needing bodies, the EPP received {f(skip.get('extproc_msgs_per_event'), 3)} "
                 "messages per streamed event."
             )
+        own = pc.get("floor-h2", {}).get("extproc_us_per_chunk")
+        if own and fd.get("extproc_us_per_chunk"):
+            out.append(
+                f"- **Streaming over the own floor**: on the EPP's own h2 transport the no-op server spends "
+                f"{f(own, 1)} µs per response chunk, the EPP with a body plugin "
+                f"{f(fd['extproc_us_per_chunk'], 1)} µs: "
+                + (
+                    "the EPP is cheaper than the floor on the same transport, because it hand-encodes its "
+                    "body replies (server/wire.py) where the floor builds upb messages."
+                    if fd["extproc_us_per_chunk"] < own
+                    else f"the EPP's chunk handling costs {f(fd['extproc_us_per_chunk'] - own, 1)} µs."
+                )
+            )
     lp = res.get("long_prompts")
     if lp:
         d = lp["derived"]
