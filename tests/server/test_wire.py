@@ -283,6 +283,9 @@ def test_immediate_error(cls: type[EppError], message: str) -> None:
             body=str(err).encode(),
         )
     )
+    ref.immediate_response.headers.set_headers.add(
+        header={"key": r.DROPPED_REASON_HEADER, "raw_value": err.reason.encode()}
+    )
     assert parse(r.serialize(r.immediate_error(err))) == ref
 
 
