@@ -1,9 +1,12 @@
 """A no-op ext_proc server speaking GIE's protocol: the floor of an ext_proc hop in Python.
 
-    python -m bench.noop_extproc --upstreams 127.0.0.1:8001,127.0.0.1:8002 [--no-response-phases]
+    python -m bench.noop_extproc --upstreams 127.0.0.1:8001,127.0.0.1:8002 [--transport grpcio|h2]
 
-Same transport as the EPP (grpc.aio on uvloop, the project's stubs), no routing logic: the
-destination is the next upstream in round robin.  Per stream, as GIE does in FULL_DUPLEX_STREAMED
+No routing logic: the destination is the next upstream in round robin.  Two transports, both on
+uvloop with the project's stubs and upb messages: ``grpcio`` (grpc.aio, what a Python ext_proc
+server costs when written the obvious way) and ``h2`` (the EPP's own HTTP/2 + gRPC framing,
+``epp.server.h2``, its default transport: the honest floor under the EPP, so that "EPP over
+floor" is the cost of routing, not of the transport).  Per stream, as GIE does in FULL_DUPLEX_STREAMED
 mode (overhead-baseline.md): request headers are held; body chunks are buffered until
 end_of_stream, then the routing headers reply (destination header, Content-Length, envoy.lb
 metadata) and the body as streamed mutations of <= 62,000 bytes; response headers get an empty
@@ -20,7 +23,7 @@ import asyncio
 import itertools
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -83,74 +86,124 @@ def _mutation(destination: str, length: int | None) -> pb.CommonResponse:
     return pb.CommonResponse(clear_route_cache=True, header_mutation=pb.HeaderMutation(set_headers=sets))
 
 
+class NoopSession:
+    """One ext_proc stream: each message answered at once (``handle``), the protocol and nothing else.
+
+    Offers what the EPP's own transport drives (``epp.server.h2.calls.Session``); the grpc.aio
+    servicer below iterates the same object, so both floors send the same replies.
+    """
+
+    __slots__ = ("_body", "_next", "_request_mode", "_response_mode", "finished", "route_pending")
+
+    def __init__(self, next_upstream: Callable[[], str]) -> None:
+        self._next = next_upstream
+        self._body: list[bytes] = []
+        self._request_mode = self._response_mode = FULL_DUPLEX
+        self.finished = False
+        self.route_pending = False  # never: routing is a round robin, answered in ``handle``
+
+    def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = msg.WhichOneof("request")
+        if kind == "request_headers":
+            if msg.HasField("protocol_config"):
+                self._request_mode = msg.protocol_config.request_body_mode
+                self._response_mode = msg.protocol_config.response_body_mode
+            if msg.request_headers.end_of_stream:
+                dest = self._next()
+                return [
+                    pb.ProcessingResponse(
+                        request_headers=pb.HeadersResponse(response=_mutation(dest, None)),
+                        dynamic_metadata=destination_metadata(dest),
+                    )
+                ]
+            if self._request_mode == BUFFERED:
+                return [EMPTY_REQUEST_HEADERS]
+            return []
+        if kind == "request_body":
+            hb = msg.request_body
+            self._body.append(hb.body)
+            if not hb.end_of_stream:
+                return []
+            data = b"".join(self._body)
+            self._body = []
+            dest = self._next()
+            if self._request_mode == FULL_DUPLEX:
+                return [
+                    pb.ProcessingResponse(
+                        request_headers=pb.HeadersResponse(response=_mutation(dest, len(data))),
+                        dynamic_metadata=destination_metadata(dest),
+                    ),
+                    *streamed_body(data, request=True, end_of_stream=True),
+                ]
+            return [
+                pb.ProcessingResponse(
+                    request_body=pb.BodyResponse(response=_mutation(dest, None)),
+                    dynamic_metadata=destination_metadata(dest),
+                )
+            ]
+        if kind == "request_trailers":
+            return [EMPTY_REQUEST_TRAILERS]
+        if kind == "response_headers":
+            return [_EMPTY_RESPONSE_HEADERS]
+        if kind == "response_body":
+            rb = msg.response_body
+            if self._response_mode == FULL_DUPLEX:
+                return streamed_body(rb.body, request=False, end_of_stream=rb.end_of_stream)
+            return [EMPTY_RESPONSE_BODY]
+        if kind == "response_trailers":
+            return [EMPTY_RESPONSE_TRAILERS]
+        return []
+
+    async def route(self) -> list[pb.ProcessingResponse]:  # pragma: no cover - route_pending is never set
+        return []
+
+    def close(self) -> None:
+        pass
+
+
 class NoopProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    """Round robin over fixed upstreams, the protocol and nothing else."""
+    """Round robin over fixed upstreams, the protocol and nothing else: a ``NoopSession`` per call.
+
+    ``Process`` serves grpc.aio; ``open`` and ``wait_idle`` are what the EPP's own transport
+    (``epp.server.h2.H2GrpcServer``) asks of a servicer.
+    """
 
     def __init__(self, upstreams: list[str]) -> None:
         self._next = itertools.cycle(upstreams).__next__
 
+    def open(self) -> NoopSession:
+        return NoopSession(self._next)
+
+    async def wait_idle(self) -> None:
+        return None
+
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        body: list[bytes] = []
-        request_mode = response_mode = FULL_DUPLEX
+        session = self.open()
         async for msg in request_iterator:
-            kind = msg.WhichOneof("request")
-            if kind == "request_headers":
-                if msg.HasField("protocol_config"):
-                    request_mode = msg.protocol_config.request_body_mode
-                    response_mode = msg.protocol_config.response_body_mode
-                if msg.request_headers.end_of_stream:
-                    dest = self._next()
-                    yield pb.ProcessingResponse(
-                        request_headers=pb.HeadersResponse(response=_mutation(dest, None)),
-                        dynamic_metadata=destination_metadata(dest),
-                    )
-                elif request_mode == BUFFERED:
-                    yield EMPTY_REQUEST_HEADERS
-            elif kind == "request_body":
-                hb = msg.request_body
-                body.append(hb.body)
-                if not hb.end_of_stream:
-                    continue
-                data = b"".join(body)
-                body = []
-                dest = self._next()
-                if request_mode == FULL_DUPLEX:
-                    yield pb.ProcessingResponse(
-                        request_headers=pb.HeadersResponse(response=_mutation(dest, len(data))),
-                        dynamic_metadata=destination_metadata(dest),
-                    )
-                    for reply in streamed_body(data, request=True, end_of_stream=True):
-                        yield reply
-                else:
-                    yield pb.ProcessingResponse(
-                        request_body=pb.BodyResponse(response=_mutation(dest, None)),
-                        dynamic_metadata=destination_metadata(dest),
-                    )
-            elif kind == "request_trailers":
-                yield EMPTY_REQUEST_TRAILERS
-            elif kind == "response_headers":
-                yield _EMPTY_RESPONSE_HEADERS
-            elif kind == "response_body":
-                rb = msg.response_body
-                if response_mode == FULL_DUPLEX:
-                    for reply in streamed_body(rb.body, request=False, end_of_stream=rb.end_of_stream):
-                        yield reply
-                else:
-                    yield EMPTY_RESPONSE_BODY
-            elif kind == "response_trailers":
-                yield EMPTY_RESPONSE_TRAILERS
+            for reply in session.handle(msg):
+                yield reply
 
 
-async def serve(upstreams: list[str]) -> None:
+async def serve(upstreams: list[str], transport: str) -> None:
+    servicer = NoopProcessor(upstreams)
+    if transport == "h2":
+        # The EPP's own HTTP/2 + gRPC framing (its default transport), driving the same sessions.
+        from epp.server.h2 import H2GrpcServer
+
+        h2 = H2GrpcServer(servicer)  # type: ignore[arg-type]
+        port = await h2.start("127.0.0.1", 0, None)
+        print(json.dumps({"port": port}), flush=True)
+        await asyncio.Event().wait()  # serve until killed
+        return
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", 128 * 1024 * 1024),
             ("grpc.max_send_message_length", 128 * 1024 * 1024),
         ]
     )
-    pb_grpc.add_ExternalProcessorServicer_to_server(NoopProcessor(upstreams), server)
+    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(json.dumps({"port": port}), flush=True)
@@ -160,14 +213,20 @@ async def serve(upstreams: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.noop_extproc", description=__doc__.splitlines()[0])
     ap.add_argument("--upstreams", required=True, help="comma-separated host:port list")
+    ap.add_argument(
+        "--transport",
+        choices=("grpcio", "h2"),
+        default="grpcio",
+        help="grpcio: grpc.aio (gRPC core); h2: the EPP's own HTTP/2 framing (src/epp/server/h2)",
+    )
     args = ap.parse_args(argv)
     upstreams = [u.strip() for u in args.upstreams.split(",") if u.strip()]
     try:
         import uvloop
 
-        uvloop.run(serve(upstreams))
+        uvloop.run(serve(upstreams, args.transport))
     except ImportError:  # pragma: no cover - uvloop is a project dependency
-        asyncio.run(serve(upstreams))
+        asyncio.run(serve(upstreams, args.transport))
     return 0
 
 

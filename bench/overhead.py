@@ -3,7 +3,8 @@
     python -m bench.overhead [--quick]      # writes bench/results/overhead.json
 
 Paths: (a) direct, (b) Envoy alone (round robin), (c) Envoy + the no-op Python ext_proc server
-(bench/noop_extproc.py: the floor of the protocol in Python), (d) Envoy + the EPP with GIE's
+(bench/noop_extproc.py: the floor of the protocol in Python) on grpc.aio, (c') the same no-op
+server on the EPP's own transport (src/epp/server/h2: the floor under the EPP), (d) Envoy + the EPP with GIE's
 default config, (e) vllm-router and sglang-router (cache_aware) when installed.  1 KB chat
 requests, non-streamed answers from 4 upstreams.  Open-loop Poisson windows over a rate ladder,
 paths interleaved within each round and their order rotated between rounds; latency from the
@@ -24,11 +25,15 @@ import orjson
 
 from bench.common import log, sum_cpu, versions, write_result
 from bench.httpload import RunResult, closed_loop, open_loop, post, summarize
-from bench.paths import DIRECT, ENVOY, EPP, EPP_FAIL_OPEN, FLOOR, PEERS, Lab, Path, available
+from bench.paths import DIRECT, ENVOY, EPP, EPP_FAIL_OPEN, FLOOR, FLOOR_H2, PEERS, Lab, Path, available
 from bench.profiling import Profiler
 
 SEED = 7
-GOALS = {"epp_added_p50_ms_over_floor": 0.3, "epp_req_per_s_per_core": 1000.0}
+GOALS = {
+    "epp_added_p50_ms_over_floor": 0.3,
+    "epp_added_p50_ms_over_own_floor": 0.3,
+    "epp_req_per_s_per_core": 1000.0,
+}
 # A rate is "sustained" when nearly all offered requests succeed and the tail stays short.
 SUSTAIN_FRACTION = 0.95
 SUSTAIN_P99_MS = 20.0
@@ -142,7 +147,7 @@ def _sustained(w: dict[str, Any]) -> bool:
 
 async def run(mode: str, *, profile: bool = True) -> dict[str, Any]:
     st = QUICK if mode == "quick" else FULL
-    specs, notes = available([DIRECT, ENVOY, FLOOR, EPP, EPP_FAIL_OPEN, *PEERS])
+    specs, notes = available([DIRECT, ENVOY, FLOOR, FLOOR_H2, EPP, EPP_FAIL_OPEN, *PEERS])
     for n in notes:
         log(f"overhead: {n}")
     requests = chat_requests(64, 1024, SEED)
@@ -232,10 +237,15 @@ def _best(cs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def derive(result: dict[str, Any]) -> dict[str, Any]:
-    """Added latency over direct and over the floor, and the goals."""
+    """Added latency over direct and over both floors, and the goals.
+
+    "floor" is the no-op ext_proc server on grpc.aio; "floor-h2" (the own floor) is the same
+    server on the EPP's own transport, the honest floor: over it, the EPP's cost is routing.
+    """
     ladder = result["ladder"]
     direct = ladder.get("direct", {})
     floor = ladder.get("floor", {})
+    own = ladder.get("floor-h2", {})
     added: dict[str, dict[str, dict[str, float | None]]] = {}
     for name, by_rate in ladder.items():
         if name == "direct":
@@ -249,30 +259,20 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
                 "p50_ms_over_floor": _diff(c.get("p50_ms"), f and f.get("p50_ms")),
                 "p99_ms_over_floor": _diff(c.get("p99_ms"), f and f.get("p99_ms")),
             }
-    # The EPP-over-floor difference is judged at the lowest rate both sustain (else the lowest
-    # rate): above it the floor itself queues and the difference measures queueing, not the EPP.
-    both = sorted(
-        (int(r), v["p50_ms_over_floor"])
-        for r, v in added.get("epp", {}).items()
-        if v["p50_ms_over_floor"] is not None
-        and ladder["epp"][r]["sustained"]
-        and floor.get(r, {}).get("sustained")
-    )
-    lowest = sorted(
-        (int(r), v["p50_ms_over_floor"])
-        for r, v in added.get("epp", {}).items()
-        if v["p50_ms_over_floor"] is not None
-    )
-    judged = both[0] if both else (lowest[0] if lowest else None)
+            if own:
+                o = own.get(rate)
+                added[name][rate]["p50_ms_over_own_floor"] = _diff(c.get("p50_ms"), o and o.get("p50_ms"))
+                added[name][rate]["p99_ms_over_own_floor"] = _diff(c.get("p99_ms"), o and o.get("p99_ms"))
+    judged = _judged(ladder, added, "floor", "p50_ms_over_floor")
     cap = result["capacity"].get("epp", {})
     epp_us = (cap.get("cpu_us_per_req") or {}).get("extproc")
     per_core = round(1e6 / epp_us, 0) if epp_us else None
     worst = judged[1] if judged else None
-    return {
+    out: dict[str, Any] = {
         "added": added,
         "epp_added_p50_ms_over_floor": worst,
         "epp_added_p50_ms_over_floor_at_rate": judged[0] if judged else None,
-        "epp_added_p50_ms_over_floor_both_sustained": bool(both),
+        "epp_added_p50_ms_over_floor_both_sustained": bool(judged and judged[2]),
         "epp_req_per_s_per_core_at_capacity": per_core,
         "goals": {
             "epp_added_p50_ms_over_floor": {
@@ -287,6 +287,31 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
             },
         },
     }
+    if own:
+        j = _judged(ladder, added, "floor-h2", "p50_ms_over_own_floor")
+        v = j[1] if j else None
+        out["epp_added_p50_ms_over_own_floor"] = v
+        out["epp_added_p50_ms_over_own_floor_at_rate"] = j[0] if j else None
+        out["epp_added_p50_ms_over_own_floor_both_sustained"] = bool(j and j[2])
+        out["goals"]["epp_added_p50_ms_over_own_floor"] = {
+            "goal": GOALS["epp_added_p50_ms_over_own_floor"],
+            "value": v,
+            "met": v is not None and v <= GOALS["epp_added_p50_ms_over_own_floor"],
+        }
+    return out
+
+
+def _judged(
+    ladder: dict[str, Any], added: dict[str, Any], floor_name: str, key: str
+) -> tuple[int, float, bool] | None:
+    """(rate, EPP p50 over the floor, both sustained) at the lowest rate both sustain, else the
+    lowest rate: above it the floor itself queues and the difference measures queueing, not the EPP."""
+    floor = ladder.get(floor_name, {})
+    diffs = sorted((int(r), v[key], r) for r, v in added.get("epp", {}).items() if v.get(key) is not None)
+    for rate, diff, r in diffs:
+        if ladder["epp"][r]["sustained"] and floor.get(r, {}).get("sustained"):
+            return rate, diff, True
+    return (diffs[0][0], diffs[0][1], False) if diffs else None
 
 
 def _diff(a: float | None, b: float | None) -> float | None:

@@ -43,6 +43,7 @@ class PathSpec:
     envoy: tuple[tuple[str, object], ...] = ()  # EnvoyConfig overrides
     peer: PeerSpec | None = None
     label: str = ""
+    transport: str = "grpcio"  # the no-op floor's: "grpcio" (grpc.aio) or "h2" (the EPP's own)
 
     @property
     def title(self) -> str:
@@ -52,6 +53,11 @@ class PathSpec:
 DIRECT = PathSpec("direct", "direct", label="(a) direct")
 ENVOY = PathSpec("envoy", "envoy", label="(b) Envoy alone")
 FLOOR = PathSpec("floor", "floor", label="(c) Envoy + no-op Python ext_proc (grpc.aio)")
+# The honest floor under the EPP: the same no-op server on the EPP's own transport (src/epp/server/h2,
+# the EPP's default), so that "EPP over this floor" is the cost of routing, not of the transport.
+FLOOR_H2 = PathSpec(
+    "floor-h2", "floor", transport="h2", label="(c') Envoy + no-op Python ext_proc (EPP's own h2 transport)"
+)
 EPP = PathSpec("epp", "epp", label="(d) Envoy + EPP (default config)")
 # deploy/envoy/fail-open.yaml: BUFFERED request bodies + failure_mode_allow, so Envoy goes on without
 # the EPP when it is down (FULL_DUPLEX_STREAMED does not fail open with Envoy 1.40).
@@ -191,7 +197,13 @@ class Lab:
             noop = await self._stack.enter_async_context(
                 Child(
                     "noop-extproc",
-                    python_module("bench.noop_extproc", "--upstreams", ",".join(self.hostports)),
+                    python_module(
+                        "bench.noop_extproc",
+                        "--upstreams",
+                        ",".join(self.hostports),
+                        "--transport",
+                        spec.transport,
+                    ),
                 )
             )
             envoy = await self._envoy(ext_proc_port=int(noop.ready["port"]), **overrides)

@@ -17,7 +17,8 @@ Two Envoy configurations (docs/decisions.md "Skipping response bodies"):
   response bodies when no plugin needs them, so the per-chunk cost should be zero.
 Each with the default config and with a plugin that needs response bodies (the
 request-attribute-reporter of bench/configs/response-body.yaml); Envoy alone and Envoy + the
-no-op Python ext_proc server (FULL_DUPLEX_STREAMED, echoing every chunk) are the baselines.
+no-op Python ext_proc server (FULL_DUPLEX_STREAMED, echoing every chunk; on grpc.aio and on the
+EPP's own h2 transport, the floor under the EPP) are the baselines.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ _SKIP = tuple(SKIPPABLE.items())
 SPECS = (
     PathSpec("envoy", "envoy", label="Envoy alone"),
     PathSpec("floor", "floor", label="Envoy + no-op ext_proc (full duplex)"),
+    PathSpec(
+        "floor-h2", "floor", transport="h2", label="Envoy + no-op ext_proc on the EPP's h2 (full duplex)"
+    ),
     PathSpec("epp-fd", "epp", label="EPP default, full duplex (GIE)"),
     PathSpec("epp-fd-body", "epp", epp_config="response-body.yaml", label="EPP + body plugin, full duplex"),
     PathSpec("epp-skip", "epp", envoy=_SKIP, label="EPP default, buffered/streamed + override"),

@@ -11,7 +11,11 @@
      └── ServiceUnavailable  503  no endpoint can serve it right now
     ConfigError              startup only: a bad flag, config file or plugin parameter
 
-``str(err)`` is GIE's wire text, ``inference error: <Code> - <msg>``.
+``str(err)`` is GIE's wire text, ``inference error: <Code> - <msg>``.  ``reason`` is the
+machine-readable why (llm-d-router's ``x-llm-d-request-dropped-reason`` values where it has one:
+``rejected-saturated``, ``rejected-no-endpoints``, ``rejected-ttl-expired``, ...; ours beside
+them for what it does not name), sent as that header on the ImmediateResponse, logged, and a
+label of the request-error metric.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ class EppError(Exception):
 
     code: ClassVar[str] = "Unknown"
     http_status: ClassVar[int] = 500
+    default_reason: ClassVar[str] = "rejected-internal"
 
-    def __init__(self, msg: str) -> None:
+    def __init__(self, msg: str, *, reason: str = "") -> None:
         super().__init__(msg)
         self.msg = msg
+        self.reason = reason or self.default_reason
 
     def __str__(self) -> str:
         return f"inference error: {self.code} - {self.msg}"
@@ -36,41 +42,49 @@ class EppError(Exception):
 class BadRequest(EppError):
     code = "BadRequest"
     http_status = 400
+    default_reason = "rejected-bad-request"
 
 
 class Unauthorized(EppError):
     code = "Unauthorized"
     http_status = 401
+    default_reason = "rejected-unauthorized"
 
 
 class Forbidden(EppError):
     code = "Forbidden"
     http_status = 403
+    default_reason = "rejected-forbidden"
 
 
 class NotFound(EppError):
     code = "NotFound"
     http_status = 404
+    default_reason = "rejected-not-found"
 
 
 class PayloadTooLarge(EppError):
     code = "PayloadTooLarge"
     http_status = 413
+    default_reason = "rejected-body-too-large"
 
 
 class ResourceExhausted(EppError):
     code = "ResourceExhausted"
     http_status = 429
+    default_reason = "rejected-saturated"
 
 
 class Internal(EppError):
     code = "Internal"
     http_status = 500
+    default_reason = "rejected-internal"
 
 
 class ServiceUnavailable(EppError):
     code = "ServiceUnavailable"
     http_status = 503
+    default_reason = "rejected-no-endpoints"
 
 
 class ConfigError(Exception):

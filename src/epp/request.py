@@ -58,6 +58,7 @@ class InferenceRequest:
     request_size_bytes: int = 0
     metadata: Mapping[str, Any] = field(default_factory=dict)  # Envoy filter metadata by namespace
     received_at: float = 0.0  # time.monotonic() when the request headers arrived
+    explain: bool = False  # keep every candidate's final score (--emit-endpoint-scores)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ import pytest
 
 import bench.common
 import bench.report
+import bench.report.fmt
 from bench.overhead import derive as overhead_derive
 from bench.routing import derive as routing_derive
 
@@ -35,12 +36,14 @@ def _routing() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _overhead() -> dict[str, Any]:
+def _overhead(own_floor: bool = False) -> dict[str, Any]:
     def cell(p50: float, cpu: float) -> dict[str, Any]:
         return {"p50_ms": p50, "p99_ms": p50 * 3, "ok": 100, "offered": 100, "sustained": True,
                 "cpu_us_per_req": {"total": cpu, "extproc": cpu / 2}, "achieved_rps": 100.0}  # fmt: skip
 
     paths = {"direct": "(a)", "envoy": "(b)", "floor": "(c)", "epp": "(d)"}
+    if own_floor:
+        paths = {"direct": "(a)", "envoy": "(b)", "floor": "(c)", "floor-h2": "(c')", "epp": "(d)"}
     result = {
         "machine": MACHINE, "paths": paths, "notes": [],
         "settings": {"upstreams": 4, "request_bytes": 1000, "window_s": 1, "rounds": 1, "concurrency": 32,
@@ -56,7 +59,7 @@ def _overhead() -> dict[str, Any]:
 @pytest.fixture
 def results_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(bench.common, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(bench.report, "PLOTS", tmp_path / "plots")
+    monkeypatch.setattr(bench.report.fmt, "PLOTS", tmp_path / "plots")
     monkeypatch.setattr(bench.report, "REPORT", tmp_path / "REPORT.md")
     (tmp_path / "results").mkdir()
     return tmp_path
@@ -81,3 +84,20 @@ def test_report_from_results(results_dir: Path) -> None:
     assert "*No results (bench/results/streaming.json missing).*" in text
     assert (results_dir / "plots" / "routing.png").stat().st_size > 1000
     assert (results_dir / "plots" / "overhead.png").stat().st_size > 1000
+
+
+def test_report_shows_both_floors(results_dir: Path) -> None:
+    """With the no-op server on the EPP's own transport measured, its goal, columns and finding appear;
+    results without it (older runs) render as before (test above)."""
+    o = _overhead(own_floor=True)
+    assert o["derived"]["epp_added_p50_ms_over_own_floor"] == pytest.approx(0.2)  # epp 1.0 - floor-h2 0.8
+    assert o["derived"]["epp_added_p50_ms_over_floor"] == pytest.approx(0.4)  # epp 1.0 - floor 0.6
+    (results_dir / "results" / "overhead.json").write_text(json.dumps(o))
+    text = bench.report.build().read_text()
+    assert (
+        "| 2 overhead | EPP adds ≤ 0.3 ms p50 over the no-op floor on its own h2 transport (at 100 req/s, the "
+        "lowest rate both sustain) | 0.20 ms | **met** |" in text
+    )
+    assert "| p50 over floor | p50 over own floor |" in text
+    assert "| vs floor | vs own floor |" in text
+    assert "- **Routing cost over the own floor**" in text

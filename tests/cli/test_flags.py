@@ -61,6 +61,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "config-file": "",
     "config-text": "",
     "kubeconfig": "",  # controller-runtime's, registered in GIE's binary too
+    "emit-endpoint-scores": False,  # llm-d-router's
     # ours
     "endpoints": (),
     "endpoints-file": "",

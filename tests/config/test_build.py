@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-import epp.config.build as build_module
+import epp.datalayer.assembly as datalayer_assembly
 from epp.config.build import BuildOptions, Components, MetricsFlags, build, parser_supports
 from epp.config.features import FLOW_CONTROL_ENV
 from epp.datalayer.api import SourceBinding
@@ -545,7 +545,7 @@ def test_legacy_metrics_gate_uses_the_legacy_binding(
         seen.append(metrics)
         return binding
 
-    monkeypatch.setattr(build_module, "legacy_binding", legacy_binding)
+    monkeypatch.setattr(datalayer_assembly, "legacy_binding", legacy_binding)
     with capture_logs() as logs:
         c = _build(
             make_config,

@@ -368,6 +368,7 @@ async def test_abnormal_end_still_completes_and_counts_error_once() -> None:
             model_name="err-model",
             target_model_name="err-model",
             error_code="ModelServerError",
+            reason="model-server-503",
         )
         == 1
     )

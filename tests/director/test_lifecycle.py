@@ -17,9 +17,19 @@ def running(model: str) -> float:
 
 
 def errors(model: str, code: str) -> float:
-    return metric(
-        "inference_objective_request_error_total", model_name=model, target_model_name=model, error_code=code
-    )
+    """Errors of ``code`` for ``model``, whatever their reason label."""
+    from epp.metrics.series import REGISTRY
+
+    total = 0.0
+    for family in REGISTRY.collect():
+        for s in family.samples:
+            if (
+                s.name == "inference_objective_request_error_total"
+                and s.labels.get("model_name") == model
+                and (s.labels.get("error_code") == code)
+            ):
+                total += s.value
+    return total
 
 
 async def routed(model: str, hooks: Hooks | None = None, **start: bool) -> RequestLifecycle:

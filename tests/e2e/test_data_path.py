@@ -182,3 +182,16 @@ async def test_lean_mode_skips_response_bodies_unless_needed(tmp_path: pathlib.P
         assert r.status == 200 and b'"model":"client-alias"' in r.body  # restored in every chunk
         full = (await s.envoy.stats())["http.inference.ext_proc.stream_msgs_sent"] - before - lean
         assert full > 3  # response headers and body chunks (Envoy coalesces STREAMED chunks) reached the EPP
+
+
+async def test_emit_endpoint_scores_reaches_envoys_metadata(tmp_path: pathlib.Path) -> None:
+    """With --emit-endpoint-scores every candidate's score rides in envoy.lb (Envoy's access log shows it)."""
+    import orjson
+
+    async with make_stack(tmp_path, epp_args=["--emit-endpoint-scores"]) as s:
+        r = await s.post("/v1/completions", {"model": MODEL, "prompt": "explain me", "max_tokens": 2})
+        assert r.status == 200
+        line = await s.access_log_line("/v1/completions")
+        scores = orjson.loads(line.split("scores=", 1)[1])
+        assert set(scores) == set(s.fleet.hostports)
+        assert r.epp_choice in scores and scores[r.epp_choice] == max(scores.values())

@@ -154,6 +154,7 @@ async def test_sheddable_requests_get_429_under_saturation_critical_ones_pass(tm
         shed = await s.post("/v1/completions", {"model": MODEL, "prompt": "cheap", "max_tokens": 2},
                             headers={"x-gateway-inference-objective": "batch"})  # fmt: skip
         assert shed.status == 429
+        assert shed.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
         assert (
             shed.body == b"inference error: ResourceExhausted - system saturated, sheddable request dropped"
         )

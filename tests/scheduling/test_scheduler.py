@@ -97,6 +97,21 @@ def test_weighted_sum_hermetic_case_1() -> None:
     assert _single(real).schedule(CycleState(), request(), eps).primary.target_endpoints == (eps[1],)
 
 
+def test_explain_keeps_every_candidates_total_and_the_same_pick() -> None:
+    """``request.explain`` (--emit-endpoint-scores): the result lists each candidate with its total."""
+    eps = [endpoint(0, queue=3, kv=0.2), endpoint(1, queue=0, kv=0.1), endpoint(2, queue=10, kv=0.2)]
+    scorers = [(build(c), 1.0) for c in (QueueScorer, KVCacheUtilizationScorer)]
+    profile = SchedulerProfile("default", filters=[], scorers=scorers, picker=build(MaxScorePicker))
+    plain = _single(profile).schedule(CycleState(), request(), eps).primary
+    assert plain.scored == ()
+    req = request()
+    req.explain = True
+    explained = _single(profile).schedule(CycleState(), req, eps).primary
+    assert explained.target_endpoints == plain.target_endpoints == (eps[1],)
+    assert [ep for ep, _ in explained.scored] == eps
+    assert [t for _, t in explained.scored] == pytest.approx([1.5, 1.9, 0.8])
+
+
 @pytest.mark.parametrize(
     ("scorers", "expected"),
     [

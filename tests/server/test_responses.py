@@ -125,3 +125,43 @@ def test_buffered_routing_reply_carries_mutation_body_and_metadata() -> None:
     assert json_format.MessageToDict(msg.dynamic_metadata) == {
         "envoy.lb": {"x-gateway-destination-endpoint": "10.0.0.1:8000"}
     }
+
+
+def test_immediate_error_says_why_in_llm_d_routers_header() -> None:
+    from epp.errors import BadRequest, ResourceExhausted, ServiceUnavailable
+    from epp.server.responses import DROPPED_REASON_HEADER, immediate_error
+
+    cases = [
+        (ResourceExhausted("system saturated"), 429, "rejected-saturated"),
+        (ServiceUnavailable("none", reason="rejected-subset-empty"), 503, "rejected-subset-empty"),
+        (BadRequest("bad json"), 400, "rejected-bad-request"),
+    ]
+    for err, status, reason in cases:
+        ir = immediate_error(err).immediate_response
+        assert ir.status.code == status
+        assert ir.body == str(err).encode()
+        [opt] = ir.headers.set_headers
+        assert (opt.header.key, opt.header.raw_value) == (DROPPED_REASON_HEADER, reason.encode())
+
+
+def test_routing_reply_carries_endpoint_scores_only_when_asked() -> None:
+    from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from epp.server.responses import (
+        SCORES_KEY,
+        routing_body_response,
+        routing_headers_response,
+        struct_to_python,
+    )
+
+    plain = pb.ProcessingResponse.FromString(routing_headers_response("10.0.0.1:8000", 12, ()))
+    assert struct_to_python(plain.dynamic_metadata) == {
+        "envoy.lb": {"x-gateway-destination-endpoint": "10.0.0.1:8000"}
+    }
+    scores = {"10.0.0.1:8000": 2.5, "10.0.0.2:8000": 0.75}
+    for msg in (
+        pb.ProcessingResponse.FromString(routing_headers_response("10.0.0.1:8000", 12, (), scores)),
+        routing_body_response("10.0.0.1:8000", None, None, (), scores),
+    ):
+        assert struct_to_python(msg.dynamic_metadata) == {
+            "envoy.lb": {"x-gateway-destination-endpoint": "10.0.0.1:8000", SCORES_KEY: scores}
+        }

@@ -26,12 +26,13 @@ def outcome_error(outcome: Outcome, *, pool_empty: bool) -> EppError | None:
     if outcome is Outcome.DISPATCHED:
         return None
     if outcome is Outcome.REJECTED_CAPACITY:
-        return ResourceExhausted(msg)
+        return ResourceExhausted(msg, reason="rejected-queue-full")
     if outcome is Outcome.EVICTED_TTL:
         text = f"request timed out in queue: {msg}"
-        return ServiceUnavailable(text) if pool_empty else ResourceExhausted(text)
+        ttl = "rejected-ttl-expired"
+        return ServiceUnavailable(text, reason=ttl) if pool_empty else ResourceExhausted(text, reason=ttl)
     if outcome is Outcome.EVICTED_CONTEXT_CANCELLED:
-        return ServiceUnavailable(f"client disconnected: {msg}")
+        return ServiceUnavailable(f"client disconnected: {msg}", reason="rejected-context-cancelled")
     if outcome in (Outcome.REJECTED_OTHER, Outcome.EVICTED_OTHER):
         return Internal(f"internal flow control error: {msg}")
     return Internal(f"unhandled flow control outcome: {msg}")

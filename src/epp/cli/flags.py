@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 
 from epp import pflag
+from epp.datalayer.extractors.engines import builtin_engine
+from epp.datalayer.sources.metrics_http import MODEL_SERVER_METRICS_FLAGS, ModelServerMetricsFlags
 from epp.errors import ConfigError
 from epp.metrics.llmd import parse_families
 from epp.units import (
@@ -36,12 +38,10 @@ DEPRECATED_METRIC_FLAGS: Final = (
     "lora-info-metric",
     "cache-info-metric",
 )
-_METRICS_FLAG_ATTRS: Final = {
-    "model-server-metrics-scheme": "scheme",
-    "model-server-metrics-path": "path",
-    "model-server-metrics-port": "port",
-    "model-server-metrics-https-insecure-skip-verify": "insecure_skip_verify",
-}
+# Declared once with the metrics-data-source parameters they stand for (datalayer/sources/metrics_http.py).
+_METRICS_FLAG_ATTRS: Final = {f.flag: f.attr for f in MODEL_SERVER_METRICS_FLAGS}
+_METRICS_DEFAULTS: Final = ModelServerMetricsFlags()
+_VLLM: Final = builtin_engine("vllm")  # the deprecated --*-metric flags' defaults
 _DISCOVERY_FLAGS: Final = ("pool-name", "endpoint-selector", "endpoints", "endpoints-file")
 _DEPLOYMENT_FROM_POD: Final = re.compile(r"^(.+)-[a-z0-9]+-[a-z0-9]+$")
 
@@ -71,21 +71,6 @@ class HostPort:
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelServerMetricsFlags:
-    """The deprecated ``--model-server-metrics-*`` values for the config builder.
-
-    ``explicitly_set`` holds attribute names (``scheme``, ``path``, ``port``,
-    ``insecure_skip_verify``): only those override the metrics-data-source defaults.
-    """
-
-    scheme: str
-    path: str
-    port: int
-    insecure_skip_verify: bool
-    explicitly_set: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,22 +104,23 @@ class Options:
     endpoints_file: str = ""
     objectives_file: str = ""
     disable_endpoint_subset_filter: bool = False
+    emit_endpoint_scores: bool = False
     # configuration
     config_file: str = ""
     config_text: str = ""
     # model-server metrics
-    model_server_metrics_scheme: str = "http"
-    model_server_metrics_path: str = "/metrics"
-    model_server_metrics_port: int = 0
-    model_server_metrics_https_insecure_skip_verify: bool = True
+    model_server_metrics_scheme: str = _METRICS_DEFAULTS.scheme
+    model_server_metrics_path: str = _METRICS_DEFAULTS.path
+    model_server_metrics_port: int = _METRICS_DEFAULTS.port
+    model_server_metrics_https_insecure_skip_verify: bool = _METRICS_DEFAULTS.insecure_skip_verify
     refresh_metrics_interval: float = 0.05
     refresh_prometheus_metrics_interval: float = 5.0
     metrics_staleness_threshold: float = 2.0
-    total_queued_requests_metric: str = "vllm:num_requests_waiting"
-    total_running_requests_metric: str = "vllm:num_requests_running"
-    kv_cache_usage_percentage_metric: str = "vllm:kv_cache_usage_perc"
-    lora_info_metric: str = "vllm:lora_requests_info"
-    cache_info_metric: str = "vllm:cache_config_info"
+    total_queued_requests_metric: str = _VLLM.queued_requests_spec
+    total_running_requests_metric: str = _VLLM.running_requests_spec
+    kv_cache_usage_percentage_metric: str = _VLLM.kv_usage_spec
+    lora_info_metric: str = _VLLM.lora_spec
+    cache_info_metric: str = _VLLM.cache_info_spec
     # observability
     metrics_port: int = 9090
     metrics_endpoint_auth: bool = True
@@ -173,24 +159,21 @@ class Options:
 
     @property
     def model_server_metrics(self) -> ModelServerMetricsFlags:
-        return ModelServerMetricsFlags(
-            scheme=self.model_server_metrics_scheme,
-            path=self.model_server_metrics_path,
-            port=self.model_server_metrics_port,
-            insecure_skip_verify=self.model_server_metrics_https_insecure_skip_verify,
-            explicitly_set=frozenset(attr for f, attr in _METRICS_FLAG_ATTRS.items() if f in self.explicit),
-        )
+        """The deprecated ``--model-server-metrics-*`` values, as the config builder takes them."""
+        return ModelServerMetricsFlags(**self._metrics_flag_values())
 
     def build_metrics_flags(self, factory: Callable[..., T]) -> T:
-        """Hand the deprecated metrics flags to the config builder's own dataclass."""
-        m = self.model_server_metrics
-        return factory(
-            scheme=m.scheme,
-            path=m.path,
-            port=m.port,
-            insecure_skip_verify=m.insecure_skip_verify,
-            explicitly_set=m.explicitly_set,
+        """The same values handed to ``factory`` (keyword arguments named as the fields)."""
+        return factory(**self._metrics_flag_values())
+
+    def _metrics_flag_values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            f.attr: getattr(self, f.flag.replace("-", "_")) for f in MODEL_SERVER_METRICS_FLAGS
+        }
+        values["explicitly_set"] = frozenset(
+            f.attr for f in MODEL_SERVER_METRICS_FLAGS if f.flag in self.explicit
         )
+        return values
 
 
 # --- controller-runtime zap flag values (parsed so typos fail; only the level is used) -------------
@@ -396,6 +379,13 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         new=True,
     ),
     _Flag(
+        "emit-endpoint-scores",
+        "bool",
+        _DISCOVERY,
+        "Add every candidate's final scheduler score to the routing reply's envoy.lb dynamic metadata "
+        "under 'x-gateway-destination-endpoint-scores' (llm-d-router's flag).",
+    ),
+    _Flag(
         "disable-endpoint-subset-filter",
         "bool",
         _DISCOVERY,
@@ -403,25 +393,7 @@ FLAGS: Final[tuple[_Flag, ...]] = (
     ),
     _Flag("config-file", "str", _CONFIG, "The path to the EndpointPickerConfig file."),
     _Flag("config-text", "str", _CONFIG, "The EndpointPickerConfig as text, in lieu of a file."),
-    _Flag(
-        "model-server-metrics-scheme",
-        "str",
-        _METRICS,
-        "Deprecated: protocol scheme used in scraping metrics from endpoints (http or https).",
-    ),
-    _Flag("model-server-metrics-path", "str", _METRICS, "Deprecated: URL path used in scraping metrics."),
-    _Flag(
-        "model-server-metrics-port",
-        "int",
-        _METRICS,
-        "Deprecated: port to scrape metrics on when the pool has one target port (0: the target port).",
-    ),
-    _Flag(
-        "model-server-metrics-https-insecure-skip-verify",
-        "bool",
-        _METRICS,
-        "Deprecated: skip certificate verification when scraping over https.",
-    ),
+    *(_Flag(f.flag, f.kind, _METRICS, f.help) for f in MODEL_SERVER_METRICS_FLAGS),
     _Flag("refresh-metrics-interval", "duration", _METRICS, "Interval to refresh metrics of each endpoint."),
     _Flag(
         "refresh-prometheus-metrics-interval",

@@ -16,10 +16,8 @@ import structlog
 
 from epp import __version__
 from epp.admission.api import AdmissionController
-from epp.admission.legacy import LegacyAdmission
 from epp.cli.flags import Options
-from epp.config.build import BuildOptions, Components, MetricsFlags, build, parser_supports
-from epp.config.features import FLOW_CONTROL
+from epp.config.build import BuildOptions, Components, build, parser_supports
 from epp.config.load import load
 from epp.config.registry import default_registry
 from epp.datalayer.pool_metrics import PoolMetrics
@@ -28,7 +26,7 @@ from epp.datastore.objects import apply_objects, load_objects
 from epp.datastore.static import endpoints_from_pairs, load_endpoints_file
 from epp.datastore.store import Datastore, PoolInfo
 from epp.datastore.watch import WatchedFile
-from epp.director.director import Director, Pipeline
+from epp.director.director import Director
 from epp.k8s.cluster import Cluster
 from epp.k8s.discovery import DiscoverySpec
 from epp.k8s.leader import Timings
@@ -115,49 +113,36 @@ def _discovery(options: Options, ds: Datastore, app_protocol: str) -> list[Watch
 
 
 def build_app(options: Options, env: Mapping[str, str]) -> App:
-    """Validate and build every component; raises ConfigError and starts nothing."""
+    """Validate and build every component; raises ConfigError and starts nothing.
+
+    The config layer hands each concept its section (``config.build``); here the objects the
+    concepts returned are composed with what the command line adds: the datastore and how it
+    is filled, the polling interval, the request pipeline's tuning.
+    """
     config = load(config_file=options.config_file, config_text=options.config_text)
     components = build(
-        config,
-        default_registry(),
-        BuildOptions(metrics=options.build_metrics_flags(MetricsFlags), env=env),
+        config, default_registry(), BuildOptions(metrics=options.model_server_metrics, env=env)
     )
     ds = Datastore()
     protocol = _standalone_protocol(components)
     watched = _discovery(options, ds, protocol)
-    data_layer = DataLayerRuntime(
-        ds, components.data_sources, refresh_interval=options.refresh_metrics_interval
-    )
-    admission: AdmissionController
-    if FLOW_CONTROL in components.feature_gates:
-        from epp.admission.flow_control import FlowControlAdmission
-
-        admission = FlowControlAdmission.from_components(components, ds)
-    else:
-        admission = LegacyAdmission(components.saturation_detector)
-    pipeline = Pipeline(
-        parser=components.parser,
+    data_layer = components.data_layer.runtime(ds, refresh_interval=options.refresh_metrics_interval)
+    admission = components.admission.controller(ds)
+    pipeline = components.request_control.pipeline(
         scheduler=components.scheduler,
         admission=admission,
-        producers=components.producers,
-        admitters=components.admitters,
-        pre_request=components.pre_request,
-        response_header=components.response_header,
-        response_body=components.response_body,
-        response_complete=components.response_complete,
         subset_filter=not options.disable_endpoint_subset_filter,
+        emit_endpoint_scores=options.emit_endpoint_scores,
         staleness_threshold=options.metrics_staleness_threshold,
     )
-    tracing = setup_tracing(options, env)
-    director = Director(ds, pipeline)
     return App(
         options=options,
         components=components,
         datastore=ds,
-        director=director,
+        director=Director(ds, pipeline),
         data_layer=data_layer,
         admission=admission,
-        tracing=tracing,
+        tracing=setup_tracing(options, env),
         env=dict(env),
         kubernetes=_kubernetes_spec(options, protocol),
         watched=watched,

@@ -1,4 +1,11 @@
-"""A minimal HTTP/1.1 GET client for scraping many endpoints often: keep-alive, bounded, no frills."""
+"""A minimal HTTP/1.1 GET client for scraping many endpoints often: keep-alive, bounded, no frills.
+
+A fenced re-implementation (issue #14), a leaf: it imports nothing of the EPP.  Its reference is
+aiohttp (llhttp's parser): tests/datalayer/test_http_client.py serves hypothesis-generated
+responses (status codes, Content-Length / chunked / read-until-close framing, chunk sizes and
+extensions, header spellings, keep-alive and close, 1xx interim responses, oversized bodies,
+malformed framing) and checks that both clients get the same body or status, or both fail.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ _HEADER_RE: Final = re.compile(
     re.IGNORECASE,
 )
 _CRLF: Final = b"\r\n"
+_HEX: Final = re.compile(rb"[0-9A-Fa-f]+")
 
 # Response states.
 _HEAD: Final = 0
@@ -176,10 +184,9 @@ class _Connection(asyncio.Protocol):
         for name, value in _HEADER_RE.findall(head, m.end()):
             name = name.lower()
             if name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise ScrapeError("invalid Content-Length") from None
+                if not value.isdigit():  # 1*DIGIT: int() would take "+5", "-1", "1_0", " 5"
+                    raise ScrapeError("invalid Content-Length")
+                length = int(value)
             elif name == b"transfer-encoding":
                 chunked = value.lower().endswith(b"chunked")
             else:
@@ -211,10 +218,9 @@ class _Connection(asyncio.Protocol):
                     raise ScrapeError("malformed chunk header")
                 return False
             size_text = bytes(buf[:eol]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ScrapeError("malformed chunk size") from None
+            if _HEX.fullmatch(size_text) is None:  # 1*HEXDIG: int(_, 16) would take "0x5", "+5", "1_0"
+                raise ScrapeError("malformed chunk size")
+            size = int(size_text, 16)
             if size == 0:
                 # Trailers (usually none) end with an empty line.
                 end = buf.find(_HEADERS_END, eol) if buf[eol : eol + 4] != _HEADERS_END else eol

@@ -4,36 +4,42 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final, Protocol
+from typing import Any, ClassVar, Final
 
 from epp.datalayer.api import Endpoint, SourceBinding
 from epp.datalayer.exposition import MetricFamilies, with_total_aliases
-from epp.datalayer.extractors.engines import ExtractionError, Spec, atoi, build_metrics, finite_value
-from epp.datalayer.sources.metrics_http import MetricsDataSource, MetricsDataSourceParams
+from epp.datalayer.extractors.engines import (
+    EngineMapping,
+    ExtractionError,
+    Spec,
+    atoi,
+    build_metrics,
+    builtin_engine,
+    finite_value,
+)
+from epp.datalayer.sources.metrics_http import (
+    MetricsDataSource,
+    MetricsDataSourceParams,
+    ModelServerMetricsFlags,
+)
 from epp.plugin.base import NoParams, PluginBase, PluginParams
 
 LEGACY_FETCH_TIMEOUT: Final = 5.0
-QUEUED: Final = Spec("vllm:num_requests_waiting")
-RUNNING: Final = Spec("vllm:num_requests_running")
-KV_USAGE: Final = Spec("vllm:kv_cache_usage_perc")
-LORA_INFO: Final = Spec("vllm:lora_requests_info")
-CACHE_INFO: Final = Spec("vllm:cache_config_info")
+# The legacy poller reads vLLM's metrics: the built-in ``vllm`` engine table, parsed once.
+_VLLM: Final = EngineMapping.from_table(builtin_engine("vllm"))
 
 
-class MetricsFlags(Protocol):
-    """The deprecated ``--model-server-metrics-*`` flag values (the config builder's dataclass fits)."""
+def _enabled(spec: Spec | None) -> Spec:
+    if spec is None:  # pragma: no cover - the built-in vllm table sets every spec used here
+        raise RuntimeError("the built-in vllm engine table lacks a spec the legacy poller reads")
+    return spec
 
-    @property
-    def scheme(self) -> str: ...
 
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def port(self) -> int: ...
-
-    @property
-    def insecure_skip_verify(self) -> bool: ...
+QUEUED: Final = _enabled(_VLLM.queued)
+RUNNING: Final = _enabled(_VLLM.running)
+KV_USAGE: Final = _enabled(_VLLM.kv_usage)
+LORA_INFO: Final = _enabled(_VLLM.lora)
+CACHE_INFO: Final = _enabled(_VLLM.cache_info)
 
 
 class _NoHandle:
@@ -127,7 +133,7 @@ class LegacyMetricsExtractor(PluginBase):
             raise ExtractionError("; ".join(errors))
 
 
-def legacy_binding(metrics_flags: MetricsFlags) -> SourceBinding:
+def legacy_binding(metrics_flags: ModelServerMetricsFlags) -> SourceBinding:
     """The source and extractor the legacy poller uses, configured from the deprecated flags.
 
     The scrape port is the endpoint's ``metrics_port`` (set from ``--model-server-metrics-port``

@@ -217,7 +217,8 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                         "text_format_source": {
                             "inline_string": "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% "
                             "%RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% dur=%DURATION%ms "
-                            "cost=%DYNAMIC_METADATA(envoy.lb:x-gateway-inference-request-cost)%\n"
+                            "cost=%DYNAMIC_METADATA(envoy.lb:x-gateway-inference-request-cost)% "
+                            "scores=%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint-scores)%\n"
                         }
                     },
                 },

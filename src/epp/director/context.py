@@ -6,6 +6,7 @@ What a request *is* and what routing learned about it; where it *is* in its life
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from epp.datalayer.api import Endpoint
@@ -24,6 +25,7 @@ class RoutingDecision:
     body: bytes | None  # the body to forward; None for header-only requests
     body_changed: bool  # False: forward the received bytes as they are
     headers: tuple[tuple[str, str], ...] = ()  # extra headers to set upstream (trace context, request id)
+    scores: Mapping[str, float] | None = None  # ip:port -> final score (--emit-endpoint-scores)
 
 
 @dataclass(slots=True, eq=False)
@@ -40,5 +42,6 @@ class RequestContext:
     usage_parser: UsageParser | None = None
     rewrite_response_model: bool = False  # the response carries the target model; show the client's
     error_code: str = ""  # first error code seen (request_error_total is recorded once)
+    error_reason: str = ""  # its machine-readable reason (errors.EppError.reason; model-server-error)
     generated_request_id: bool = False
     stages: StageSpans | None = None  # set by the edge for a sampled request: spans per routing stage

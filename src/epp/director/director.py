@@ -107,7 +107,9 @@ class Director:
             raise Internal("no pods available in datastore")
         candidates = locate(all_eps, ctx.request.metadata, subset_filter=self._p.subset_filter)
         if not candidates:
-            raise ServiceUnavailable("failed to find endpoint candidates for serving the request")
+            raise ServiceUnavailable(
+                "failed to find endpoint candidates for serving the request", reason="rejected-subset-empty"
+            )
         candidates = available_or_all(candidates, time.monotonic())
         try:
             result = self._p.scheduler.schedule(ctx.state, ctx.request, candidates)
@@ -173,7 +175,10 @@ class Director:
             candidates = fresh_or_all(candidates, now, p.staleness_threshold)
         candidates = available_or_all(candidates, now)  # not a crashed or failing replica
         if not candidates:
-            raise ServiceUnavailable("failed to find endpoint candidates for serving the request")
+            raise ServiceUnavailable(
+                "failed to find endpoint candidates for serving the request",
+                reason="rejected-subset-empty" if self._ds.endpoints() else "rejected-no-endpoints",
+            )
 
         state = ctx.state
         if p.producers:
@@ -206,19 +211,22 @@ class Director:
                     )
                     if span is not None:
                         span.set_attribute(spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}")
-                    err = Internal("request cannot be admitted")
+                    err = Internal("request cannot be admitted", reason="rejected-admission")
                     fail(span, err)
                     raise err
             if span is not None:
                 span.set_attribute(spans.ATTR_OUTCOME, "admitted")
                 span.end()
+        req.explain = p.emit_endpoint_scores
         try:
             result = self._schedule(stages, state, req, candidates)
             targets = result.primary.target_endpoints
         except EppError:
             raise
         except Exception as e:  # SchedulingError and any plugin failure: GIE answers 429
-            raise ResourceExhausted(f"failed to find target endpoint: {e}") from e
+            raise ResourceExhausted(
+                f"failed to find target endpoint: {e}", reason="rejected-no-candidates"
+            ) from e
         if not targets:
             raise Internal("results must be greater than zero")
         # From here on the request counts as scheduled: if a pre-request hook or the body
@@ -249,11 +257,13 @@ class Director:
                 }
             )
             span.end()
+        scored = result.primary.scored
         return RoutingDecision(
             destination=destination,
             body=out,
             body_changed=out is not body,
             headers=self._extra_headers(ctx),
+            scores={ep.hostport: round(score, 6) for ep, score in scored} if scored else None,
         )
 
     def _parse(self, ctx: RequestContext, body: bytes) -> tuple[RequestBody, bool, str]:

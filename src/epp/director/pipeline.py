@@ -49,3 +49,4 @@ class Pipeline:
     # exists (0 disables): a dead or unreachable server stops attracting traffic once its
     # last scrape ages out, and an endpoint joins once it has been scraped.
     staleness_threshold: float = 0.0
+    emit_endpoint_scores: bool = False  # llm-d-router's --emit-endpoint-scores

@@ -75,6 +75,7 @@ class ResponseSide:
         resp.status = int(status) if status.isdigit() else 0
         if resp.status and not 200 <= resp.status < 300 and not ctx.error_code:
             ctx.error_code = "ModelServerError"
+            ctx.error_reason = f"model-server-{resp.status}"
         target = ctx.target
         if target is not None and resp.status and target.health.response(resp.status, time.monotonic()):
             h = target.health
@@ -142,12 +143,14 @@ class ResponseSide:
     def finish(self, ctx: RequestContext, error: EppError | None, *, running: bool) -> None:
         """The request's last bookkeeping: the running gauge (if counted) and its error, once."""
         if error is not None and not ctx.error_code:
-            ctx.error_code = error.code
+            ctx.error_code, ctx.error_reason = error.code, error.reason
         req = ctx.request
         if running:
             series.RUNNING_REQUESTS.labels(req.incoming_model).dec()
         if ctx.error_code:
-            series.REQUEST_ERROR_TOTAL.labels(req.incoming_model, req.target_model, ctx.error_code).inc()
+            series.REQUEST_ERROR_TOTAL.labels(
+                req.incoming_model, req.target_model, ctx.error_code, ctx.error_reason
+            ).inc()
 
 
 def _record_response_metrics(ctx: RequestContext, resp: ResponseInfo, now: float) -> None:

@@ -58,7 +58,10 @@ class FlowControlSettings(Protocol):
 
 
 class ComponentsView(Protocol):
-    """What the controller needs of ``config.build.Components``."""
+    """What the controller is made of: ``flowcontrol.assembly.FlowControlPlan``.
+
+    ``config.build.Components`` fits too.
+    """
 
     @property
     def flow_control(self) -> FlowControlSettings | None: ...

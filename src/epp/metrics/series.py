@@ -57,7 +57,7 @@ REQUEST_TOTAL: Final = Counter(
 )  # fmt: skip
 REQUEST_ERROR_TOTAL: Final = Counter(
     "inference_objective_request_error", _h("Counter of inference objective requests errors broken out for each model and target model."),
-    (*_MODEL, "error_code"), registry=REGISTRY,
+    (*_MODEL, "error_code", "reason"), registry=REGISTRY,
 )  # fmt: skip
 REQUEST_DURATION: Final = Histogram(
     "inference_objective_request_duration_seconds", _h("Inference objective response latency distribution in seconds for each model and target model."),

@@ -31,6 +31,8 @@ class ProfileRunResult:
     """A profile's choice: the primary endpoint first, then fallbacks in order."""
 
     target_endpoints: tuple[Endpoint, ...]
+    # Every candidate with its weighted total, only when the request asks (``request.explain``).
+    scored: tuple[tuple[Endpoint, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

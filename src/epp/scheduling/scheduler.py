@@ -237,6 +237,8 @@ class SchedulerProfile:
         t0 = perf_counter()
         result = pick(state, request, eps, totals)
         hist.observe(perf_counter() - t0)
+        if request.explain:
+            return ProfileRunResult(result.target_endpoints, scored=tuple(zip(eps, totals, strict=True)))
         return result
 
     def _refresh(self, eps: Sequence[Endpoint], n: int) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from google.protobuf import struct_pb2
 
+from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.type.v3 import http_status_pb2
 from epp.errors import EppError
@@ -53,18 +54,37 @@ def _routing_options(destination: str, content_length: int | None, extra: Iterab
     return sets + wire.options(extra)
 
 
+SCORES_KEY: Final = "x-gateway-destination-endpoint-scores"  # llm-d-router's key under envoy.lb
+
+
+def _routing_metadata(destination: str, scores: Mapping[str, float] | None) -> bytes:
+    """``envoy.lb``: the destination, and with ``--emit-endpoint-scores`` every candidate's score
+    (``{"ip:port": score}``, llm-d-router's layout).  Without scores: the cached hand encoding."""
+    if not scores:
+        return wire.string_metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, destination)
+    md = to_struct({DESTINATION_NAMESPACE: {DESTINATION_HEADER: destination, SCORES_KEY: dict(scores)}})
+    return wire.field(b"\x42", md.SerializeToString())
+
+
 def routing_headers_response(
-    destination: str, content_length: int | None, extra: Iterable[tuple[str, str]]
+    destination: str,
+    content_length: int | None,
+    extra: Iterable[tuple[str, str]],
+    scores: Mapping[str, float] | None = None,
 ) -> bytes:
     """The RequestHeaders reply that routes the request (FULL_DUPLEX_STREAMED and header-only):
     destination header, Content-Length, extras, clear_route_cache and ``envoy.lb`` metadata."""
-    md = wire.string_metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, destination)
+    md = _routing_metadata(destination, scores)
     opts = _routing_options(destination, content_length, extra)
     return wire.headers_reply(opts, request=True, clear_route_cache=True, metadata=md)
 
 
 def routing_body_response(
-    destination: str, body: bytes | None, content_length: int | None, extra: Iterable[tuple[str, str]]
+    destination: str,
+    body: bytes | None,
+    content_length: int | None,
+    extra: Iterable[tuple[str, str]],
+    scores: Mapping[str, float] | None = None,
 ) -> pb.ProcessingResponse:
     """The RequestBody reply that routes a BUFFERED request (headers were already answered).
 
@@ -80,6 +100,10 @@ def routing_body_response(
     msg.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value.fields[
         DESTINATION_HEADER
     ].string_value = destination
+    if scores:
+        msg.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value.fields[
+            SCORES_KEY
+        ].struct_value.update(dict(scores))
     return msg
 
 
@@ -129,12 +153,23 @@ def response_headers_reply(extra: Iterable[tuple[str, str]]) -> bytes:
     return wire.headers_reply(_MARKER_OPTION + more, request=False, clear_route_cache=False)
 
 
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"  # llm-d-router's name (PR #2462)
+
+
 def immediate_error(err: EppError) -> pb.ProcessingResponse:
-    """GIE's error reply: the HTTP status of the error class and ``inference error: <Code> - <msg>``."""
+    """GIE's error reply: the HTTP status of the error class and ``inference error: <Code> - <msg>``,
+    plus llm-d-router's header saying why the request was dropped."""
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=err.http_status),  # type: ignore[arg-type]
             body=str(err).encode(),
+            headers=pb.HeaderMutation(
+                set_headers=[
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(key=DROPPED_REASON_HEADER, raw_value=err.reason.encode())
+                    )
+                ]
+            ),
         )
     )
 

@@ -265,7 +265,9 @@ class Stream:
         headers = self._upstream_headers(decision)
         out_body = decision.body if decision.body is not None else body
         if self.request_mode == FULL_DUPLEX:
-            out: list[r.Reply] = [r.routing_headers_response(decision.destination, len(out_body), headers)]
+            out: list[r.Reply] = [
+                r.routing_headers_response(decision.destination, len(out_body), headers, decision.scores)
+            ]
             out.extend(r.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
             return out
         changed = decision.body_changed
@@ -275,6 +277,7 @@ class Stream:
                 out_body if changed else None,
                 len(out_body) if changed else None,
                 headers,
+                decision.scores,
             )
         ]
 
@@ -311,7 +314,7 @@ class Stream:
         self.route_pending = False
         if isinstance(e, EppError):
             self.error = e
-            log.info("request_failed", code=e.code, error=e.msg, **self._ids())
+            log.info("request_failed", code=e.code, reason=e.reason, error=e.msg, **self._ids())
             return [r.immediate_error(e)]
         err = Internal("internal error while processing the request")
         self.error = err

@@ -33,19 +33,8 @@ _ADAPTER_CACHE_SIZE: Final = 1024
 _ADAPTER_CACHE_MAX_KEY: Final = 4096  # longer lists are split every time rather than remembered
 
 
-class EngineConfigParams(PluginParams):
-    """One ``engineConfigs`` entry; an empty spec string disables that metric."""
-
-    name: str = ""
-    queued_requests_spec: str = ""
-    running_requests_spec: str = ""
-    kv_usage_spec: str = ""
-    lora_spec: str = ""
-    cache_info_spec: str = ""
-    cache_block_size_label_name: str = ""
-    cache_num_blocks_label_name: str = ""
-    cache_block_size_spec: str = ""
-    cache_num_blocks_spec: str = ""
+# One ``engineConfigs`` entry is an engine table; an empty spec string disables that metric.
+EngineConfigParams = EngineTable
 
 
 class CoreMetricsExtractorParams(PluginParams):
@@ -93,7 +82,7 @@ class CoreMetricsExtractor(PluginBase):
             dict.fromkeys((self._label_key, DEFAULT_ENGINE_LABEL_KEY, LLMD_ENGINE_LABEL_KEY))
         )
         default_engine = params.default_engine or DEFAULT_ENGINE
-        tables = [EngineTable(**p.model_dump()) for p in params.engine_configs]
+        tables = list(params.engine_configs)
         user_names = {t.name for t in tables}
         tables += [t for t in BUILTIN_ENGINES if t.name not in user_names]
         self._mappings: dict[str, EngineMapping] = {}

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from epp.datalayer.api import Metrics
 from epp.datalayer.exposition import MetricFamilies, Sample
+from epp.plugin.base import PluginParams
 
 DEFAULT_ENGINE_LABEL_KEY: Final = "inference.networking.k8s.io/engine-type"
 LLMD_ENGINE_LABEL_KEY: Final = "llm-d.ai/engine-type"  # llm-d-router's name for the same pod label
@@ -28,11 +29,15 @@ class ExtractionError(ValueError):
     """A spec found no usable series (or a label did not parse); the message says which."""
 
 
-@dataclass(frozen=True, slots=True)
-class EngineTable:
-    """One engine's spec strings, as written in ``engineConfigs`` (empty string = disabled)."""
+class EngineTable(PluginParams):
+    """One engine's spec strings, as written in ``engineConfigs`` (empty string = disabled).
 
-    name: str
+    The one declaration of an engine table: the built-ins below, ``core-metrics-extractor``'s
+    ``engineConfigs`` entries, the legacy poller's vLLM specs and the defaults of the
+    deprecated ``--*-metric`` flags are all this model or read from it.
+    """
+
+    name: str = ""
     queued_requests_spec: str = ""
     running_requests_spec: str = ""
     kv_usage_spec: str = ""
@@ -46,7 +51,7 @@ class EngineTable:
 
 BUILTIN_ENGINES: Final = (
     EngineTable(
-        "vllm",
+        name="vllm",
         queued_requests_spec="vllm:num_requests_waiting",
         running_requests_spec="vllm:num_requests_running",
         kv_usage_spec="vllm:kv_cache_usage_perc",
@@ -54,7 +59,7 @@ BUILTIN_ENGINES: Final = (
         cache_info_spec="vllm:cache_config_info",
     ),
     EngineTable(
-        "sglang",
+        name="sglang",
         queued_requests_spec="sglang:num_queue_reqs",
         running_requests_spec="sglang:num_running_reqs",
         kv_usage_spec="sglang:token_usage",
@@ -63,7 +68,7 @@ BUILTIN_ENGINES: Final = (
         cache_num_blocks_label_name="num_pages",
     ),
     EngineTable(
-        "trtllm-serve",
+        name="trtllm-serve",
         queued_requests_spec="trtllm_num_requests_waiting",
         running_requests_spec="trtllm_num_requests_running",
         kv_usage_spec="trtllm_kv_cache_utilization",
@@ -71,7 +76,7 @@ BUILTIN_ENGINES: Final = (
         cache_num_blocks_spec="trtllm_kv_cache_max_blocks",
     ),
     EngineTable(
-        "triton-tensorrt-llm",
+        name="triton-tensorrt-llm",
         queued_requests_spec="nv_trt_llm_request_metrics{request_type=waiting}",
         running_requests_spec="nv_trt_llm_request_metrics{request_type=scheduled}",
         kv_usage_spec="nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}",
@@ -79,6 +84,14 @@ BUILTIN_ENGINES: Final = (
         cache_num_blocks_spec="nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}",
     ),
 )
+
+
+def builtin_engine(name: str) -> EngineTable:
+    """The built-in table of engine ``name``; KeyError if there is none."""
+    for table in BUILTIN_ENGINES:
+        if table.name == name:
+            return table
+    raise KeyError(name)
 
 
 def go_map(labels: Mapping[str, str]) -> str:

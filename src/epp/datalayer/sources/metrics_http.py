@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Sequence
-from typing import Annotated, ClassVar, Final
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BeforeValidator, Field, field_validator
 
@@ -52,6 +53,73 @@ class MetricsDataSourceParams(PluginParams):
         if v not in ("http", "https"):
             raise ValueError(f"unsupported scheme: {v}")
         return v
+
+
+# --- the deprecated --model-server-metrics-* flags: their one declaration (gie-inventory §1.1, §6.4) ---
+# The command line (cli/flags.py) derives its flags and Options defaults from this table, the
+# config builder merges ``ModelServerMetricsFlags.explicit_params()`` below the plugin's
+# parameters, and the legacy poller reads the values: each flag is declared here only.
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsFlag:
+    """One deprecated flag: its name, the ``ModelServerMetricsFlags`` field it sets, its help."""
+
+    flag: str
+    attr: str
+    kind: Literal["str", "int", "bool"]
+    help: str
+
+
+MODEL_SERVER_METRICS_FLAGS: Final = (
+    MetricsFlag(
+        "model-server-metrics-scheme",
+        "scheme",
+        "str",
+        "Deprecated: protocol scheme used in scraping metrics from endpoints (http or https).",
+    ),
+    MetricsFlag("model-server-metrics-path", "path", "str", "Deprecated: URL path used in scraping metrics."),
+    MetricsFlag(
+        "model-server-metrics-port",
+        "port",
+        "int",
+        "Deprecated: port to scrape metrics on when the pool has one target port (0: the target port).",
+    ),
+    MetricsFlag(
+        "model-server-metrics-https-insecure-skip-verify",
+        "insecure_skip_verify",
+        "bool",
+        "Deprecated: skip certificate verification when scraping over https.",
+    ),
+)
+_FLAG_ATTRS: Final = {f.flag: f.attr for f in MODEL_SERVER_METRICS_FLAGS}
+_PARAM_DEFAULTS: Final = MetricsDataSourceParams()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelServerMetricsFlags:
+    """The deprecated flags' values; defaults are the ``metrics-data-source`` parameter defaults.
+
+    ``explicitly_set`` names the fields (or the flag names) the user gave on the command
+    line; only those override the ``metrics-data-source`` defaults, and plugin parameters
+    in the config override them in turn.  ``port`` is no parameter: it becomes each
+    endpoint's ``metrics_port`` when the pool has one target port.
+    """
+
+    scheme: str = _PARAM_DEFAULTS.scheme
+    path: str = _PARAM_DEFAULTS.path
+    port: int = 0
+    insecure_skip_verify: bool = _PARAM_DEFAULTS.insecure_skip_verify
+    explicitly_set: frozenset[str] = frozenset()
+
+    def explicit_params(self) -> dict[str, Any]:
+        """The explicitly set flags as metrics-data-source parameters (camelCase keys)."""
+        attrs = {_FLAG_ATTRS.get(name, name) for name in self.explicitly_set}
+        return {
+            field.alias or name: getattr(self, name)
+            for name, field in MetricsDataSourceParams.model_fields.items()
+            if name in attrs
+        }
 
 
 class MetricsDataSource(PluginBase):
