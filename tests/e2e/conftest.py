@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epp.demo.envoy import Envoy, EnvoyConfig
-from epp.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess, SimFleet
 
 FAST_SIM = ("--time-scale", "0.02", "--seed", "7", "--max-model-len", "131072")
 

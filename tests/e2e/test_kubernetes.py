@@ -21,10 +21,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epp.demo.envoy import Envoy, EnvoyConfig
-from epp.demo.procs import EppProcess, SimFleet
 from epp.testing.kubeapi import KubeApiServer, UserInfo
 from epp.testing.waiting import until
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess, SimFleet
 from tests.e2e.conftest import FAST_SIM
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
