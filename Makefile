@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml sim/pyproject.toml hatch_build.py protos/gen_envoy_stub
 install: $(STAMP) ## create .venv in the repo; install the EPP with its dev tools and the simulator (sim/)
 
 demo: $(STAMP) ## run simulated model servers + EPP + Envoy, send a burst of requests, print a summary
-	$(BIN)/python -m epp.demo
+	$(BIN)/python -m epp_sim.demo
 
 test: $(STAMP) ## run the whole test suite (unit, contract and end-to-end through Envoy)
 	$(BIN)/pytest -q
