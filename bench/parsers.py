@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from epp.parsers.openai import OpenAIParser
+from epp.parsers.plugins.openai import OpenAIParser
 from epp.parsers.sse import SseUsageParser
 from epp.plugin.base import NoParams
 

@@ -35,8 +35,8 @@ from epp.director.producers.approx_prefix import ApproxPrefixCacheParams, Approx
 from epp.plugin.base import NoParams
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, RequestBody
-from epp.scheduling.pickers.common import PickerParams
 from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.picking import PickerParams
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scheduler import Scheduler, SchedulerProfile
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.datalayer.api import Metrics
+from epp.datalayer.engines import ExtractionError
 from epp.datalayer.exposition import ExpositionParser
-from epp.datalayer.extractors.engines import ExtractionError
 from epp.datalayer.legacy import LEGACY_FETCH_TIMEOUT, LegacyMetricsExtractor, legacy_binding
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datalayer.sources.metrics_http import MetricsDataSource

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Final, Protocol
 
 from epp.datalayer.api import Endpoint, SourceBinding
+from epp.datalayer.engines import ExtractionError, Spec, atoi, build_metrics, finite_value
 from epp.datalayer.exposition import MetricFamilies, with_total_aliases
-from epp.datalayer.extractors.engines import ExtractionError, Spec, atoi, build_metrics, finite_value
 from epp.datalayer.sources.metrics_http import MetricsDataSource, MetricsDataSourceParams
 from epp.plugin.base import NoParams, PluginBase, PluginParams
 

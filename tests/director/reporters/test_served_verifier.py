@@ -16,7 +16,7 @@ from epp.datastore.store import Datastore
 from epp.director.api import ResponseHeaderProcessor
 from epp.director.director import Director, Pipeline
 from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
-from epp.parsers.openai import OpenAIParser
+from epp.parsers.plugins.openai import OpenAIParser
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
