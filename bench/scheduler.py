@@ -35,6 +35,7 @@ from epp.director.producers.approx_prefix import ApproxPrefixCacheParams, Approx
 from epp.plugin.base import NoParams
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, RequestBody
+from epp.scheduling.api import Scorer
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.picking import PickerParams
 from epp.scheduling.profiles.single import SingleProfileHandler
@@ -108,7 +109,7 @@ def _stats(samples: list[float]) -> dict[str, float]:
 
 def _build(producer: ApproxPrefixCacheProducer) -> Scheduler:
     h = _Handle()
-    scorers = [
+    scorers: list[tuple[Scorer, float]] = [
         (QueueScorer("queue-scorer", NoParams(), h), 2.0),
         (KVCacheUtilizationScorer("kv-cache-utilization-scorer", NoParams(), h), 2.0),
         (PrefixCacheScorer("prefix-cache-scorer", NoParams(), h), 3.0),

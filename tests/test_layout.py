@@ -28,7 +28,7 @@ def plugin_folders() -> list[str]:
 
 
 def modules_in_plugin_folders() -> list[str]:
-    found = []
+    found: list[str] = []
     for folder in plugin_folders():
         package = importlib.import_module(folder)
         found.extend(f"{folder}.{m.name}" for m in pkgutil.iter_modules(package.__path__))

@@ -13,12 +13,10 @@ from epp.cli.flags import (
     HelpRequested,
     HostPort,
     ModelServerMetricsFlags,
-    format_go_duration,
     parse_flags,
-    parse_go_duration,
-    parse_go_int,
 )
 from epp.errors import ConfigError
+from epp.units import format_go_duration, parse_go_duration, parse_go_int
 
 POOL = ["--pool-name=pool"]
 

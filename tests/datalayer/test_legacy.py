@@ -14,7 +14,8 @@ from epp.datalayer.runtime import DataLayerRuntime
 from epp.datalayer.sources.metrics_http import MetricsDataSource
 from epp.datastore.store import Datastore
 from epp.plugin.base import NoParams
-from tests.datalayer.conftest import HANDLE, make_endpoint, wait_until
+from epp.testing.waiting import until
+from tests.datalayer.conftest import HANDLE, make_endpoint
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ async def test_legacy_poller_end_to_end(servers: Callable[[int], Any]) -> None:
     ds = Datastore()
     async with DataLayerRuntime(ds, [legacy_binding(Flags())], refresh_interval=0.02):
         ep = ds.upsert(srv.endpoint().metadata)
-        await wait_until(lambda: ep.metrics.update_time > 0)
+        await until(lambda: ep.metrics.update_time > 0)
     m = ep.metrics
     assert (m.waiting_queue_size, m.running_requests_size, m.cache_block_size, m.cache_num_blocks) == (
         3,

@@ -86,7 +86,7 @@ class Stack:
                     for line in path.read_text().splitlines():
                         if needle in line:
                             return line
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # poll interval (Envoy flushes the file lazily)
 
     async def epp_metrics(self) -> str:
         async with self.http.get(f"http://127.0.0.1:{self.epp.metrics_port}/metrics") as r:

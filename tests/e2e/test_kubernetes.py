@@ -276,7 +276,7 @@ class Load:
             except (TimeoutError, aiohttp.ClientError):
                 ok = False
             self.results.append((t, ok))
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # pacing: the background load's request rate
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())

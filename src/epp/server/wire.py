@@ -2,7 +2,7 @@
 
 Building nested upb messages and serialising them costs microseconds per message, and the
 hot replies have fixed shapes with one or two variable strings.  These functions emit the
-same bytes upb would (fields in number order; tests in tests/server/test_wire.py compare
+same bytes upb would (fields in number order; tests in tests/server/test_responses.py compare
 them byte for byte).  Field numbers, from envoy/service/ext_proc/v3/external_processor.proto
 and google/protobuf/struct.proto:
 

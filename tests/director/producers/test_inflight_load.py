@@ -27,7 +27,8 @@ from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, RequestBody, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
-from tests.scheduling.builders import build, endpoint
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint
 
 
 def producer() -> InFlightLoadProducer:

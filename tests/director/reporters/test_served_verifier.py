@@ -22,7 +22,7 @@ from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.server.responses import serialize
 from epp.server.stream import Stream
-from tests.scheduling.builders import FakeHandle, build
+from epp.testing.plugins import FakeHandle, build
 
 HEADER = "x-conformance-test-served-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
