@@ -1,4 +1,5 @@
 # The EPP image: the project installed from its own files into a venv, run as a non-root user.
+# The product only: the simulator and the demo (sim/, distribution epp-sim) are not in it.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml hatch_build.py README.md ./

@@ -10,17 +10,17 @@ STAMP := $(VENV)/.installed
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml hatch_build.py protos/gen_envoy_stubs.py
+$(STAMP): pyproject.toml sim/pyproject.toml hatch_build.py protos/gen_envoy_stubs.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./sim
 	$(BIN)/pip check
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv in the repo and install the project with its dev tools
+install: $(STAMP) ## create .venv in the repo; install the EPP with its dev tools and the simulator (sim/)
 
 demo: $(STAMP) ## run simulated model servers + EPP + Envoy, send a burst of requests, print a summary
-	$(BIN)/python -m epp.demo
+	$(BIN)/python -m epp_sim.demo
 
 test: $(STAMP) ## run the whole test suite (unit, contract and end-to-end through Envoy)
 	$(BIN)/pytest -q
@@ -32,8 +32,8 @@ test-e2e: $(STAMP) ## run the end-to-end tests through a real Envoy
 	$(BIN)/pytest -q -m e2e
 
 check: $(STAMP) ## lint, format, types, architecture contracts
-	$(BIN)/ruff format --check src tests bench
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src sim tests bench
+	$(BIN)/ruff check src sim tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -49,4 +49,4 @@ bench-quick: $(STAMP) ## quick smoke run of every benchmark
 	$(BIN)/python -m bench.run --mode quick
 
 clean: ## remove the venv and build artefacts
-	rm -rf $(VENV) build dist src/epp/_pb .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist sim/build sim/dist src/epp/_pb .pytest_cache .mypy_cache .ruff_cache

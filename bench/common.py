@@ -131,7 +131,7 @@ def _pkg(name: str) -> str:
 
 
 def envoy_version() -> str:
-    from epp.demo.envoy import envoy_binary
+    from epp_sim.demo.envoy import envoy_binary
 
     try:
         out = subprocess.run([envoy_binary(), "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -332,7 +332,7 @@ class PeerRouter(Child):
 
     def __init__(self, spec: PeerSpec, workers: Sequence[str]) -> None:
         from bench.setup import venv_bin
-        from epp.demo.procs import free_port
+        from epp_sim.demo.procs import free_port
 
         exe = venv_bin(spec.tool, spec.tool)
         if exe is None:

@@ -30,10 +30,10 @@ from grpc import aio as grpc_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import log, rnd, write_result
-from epp.demo.envoy import Envoy, EnvoyConfig
-from epp.demo.procs import EppProcess, SimFleet
 from epp.testing.kubeapi import KubeApiServer
 from epp.testing.waiting import until
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess, SimFleet
 
 NS = "default"
 LEASE = "epp-default-pool.gateway-api-inference-extension.sigs.k8s.io"

@@ -35,6 +35,7 @@ from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
 from epp.flowcontrol.usage_limits.static import StaticUsageLimitParams, StaticUsageLimitPolicy
 from epp.plugin.base import NoParams, Plugin, PluginBase
 from epp.request import InferenceRequest
+from epp.testing.plugins import FakeHandle
 
 RESULTS = Path(__file__).parent / "results" / "flowcontrol.json"
 PRIORITIES = 8
@@ -47,21 +48,13 @@ COMBOS = (
 GOALS = {"fast_path_ratio_to_legacy_p50": 3.0, "dispatches_per_s": 20_000.0}
 
 
-class _Handle:
-    def plugin(self, name: str) -> Any:
-        raise KeyError(name)
-
-    def plugins(self) -> list[Any]:
-        return []
-
-
 class _Switch(PluginBase):
     """Saturated while ``hold`` is set; otherwise the wrapped detector's reading."""
 
     TYPE: ClassVar[str] = "bench-switch"
 
     def __init__(self, inner: UtilizationDetector) -> None:
-        super().__init__("switch", NoParams(), _Handle())
+        super().__init__("switch", NoParams(), FakeHandle())
         self.inner = inner
         self.hold = False
 
@@ -81,13 +74,13 @@ def _endpoints() -> tuple[Endpoint, ...]:
 
 
 def _detector() -> UtilizationDetector:
-    detector = UtilizationDetector("utilization-detector", UtilizationDetectorParams(), _Handle())
+    detector = UtilizationDetector("utilization-detector", UtilizationDetectorParams(), FakeHandle())
     detector.metrics_staleness_threshold = math.inf  # the endpoints' metrics never age in the bench
     return detector
 
 
 def _controller(fairness: str, ordering: str, detector: Any) -> FlowController:
-    h = _Handle()
+    h = FakeHandle()
     plugins: dict[str, Plugin] = {
         cls.TYPE: cls(cls.TYPE, NoParams(), h)
         for cls in (

@@ -192,7 +192,7 @@ async def serve(upstreams: list[str], transport: str) -> None:
         # The EPP's own HTTP/2 + gRPC framing (its default transport), driving the same sessions.
         from epp.server.h2 import H2GrpcServer
 
-        h2 = H2GrpcServer(servicer)  # type: ignore[arg-type]
+        h2 = H2GrpcServer(servicer)
         port = await h2.start("127.0.0.1", 0, None)
         print(json.dumps({"port": port}), flush=True)
         await asyncio.Event().wait()  # serve until killed

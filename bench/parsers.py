@@ -26,22 +26,15 @@ from typing import Any
 
 import orjson
 
-from epp.parsers.openai import OpenAIParser
+from epp.parsers.plugins.openai import OpenAIParser
 from epp.parsers.sse import SseUsageParser
 from epp.plugin.base import NoParams
+from epp.testing.plugins import FakeHandle
 
 RESULTS = Path(__file__).parent / "results" / "parsers.json"
 SIZES = (1_000, 100_000, 400_000)
 HEADERS = {":path": "/v1/chat/completions"}
 WORDS = ("the", "model", "server", "cache", 'say "hi"', "prefix", "token", "route\n", "Envoy", "é")
-
-
-class _Handle:
-    def plugin(self, name: str) -> Any:
-        raise KeyError(name)
-
-    def plugins(self) -> list[Any]:
-        return []
 
 
 def chat_body(size: int, nested_model: bool, seed: int) -> bytes:
@@ -136,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     iterations = 100 if args.quick else 1000
-    parser = OpenAIParser("openai-parser", NoParams(), _Handle())
+    parser = OpenAIParser("openai-parser", NoParams(), FakeHandle())
 
     print(
         f"{'bytes':>8} {'nested':>6} | {'parse':>8} {'ser=':>6} {'ser~':>8} | {'loads':>8} {'dumps':>8}"

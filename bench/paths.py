@@ -26,8 +26,8 @@ from bench.common import (
     python_module,
 )
 from bench.httpload import Pool
-from epp.demo.envoy import Envoy, EnvoyConfig
-from epp.demo.procs import EppProcess
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess
 
 # Envoy settings in which the EPP may ask Envoy to skip response bodies (docs/decisions.md).
 SKIPPABLE = {"request_body_mode": "BUFFERED", "response_body_mode": "STREAMED", "allow_mode_override": True}

@@ -12,7 +12,7 @@ config, and bench/configs/prefix-heavy.yaml), Envoy round robin (the in-run base
 vllm-router (cache_aware, power_of_two) and sglang-router (cache_aware) when installed.
 
 Load: inference-perf (GIE's benchmark tool, its own venv; ``shared_prefix`` data, completions
-API, streaming) when installed, else the project's open-loop generator (epp.demo.loadgen;
+API, streaming) when installed, else the project's open-loop generator (epp_sim.demo.loadgen;
 streamed chat).  Reported per cell: TTFT p50/p90/p99, inter-token latency, output tokens/s,
 success rate, and the fleet's prefix-cache hit rate from the replicas' own vLLM counters.
 """
@@ -50,9 +50,9 @@ from bench.common import (
 )
 from bench.profiling import Profiler
 from bench.setup import tokenizer_dir, venv_bin
-from epp.demo.envoy import Envoy, EnvoyConfig
-from epp.demo.loadgen import percentile, run_open_loop, shared_prefix_jobs
-from epp.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.loadgen import percentile, run_open_loop, shared_prefix_jobs
+from epp_sim.demo.procs import EppProcess, SimFleet
 
 MODEL = "mock-model"
 SEEDS = {"sim": 1, "workload": 42, "arrivals": 7}
@@ -173,7 +173,7 @@ def _ms(x: float) -> float | None:
 
 
 async def builtin_load(url: str, wl: Workload, rate: float, duration: int) -> dict[str, Any]:
-    """Streamed chat requests from epp.demo.loadgen: the first ``rate x duration`` of one fixed sequence."""
+    """Streamed chat requests (epp_sim.demo.loadgen): the first ``rate x duration`` of one fixed sequence."""
     jobs = shared_prefix_jobs(
         groups=wl.groups,
         prompts_per_group=wl.prompts_per_group,

@@ -35,13 +35,15 @@ from epp.director.producers.approx_prefix import ApproxPrefixCacheParams, Approx
 from epp.plugin.base import NoParams
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, RequestBody
-from epp.scheduling.pickers.common import PickerParams
+from epp.scheduling.api import Scorer
 from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.picking import PickerParams
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scheduler import Scheduler, SchedulerProfile
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
+from epp.testing.plugins import FakeHandle
 
 RESULTS = Path(__file__).parent / "results" / "scheduler.json"
 ENDPOINTS = (10, 100, 1000)
@@ -51,14 +53,6 @@ GOALS = {
     "p50_us_1000_endpoints": 1000.0,
     "hash_100k_chars_us": 1000.0,
 }
-
-
-class _Handle:
-    def plugin(self, name: str) -> Any:
-        raise KeyError(name)
-
-    def plugins(self) -> list[Any]:
-        return []
 
 
 def _endpoints(n: int, rng: random.Random) -> list[Endpoint]:
@@ -107,8 +101,8 @@ def _stats(samples: list[float]) -> dict[str, float]:
 
 
 def _build(producer: ApproxPrefixCacheProducer) -> Scheduler:
-    h = _Handle()
-    scorers = [
+    h = FakeHandle()
+    scorers: list[tuple[Scorer, float]] = [
         (QueueScorer("queue-scorer", NoParams(), h), 2.0),
         (KVCacheUtilizationScorer("kv-cache-utilization-scorer", NoParams(), h), 2.0),
         (PrefixCacheScorer("prefix-cache-scorer", NoParams(), h), 3.0),
@@ -140,7 +134,9 @@ def bench_cell(
     """
     rng = random.Random(seed)
     eps = _endpoints(n_endpoints, rng)
-    producer = ApproxPrefixCacheProducer("approx-prefix-cache-producer", ApproxPrefixCacheParams(), _Handle())
+    producer = ApproxPrefixCacheProducer(
+        "approx-prefix-cache-producer", ApproxPrefixCacheParams(), FakeHandle()
+    )
     scheduler = _build(producer)
     systems = ["".join(rng.choice("ABCDEFGHIJ ") for _ in range(chars // 2)) for _ in range(8)]
     requests = [_chat(chars, systems[i % len(systems)], rng) for i in range(64)]

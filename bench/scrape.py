@@ -37,6 +37,7 @@ from epp.datalayer.extractors.core_metrics import CoreMetricsExtractor, CoreMetr
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datalayer.sources.metrics_http import MetricsDataSource, MetricsDataSourceParams
 from epp.datastore.store import Datastore
+from epp.testing.plugins import FakeHandle
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = {
@@ -73,14 +74,6 @@ asyncio.run(main())
 """
 
 
-class _Handle:
-    def plugin(self, name: str) -> Any:
-        raise KeyError(name)
-
-    def plugins(self) -> tuple[Any, ...]:
-        return ()
-
-
 def _best_us(fn: Callable[[], object], number: int, repeat: int) -> float:
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
 
@@ -91,7 +84,7 @@ def _client_parse(text: str) -> list[Any]:
 
 def bench_parse(quick: bool) -> list[dict[str, Any]]:
     """Parse µs per page: our parser (the extractor's families) vs prometheus_client's parser."""
-    extractor = CoreMetricsExtractor("core-metrics-extractor", CoreMetricsExtractorParams(), _Handle())
+    extractor = CoreMetricsExtractor("core-metrics-extractor", CoreMetricsExtractorParams(), FakeHandle())
     ours = ExpositionParser(extractor.wanted_families())
     everything = ExpositionParser(None)
     rows = []
@@ -147,7 +140,7 @@ def _cpu() -> tuple[float, float]:
 
 async def _scrape_run(ports: list[int], interval: float, seconds: float, warmup: float) -> dict[str, Any]:
     ds = Datastore()
-    handle = _Handle()
+    handle = FakeHandle()
     source = MetricsDataSource("metrics-data-source", MetricsDataSourceParams(), handle)
     extractor = _TimedExtractor("core-metrics-extractor", CoreMetricsExtractorParams(), handle)
     runtime = DataLayerRuntime(ds, [SourceBinding(source, (extractor,))], refresh_interval=interval)

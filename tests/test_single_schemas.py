@@ -7,8 +7,8 @@ import dataclasses
 from epp.cli.flags import DEFAULTS, FLAGS, Options, parse_flags
 from epp.config.build import MetricsFlags
 from epp.datalayer import legacy
+from epp.datalayer.engines import BUILTIN_ENGINES, EngineMapping, EngineTable, builtin_engine
 from epp.datalayer.extractors.core_metrics import EngineConfigParams
-from epp.datalayer.extractors.engines import BUILTIN_ENGINES, EngineMapping, EngineTable, builtin_engine
 from epp.datalayer.sources.metrics_http import (
     MODEL_SERVER_METRICS_FLAGS,
     MetricsDataSourceParams,

@@ -16,7 +16,8 @@ from epp.datalayer.api import EndpointMetadata
 from epp.datastore.store import Datastore, PoolInfo
 from epp.errors import EppError, Internal, ResourceExhausted, ServiceUnavailable
 from epp.flowcontrol.api import Outcome
-from tests.flowcontrol.helpers import FakeDetector, make_controller, req
+from epp.testing.flowcontrol import FakeDetector
+from tests.flowcontrol.helpers import make_controller, req
 from tests.scheduling.builders import endpoint
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "examples" / "flow-control.yaml"

@@ -12,13 +12,11 @@ from epp.cli.flags import (
     FLAGS,
     HelpRequested,
     HostPort,
-    ModelServerMetricsFlags,
-    format_go_duration,
     parse_flags,
-    parse_go_duration,
-    parse_go_int,
 )
+from epp.datalayer.sources.metrics_http import ModelServerMetricsFlags
 from epp.errors import ConfigError
+from epp.units import format_go_duration, parse_go_duration, parse_go_int
 
 POOL = ["--pool-name=pool"]
 

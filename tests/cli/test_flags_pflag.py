@@ -54,6 +54,7 @@ def spelled(draw: st.DrawFn, name: str, value: Any) -> list[str]:
             st.sampled_from(([f"--{name}=false"], [f"-{name}=false"], [f"--{name}=0"], [f"--{name}=F"]))
         )
     text = draw(st.sampled_from(int_spellings(value))) if name in INTS else str(value)
+    forms: tuple[list[str], ...]
     if name == "v" and len(text) == 1:  # shorthand forms
         forms = ([f"-v={text}"], [f"-v{text}"], ["-v", text], [f"--v={text}"], ["--v", text])
     else:

@@ -14,10 +14,10 @@ from epp.config.schema import (
     EndpointPickerConfig,
     FlowControlConfig,
     PriorityBandConfig,
-    parse_go_duration,
     parse_quantity,
 )
 from epp.errors import ConfigError
+from epp.units import parse_go_duration
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,23 +15,14 @@ from aiohttp import web
 from epp.datalayer.api import Endpoint, EndpointMetadata
 from epp.datalayer.extractors.core_metrics import CoreMetricsExtractor, CoreMetricsExtractorParams
 from epp.datalayer.sources.metrics_http import MetricsDataSource, MetricsDataSourceParams
+from epp.testing.plugins import FakeHandle
 
 DATA = Path(__file__).parent / "data"
 VLLM_SMALL = (DATA / "vllm_small.txt").read_bytes()
 VLLM_FULL = (DATA / "vllm_full.txt").read_bytes()
 
 
-class NoHandle:
-    """A plugin handle for plugins built alone."""
-
-    def plugin(self, name: str) -> Any:
-        raise KeyError(name)
-
-    def plugins(self) -> Sequence[Any]:
-        return ()
-
-
-HANDLE = NoHandle()
+HANDLE = FakeHandle()  # plugins built alone: no other plugin to look up
 
 
 def make_endpoint(name: str = "default/pod-rank-0", port: int = 8000, **kw: Any) -> Endpoint:
@@ -140,13 +131,3 @@ async def servers() -> AsyncIterator[Callable[[int], Any]]:
     yield start
     for s in started:
         await s.stop()
-
-
-async def wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:
-    """Wait for a condition the code under test makes true (checked every loop turn, bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)

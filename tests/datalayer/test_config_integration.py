@@ -14,7 +14,7 @@ from epp.datalayer.legacy import LegacyMetricsExtractor
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datalayer.sources.metrics_http import MetricsDataSource
 from epp.datastore.store import Datastore
-from tests.datalayer.conftest import wait_until
+from epp.testing.waiting import until
 
 LEGACY = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -45,6 +45,6 @@ async def test_built_bindings_scrape(
     ds = Datastore()
     async with DataLayerRuntime(ds, components.data_sources, refresh_interval=0.02):
         ep = ds.upsert(srv.endpoint().metadata)
-        await wait_until(lambda: ep.metrics.update_time > 0)
+        await until(lambda: ep.metrics.update_time > 0)
     assert (ep.metrics.waiting_queue_size, ep.metrics.running_requests_size) == (3, 7)
     assert binding.source.wanted is not None  # the extractor narrowed what is parsed

@@ -203,7 +203,7 @@ def _pages(draw: st.DrawFn) -> str:
         for _ in range(draw(st.integers(1, 4))):
             keys = draw(st.lists(st.sampled_from(_LABEL_NAMES), max_size=3, unique=True))
             labels = ",".join(f'{k}="{_esc(draw(_lv))}"' for k in keys)
-            block = f"{{{labels}}}" if keys or draw(st.booleans()) else ""
+            block = f"{{{labels}}}" if len(keys) > 0 or draw(st.booleans()) else ""
             ts = f" {draw(st.integers(0, 2**41))}" if draw(st.integers(0, 3)) == 0 else ""
             lines.append(f"{name}{block} {draw(_values)}{ts}")
         if draw(st.integers(0, 3)) == 0:

@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from epp.datalayer.api import Metrics
+from epp.datalayer.engines import ExtractionError
 from epp.datalayer.exposition import ExpositionParser
-from epp.datalayer.extractors.engines import ExtractionError
 from epp.datalayer.legacy import LEGACY_FETCH_TIMEOUT, LegacyMetricsExtractor, legacy_binding
 from epp.datalayer.runtime import DataLayerRuntime
-from epp.datalayer.sources.metrics_http import MetricsDataSource
+from epp.datalayer.sources.metrics_http import MetricsDataSource, ModelServerMetricsFlags
 from epp.datastore.store import Datastore
 from epp.plugin.base import NoParams
-from tests.datalayer.conftest import HANDLE, make_endpoint, wait_until
+from epp.testing.waiting import until
+from tests.datalayer.conftest import HANDLE, make_endpoint
 
-
-@dataclass(frozen=True)
-class Flags:
-    scheme: str = "http"
-    path: str = "/metrics"
-    port: int = 0
-    insecure_skip_verify: bool = True
+Flags = ModelServerMetricsFlags  # the one schema of the deprecated flags
 
 
 def extract(text: bytes, metrics: Metrics | None = None) -> tuple[Metrics, str | None]:
@@ -90,7 +84,7 @@ async def test_legacy_poller_end_to_end(servers: Callable[[int], Any]) -> None:
     ds = Datastore()
     async with DataLayerRuntime(ds, [legacy_binding(Flags())], refresh_interval=0.02):
         ep = ds.upsert(srv.endpoint().metadata)
-        await wait_until(lambda: ep.metrics.update_time > 0)
+        await until(lambda: ep.metrics.update_time > 0)
     m = ep.metrics
     assert (m.waiting_queue_size, m.running_requests_size, m.cache_block_size, m.cache_num_blocks) == (
         3,

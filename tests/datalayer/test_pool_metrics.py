@@ -14,7 +14,7 @@ from epp.datalayer.pool_metrics import PoolMetrics, pod_label
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datastore.store import Datastore, PoolInfo
 from epp.metrics import series
-from tests.datalayer.conftest import wait_until
+from epp.testing.waiting import until
 from tests.datalayer.test_runtime import scraping
 
 NOW = 1000.0
@@ -119,11 +119,11 @@ async def test_refresh_loop_and_staleness_end_to_end(
     async with DataLayerRuntime(pool_ds, scraping(), refresh_interval=0.02) as runtime:
         good_ep = pool_ds.upsert(EndpointMetadata(name="good", address="127.0.0.1", port=good.port))
         bad_ep = pool_ds.upsert(EndpointMetadata(name="bad", address="127.0.0.1", port=bad.port))
-        await wait_until(lambda: good_ep.metrics.update_time > 0)
-        await wait_until(lambda: (s := runtime.stats(bad_ep)) is not None and s.failures > 0)
+        await until(lambda: good_ep.metrics.update_time > 0)
+        await until(lambda: (s := runtime.stats(bad_ep)) is not None and s.failures > 0)
         async with PoolMetrics(pool_ds, registry=CollectorRegistry(), interval=0.01, staleness_threshold=2.0):
-            await wait_until(lambda: gauge(series.POOL_READY_PODS) == 1)
-            await wait_until(lambda: gauge(series.POOL_AVG_QUEUE) == 3.0)
+            await until(lambda: gauge(series.POOL_READY_PODS) == 1)
+            await until(lambda: gauge(series.POOL_AVG_QUEUE) == 3.0)
     assert gauge(series.POOL_AVG_RUNNING) == 7.0
     assert gauge(series.POOL_AVG_KV_CACHE) == pytest.approx(0.4217)
 

@@ -20,7 +20,8 @@ from epp.datalayer.sources.notifications import (
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.plugin.base import NoParams, PluginBase
-from tests.datalayer.conftest import HANDLE, FakeModelServer, make_extractor, make_source, wait_until
+from epp.testing.waiting import until
+from tests.datalayer.conftest import HANDLE, FakeModelServer, make_extractor, make_source
 from tests.datalayer.sources.test_notifications import EndpointRecorder
 
 INTERVAL = 0.02
@@ -94,11 +95,11 @@ async def test_loops_follow_endpoint_churn(servers: Callable[[int], Any]) -> Non
                 else:
                     ds.remove(name)
             await asyncio.sleep(0)
-            await wait_until(lambda: runtime.active_loops == len(ds.endpoints()))
+            await until(lambda: runtime.active_loops == len(ds.endpoints()))
         live = ds.endpoints()  # every live endpoint is really being scraped
-        await wait_until(lambda: all(ep.metrics.update_time > 0 for ep in live))
+        await until(lambda: all(ep.metrics.update_time > 0 for ep in live))
         ds.clear()
-        await wait_until(lambda: runtime.active_loops == 0)
+        await until(lambda: runtime.active_loops == 0)
         assert source.idle_connections() == 0  # type: ignore[attr-defined]
     assert asyncio.all_tasks() - before == set()
 
@@ -125,8 +126,8 @@ async def test_a_bad_server_does_not_delay_the_others(servers: Callable[[int], A
             if failure == "vanished":
                 await bad.stop()
             good_ep, bad_ep = ds.upsert(metadata("good", good.port)), ds.upsert(metadata("bad", bad.port))
-            await wait_until(lambda: good_ep.metrics.update_time > 0)
-            await wait_until(lambda: (s := runtime.stats(bad_ep)) is not None and s.failures >= 3)
+            await until(lambda: good_ep.metrics.update_time > 0)
+            await until(lambda: (s := runtime.stats(bad_ep)) is not None and s.failures >= 3)
             good_stats = runtime.stats(good_ep)
             assert good_stats is not None
             start = good_stats.ticks
@@ -159,10 +160,10 @@ async def test_recovery_is_logged_once(servers: Callable[[int], Any]) -> None:
     with capture_logs() as logs:
         async with DataLayerRuntime(ds, scraping(), refresh_interval=INTERVAL) as runtime:
             ep = ds.upsert(metadata("e", srv.port))
-            await wait_until(lambda: (s := runtime.stats(ep)) is not None and s.failures >= 3)
+            await until(lambda: (s := runtime.stats(ep)) is not None and s.failures >= 3)
             srv.behaviour.status = 200
-            await wait_until(lambda: ep.metrics.update_time > 0)
-            await wait_until(lambda: not runtime.stats(ep).failing)  # type: ignore[union-attr]
+            await until(lambda: ep.metrics.update_time > 0)
+            await until(lambda: not runtime.stats(ep).failing)  # type: ignore[union-attr]
     events = [e["event"] for e in logs if e.get("endpoint") == "e"]
     assert events.count("endpoint_data_failed") == 1
     assert events.count("endpoint_data_recovered") == 1
@@ -175,10 +176,10 @@ async def test_server_that_vanishes_and_returns(servers: Callable[[int], Any]) -
     ds = Datastore()
     async with DataLayerRuntime(ds, scraping(), refresh_interval=INTERVAL) as runtime:
         ep = ds.upsert(metadata("e", port))
-        await wait_until(lambda: ep.metrics.update_time > 0)
+        await until(lambda: ep.metrics.update_time > 0)
         assert ep.health.available(0.0)
         await srv.stop()
-        await wait_until(lambda: runtime.stats(ep).failing)  # type: ignore[union-attr]
+        await until(lambda: runtime.stats(ep).failing)  # type: ignore[union-attr]
         assert ep.health.unreachable  # refused connections: not picked any more, long before staleness
         stale_since = ep.metrics.update_time
         revived = FakeModelServer()
@@ -188,7 +189,7 @@ async def test_server_that_vanishes_and_returns(servers: Callable[[int], Any]) -
             pytest.skip("the port was taken in between")
         try:
             revived.behaviour.body = revived.behaviour.body.replace(b"} 3", b"} 9", 1)
-            await wait_until(lambda: ep.metrics.update_time > stale_since)
+            await until(lambda: ep.metrics.update_time > stale_since)
             assert not runtime.stats(ep).failing  # type: ignore[union-attr]
             assert not ep.health.unreachable
         finally:
@@ -207,7 +208,7 @@ async def test_overrun_skips_ticks_without_overlap() -> None:
         ds, [SourceBinding(source, (NullExtractor(),))], refresh_interval=INTERVAL
     ) as rt:
         ep = ds.upsert(metadata("e"))
-        await wait_until(lambda: len(source.calls) >= 4)
+        await until(lambda: len(source.calls) >= 4)
         stats = rt.stats(ep)
     assert source.max_in_flight == 1
     assert stats is not None
@@ -228,13 +229,13 @@ async def test_watchdog_times_out_a_hung_poll_and_the_loop_goes_on() -> None:
     binding = SourceBinding(source, (NullExtractor(),))
     async with DataLayerRuntime(ds, [binding], refresh_interval=INTERVAL, poll_timeout=0.05) as rt:
         ep = ds.upsert(metadata("e"))
-        await wait_until(lambda: (s := rt.stats(ep)) is not None and s.failures >= 3)
+        await until(lambda: (s := rt.stats(ep)) is not None and s.failures >= 3)
         stats = rt.stats(ep)
         assert stats is not None
         assert "poll timed out after 0.05s" in stats.last_error
         assert rt.active_loops == 1
         ds.remove("e")  # removal while a poll hangs ends the loop (the cancel is not absorbed)
-        await wait_until(lambda: rt.active_loops == 0)
+        await until(lambda: rt.active_loops == 0)
 
 
 async def test_external_cancel_racing_the_watchdog_is_not_swallowed() -> None:
@@ -269,7 +270,7 @@ async def test_jittered_start() -> None:
     async with DataLayerRuntime(ds, [binding], refresh_interval=interval, rng=random.Random(3)):
         for i in range(20):
             ds.upsert(metadata(f"e{i}"))
-        await wait_until(lambda: len({name for name, _ in source.calls}) == 20)
+        await until(lambda: len({name for name, _ in source.calls}) == 20)
     firsts: dict[str, float] = {}
     for name, t in source.calls:
         firsts.setdefault(name, t)
@@ -295,7 +296,7 @@ async def test_polls_share_phase_slots() -> None:
     async with runtime:
         for i in range(30):
             ds.upsert(metadata(f"e{i}"))
-        await wait_until(lambda: len(dues) == 30)
+        await until(lambda: len(dues) == 30)
     phases = {round((due - runtime._epoch) / slot, 6) for due in dues.values()}
     assert all(p == int(p) for p in phases)  # on the grid
     assert 3 < len({p % (interval / slot) for p in phases}) <= interval / slot  # spread over the slots

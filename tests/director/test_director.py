@@ -87,7 +87,7 @@ class Producer:
         if self.behaviour == "fail":
             raise RuntimeError("boom")
         if self.behaviour == "hang":
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # the producer hangs: part of the scenario
         for ep in eps:
             state.put_attribute(KEY, ep, 1)
 
@@ -248,7 +248,7 @@ async def test_bad_bodies(raw: bytes, error: type[EppError], message: str) -> No
 async def test_no_candidates_is_503() -> None:
     """An empty subset hint leaves no candidate: ServiceUnavailable."""
     d, _ = director()
-    md = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": []}}
+    md: dict[str, Any] = {"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": []}}
     with pytest.raises(ServiceUnavailable, match="failed to find endpoint candidates"):
         await d.start({}, md).route(body())
 

@@ -8,6 +8,12 @@ from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.errors import Internal, ServiceUnavailable
 from tests.director.test_director import Hooks, body, director, metric
 
+
+def phase(lc: RequestLifecycle) -> Phase:
+    """The phase, read through a call: mypy keeps an asserted ``lc.phase`` narrowed across method calls."""
+    return lc.phase
+
+
 SSE = {":status": "200", "content-type": "text/event-stream"}
 JSON = {":status": "200", "content-type": "application/json"}
 
@@ -35,7 +41,7 @@ def errors(model: str, code: str) -> float:
 async def routed(model: str, hooks: Hooks | None = None, **start: bool) -> RequestLifecycle:
     d, _ = director(hooks=hooks)
     lc = d.start({}, {}, **start)
-    assert lc.phase is Phase.RECEIVING
+    assert phase(lc) is Phase.RECEIVING
     await lc.route(body(model))
     return lc
 
@@ -44,22 +50,22 @@ async def test_streamed_response_walks_every_phase_once() -> None:
     """Routed → responding → complete → closed; chunks pass as the same objects; books balance."""
     hooks = Hooks()
     lc = await routed("lc-stream", hooks)
-    assert lc.phase is Phase.ROUTED and lc.scheduled
+    assert phase(lc) is Phase.ROUTED and lc.scheduled
     assert running("lc-stream") == 1
     added = lc.response_headers(dict(SSE), end_of_stream=False)
     assert added == [("x-added-by-plugin", "yes")]
-    assert lc.phase is Phase.RESPONDING
+    assert phase(lc) is Phase.RESPONDING
     chunks = [b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]
     assert lc.response_chunk(chunks[0], False) is chunks[0]
     assert lc.response_chunk(chunks[1], False) is chunks[1]
-    assert lc.response_metadata is None  # written by completion hooks, at the end
+    assert not lc.response_metadata  # none yet: written by completion hooks, at the end
     assert lc.response_chunk(chunks[2], True) is chunks[2]
-    assert lc.phase is Phase.COMPLETE
+    assert phase(lc) is Phase.COMPLETE
     assert len(hooks.completions) == 1 and hooks.completions[0].end_of_stream
     assert lc.response_metadata == {"envoy.lb": {"x-gateway-inference-request-cost": 10}}
     lc.close()
     lc.close()  # idempotent
-    assert lc.phase is Phase.CLOSED
+    assert phase(lc) is Phase.CLOSED
     assert len(hooks.completions) == 1
     assert running("lc-stream") == 0
 
@@ -73,7 +79,7 @@ async def test_close_with_error_mid_stream_completes_and_counts_once() -> None:
     before = errors("lc-broken", "Internal")
     lc.close(Internal("stream broke"))
     lc.close(Internal("again"))
-    assert lc.phase is Phase.CLOSED
+    assert phase(lc) is Phase.CLOSED
     assert len(hooks.completions) == 1 and not hooks.completions[0].end_of_stream
     assert errors("lc-broken", "Internal") == before + 1
     assert running("lc-broken") == 0
@@ -85,10 +91,10 @@ async def test_response_chunk_before_headers() -> None:
     lc = await routed("lc-headless", hooks)
     chunk = b'{"usage":{}}'
     assert lc.response_chunk(chunk, False) is chunk
-    assert lc.phase is Phase.RESPONDING
+    assert phase(lc) is Phase.RESPONDING
     assert lc.ctx.response is not None and lc.ctx.response.body_bytes == len(chunk)
     lc.response_chunk(b"", True)
-    assert lc.phase is Phase.COMPLETE and len(hooks.completions) == 1
+    assert phase(lc) is Phase.COMPLETE and len(hooks.completions) == 1
     lc.close()
 
 
@@ -97,7 +103,7 @@ async def test_response_headers_with_end_of_stream_complete_the_response() -> No
     hooks = Hooks()
     lc = await routed("lc-empty", hooks)
     lc.response_headers({":status": "204"}, end_of_stream=True)
-    assert lc.phase is Phase.COMPLETE and len(hooks.completions) == 1
+    assert phase(lc) is Phase.COMPLETE and len(hooks.completions) == 1
     lc.close()
     assert len(hooks.completions) == 1
 
@@ -108,7 +114,7 @@ async def test_headers_only_request_is_not_scheduled() -> None:
     d, _ = director(hooks=hooks)
     lc = d.start({}, {})
     assert lc.route_headers_only().destination == "192.168.1.2:8000"
-    assert lc.phase is Phase.ROUTED and not lc.scheduled
+    assert phase(lc) is Phase.ROUTED and not lc.scheduled
     lc.close()  # ended before any response: nothing was taken, nothing to release
     assert not hooks.completions
 
@@ -126,7 +132,7 @@ async def test_failed_route_stays_receiving_and_closes_with_its_error() -> None:
     lc = d.start({}, {})
     with pytest.raises(ServiceUnavailable):
         await lc.route(body("lc-unroutable"))
-    assert lc.phase is Phase.RECEIVING and not lc.scheduled
+    assert phase(lc) is Phase.RECEIVING and not lc.scheduled
     before = errors("lc-unroutable", "ServiceUnavailable")
     lc.close(ServiceUnavailable("no endpoints"))
     assert errors("lc-unroutable", "ServiceUnavailable") == before + 1
@@ -156,9 +162,9 @@ async def test_non_streamed_rewritten_response_is_held_to_its_end() -> None:
     lc.response_headers(dict(JSON), end_of_stream=False)
     assert lc.response_chunk(b'{"model":"ser', False) is None
     assert lc.response_chunk(b'ved","x":1}', False) is None
-    assert lc.phase is Phase.RESPONDING
+    assert phase(lc) is Phase.RESPONDING
     assert lc.response_chunk(b"", True) == b'{"model":"client","x":1}'
-    assert lc.phase is Phase.COMPLETE and len(hooks.completions) == 1
+    assert phase(lc) is Phase.COMPLETE and len(hooks.completions) == 1
     lc.close()
 
 
@@ -169,7 +175,7 @@ async def test_held_response_is_flushed_by_trailers() -> None:
     lc.response_headers(dict(JSON), end_of_stream=False)
     assert lc.response_chunk(b'{"model":"served"}', False) is None
     assert lc.response_end() == b'{"model":"client"}'
-    assert lc.phase is Phase.COMPLETE and len(hooks.completions) == 1
+    assert phase(lc) is Phase.COMPLETE and len(hooks.completions) == 1
     assert lc.response_end() is None  # already complete
     lc.close()
 
@@ -190,5 +196,5 @@ async def test_rewritten_response_is_not_held(can_hold: bool, headers: dict[str,
     unchanged = b"no model here"
     assert lc.response_chunk(unchanged, False) is unchanged
     assert lc.response_end() is None
-    assert lc.phase is Phase.COMPLETE
+    assert phase(lc) is Phase.COMPLETE
     lc.close()

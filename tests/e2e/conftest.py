@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epp.demo.envoy import Envoy, EnvoyConfig
-from epp.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess, SimFleet
 
 FAST_SIM = ("--time-scale", "0.02", "--seed", "7", "--max-model-len", "131072")
 
@@ -86,7 +86,7 @@ class Stack:
                     for line in path.read_text().splitlines():
                         if needle in line:
                             return line
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # poll interval (Envoy flushes the file lazily)
 
     async def epp_metrics(self) -> str:
         async with self.http.get(f"http://127.0.0.1:{self.epp.metrics_port}/metrics") as r:

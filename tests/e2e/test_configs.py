@@ -59,7 +59,7 @@ async def test_conformance_config_follows_the_test_header(tmp_path: pathlib.Path
                              headers={"test-epp-endpoint-selection": target})  # fmt: skip
             assert r.status == 200 and r.served_by == target
         two = ",".join(s.fleet.hostports[:2])
-        seen = Counter()
+        seen: Counter[str] = Counter()
         for _ in range(24):
             r = await s.post("/v1/completions", {"model": MODEL, "prompt": "y", "max_tokens": 1},
                              headers={"test-epp-endpoint-selection": two})  # fmt: skip

@@ -36,7 +36,7 @@ async def run_through_an_epp_stop(s: Stack) -> Counter[int]:
         tasks.append(asyncio.create_task(one(i)))
         if i == STOP_AFTER:
             await s.epp.signal(signal.SIGTERM)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # pacing: requests spread over the shutdown
     await asyncio.gather(*tasks)
     assert await s.epp.wait(30) == 0  # the EPP drained and exited cleanly
     return statuses
@@ -122,7 +122,7 @@ async def test_epp_sigkill_under_load_loses_nothing_with_the_fail_open_config(tm
             start = time.monotonic()
             while time.monotonic() - start < seconds:
                 tasks.append(asyncio.create_task(one(len(tasks))))
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # pacing: the load's request rate
 
         await load(1.0)
         await s.epp.signal(signal.SIGKILL)

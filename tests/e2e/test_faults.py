@@ -51,7 +51,7 @@ class OpenLoop:
         while (now := time.monotonic()) - start < seconds:
             tasks.append(asyncio.create_task(self._one(i, stream=i % 2 == 1)))
             i += 1
-            await asyncio.sleep(max(0.0, start + i / RATE - now))
+            await asyncio.sleep(max(0.0, start + i / RATE - now))  # pacing: open-loop arrivals at RATE
         await asyncio.gather(*tasks)
 
     def after(self, t: float) -> list[Outcome]:

@@ -21,10 +21,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epp.demo.envoy import Envoy, EnvoyConfig
-from epp.demo.procs import EppProcess, SimFleet
 from epp.testing.kubeapi import KubeApiServer, UserInfo
 from epp.testing.waiting import until
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess, SimFleet
 from tests.e2e.conftest import FAST_SIM
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -276,7 +276,7 @@ class Load:
             except (TimeoutError, aiohttp.ClientError):
                 ok = False
             self.results.append((t, ok))
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # pacing: the background load's request rate
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())

@@ -40,7 +40,7 @@ async def load(
     while (now := loop.time() - start) < seconds:
         tasks.append(asyncio.create_task(one(i, now)))
         i += 1
-        await asyncio.sleep(1 / rate)
+        await asyncio.sleep(1 / rate)  # pacing: arrivals at `rate`
     if after:
         await s.sim_faults(0, **after)
     await asyncio.gather(*tasks)
@@ -105,7 +105,7 @@ async def test_pool_gauges_and_per_pod_queue(tmp_path: pathlib.Path) -> None:
                 )
                 if float(queue) >= 3 and 'inference_pool_ready_pods{name="epp"} 2.0' in text:
                     break
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # poll interval (another process: no event to wait on)
         await s.sim_faults(1, paused=False)
         for t in tasks:
             (await t).release()

@@ -48,7 +48,7 @@ async def open_loop(s: Stack, rate: float, seconds: float, out: list[tuple[str, 
     while (now := time.monotonic()) - start < seconds:
         tasks.append(asyncio.create_task(send(s, "batch" if i % 2 else "critical", i, out)))
         i += 1
-        await asyncio.sleep(max(0.0, start + i / rate - now))
+        await asyncio.sleep(max(0.0, start + i / rate - now))  # pacing: open-loop arrivals at `rate`
     await asyncio.gather(*tasks)
 
 

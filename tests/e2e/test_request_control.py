@@ -142,8 +142,8 @@ async def saturate(s: Stack) -> list[asyncio.Task[object]]:
                 if ln.startswith("inference_pool_per_pod_queue_size")
             ]
             if queues and min(queues) >= 1:
-                return parked  # type: ignore[return-value]
-            await asyncio.sleep(0.1)
+                return parked
+            await asyncio.sleep(0.1)  # poll interval (another process: no event to wait on)
 
 
 async def test_sheddable_requests_get_429_under_saturation_critical_ones_pass(tmp_path: pathlib.Path) -> None:
@@ -173,7 +173,7 @@ async def wait_for_metric(s: Stack, *needles: str, timeout: float = 5.0) -> None
             text = await s.epp_metrics()
             if all(n in text for n in needles):
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # poll interval
 
 
 async def test_flow_control_queues_until_capacity_frees(tmp_path: pathlib.Path) -> None:

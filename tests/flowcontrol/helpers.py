@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from epp.config.schema import FlowControlConfig
 from epp.datalayer.api import Endpoint
@@ -18,40 +18,13 @@ from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
 from epp.flowcontrol.ordering.slo_deadline import SloDeadlineOrderingPolicy
 from epp.flowcontrol.usage_limits.static import StaticUsageLimitParams, StaticUsageLimitPolicy
 from epp.metrics.series import REGISTRY
-from epp.plugin.base import NoParams, Plugin, PluginBase
+from epp.plugin.base import NoParams, Plugin
 from epp.request import InferenceRequest
-from tests.scheduling.builders import FakeHandle, endpoint
+from epp.testing.flowcontrol import FakeDetector
+from epp.testing.plugins import FakeHandle
+from tests.scheduling.builders import endpoint
 
 _POOLS = itertools.count()
-
-
-class FakeDetector(PluginBase):
-    """Saturation is ``value``, or ``fn()`` when set; counts its calls."""
-
-    TYPE: ClassVar[str] = "test-fake-detector"
-
-    def __init__(self, value: float = 0.0, fn: Callable[[], float] | None = None) -> None:
-        super().__init__("fake-detector", NoParams(), FakeHandle())
-        self.value = value
-        self.fn = fn
-        self.calls = 0
-
-    def saturation(self, endpoints: Sequence[Endpoint]) -> float:
-        self.calls += 1
-        return self.fn() if self.fn is not None else self.value
-
-
-class CeilingsByPriority(PluginBase):
-    """A usage-limit policy with a fixed ceiling per priority (1.0 for the others)."""
-
-    TYPE: ClassVar[str] = "test-ceilings"
-
-    def __init__(self, ceilings: Mapping[int, float]) -> None:
-        super().__init__("ceilings", NoParams(), FakeHandle())
-        self.ceilings = dict(ceilings)
-
-    def compute_limits(self, saturation: float, priorities: Sequence[int]) -> Sequence[float]:
-        return [self.ceilings.get(p, 1.0) for p in priorities]
 
 
 def policy_plugins() -> dict[str, Plugin]:

@@ -21,9 +21,9 @@ from epp.flowcontrol.ordering.edf import EdfOrderingPolicy
 from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
 from epp.flowcontrol.queues import HeapQueue, ListQueue
 from epp.flowcontrol.usage_limits.static import StaticUsageLimitParams, StaticUsageLimitPolicy
+from epp.testing.flowcontrol import CeilingsByPriority, FakeDetector
+from epp.testing.plugins import FakeHandle
 from tests.flowcontrol.helpers import (
-    CeilingsByPriority,
-    FakeDetector,
     make_controller,
     policy_plugins,
     queue_up,
@@ -31,7 +31,7 @@ from tests.flowcontrol.helpers import (
     sample,
     settings,
 )
-from tests.scheduling.builders import FakeHandle, endpoint
+from tests.scheduling.builders import endpoint
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "examples" / "flow-control.yaml"
 QUEUE_SIZE = "inference_extension_flow_control_queue_size"

@@ -14,7 +14,7 @@ from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
 from epp.flowcontrol.ordering.slo_deadline import SloDeadlineOrderingPolicy
 from epp.flowcontrol.queues import HeapQueue, ListQueue, queue_type
 from epp.plugin.base import NoParams, PluginBase
-from tests.scheduling.builders import FakeHandle
+from epp.testing.plugins import FakeHandle
 
 
 @dataclass(eq=False)

@@ -46,7 +46,10 @@ def test_exposition_matches_prometheus_client() -> None:
     g1.labels("m1").dec(3)
     g2.labels("m1").inc()
     g2.labels("m1").dec(3)
-    strip = lambda text: sorted(ln for ln in text.decode().splitlines() if "_created" not in ln)  # noqa: E731
+
+    def strip(text: bytes) -> list[str]:
+        return sorted(ln for ln in text.decode().splitlines() if "_created" not in ln)
+
     assert strip(generate_latest(ours)) == strip(generate_latest(theirs))
 
 

@@ -79,7 +79,7 @@ def test_histogram_twin_keeps_buckets_sum_and_count(reg: CollectorRegistry) -> N
     assert view.get_sample_value(f"{name}_bucket", {**base, "le": "+Inf"}) == 1
     assert view.get_sample_value(f"{name}_sum", base) == 100
     assert view.get_sample_value(f"{name}_count", base) == 1
-    text = generate_latest(view).decode()  # type: ignore[arg-type]
+    text = generate_latest(view).decode()
     assert "# TYPE llm_d_epp_request_size_bytes histogram" in text
 
 

@@ -8,7 +8,7 @@ from epp.director.builtin import BUILTINS as DIRECTOR_BUILTINS
 from epp.flowcontrol.builtin import BUILTINS as FLOWCONTROL_BUILTINS
 from epp.plugin.registry import Registry
 from epp.scheduling.builtin import BUILTINS as SCHEDULING_BUILTINS
-from tests.scheduling.builders import FakeHandle
+from epp.testing.plugins import FakeHandle
 
 EXPECTED: dict[str, set[str]] = {
     "single-profile-handler": set(),
@@ -62,10 +62,10 @@ def test_parameter_names_and_defaults(cls: type) -> None:
     assert aliases == EXPECTED[cls.TYPE]  # type: ignore[attr-defined]
     plugin = Registry([cls]).build(
         name="p",
-        type_name=cls.TYPE,
+        type_name=cls.TYPE,  # type: ignore[attr-defined]
         parameters=None,
         handle=FakeHandle(),
-        path="plugins[0]",  # type: ignore[attr-defined]
+        path="plugins[0]",
     )
     assert plugin.typed_name.type == cls.TYPE  # type: ignore[attr-defined]
     assert plugin.typed_name.name == "p"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -27,6 +27,7 @@ from epp.request import InferenceRequest
 from epp.scheduling.api import ProfileRunResult
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.picking import PickerParams
 from epp.scheduling.scheduler import SchedulerProfile, SchedulingError
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
@@ -34,8 +35,9 @@ from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
+from epp.testing.plugins import build
 from tests.scheduling import reference as ref
-from tests.scheduling.builders import build, request
+from tests.scheduling.builders import request
 
 MODELS = ("base", "lora-a", "lora-b", "lora-c")
 SCORER_TYPES = (
@@ -63,8 +65,10 @@ class RecordingMaxScore(MaxScorePicker):
 
     def __init__(self, k: int) -> None:
         super().__init__(
-            "max-score-picker", MaxScorePicker.PARAMS.model_validate({"maxNumOfEndpoints": k}), None
-        )  # type: ignore[arg-type]
+            "max-score-picker",
+            PickerParams.model_validate({"maxNumOfEndpoints": k}),
+            None,  # type: ignore[arg-type]  # the picker uses no handle
+        )
         self.seen: list[float] = []
 
     def pick(
@@ -165,7 +169,7 @@ def _round_state(rng: random.Random, eps: Sequence[Endpoint]) -> CycleState:
             infos[ep] = none if r < 0.6 else PrefixMatchInfo(rng.randint(0, total), total, 16)
         state.set_attributes(PREFIX_MATCH, infos)
     if rng.random() < 0.7:
-        loads = {
+        loads: dict[Hashable, InFlightLoad] = {
             ep: InFlightLoad(rng.randint(0, 3), rng.choice([0, 5, 100, 5000]))
             for ep in eps
             if rng.random() < 0.7

@@ -20,7 +20,8 @@ from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 
 class FixedScorer(PluginBase):

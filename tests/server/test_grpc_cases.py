@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from smg_grpc_proto.generated import vllm_engine_pb2 as v
@@ -49,7 +50,7 @@ STANDARD_PODS = ((0, 3, 0.2), (1, 0, 0.1), (2, 10, 0.2))
 
 
 def frame(msg: object) -> bytes:
-    data = msg.SerializeToString()  # type: ignore[attr-defined]
+    data: bytes = msg.SerializeToString()  # type: ignore[attr-defined]
     return b"\x00" + struct.pack(">I", len(data)) + data
 
 
@@ -94,9 +95,9 @@ async def test_routes_grpc_requests(
     harness: Harness,
     path: str,
     body: bytes,
-    pod_specs: tuple,
+    pod_specs: tuple[Any, ...],
     objective: str,
-    endpoint: str,  # type: ignore[type-arg]
+    endpoint: str,
 ) -> None:
     """gRPC Generate/Embed frames are routed by load; the body is forwarded byte for byte."""
     harness.set_pods(pods(*pod_specs))

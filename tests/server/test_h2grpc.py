@@ -11,7 +11,7 @@ import asyncio
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import hpack
@@ -268,7 +268,7 @@ async def test_tls_with_reload(tmp_path: Path) -> None:
                 await check(second[0])
                 break
             except grpc.aio.AioRpcError:
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # poll interval: retry until the reloaded certificate serves
         assert (await check(second[0])).status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await server.stop(0.0)
@@ -327,7 +327,7 @@ async def test_continuation_padding_and_ping_from_a_raw_peer(echo: Any) -> None:
     data = b"".join(p for k, _, sid, p in frames if k == h2.DATA and sid == 1)
     assert data == grpc_msg
     header_blocks = [p for k, _, sid, p in frames if k == h2.HEADERS and sid == 1]
-    decoded = [dict(dec.decode(b)) for b in header_blocks]
+    decoded = [cast("dict[str, str]", dict(dec.decode(b))) for b in header_blocks]
     assert decoded[0][":status"] == "200" and decoded[0]["content-type"] == "application/grpc"
     assert decoded[-1]["grpc-status"] == "0"
 
@@ -421,7 +421,7 @@ async def test_any_read_boundaries_give_the_same_messages(step: int) -> None:
     assert all(len(p) <= h2.MAX_FRAME for _, _, _, p in frames)
     last = frames[-1]
     assert last[0] == h2.HEADERS and last[1] & h2.END_STREAM
-    assert dict(hpack.Decoder().decode(last[3]))["grpc-status"] == "0"
+    assert cast("dict[str, str]", dict(hpack.Decoder().decode(last[3])))["grpc-status"] == "0"
     conn.connection_lost(None)
 
 

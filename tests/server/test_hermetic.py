@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -84,8 +85,8 @@ async def test_routing_cases(
     prompt: str,
     model: str,
     target: str,
-    pod_specs: list[tuple],
-    endpoint: str,  # type: ignore[type-arg]
+    pod_specs: list[tuple[Any, ...]],
+    endpoint: str,
 ) -> None:
     """The weighted sum of queue, kv-cache, prefix and LoRA scores picks GIE's endpoint."""
     harness.set_pods(pods(*pod_specs))

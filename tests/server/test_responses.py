@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from google.protobuf import json_format
 
@@ -60,7 +62,7 @@ def test_immediate_error_carries_gie_status_and_text() -> None:
     )
 
 
-def upb_option(key: str, value: str) -> object:
+def upb_option(key: str, value: str) -> Any:
     from epp._pb.envoy.config.core.v3 import base_pb2
 
     return base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()))

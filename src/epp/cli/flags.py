@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 
 from epp import pflag
-from epp.datalayer.extractors.engines import builtin_engine
+from epp.datalayer.engines import builtin_engine
 from epp.datalayer.sources.metrics_http import MODEL_SERVER_METRICS_FLAGS, ModelServerMetricsFlags
 from epp.errors import ConfigError
 from epp.metrics.llmd import parse_families

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Final
 
 from epp.datalayer.api import Endpoint, SourceBinding
-from epp.datalayer.exposition import MetricFamilies, with_total_aliases
-from epp.datalayer.extractors.engines import (
+from epp.datalayer.engines import (
     EngineMapping,
     ExtractionError,
     Spec,
@@ -17,6 +16,7 @@ from epp.datalayer.extractors.engines import (
     builtin_engine,
     finite_value,
 )
+from epp.datalayer.exposition import MetricFamilies, with_total_aliases
 from epp.datalayer.sources.metrics_http import (
     MetricsDataSource,
     MetricsDataSourceParams,

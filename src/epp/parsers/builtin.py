@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from epp.parsers.openai import OpenAIParser
-from epp.parsers.passthrough import PassthroughParser
-from epp.parsers.vllm_grpc import VllmGrpcParser
+from epp.parsers.plugins.openai import OpenAIParser
+from epp.parsers.plugins.passthrough import PassthroughParser
+from epp.parsers.plugins.vllm_grpc import VllmGrpcParser
 from epp.plugin.base import Plugin
 
 BUILTINS: Final[tuple[type[Plugin], ...]] = (OpenAIParser, VllmGrpcParser, PassthroughParser)

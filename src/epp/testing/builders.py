@@ -74,3 +74,16 @@ def make_request(
         priority=priority,
         received_at=time.monotonic(),
     )
+
+
+def chat_body(
+    messages: list[dict[str, Any]], *, cache_salt: str = "", model: str = "my-model"
+) -> RequestBody:
+    """A parsed chat-completions body."""
+    doc = {"model": model, "messages": messages}
+    return RequestBody(api=ApiKind.CHAT_COMPLETIONS, raw=b"", json=doc, cache_salt=cache_salt)
+
+
+def completions_body(prompt: Any, *, model: str = "my-model") -> RequestBody:
+    """A parsed completions body; ``prompt`` may be a string, a token list or a list of either."""
+    return RequestBody(api=ApiKind.COMPLETIONS, raw=b"", json={"model": model, "prompt": prompt})

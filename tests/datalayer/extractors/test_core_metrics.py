@@ -10,8 +10,8 @@ import pytest
 
 from epp.datalayer.api import Endpoint, Metrics
 from epp.datalayer.builtin import BUILTINS
+from epp.datalayer.engines import ExtractionError
 from epp.datalayer.exposition import ExpositionParser, MetricFamilies
-from epp.datalayer.extractors.engines import ExtractionError
 from epp.errors import ConfigError
 from epp.plugin.registry import Registry
 from tests.datalayer.conftest import HANDLE, VLLM_SMALL, make_endpoint, make_extractor

@@ -19,7 +19,9 @@ from epp.plugin.registry import Registry
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, RequestBody
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
-from tests.scheduling.builders import FakeHandle, build, chat_body, completions_body, endpoint, request
+from epp.testing.builders import chat_body, completions_body
+from epp.testing.plugins import FakeHandle, build
+from tests.scheduling.builders import endpoint, request
 
 BLOCK = 16 * 4  # default blockSizeTokens x 4 characters per token
 

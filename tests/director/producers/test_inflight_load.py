@@ -21,13 +21,14 @@ from epp.director.api import DataProducer, PreRequest, ResponseCompleteProcessor
 from epp.director.director import Director, Pipeline
 from epp.director.producers.inflight_load import IDLE, InFlightLoadProducer, estimate_tokens
 from epp.errors import EppError, Internal
-from epp.parsers.openai import OpenAIParser
+from epp.parsers.plugins.openai import OpenAIParser
 from epp.plugin.base import NoParams, PluginParams, TypedName
 from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, RequestBody, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
-from tests.scheduling.builders import build, endpoint
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint
 
 
 def producer() -> InFlightLoadProducer:

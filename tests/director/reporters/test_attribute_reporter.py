@@ -27,7 +27,7 @@ from epp.plugin.state import CycleState
 from epp.request import ResponseInfo, Usage
 from epp.server.stream import Stream
 from epp.testing.builders import make_request
-from tests.scheduling.builders import FakeHandle
+from epp.testing.plugins import FakeHandle
 
 COST = "x-gateway-inference-request-cost"
 EXAMPLE = Path(__file__).parents[3] / "config" / "examples" / "request-attribute-reporter.yaml"
@@ -274,7 +274,7 @@ async def test_final_body_message_carries_cost(content_type: str, chunks: list[b
             )
         )
     )
-    replies: list[pb.ProcessingResponse] = []
+    replies: list[pb.ProcessingResponse | bytes] = []  # bytes: hand-encoded hot-path replies
     for i, chunk in enumerate(chunks):
         eos = i == len(chunks) - 1
         replies.extend(

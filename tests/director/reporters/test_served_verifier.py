@@ -16,13 +16,13 @@ from epp.datastore.store import Datastore
 from epp.director.api import ResponseHeaderProcessor
 from epp.director.director import Director, Pipeline
 from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
-from epp.parsers.openai import OpenAIParser
+from epp.parsers.plugins.openai import OpenAIParser
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.server.responses import serialize
 from epp.server.stream import Stream
-from tests.scheduling.builders import FakeHandle, build
+from epp.testing.plugins import FakeHandle, build
 
 HEADER = "x-conformance-test-served-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"

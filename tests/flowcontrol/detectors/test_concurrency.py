@@ -14,7 +14,8 @@ from epp.flowcontrol.detectors.concurrency import ConcurrencyDetector, InFlightL
 from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.scheduling.api import Filter
-from tests.scheduling.builders import FakeHandle, build, endpoint, request
+from epp.testing.plugins import FakeHandle, build
+from tests.scheduling.builders import endpoint, request
 
 
 class LoadTracker(PluginBase):

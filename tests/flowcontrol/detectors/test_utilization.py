@@ -13,8 +13,9 @@ from epp.flowcontrol.detectors.utilization import UtilizationDetector
 from epp.plugin.registry import Registry
 from epp.plugin.state import CycleState
 from epp.scheduling.api import Filter
+from epp.testing.plugins import FakeHandle, build
 from epp.units import parse_go_duration
-from tests.scheduling.builders import FakeHandle, build, endpoint, request
+from tests.scheduling.builders import endpoint, request
 
 
 def _eps(specs: list[tuple[int, float, bool]]) -> list[Endpoint]:

@@ -7,8 +7,8 @@ import random
 from epp.flowcontrol.api import FairnessPolicy
 from epp.flowcontrol.fairness.global_strict import GlobalStrictFairnessPolicy
 from epp.plugin.base import NoParams
-from tests.flowcontrol.fairness.fakes import FakeItem, FakeQueue
-from tests.scheduling.builders import FakeHandle
+from epp.testing.flowcontrol import FakeItem, FakeQueue
+from epp.testing.plugins import FakeHandle
 
 
 def _policy() -> GlobalStrictFairnessPolicy:

@@ -7,8 +7,8 @@ import pytest
 from epp.flowcontrol.api import FairnessPolicy, FairnessState
 from epp.flowcontrol.fairness.round_robin import RoundRobinFairnessPolicy
 from epp.plugin.base import NoParams
-from tests.flowcontrol.fairness.fakes import FakeQueue
-from tests.scheduling.builders import FakeHandle
+from epp.testing.flowcontrol import FakeQueue
+from epp.testing.plugins import FakeHandle
 
 
 def _state() -> FairnessState:

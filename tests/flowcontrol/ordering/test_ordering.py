@@ -12,9 +12,9 @@ from epp.flowcontrol.ordering.edf import EdfOrderingPolicy
 from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
 from epp.flowcontrol.ordering.slo_deadline import SloDeadlineOrderingPolicy, slo_deadline
 from epp.plugin.base import NoParams
-from tests.flowcontrol.fairness.fakes import FakeItem
+from epp.testing.flowcontrol import FakeItem
+from epp.testing.plugins import FakeHandle
 from tests.flowcontrol.helpers import req
-from tests.scheduling.builders import FakeHandle
 
 
 def _key(cls: Any, **item: Any) -> tuple[float, float]:

@@ -9,7 +9,7 @@ import pytest
 from epp.config.registry import default_registry
 from epp.errors import ConfigError
 from epp.flowcontrol.api import UsageLimitPolicy
-from tests.scheduling.builders import FakeHandle
+from epp.testing.plugins import FakeHandle
 
 
 def _build(**params: Any) -> Any:

@@ -8,7 +8,8 @@ from epp.datalayer.api import Endpoint
 from epp.plugin.state import CycleState
 from epp.scheduling.api import Filter
 from epp.scheduling.filters.header_testing import HEADER, HeaderBasedTestingFilter, split_host_port
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 
 def _candidates() -> list[Endpoint]:

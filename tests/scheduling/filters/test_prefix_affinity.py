@@ -12,7 +12,8 @@ from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPr
 from epp.errors import ConfigError
 from epp.plugin.state import CycleState
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 
 class _FixedRng(random.Random):

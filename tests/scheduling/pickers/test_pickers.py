@@ -13,16 +13,15 @@ from epp.scheduling.api import Picker
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.random import RandomPicker
 from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 
 def _eps(n: int) -> list[Endpoint]:
     return [endpoint(i) for i in range(n)]
 
 
-def _pick(
-    picker: MaxScorePicker | RandomPicker | WeightedRandomPicker, eps: list[Endpoint], scores: list[float]
-) -> list[int]:
+def _pick(picker: Picker, eps: list[Endpoint], scores: list[float]) -> list[int]:
     result = picker.pick(CycleState(), request(), eps, scores)
     return [eps.index(e) for e in result.target_endpoints]
 

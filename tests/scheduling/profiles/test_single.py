@@ -7,7 +7,8 @@ import pytest
 from epp.plugin.state import CycleState
 from epp.scheduling.api import ProfileHandler, ProfileRunResult
 from epp.scheduling.profiles.single import SingleProfileHandler
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 MULTI = (
     "single profile handler is intended to be used with a single profile, failed to process multiple profiles"

@@ -7,7 +7,8 @@ import pytest
 from epp.plugin.state import CycleState
 from epp.scheduling.api import ScorerCategory
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 
 @pytest.mark.parametrize(

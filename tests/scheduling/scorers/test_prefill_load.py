@@ -10,7 +10,7 @@ from epp.request import ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.testing.builders import make_endpoint, make_request
-from tests.scheduling.builders import build
+from epp.testing.plugins import build
 
 EPS = [make_endpoint(i) for i in range(3)]
 

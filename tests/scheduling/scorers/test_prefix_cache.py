@@ -8,7 +8,8 @@ from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.plugin.state import CycleState
 from epp.scheduling.api import ScorerCategory
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ from epp.plugin.state import CycleState
 from epp.scheduling.api import Scorer, ScorerCategory
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ import pytest
 from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.plugin.state import CycleState
 from epp.scheduling.scorers.token_load import DEFAULT_QUEUE_THRESHOLD_TOKENS, TokenLoadScorer
-from tests.scheduling.builders import build, endpoint, request
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,7 @@ from typing import ClassVar, Final
 from pydantic import Field
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.exposition import MetricFamilies, with_total_aliases
-from epp.datalayer.extractors.engines import (
+from epp.datalayer.engines import (
     BUILTIN_ENGINES,
     DEFAULT_ENGINE,
     DEFAULT_ENGINE_LABEL_KEY,
@@ -23,6 +22,7 @@ from epp.datalayer.extractors.engines import (
     build_metrics,
     finite_value,
 )
+from epp.datalayer.exposition import MetricFamilies, with_total_aliases
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 

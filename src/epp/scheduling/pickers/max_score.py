@@ -10,7 +10,7 @@ from epp.datalayer.api import Endpoint
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import ProfileRunResult
-from epp.scheduling.pickers.common import PickerBase
+from epp.scheduling.picking import PickerBase
 
 
 class MaxScorePicker(PickerBase):

@@ -12,7 +12,7 @@ from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult, ScorerCategory
-from epp.scheduling.scorers.normalize import min_max_scores
+from epp.scheduling.normalize import min_max_scores
 
 BYTES_PER_TOKEN: Final = 4
 

@@ -10,7 +10,7 @@ from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import ScorerCategory
-from epp.scheduling.scorers.normalize import min_max_scores
+from epp.scheduling.normalize import min_max_scores
 
 
 class RunningRequestsSizeScorer(PluginBase):

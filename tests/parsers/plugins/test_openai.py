@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from epp.errors import BadRequest
 from epp.parsers.api import Parser
-from epp.parsers.openai import OpenAIParser, api_kind, request_path
+from epp.parsers.plugins.openai import OpenAIParser, api_kind, request_path
 from epp.parsers.sse import SseUsageParser
 from epp.parsers.usage import JsonUsageParser
 from epp.plugin.base import Handle, NoParams

@@ -1,4 +1,4 @@
-"""``python -m epp.demo`` (``make demo``): simulated vLLM replicas, the EPP and a real Envoy.
+"""``python -m epp_sim.demo`` (``make demo``): simulated vLLM replicas, the EPP and a real Envoy.
 
 Runs the same shared-prefix workload twice on a fresh fleet each time: through Envoy + the
 EPP (GIE's default config), then through Envoy's plain round robin, and prints per-replica
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from epp.demo.envoy import Envoy, EnvoyConfig
-from epp.demo.loadgen import Summary, run_open_loop, shared_prefix_jobs
-from epp.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.loadgen import Summary, run_open_loop, shared_prefix_jobs
+from epp_sim.demo.procs import EppProcess, SimFleet
 
 MODEL = "mock-model"
 
@@ -131,7 +131,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m epp.demo", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m epp_sim.demo", description=__doc__)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--groups", type=int, default=8, help="distinct shared system prompts")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.datalayer.exposition import ExpositionParser, MetricFamilies
-from epp.datalayer.extractors.engines import (
+from epp.datalayer.engines import (
     BUILTIN_ENGINES,
     EngineMapping,
     ExtractionError,
@@ -15,6 +14,7 @@ from epp.datalayer.extractors.engines import (
     go_map,
     parse_spec,
 )
+from epp.datalayer.exposition import ExpositionParser, MetricFamilies
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
 from epp.errors import BadRequest
-from epp.parsers import vllm_grpc
 from epp.parsers.api import Parser
-from epp.parsers.vllm_grpc import EMBED_PATH, GENERATE_PATH, GrpcUsageParser, VllmGrpcParser
+from epp.parsers.plugins import vllm_grpc
+from epp.parsers.plugins.vllm_grpc import EMBED_PATH, GENERATE_PATH, GrpcUsageParser, VllmGrpcParser
 from epp.plugin.base import Handle, NoParams
 from epp.request import ApiKind, Usage
 

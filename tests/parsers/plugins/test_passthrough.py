@@ -7,7 +7,7 @@ from typing import cast
 import pytest
 
 from epp.parsers.api import Parser
-from epp.parsers.passthrough import PassthroughParser
+from epp.parsers.plugins.passthrough import PassthroughParser
 from epp.plugin.base import Handle, NoParams
 from epp.request import ApiKind
 

@@ -1,0 +1,1 @@
+"""Benchmarks: python -m bench.run (make bench); results in bench/results/, the report in bench/REPORT.md."""
