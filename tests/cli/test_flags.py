@@ -539,7 +539,11 @@ VALIDATION: list[Any] = [
         id="leader-election-timings",
     ),
     pytest.param(
-        Case([*POOL, "--shutdown-delay=-1s"], {}, 'invalid value "-1s" for "shutdown-delay": must not be negative'),
+        Case(
+            [*POOL, "--shutdown-delay=-1s"],
+            {},
+            'invalid value "-1s" for "shutdown-delay": must not be negative',
+        ),
         id="negative-shutdown-delay",
     ),
 ]
