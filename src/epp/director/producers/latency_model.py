@@ -90,13 +90,14 @@ class Fit:
     weights: FloatArray  # (d, 2)
     log_target: bool
     samples: tuple[int, int]  # training rows behind each column (TTFT, TPOT)
+    floor: FloatArray  # (2,) the smallest target seen: a linear model must not extrapolate below it
 
     def predict(self, x: FloatArray) -> FloatArray:
         """``(n, 2)`` predictions in ms: TTFT, TPOT."""
         y = ((x - self.mean) / self.scale) @ self.weights
         if self.log_target:
-            return np.exp(np.minimum(y, 20.0))  # exp(20) ms ≈ 5.6 h: a cap, not a prediction
-        return np.maximum(y, 0.0)
+            y = np.exp(np.minimum(y, 20.0))  # exp(20) ms ≈ 5.6 h: a cap, not a prediction
+        return np.maximum(y, self.floor)
 
 
 class _Ring:
@@ -180,13 +181,16 @@ class LatencyModel:
         mean[0], scale[0] = 0.0, 1.0
         scale[scale < 1e-9] = 1.0
         weights = np.zeros((N_FEATURES, 2))
+        floor = np.zeros(2)
         for col, (x, y) in enumerate(((xt, yt), (xp, yp))):
             if len(y) >= MIN_SAMPLES:
                 _, _, w = _fit_with(x, y, self.learner, mean, scale)
                 weights[:, col] = w
+                floor[col] = float(y.min())
             elif old is not None:  # keep what we had for this target, re-expressed in the new scaling
                 weights[:, col] = _rescale(old, col, mean, scale)
-        fit = Fit(mean, scale, weights, self.learner == "ridge-log", (len(yt), len(yp)))
+                floor[col] = old.floor[col]
+        fit = Fit(mean, scale, weights, self.learner == "ridge-log", (len(yt), len(yp)), floor)
         self.fit = fit  # the atomic swap: one reference store
         self.trainings += 1
         return fit
