@@ -176,3 +176,11 @@ async def test_lifecycle_trains_in_the_background(monkeypatch: pytest.MonkeyPatc
         await until(lambda: p.model.fit is not None, timeout=5, what="a background training")
     finally:
         await p.stop()
+
+
+def test_make_info_equals_the_dataclass() -> None:
+    from epp.datalayer.attributes import LatencyPredictionInfo
+    from epp.director.producers.predicted_latency import make_info
+
+    args = (True, False, 1.5, -2.0, 30.0, 4.0, 3)
+    assert make_info(*args) == LatencyPredictionInfo(*args)
