@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from epp.director.producers.latency_model import (
+    LEARNERS,
     MIN_SAMPLES,
     N_FEATURES,
     LatencyModel,
@@ -40,10 +41,14 @@ def truth(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ttft, tpot
 
 
-@pytest.mark.parametrize("learner", ["ridge", "ridge-rel"])  # ridge-log cannot fit a sum
-def test_learns_a_known_function(learner: str) -> None:
+@pytest.mark.parametrize(
+    ("learner", "ttft_mdape"),
+    [("ridge", 10.0), ("ridge-rel", 10.0), ("ridge-log", 15.0)],  # a log-linear model only approximates a sum
+)
+def test_learns_a_known_function(learner: str, ttft_mdape: float) -> None:
     rng = np.random.default_rng(1)
     model = LatencyModel(capacity=2000, learner=learner)
+    assert learner in LEARNERS
     x = random_rows(rng, 1500)
     ttft, tpot = truth(x)
     noise = rng.normal(1.0, 0.03, (2, len(x)))
@@ -57,7 +62,7 @@ def test_learns_a_known_function(learner: str) -> None:
     t_ttft, t_tpot = truth(test)
     pred = model.predict(test)
     assert pred is not None and pred.shape == (300, 2)
-    assert mdape(pred[:, 0].tolist(), t_ttft.tolist()) < 10.0
+    assert mdape(pred[:, 0].tolist(), t_ttft.tolist()) < ttft_mdape
     assert mdape(pred[:, 1].tolist(), t_tpot.tolist()) < 5.0
 
 

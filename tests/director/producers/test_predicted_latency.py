@@ -6,10 +6,13 @@ import time
 
 import pytest
 
-from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, PrefixMatchInfo
+from epp.config.build import build as build_config
+from epp.config.load import load_config
+from epp.config.registry import default_registry
+from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
 from epp.director.api import DataProducer, PreRequest, ResponseBodyProcessor, ResponseCompleteProcessor
 from epp.director.producers.latency_model import MIN_SAMPLES
-from epp.director.producers.predicted_latency import PredictedLatencyProducer
+from epp.director.producers.predicted_latency import PredictedLatencyProducer, make_info
 from epp.metrics import series
 from epp.plugin.base import Lifecycle
 from epp.plugin.state import CycleState
@@ -179,8 +182,18 @@ async def test_lifecycle_trains_in_the_background(monkeypatch: pytest.MonkeyPatc
 
 
 def test_make_info_equals_the_dataclass() -> None:
-    from epp.datalayer.attributes import LatencyPredictionInfo
-    from epp.director.producers.predicted_latency import make_info
 
     args = (True, False, 1.5, -2.0, 30.0, 4.0, 3)
     assert make_info(*args) == LatencyPredictionInfo(*args)
+
+
+def test_latency_scorer_alone_auto_creates_the_producer() -> None:
+    """LatencyPredictionInfoKey's default producer is added when only a consumer is configured (§3.2)."""
+    text = (
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: latency-scorer\n"
+        "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: latency-scorer\n"
+    )
+    components = build_config(load_config(text), default_registry())
+    types = [p.typed_name.type for p in components.producers]
+    assert types == ["approx-prefix-cache-producer", "predicted-latency-producer"]

@@ -11,8 +11,8 @@ the model lives in the EPP process:
 * **Prediction** is one ``(n, d) @ (d, 2)`` product for all candidates of a request: column 0
   is TTFT, column 1 TPOT (ms).  The weights are one immutable ``Fit``; training replaces the
   reference atomically, so a prediction never sees half a model.
-* **Training** is ridge regression (closed form, ``numpy.linalg.solve``) weighted for relative
-  error over a bounded ring buffer of recent samples, run by ``train()`` in a worker thread
+* **Training** is ridge regression (closed form, ``numpy.linalg.solve``) on the log of the
+  target over a bounded ring buffer of recent samples, run by ``train()`` in a worker thread
   (``asyncio.to_thread``): the event loop only appends rows (a few µs) and swaps the reference.
   numpy releases the GIL inside the matrix products and the solve.  docs/latency-prediction.md
   has the measurements behind the choice of learner.
@@ -46,8 +46,8 @@ FEATURE_NAMES: Final = (
     "running_x_uncached_k",
     "waiting_x_input_k",
 )
-LEARNERS: Final = ("ridge-rel", "ridge", "ridge-log")
-DEFAULT_LEARNER: Final = "ridge-rel"
+LEARNERS: Final = ("ridge-log", "ridge-rel", "ridge")
+DEFAULT_LEARNER: Final = "ridge-log"
 MIN_SAMPLES: Final = 16  # a dimension's prediction is valid once its model saw this many samples
 _FLOOR_MS: Final = 0.01  # targets are clamped here before the log
 
