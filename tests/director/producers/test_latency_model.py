@@ -126,3 +126,23 @@ async def test_training_does_not_block_the_event_loop() -> None:
     assert took > 0.05, f"training too short ({took:.3f}s) to show anything"
     assert len(gaps) > 5
     assert max(gaps) < max(0.05, took / 2), f"loop stalled {max(gaps) * 1000:.1f} ms during a {took:.3f}s fit"
+
+
+@pytest.mark.parametrize("learner", LEARNERS)
+def test_quantile_shifts_predictions_to_cover_that_share(learner: str) -> None:
+    """quantile=0.9: about 90% of (noisy) targets fall at or below the prediction."""
+    rng = np.random.default_rng(3)
+    model = LatencyModel(capacity=3000, learner=learner, quantile=0.9)
+    x = random_rows(rng, 3000)
+    ttft, tpot = truth(x)
+    noisy = ttft * rng.lognormal(0.0, 0.2, len(x))
+    for row, a, b in zip(x, noisy, tpot, strict=True):
+        model.add_ttft(row, float(a))
+        model.add_tpot(row, float(b))
+    model.train()
+    pred = model.predict(x)
+    assert pred is not None
+    covered = float(np.mean(noisy <= pred[:, 0]))
+    assert 0.85 <= covered <= 0.95, covered
+    with pytest.raises(ValueError, match="quantile"):
+        LatencyModel(quantile=1.0)

@@ -14,7 +14,9 @@ the model lives in the EPP process:
 * **Training** is ridge regression (closed form, ``numpy.linalg.solve``) on the log of the
   target over a bounded ring buffer of recent samples, run by ``train()`` in a worker thread
   (``asyncio.to_thread``): the event loop only appends rows (a few µs) and swaps the reference.
-  numpy releases the GIL inside the matrix products and the solve.  docs/latency-prediction.md
+  numpy releases the GIL inside the matrix products and the solve.  With ``quantile`` != 0.5
+  the bias moves to that quantile of the training residuals (a p90 by default in the
+  producer, as GIE's predictors).  docs/latency-prediction.md
   has the measurements behind the choice of learner.
 """
 
@@ -133,10 +135,13 @@ class LatencyModel:
     attribute load.
     """
 
-    def __init__(self, capacity: int = 1000, learner: str = DEFAULT_LEARNER) -> None:
+    def __init__(self, capacity: int = 1000, learner: str = DEFAULT_LEARNER, quantile: float = 0.5) -> None:
         if learner not in LEARNERS:
             raise ValueError(f"unknown learner {learner!r}; one of {', '.join(LEARNERS)}")
+        if not 0.0 < quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile}")
         self.learner = learner
+        self.quantile = quantile
         self._ttft = _Ring(capacity)
         self._tpot = _Ring(capacity)
         self._lock = threading.Lock()  # rows are added on the loop, snapshotted by the trainer
@@ -185,6 +190,11 @@ class LatencyModel:
         for col, (x, y) in enumerate(((xt, yt), (xp, yp))):
             if len(y) >= MIN_SAMPLES:
                 _, _, w = _fit_with(x, y, self.learner, mean, scale)
+                if (
+                    self.quantile != 0.5
+                ):  # shift the bias to the residuals' quantile (in log space for ridge-log)
+                    t = np.log(np.maximum(y, _FLOOR_MS)) if self.learner == "ridge-log" else y
+                    w[0] += float(np.quantile(t - ((x - mean) / scale) @ w, self.quantile))
                 weights[:, col] = w
                 floor[col] = float(y.min())
             elif old is not None:  # keep what we had for this target, re-expressed in the new scaling

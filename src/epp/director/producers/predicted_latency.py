@@ -45,7 +45,9 @@ _SSE_EVENT: Final = b"data:"
 ENV_MAX_SAMPLE_SIZE: Final = "LATENCY_MAX_SAMPLE_SIZE"  # rows kept per target (ring buffer)
 ENV_FLUSH_INTERVAL: Final = "LATENCY_FLUSH_INTERVAL_SEC"  # seconds between trainings
 ENV_LEARNER: Final = "EPP_LATENCY_LEARNER"  # ours: ridge-log (default), ridge, ridge-rel
+ENV_QUANTILE: Final = "EPP_LATENCY_QUANTILE"  # ours: which quantile of the latency is predicted
 
+DEFAULT_QUANTILE: Final = 0.9  # GIE's predictors estimate p90 TTFT / TPOT; see docs/latency-prediction.md
 _DURATION_RE: Final = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
 _UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -214,7 +216,7 @@ class PredictedLatencyProducer(PluginBase):
     targets with one matrix product and writes ``LatencyPredictionInfo`` (ms; headroom =
     SLO x ``sloBufferFactor`` - prediction, the SLO from ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``,
     0 when absent) under ``LATENCY_PREDICTION``.  A dimension is valid once its model was
-    trained on ``MIN_SAMPLES`` rows.
+    trained on ``MIN_SAMPLES`` rows; predictions are the p90 (``EPP_LATENCY_QUANTILE``).
     PreRequest: counts the request as dispatched to the primary target and records the
     predicted-latency metrics.  ResponseBody: the first chunk of a streamed response is the
     actual TTFT (a training row and the SLO check); further chunks are counted as tokens and,
@@ -237,7 +239,8 @@ class PredictedLatencyProducer(PluginBase):
         capacity = int(_env_number(ENV_MAX_SAMPLE_SIZE, 1000))
         self.train_interval = _env_number(ENV_FLUSH_INTERVAL, 1.0)
         learner = os.environ.get(ENV_LEARNER, "") or DEFAULT_LEARNER
-        self.model = LatencyModel(capacity=capacity, learner=learner)
+        quantile = _env_number(ENV_QUANTILE, DEFAULT_QUANTILE)
+        self.model = LatencyModel(capacity=capacity, learner=learner, quantile=min(quantile, 0.99))
         self._counters: dict[str, _Counter] = {}
         self._key: StateKey[_Request] = StateKey(f"{name}/{self.TYPE}")
         self._task: asyncio.Task[None] | None = None
