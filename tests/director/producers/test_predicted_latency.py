@@ -151,6 +151,10 @@ def test_slo_violation_and_error_metrics() -> None:
     assert sum(err.counts) == before_e + 1
     ctx = state.get(p._key)
     assert ctx is not None and ctx.target_ttft == pytest.approx(20, rel=0.05)
+    gauge = series.INFERENCE_REQUEST_METRIC
+    assert gauge.labels("m", "m", "ttft").value == pytest.approx(0.02)
+    assert gauge.labels("m", "m", "predicted_ttft").value == pytest.approx(0.02, rel=0.05)
+    assert gauge.labels("m", "m", "ttft_prediction_duration").value > 0
 
 
 def test_unstreamed_responses_are_not_ttft_samples() -> None:

@@ -319,6 +319,9 @@ class PredictedLatencyProducer(PluginBase):
         labels = (request.incoming_model, request.target_model)
         series.TTFT_PREDICTION_DURATION.labels(*labels).observe(elapsed)
         series.TPOT_PREDICTION_DURATION.labels(*labels).observe(elapsed)
+        gauge = series.INFERENCE_REQUEST_METRIC
+        gauge.labels(*labels, "ttft_prediction_duration").set(elapsed)
+        gauge.labels(*labels, "tpot_prediction_duration").set(elapsed)
         factor = self.params.slo_buffer_factor
         slo_ttft, slo_tpot = ctx.slo_ttft * factor, ctx.slo_tpot * factor
         ttft_valid, tpot_valid = ctx.ttft_valid, ctx.tpot_valid
