@@ -43,7 +43,7 @@ from bench.common import ROOT, log, write_result
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
 from epp.demo.envoy import Envoy, EnvoyConfig
 from epp.demo.procs import EppProcess, SimFleet
-from epp.director.producers.latency_model import LEARNERS, N_FEATURES, LatencyModel
+from epp.director.latency.model import LEARNERS, N_FEATURES, LatencyModel
 from epp.director.producers.predicted_latency import PredictedLatencyParams, PredictedLatencyProducer
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest

@@ -11,7 +11,7 @@ from epp.config.load import load_config
 from epp.config.registry import default_registry
 from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
 from epp.director.api import DataProducer, PreRequest, ResponseBodyProcessor, ResponseCompleteProcessor
-from epp.director.producers.latency_model import MIN_SAMPLES
+from epp.director.latency.model import MIN_SAMPLES
 from epp.director.producers.predicted_latency import PredictedLatencyProducer, make_info
 from epp.metrics import series
 from epp.plugin.base import Lifecycle

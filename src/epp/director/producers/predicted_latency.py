@@ -8,7 +8,6 @@ import dataclasses
 import math
 import os
 import random
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
@@ -20,7 +19,7 @@ from pydantic import BeforeValidator, Field
 
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
-from epp.director.producers.latency_model import (
+from epp.director.latency.model import (
     DEFAULT_LEARNER,
     MIN_SAMPLES,
     FloatArray,
@@ -33,6 +32,7 @@ from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
+from epp.units import parse_go_duration
 
 log = structlog.get_logger(__name__)
 
@@ -48,23 +48,11 @@ ENV_LEARNER: Final = "EPP_LATENCY_LEARNER"  # ours: ridge-log (default), ridge, 
 ENV_QUANTILE: Final = "EPP_LATENCY_QUANTILE"  # ours: which quantile of the latency is predicted
 
 DEFAULT_QUANTILE: Final = 0.9  # GIE's predictors estimate p90 TTFT / TPOT; see docs/latency-prediction.md
-_DURATION_RE: Final = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
-_UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def _duration(value: object) -> object:
     """Go duration text (``"5m"``) to seconds; numbers pass through as seconds."""
-    if not isinstance(value, str):
-        return value
-    text, pos, total = value.strip(), 0, 0.0
-    for m in _DURATION_RE.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if pos != len(text) or not text:
-        raise ValueError(f'time: invalid duration "{value}"')
-    return total
+    return parse_go_duration(value) if isinstance(value, str) else value
 
 
 class PredictedLatencyParams(PluginParams):

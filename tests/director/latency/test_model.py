@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from epp.director.producers.latency_model import (
+from epp.director.latency.model import (
     LEARNERS,
     MIN_SAMPLES,
     N_FEATURES,
