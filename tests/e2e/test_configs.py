@@ -35,7 +35,9 @@ async def test_default_config_keeps_a_shared_prefix_on_one_replica(stack: Stack)
     assert "inference_extension_prefix_indexer_hit_ratio_bucket" in metrics
 
 
-@pytest.mark.parametrize("name", ["helm-default", "integration-default", "flow-control", "prefix-and-load"])
+@pytest.mark.parametrize(
+    "name", ["helm-default", "integration-default", "flow-control", "prefix-and-load", "predicted-latency"]
+)
 async def test_example_config_routes(tmp_path: pathlib.Path, name: str) -> None:
     """GIE's Helm default, integration-test config and the flow-control example all serve traffic."""
     config = (EXAMPLES / f"{name}.yaml").read_text()

@@ -39,6 +39,25 @@ EXPECTED: dict[str, set[str]] = {
         "maxPrefixTokensToMatch",
         "lruCapacityPerServer",
     },
+    "latency-scorer": {
+        "ttftWeight",
+        "tpotWeight",
+        "headroomSelectionStrategy",
+        "compositeKVWeight",
+        "compositeQueueWeight",
+        "compositePrefixWeight",
+    },
+    "slo-headroom-tier-filter": {"epsilonExploreNeg"},
+    "predicted-latency-producer": {
+        "samplingMean",
+        "maxDecodeTokenSamplesForPrediction",
+        "sloBufferFactor",
+        "contextTTL",
+        "streamingMode",
+        "endpointRoleLabel",
+        "predictInPrepareData",
+    },
+    "latency-slo-admitter": set(),
 }
 
 # Other concepts' plugins share the flow-control and director tuples; keep only these.

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Final
 
+from epp.director.admitters.latency_slo import LatencySloAdmitter
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
+from epp.director.producers.predicted_latency import PredictedLatencyProducer
 from epp.director.reporters.attribute_reporter import RequestAttributeReporter
 from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
 from epp.plugin.base import Plugin
@@ -15,4 +17,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     InFlightLoadProducer,
     RequestAttributeReporter,
     DestinationEndpointServedVerifier,
+    PredictedLatencyProducer,
+    LatencySloAdmitter,
 )

@@ -199,3 +199,10 @@ MODEL_REWRITE_DECISIONS_TOTAL: Final = Counter(
     "inference_extension_model_rewrite_decisions", _h("Total number of model rewrite decisions."),
     ("model_rewrite_name", "model_name", "target_model"), registry=REGISTRY,
 )  # fmt: skip
+
+# --- ours (not GIE's): the in-process latency model's accuracy -----------------------
+PREDICTION_ERROR_BUCKETS: Final = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, 10)
+LATENCY_PREDICTION_ERROR: Final = Histogram(
+    "epp_latency_prediction_error_ratio", "Relative error |predicted - actual| / actual of the predicted-latency-producer's prediction for the chosen endpoint, by type (ttft, tpot).",
+    (*_MODEL, "type"), buckets=PREDICTION_ERROR_BUCKETS, registry=REGISTRY,
+)  # fmt: skip

@@ -7,11 +7,13 @@ from typing import Final
 from epp.plugin.base import Plugin
 from epp.scheduling.filters.header_testing import HeaderBasedTestingFilter
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
+from epp.scheduling.filters.slo_headroom_tier import SloHeadroomTierFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.random import RandomPicker
 from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
+from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
@@ -33,4 +35,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     PrefillLoadScorer,
     PrefixCacheAffinityFilter,
     HeaderBasedTestingFilter,
+    LatencyScorer,
+    SloHeadroomTierFilter,
 )

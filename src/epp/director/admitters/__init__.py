@@ -1,0 +1,1 @@
+"""Built-in admit-request plugins (``director.api.Admitter``), one per module."""

@@ -1,0 +1,1 @@
+"""The in-process latency model behind predicted-latency-producer (a helper, not a plugin)."""

@@ -1,0 +1,466 @@
+"""``predicted-latency-producer``: predicted TTFT/TPOT and SLO headroom per candidate, learnt online."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
+from typing import Annotated, Any, ClassVar, Final
+
+import numpy as np
+import structlog
+from pydantic import BeforeValidator, Field
+
+from epp.datalayer.api import Endpoint
+from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
+from epp.director.latency.model import (
+    DEFAULT_LEARNER,
+    MIN_SAMPLES,
+    FloatArray,
+    LatencyModel,
+    features,
+)
+from epp.metrics import series
+from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, ResponseInfo
+from epp.scheduling.api import SchedulingResult
+from epp.units import parse_go_duration
+
+log = structlog.get_logger(__name__)
+
+SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
+SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
+BYTES_PER_TOKEN: Final = 4
+_SSE_EVENT: Final = b"data:"
+
+# Environment variables of GIE's sidecar client (gie-inventory §1.2) that still mean something.
+ENV_MAX_SAMPLE_SIZE: Final = "LATENCY_MAX_SAMPLE_SIZE"  # rows kept per target (ring buffer)
+ENV_FLUSH_INTERVAL: Final = "LATENCY_FLUSH_INTERVAL_SEC"  # seconds between trainings
+ENV_LEARNER: Final = "EPP_LATENCY_LEARNER"  # ours: ridge-log (default), ridge, ridge-rel
+ENV_QUANTILE: Final = "EPP_LATENCY_QUANTILE"  # ours: which quantile of the latency is predicted
+
+DEFAULT_QUANTILE: Final = 0.9  # GIE's predictors estimate p90 TTFT / TPOT; see docs/latency-prediction.md
+
+
+def _duration(value: object) -> object:
+    """Go duration text (``"5m"``) to seconds; numbers pass through as seconds."""
+    return parse_go_duration(value) if isinstance(value, str) else value
+
+
+class PredictedLatencyParams(PluginParams):
+    """GIE's parameters and defaults (gie-inventory §4.7); see docs/latency-prediction.md for each."""
+
+    sampling_mean: float = 1000.0
+    max_decode_token_samples_for_prediction: int = 0
+    slo_buffer_factor: float = 1.0
+    context_ttl: Annotated[float, BeforeValidator(_duration)] = Field(300.0, alias="contextTTL")
+    streaming_mode: bool = False
+    endpoint_role_label: str = ""
+    predict_in_prepare_data: bool = True
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        log.warning("invalid_env_var", name=name, value=raw, default=default)
+        return default
+    return value if value > 0 else default
+
+
+def slo_ms(headers: Mapping[str, str], name: str) -> float:
+    """An SLO header in ms; 0 when absent or not a positive number."""
+    raw = headers.get(name)
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        return 0.0
+    return value if value > 0 and math.isfinite(value) else 0.0
+
+
+def input_tokens(request: InferenceRequest) -> int:
+    """GIE's simple estimate: body bytes / 4 (token IDs when pre-tokenized)."""
+    if request.request_size_bytes > 0:
+        return max(request.request_size_bytes // BYTES_PER_TOKEN, 1)
+    body = request.body
+    if body is None:
+        return 0
+    if body.token_ids:
+        return len(body.token_ids)
+    return max(1, len(body.prompt_text or "") // BYTES_PER_TOKEN)
+
+
+class _Counter:
+    __slots__ = ("requests", "tokens")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.tokens = 0
+
+
+_IDLE: Final = _Counter()
+_INFO_FIELDS: Final = (
+    "ttft_valid", "tpot_valid", "ttft_headroom", "tpot_headroom", "ttft", "tpot", "dispatched_request_count",
+)  # fmt: skip
+
+
+def _info_factory() -> Callable[[bool, bool, float, float, float, float, int], LatencyPredictionInfo]:
+    """``LatencyPredictionInfo(...)`` at 2.5x the speed: the frozen dataclass's ``__init__`` goes
+    through ``object.__setattr__`` per field; here each slot is set by its descriptor.  One
+    request builds one per candidate, so this is most of PrepareData at 100 endpoints.
+    Checked against the dataclass's fields at import: a new field fails loudly, not silently.
+    """
+    names = tuple(f.name for f in dataclasses.fields(LatencyPredictionInfo))
+    if names != _INFO_FIELDS:
+        raise TypeError(f"LatencyPredictionInfo fields changed: {names}")
+    s0, s1, s2, s3, s4, s5, s6 = (LatencyPredictionInfo.__dict__[n].__set__ for n in names)
+    new = object.__new__
+
+    def make(a: bool, b: bool, c: float, d: float, e: float, f: float, g: int) -> LatencyPredictionInfo:
+        o: LatencyPredictionInfo = new(LatencyPredictionInfo)
+        s0(o, a)
+        s1(o, b)
+        s2(o, c)
+        s3(o, d)
+        s4(o, e)
+        s5(o, f)
+        s6(o, g)
+        return o
+
+    return make
+
+
+make_info: Final = _info_factory()
+
+
+def _fraction(p: PrefixMatchInfo | None) -> float:
+    return p.match_blocks / p.total_blocks if p is not None and p.total_blocks > 0 else 0.0
+
+
+class _Request:
+    """One request's prediction context, from PrepareData to the end of its response."""
+
+    __slots__ = (
+        "counter",
+        "endpoints",
+        "first_seen",
+        "last_sample_at",
+        "last_sample_tokens",
+        "next_sample",
+        "predictions",
+        "row",
+        "samples",
+        "slo_tpot",
+        "slo_ttft",
+        "target_tpot",
+        "target_ttft",
+        "tokens",
+        "tokens_in",
+        "tpot_valid",
+        "ttft_valid",
+        "x",
+    )
+
+    def __init__(self) -> None:
+        self.endpoints: Sequence[Endpoint] = ()
+        self.x: FloatArray | None = None
+        self.predictions: FloatArray | None = None
+        self.ttft_valid = False
+        self.tpot_valid = False
+        self.slo_ttft = 0.0
+        self.slo_tpot = 0.0
+        self.tokens_in = 0
+        self.row: FloatArray | None = None  # the chosen endpoint's features
+        self.target_ttft = 0.0
+        self.target_tpot = 0.0
+        self.counter: _Counter | None = None
+        self.first_seen = False
+        self.tokens = 0  # SSE events seen (≈ output tokens when streaming)
+        self.last_sample_at = 0.0
+        self.last_sample_tokens = 0
+        self.next_sample = 0
+        self.samples = 0
+
+
+class PredictedLatencyProducer(PluginBase):
+    """Predict TTFT and TPOT for every candidate.  Type ``predicted-latency-producer``.
+
+    PrepareData: builds one feature row per candidate (KV-cache use, waiting and running
+    requests from the scrape; input tokens; prefix match fraction from ``PREFIX_MATCH``;
+    requests and tokens this EPP dispatched there and has not seen finish), predicts both
+    targets with one matrix product and writes ``LatencyPredictionInfo`` (ms; headroom =
+    SLO x ``sloBufferFactor`` - prediction, the SLO from ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``,
+    0 when absent) under ``LATENCY_PREDICTION``.  A dimension is valid once its model was
+    trained on ``MIN_SAMPLES`` rows; predictions are the p90 (``EPP_LATENCY_QUANTILE``).
+    PreRequest: counts the request as dispatched to the primary target and records the
+    predicted-latency metrics.  ResponseBody: the first chunk of a streamed response is the
+    actual TTFT (a training row and the SLO check); further chunks are counted as tokens and,
+    with ``streamingMode``, TPOT rows are sampled at exponential intervals of mean
+    ``samplingMean`` tokens (at most ``maxDecodeTokenSamplesForPrediction`` per request when
+    > 0).  ResponseComplete: the request's mean TPOT (usage or counted tokens) becomes a
+    row; the dispatched counters are released.  Training runs in a worker thread every
+    ``LATENCY_FLUSH_INTERVAL_SEC`` (1 s) when rows arrived (Lifecycle).
+    Produces ``LATENCY_PREDICTION``; consumes ``PREFIX_MATCH``.
+    """
+
+    TYPE: ClassVar[str] = "predicted-latency-producer"
+    PARAMS: ClassVar[type[PluginParams]] = PredictedLatencyParams
+    PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({LATENCY_PREDICTION})
+    CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+
+    def __init__(self, name: str, params: PredictedLatencyParams, handle: Handle) -> None:
+        super().__init__(name, params, handle)
+        self.params = params
+        capacity = int(_env_number(ENV_MAX_SAMPLE_SIZE, 1000))
+        self.train_interval = _env_number(ENV_FLUSH_INTERVAL, 1.0)
+        learner = os.environ.get(ENV_LEARNER, "") or DEFAULT_LEARNER
+        quantile = _env_number(ENV_QUANTILE, DEFAULT_QUANTILE)
+        self.model = LatencyModel(capacity=capacity, learner=learner, quantile=min(quantile, 0.99))
+        self._counters: dict[str, _Counter] = {}
+        self._key: StateKey[_Request] = StateKey(f"{name}/{self.TYPE}")
+        self._task: asyncio.Task[None] | None = None
+        self.rng = random.Random()
+
+    # Lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._train_loop(), name="latency-trainer")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _train_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.train_interval)
+            if self.model.pending:
+                try:
+                    await self.train()
+                except Exception:  # a bad batch must not stop learning
+                    log.warning("latency_training_failed", exc_info=True)
+
+    async def train(self) -> None:
+        """One training off the event loop (a worker thread); the new model is swapped in."""
+        await asyncio.to_thread(self.model.train)
+
+    # DataProducer ---------------------------------------------------------------------
+    async def prepare_request_data(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None:
+        self.prepare(state, request, endpoints)
+
+    def prepare(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
+        """The synchronous body of ``prepare_request_data`` (benchmarks call it)."""
+        ctx = _Request()
+        state.put(self._key, ctx)
+        ctx.slo_ttft = slo_ms(request.headers, SLO_TTFT_HEADER)
+        ctx.slo_tpot = slo_ms(request.headers, SLO_TPOT_HEADER)
+        ctx.tokens_in = input_tokens(request)
+        n = len(endpoints)
+        if n == 0:
+            return
+        counters = self._counters
+        prefix = state.attributes(PREFIX_MATCH)
+        ctx.endpoints = endpoints
+        metrics = [ep.metrics for ep in endpoints]
+        load = [counters.get(ep.metadata.name, _IDLE) for ep in endpoints]
+        cols = np.array(
+            [
+                [m.kv_cache_usage_percent for m in metrics],
+                [m.waiting_queue_size for m in metrics],
+                [m.running_requests_size for m in metrics],
+                [c.requests for c in load],
+                [c.tokens for c in load],
+                [_fraction(prefix.get(ep)) for ep in endpoints] if prefix else [0.0] * n,
+            ],
+            dtype=np.float64,
+        )
+        x = features(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], float(ctx.tokens_in))
+        ctx.x = x
+        if not self.params.predict_in_prepare_data:
+            return
+        t0 = time.perf_counter()
+        fit = self.model.fit
+        if fit is None:
+            return
+        pred = fit.predict(x)
+        elapsed = time.perf_counter() - t0
+        ctx.predictions = pred
+        ctx.ttft_valid = fit.samples[0] >= MIN_SAMPLES
+        ctx.tpot_valid = fit.samples[1] >= MIN_SAMPLES
+        labels = (request.incoming_model, request.target_model)
+        series.TTFT_PREDICTION_DURATION.labels(*labels).observe(elapsed)
+        series.TPOT_PREDICTION_DURATION.labels(*labels).observe(elapsed)
+        gauge = series.INFERENCE_REQUEST_METRIC
+        gauge.labels(*labels, "ttft_prediction_duration").set(elapsed)
+        gauge.labels(*labels, "tpot_prediction_duration").set(elapsed)
+        factor = self.params.slo_buffer_factor
+        slo_ttft, slo_tpot = ctx.slo_ttft * factor, ctx.slo_tpot * factor
+        ttft_valid, tpot_valid = ctx.ttft_valid, ctx.tpot_valid
+        ttfts = pred[:, 0].tolist()
+        tpots = pred[:, 1].tolist()
+        infos = map(
+            make_info,
+            repeat(ttft_valid, n),
+            repeat(tpot_valid, n),
+            [slo_ttft - t for t in ttfts],
+            [slo_tpot - t for t in tpots],
+            ttfts,
+            tpots,
+            [c.requests for c in load],
+        )
+        values: dict[Any, LatencyPredictionInfo] = dict(zip(endpoints, infos, strict=True))
+        state.set_attributes(LATENCY_PREDICTION, values)
+
+    # PreRequest -------------------------------------------------------------------------
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        ctx = state.get(self._key)
+        if ctx is None:
+            return
+        run = result.profile_results.get(result.primary_profile_name)
+        if run is None or not run.target_endpoints:
+            return
+        target = run.target_endpoints[0]
+        name = target.metadata.name
+        counter = self._counters.get(name)
+        if counter is None:
+            counter = self._counters[name] = _Counter()
+        counter.requests += 1
+        counter.tokens += ctx.tokens_in
+        ctx.counter = counter
+        try:
+            i = ctx.endpoints.index(target)
+        except ValueError:
+            return
+        if ctx.x is None:
+            return
+        ctx.row = ctx.x[i].copy()
+        pred = ctx.predictions
+        if pred is None:
+            return
+        ctx.target_ttft, ctx.target_tpot = float(pred[i, 0]), float(pred[i, 1])
+        labels = (request.incoming_model, request.target_model)
+        gauge = series.INFERENCE_REQUEST_METRIC
+        if ctx.ttft_valid:
+            series.REQUEST_PREDICTED_TTFT.labels(*labels).observe(ctx.target_ttft / 1000.0)
+            gauge.labels(*labels, "predicted_ttft").set(ctx.target_ttft / 1000.0)
+        if ctx.tpot_valid:
+            series.REQUEST_PREDICTED_TPOT.labels(*labels).observe(ctx.target_tpot / 1000.0)
+            gauge.labels(*labels, "predicted_tpot").set(ctx.target_tpot / 1000.0)
+
+    # response side ------------------------------------------------------------------------
+    def response_header(
+        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
+    ) -> None:
+        """Tell the client what was predicted for the chosen endpoint (ours; docs/latency-prediction.md)."""
+        ctx = state.get(self._key)
+        if ctx is None or ctx.row is None or ctx.predictions is None:
+            return
+        if ctx.ttft_valid:
+            response.headers["x-epp-predicted-ttft-ms"] = f"{ctx.target_ttft:.3f}"
+        if ctx.tpot_valid:
+            response.headers["x-epp-predicted-tpot-ms"] = f"{ctx.target_tpot:.3f}"
+
+    def response_body(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        response: ResponseInfo,
+        chunk: bytes,
+        target: Endpoint | None,
+    ) -> None:
+        ctx = state.get(self._key)
+        if ctx is None or not chunk:
+            return
+        if not ctx.first_seen:
+            ctx.first_seen = True
+            self._first_chunk(ctx, request, response)
+        if not response.streaming:
+            return
+        ctx.tokens += chunk.count(_SSE_EVENT)
+        if self.params.streaming_mode and ctx.row is not None and ctx.tokens >= ctx.next_sample:
+            now = time.monotonic()
+            cap = self.params.max_decode_token_samples_for_prediction
+            delta = ctx.tokens - ctx.last_sample_tokens
+            if delta > 0 and ctx.last_sample_at and (cap <= 0 or ctx.samples < cap):
+                self.model.add_tpot(ctx.row, 1000.0 * (now - ctx.last_sample_at) / delta)
+                ctx.samples += 1
+            ctx.last_sample_at, ctx.last_sample_tokens = now, ctx.tokens
+            gap = max(1, round(self.rng.expovariate(1.0 / max(self.params.sampling_mean, 1.0))))
+            ctx.next_sample = ctx.tokens + gap
+
+    def _first_chunk(self, ctx: _Request, request: InferenceRequest, response: ResponseInfo) -> None:
+        first = response.first_chunk_at or time.monotonic()
+        ctx.last_sample_at = first
+        ctx.last_sample_tokens = 0
+        if not response.streaming or not request.received_at:
+            return  # an unstreamed body's first byte is its last: not a TTFT
+        ttft_ms = 1000.0 * (first - request.received_at)
+        labels = (request.incoming_model, request.target_model)
+        if ctx.row is not None:
+            self.model.add_ttft(ctx.row, ttft_ms)
+        series.INFERENCE_REQUEST_METRIC.labels(*labels, "ttft").set(ttft_ms / 1000.0)
+        if ctx.predictions is not None and ctx.ttft_valid and ttft_ms > 0:
+            series.LATENCY_PREDICTION_ERROR.labels(*labels, "ttft").observe(
+                abs(ctx.target_ttft - ttft_ms) / ttft_ms
+            )
+        if ctx.slo_ttft > 0 and ttft_ms > ctx.slo_ttft:
+            series.SLO_VIOLATION_TOTAL.labels(*labels, "ttft").inc()
+            series.INFERENCE_REQUEST_METRIC.labels(*labels, "ttft_slo_violation").set(1)
+
+    def response_complete(
+        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
+    ) -> None:
+        ctx = state.get(self._key)
+        if ctx is None:
+            return
+        counter, ctx.counter = ctx.counter, None
+        if counter is not None:  # released exactly once
+            counter.requests = max(counter.requests - 1, 0)
+            counter.tokens = max(counter.tokens - ctx.tokens_in, 0)
+        if not response.end_of_stream or not response.streaming or not response.first_chunk_at:
+            return
+        usage = response.usage
+        tokens = usage.completion_tokens if usage is not None and usage.completion_tokens else ctx.tokens
+        end = response.completed_at or time.monotonic()
+        if tokens < 2 or end <= response.first_chunk_at:
+            return
+        tpot_ms = 1000.0 * (end - response.first_chunk_at) / (tokens - 1)
+        labels = (request.incoming_model, request.target_model)
+        if ctx.row is not None:
+            self.model.add_tpot(ctx.row, tpot_ms)
+        series.INFERENCE_REQUEST_METRIC.labels(*labels, "tpot").set(tpot_ms / 1000.0)
+        if ctx.predictions is not None and ctx.tpot_valid:
+            error = abs(ctx.target_tpot - tpot_ms) / tpot_ms
+            series.LATENCY_PREDICTION_ERROR.labels(*labels, "tpot").observe(error)
+        if ctx.slo_tpot > 0 and tpot_ms > ctx.slo_tpot:
+            series.SLO_VIOLATION_TOTAL.labels(*labels, "tpot").inc()
+            series.INFERENCE_REQUEST_METRIC.labels(*labels, "tpot_slo_violation").set(1)
+
+    # read API / EndpointObserver ---------------------------------------------------------
+    def dispatched(self, endpoint: Endpoint) -> int:
+        """Requests this EPP sent to ``endpoint`` and has not seen finish."""
+        c = self._counters.get(endpoint.metadata.name)
+        return 0 if c is None else c.requests
+
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        pass
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        self._counters.pop(endpoint.metadata.name, None)

@@ -1,0 +1,156 @@
+"""``latency-scorer``: prefer endpoints by predicted SLO headroom (GIE's formula, gie-inventory §4.5)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from epp.datalayer.api import Endpoint
+from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo
+from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.keys import AttributeKey
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.scheduling.api import ScorerCategory
+
+
+class LatencyScorerParams(PluginParams):
+    """GIE's names and defaults."""
+
+    ttft_weight: float = 0.8
+    tpot_weight: float = 0.2
+    headroom_selection_strategy: Literal["least", "most"] = "least"
+    composite_kv_weight: float = Field(1.0, alias="compositeKVWeight")  # not to_camel's ...Kv...
+    composite_queue_weight: float = 1.0
+    composite_prefix_weight: float = 1.0
+
+
+def _has_prediction(info: LatencyPredictionInfo | None) -> bool:
+    return info is not None and (info.ttft_valid or info.tpot_valid)
+
+
+def _headrooms(info: LatencyPredictionInfo | None) -> tuple[float, float]:
+    """(TTFT, TPOT) headroom; an invalid or missing dimension counts as 0 (no information)."""
+    if info is None:
+        return 0.0, 0.0
+    return (info.ttft_headroom if info.ttft_valid else 0.0, info.tpot_headroom if info.tpot_valid else 0.0)
+
+
+class LatencyScorer(PluginBase):
+    """Score by predicted headroom.  Type ``latency-scorer``, category Distribution.
+
+    Reads ``LatencyPredictionInfo`` (ms; headroom = SLO - prediction).  With no valid
+    prediction on any endpoint, a composite of load signals: weights
+    (``compositeKVWeight``, ``compositeQueueWeight``, ``compositePrefixWeight``) normalised
+    (a non-positive sum means KV only); ``relQueue = (maxQ - q) / maxQ`` (1 when maxQ = 0),
+    ``kvFree = 1 - kv``, ``prefix = match / total``; ``score = round(100·composite) / 100``.
+    With predictions: endpoints whose two headrooms are ≥ 0 (or that have no prediction)
+    are positive and only they are scored, the rest 0.  With no positive endpoint: the idle
+    ones (``dispatchedRequestCount == 0``) score 1 and the rest 0; with none idle, only the
+    best non-empty bucket of [TPOT-only negative, TTFT-only negative, both negative] is
+    scored, with strategy ``least``.  Bucket scoring: a, b = normalised
+    (``ttftWeight``, ``tpotWeight``); per dimension, min/max of ``|headroom|`` over the
+    bucket; a dimension with zero range gets weight 0 (when the other has a range) and the
+    normalised value 0.5; ``combined = a·nTTFT + b·nTPOT``; ``least``: ``w = int((1 -
+    combined)·100) + 1``, ``most``: ``w = int(combined·100) + 1``; score ``w / 100``
+    (clamped to 1).
+    Consumes ``LATENCY_PREDICTION`` (auto-creates ``predicted-latency-producer``); reads
+    ``PREFIX_MATCH`` when present.
+    """
+
+    TYPE: ClassVar[str] = "latency-scorer"
+    PARAMS: ClassVar[type[PluginParams]] = LatencyScorerParams
+    CATEGORY: ClassVar[ScorerCategory] = ScorerCategory.DISTRIBUTION
+    BOUNDED: ClassVar[bool] = True
+    CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({LATENCY_PREDICTION})
+
+    def __init__(self, name: str, params: LatencyScorerParams, handle: Handle) -> None:
+        super().__init__(name, params, handle)
+        total = params.ttft_weight + params.tpot_weight
+        self.alpha, self.beta = (
+            (params.ttft_weight / total, params.tpot_weight / total) if total > 0 else (0.5, 0.5)
+        )
+        self.strategy = params.headroom_selection_strategy
+        kv, q, pf = params.composite_kv_weight, params.composite_queue_weight, params.composite_prefix_weight
+        s = kv + q + pf
+        self.composite = (kv / s, q / s, pf / s) if s > 0 else (1.0, 0.0, 0.0)
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]:
+        infos = state.attributes(LATENCY_PREDICTION)
+        if not any(_has_prediction(infos.get(ep)) for ep in endpoints):
+            return self._composite(state, endpoints)
+        n = len(endpoints)
+        positive: list[int] = []
+        tpot_only: list[int] = []
+        ttft_only: list[int] = []
+        both: list[int] = []
+        heads: list[tuple[float, float]] = []
+        for i, ep in enumerate(endpoints):
+            info = infos.get(ep)
+            h = _headrooms(info) if _has_prediction(info) else (0.0, 0.0)
+            heads.append(h)
+            ttft_ok, tpot_ok = h[0] >= 0, h[1] >= 0
+            if ttft_ok and tpot_ok:
+                positive.append(i)
+            elif ttft_ok:
+                tpot_only.append(i)
+            elif tpot_ok:
+                ttft_only.append(i)
+            else:
+                both.append(i)
+        scores = [0.0] * n
+        if positive:
+            self._bucket(positive, heads, scores, self.strategy)
+            return scores
+        idle = [i for i, ep in enumerate(endpoints) if _idle(infos.get(ep))]
+        if idle:
+            for i in idle:
+                scores[i] = 1.0
+            return scores
+        for bucket in (tpot_only, ttft_only, both):
+            if bucket:
+                self._bucket(bucket, heads, scores, "least")
+                break
+        return scores
+
+    def _bucket(
+        self, idx: list[int], heads: list[tuple[float, float]], out: list[float], strategy: str
+    ) -> None:
+        ttfts = [abs(heads[i][0]) for i in idx]
+        tpots = [abs(heads[i][1]) for i in idx]
+        t_min, t_max = min(ttfts), max(ttfts)
+        p_min, p_max = min(tpots), max(tpots)
+        t_range, p_range = t_max - t_min, p_max - p_min
+        alpha, beta = self.alpha, self.beta
+        if t_range <= 0 < p_range:
+            alpha, beta = 0.0, 1.0
+        elif p_range <= 0 < t_range:
+            alpha, beta = 1.0, 0.0
+        for k, i in enumerate(idx):
+            nt = (ttfts[k] - t_min) / t_range if t_range > 0 else 0.5
+            np_ = (tpots[k] - p_min) / p_range if p_range > 0 else 0.5
+            combined = alpha * nt + beta * np_
+            w = int((1.0 - combined) * 100) + 1 if strategy == "least" else int(combined * 100) + 1
+            out[i] = min(w / 100.0, 1.0)
+
+    def _composite(self, state: CycleState, endpoints: Sequence[Endpoint]) -> list[float]:
+        wk, wq, wp = self.composite
+        max_q = max((ep.metrics.waiting_queue_size for ep in endpoints), default=0)
+        prefix: Mapping[Hashable, Any] = state.attributes(PREFIX_MATCH)
+        out = []
+        for ep in endpoints:
+            m = ep.metrics
+            rel_q = (max_q - m.waiting_queue_size) / max_q if max_q > 0 else 1.0
+            kv_free = 1.0 - m.kv_cache_usage_percent
+            p = prefix.get(ep)
+            pf = p.match_blocks / p.total_blocks if p is not None and p.total_blocks > 0 else 0.0
+            out.append(min(max(round(100.0 * (wk * kv_free + wq * rel_q + wp * pf)) / 100.0, 0.0), 1.0))
+        return out
+
+
+def _idle(info: LatencyPredictionInfo | None) -> bool:
+    return info is not None and info.dispatched_request_count == 0

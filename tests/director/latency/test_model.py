@@ -1,0 +1,148 @@
+"""The in-process latency model: learns a known function, bounded memory, atomic swaps, off-loop training."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from epp.director.latency.model import (
+    LEARNERS,
+    MIN_SAMPLES,
+    N_FEATURES,
+    LatencyModel,
+    features,
+    mdape,
+)
+
+
+def random_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n feature rows of one endpoint each, over realistic ranges."""
+    kv = rng.uniform(0, 0.9, n)
+    waiting = rng.integers(0, 8, n).astype(float)
+    running = rng.integers(0, 64, n).astype(float)
+    infl = rng.integers(0, 16, n).astype(float)
+    prefix = rng.uniform(0, 1, n)
+    rows = [
+        features(kv[i : i + 1], waiting[i : i + 1], running[i : i + 1], infl[i : i + 1], infl[i : i + 1] * 800,
+                 prefix[i : i + 1], float(rng.integers(50, 8000)))[0]
+        for i in range(n)
+    ]  # fmt: skip
+    return np.array(rows)
+
+
+def truth(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A linear-ish engine: TTFT = step + queue + prefill of uncached tokens; TPOT = batch cost."""
+    kv, waiting, running, uncached = x[:, 1], x[:, 3], x[:, 4], x[:, 8]
+    ttft = 8 + 30 * waiting + 45 * uncached + 0.1 * running * (1 + uncached) + 20 * kv
+    tpot = 6 + 0.1 * running + 4 * kv
+    return ttft, tpot
+
+
+@pytest.mark.parametrize(
+    ("learner", "ttft_mdape"),
+    [("ridge", 10.0), ("ridge-rel", 10.0), ("ridge-log", 15.0)],  # a log-linear model only approximates a sum
+)
+def test_learns_a_known_function(learner: str, ttft_mdape: float) -> None:
+    rng = np.random.default_rng(1)
+    model = LatencyModel(capacity=2000, learner=learner)
+    assert learner in LEARNERS
+    x = random_rows(rng, 1500)
+    ttft, tpot = truth(x)
+    noise = rng.normal(1.0, 0.03, (2, len(x)))
+    for row, a, b in zip(x, ttft * noise[0], tpot * noise[1], strict=True):
+        model.add_ttft(row, float(a))
+        model.add_tpot(row, float(b))
+    assert model.predict(x[:1]) is None  # nothing before the first training
+    fit = model.train()
+    assert fit is not None and fit.samples == (1500, 1500)
+    test = random_rows(rng, 300)
+    t_ttft, t_tpot = truth(test)
+    pred = model.predict(test)
+    assert pred is not None and pred.shape == (300, 2)
+    assert mdape(pred[:, 0].tolist(), t_ttft.tolist()) < ttft_mdape
+    assert mdape(pred[:, 1].tolist(), t_tpot.tolist()) < 5.0
+
+
+def test_needs_min_samples_and_memory_is_bounded() -> None:
+    model = LatencyModel(capacity=50)
+    row = np.ones(N_FEATURES)
+    for _ in range(MIN_SAMPLES - 1):
+        model.add_ttft(row, 10.0)
+    assert model.train() is None and model.fit is None
+    for _ in range(500):
+        model.add_ttft(row, 10.0)
+    assert model.counts() == (50, 0)  # the ring keeps the newest 50
+    fit = model.train()
+    assert fit is not None and fit.samples == (50, 0)
+    pred = model.predict(row[None, :])
+    assert pred is not None and pred[0, 0] == pytest.approx(10.0, rel=1e-3)  # TPOT: untrained, not valid
+
+
+def test_a_new_fit_replaces_the_reference() -> None:
+    """Training builds a new Fit; a reader holding the old one keeps a complete model."""
+    model = LatencyModel(capacity=100)
+    row = np.ones(N_FEATURES)
+    for _ in range(40):
+        model.add_ttft(row, 10.0)
+        model.add_tpot(row, 2.0)
+    old = model.train()
+    for _ in range(100):
+        model.add_ttft(row, 20.0)
+    new = model.train()
+    assert old is not None and new is not None and new is not old and model.fit is new
+    assert old.predict(row[None, :])[0, 0] == pytest.approx(10.0, rel=1e-3)
+    assert new.predict(row[None, :])[0] == pytest.approx([20.0, 2.0], rel=1e-3)  # TPOT rows kept
+
+
+async def test_training_does_not_block_the_event_loop() -> None:
+    """A long training in a worker thread: the loop keeps ticking every few ms meanwhile."""
+    rng = np.random.default_rng(2)
+    model = LatencyModel(capacity=400_000)
+    rows = rng.uniform(0, 4, (400_000, N_FEATURES))
+    model._ttft.x[:] = rows  # bulk fill (the public path adds one row at a time)
+    model._ttft.y[:] = rows.sum(axis=1) + 1.0
+    model._ttft.count = 400_000
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    t0 = time.perf_counter()
+    fit = await asyncio.to_thread(model.train)
+    took = time.perf_counter() - t0
+    done.set()
+    await tick
+    assert fit is not None
+    assert took > 0.05, f"training too short ({took:.3f}s) to show anything"
+    assert len(gaps) > 5
+    assert max(gaps) < max(0.05, took / 2), f"loop stalled {max(gaps) * 1000:.1f} ms during a {took:.3f}s fit"
+
+
+@pytest.mark.parametrize("learner", LEARNERS)
+def test_quantile_shifts_predictions_to_cover_that_share(learner: str) -> None:
+    """quantile=0.9: about 90% of (noisy) targets fall at or below the prediction."""
+    rng = np.random.default_rng(3)
+    model = LatencyModel(capacity=3000, learner=learner, quantile=0.9)
+    x = random_rows(rng, 3000)
+    ttft, tpot = truth(x)
+    noisy = ttft * rng.lognormal(0.0, 0.2, len(x))
+    for row, a, b in zip(x, noisy, tpot, strict=True):
+        model.add_ttft(row, float(a))
+        model.add_tpot(row, float(b))
+    model.train()
+    pred = model.predict(x)
+    assert pred is not None
+    covered = float(np.mean(noisy <= pred[:, 0]))
+    assert 0.85 <= covered <= 0.95, covered
+    with pytest.raises(ValueError, match="quantile"):
+        LatencyModel(quantile=1.0)

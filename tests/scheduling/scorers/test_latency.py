@@ -1,0 +1,113 @@
+"""latency-scorer: GIE's headroom buckets and composite fallback (gie-inventory §4.5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
+from epp.plugin.state import CycleState
+from epp.scheduling.scorers.latency import LatencyScorer
+from epp.testing.plugins import build
+from tests.scheduling.builders import endpoint, request
+
+
+def info(ttft_h: float, tpot_h: float, *, dispatched: int = 1, valid: bool = True) -> LatencyPredictionInfo:
+    return LatencyPredictionInfo(
+        ttft_valid=valid,
+        tpot_valid=valid,
+        ttft_headroom=ttft_h,
+        tpot_headroom=tpot_h,
+        ttft=100.0 - ttft_h,
+        tpot=10.0 - tpot_h,
+        dispatched_request_count=dispatched,
+    )
+
+
+def score(scorer: LatencyScorer, infos: list[LatencyPredictionInfo | None]) -> list[float]:
+    eps = [endpoint(i) for i in range(len(infos))]
+    state = CycleState()
+    state.set_attributes(
+        LATENCY_PREDICTION, {ep: i for ep, i in zip(eps, infos, strict=True) if i is not None}
+    )
+    return list(scorer.score(state, request(), eps))
+
+
+def test_defaults() -> None:
+    s = build(LatencyScorer)
+    assert (s.alpha, s.beta) == pytest.approx((0.8, 0.2))
+    assert s.strategy == "least"
+    assert s.composite == pytest.approx((1 / 3, 1 / 3, 1 / 3))
+
+
+def test_positive_least_prefers_tightest_fit() -> None:
+    """least: the smallest |headroom| gets w = 101 -> 1.0, the largest w = 1 -> 0.01; negatives 0."""
+    s = build(LatencyScorer)
+    # ttft headrooms 10, 30, 50 (tpot all 5: zero range -> weight moves to ttft), one negative
+    out = score(s, [info(10, 5), info(30, 5), info(50, 5), info(-5, 5)])
+    assert out == pytest.approx([1.0, 0.51, 0.01, 0.0])
+
+
+def test_positive_most_prefers_largest_headroom() -> None:
+    s = build(LatencyScorer, headroomSelectionStrategy="most")
+    out = score(s, [info(10, 5), info(30, 5), info(50, 5)])
+    assert out == pytest.approx([0.01, 0.51, 1.0])
+
+
+def test_combined_weights() -> None:
+    """combined = 0.8 nTTFT + 0.2 nTPOT; least: w = int((1 - combined) * 100) + 1."""
+    s = build(LatencyScorer)
+    out = score(s, [info(0, 10), info(100, 0)])
+    # ep0: nTTFT 0, nTPOT 1 -> combined 0.2 -> w = 81; ep1: nTTFT 1, nTPOT 0 -> combined 0.8 ->
+    # (1 - 0.8) * 100 = 19.999999999999996 in IEEE doubles (as in Go) -> int 19 -> w = 20
+    assert out == pytest.approx([0.81, 0.20])
+
+
+def test_all_ranges_zero_gives_half() -> None:
+    s = build(LatencyScorer)
+    assert score(s, [info(5, 5), info(5, 5)]) == pytest.approx([0.51, 0.51])
+
+
+def test_missing_prediction_counts_as_positive() -> None:
+    """An endpoint without a prediction joins the positive tier (headrooms 0)."""
+    s = build(LatencyScorer)
+    out = score(s, [info(20, 5), None, info(-1, -1)])
+    assert out[2] == 0.0
+    assert out[1] == pytest.approx(1.0)  # |0| is the tightest fit
+    assert out[0] == pytest.approx(0.01)
+
+
+def test_no_positive_prefers_idle() -> None:
+    s = build(LatencyScorer)
+    out = score(s, [info(-5, -5, dispatched=2), info(-50, -50, dispatched=0), info(-1, 1, dispatched=3)])
+    assert out == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("strategy", ["least", "most"])
+def test_no_positive_no_idle_best_bucket_least(strategy: str) -> None:
+    """TPOT-only negatives first (TTFT met), scored with forced least; other buckets 0."""
+    s = build(LatencyScorer, headroomSelectionStrategy=strategy)
+    out = score(s, [info(10, -1), info(-5, 5), info(-5, -5), info(30, -1)])
+    assert out == pytest.approx([1.0, 0.0, 0.0, 0.01])
+    # no TPOT-only: the TTFT-only bucket; smallest violation wins
+    out = score(s, [info(-10, 1), info(-40, 1), info(-5, -5)])
+    assert out == pytest.approx([1.0, 0.01, 0.0])
+    # only both-negative
+    out = score(s, [info(-10, -1), info(-40, -1)])
+    assert out == pytest.approx([1.0, 0.01])
+
+
+def test_composite_fallback_without_predictions() -> None:
+    """No valid prediction anywhere: round(100 * (kvFree + relQueue + prefix) / 3) / 100."""
+    s = build(LatencyScorer)
+    eps = [endpoint(0, queue=0, kv=0.5), endpoint(1, queue=10, kv=0.0), endpoint(2, queue=5, kv=1.0)]
+    state = CycleState()
+    state.set_attributes(PREFIX_MATCH, {eps[2]: PrefixMatchInfo(4, 4, 16)})
+    state.set_attributes(LATENCY_PREDICTION, {eps[0]: info(1, 1, valid=False)})
+    out = s.score(state, request(), eps)
+    assert out == pytest.approx([round(100 * (0.5 + 1.0) / 3) / 100, round(100 * 1.0 / 3) / 100, 0.5])
+
+
+def test_composite_weights_non_positive_sum_means_kv_only() -> None:
+    s = build(LatencyScorer, compositeKVWeight=0, compositeQueueWeight=0, compositePrefixWeight=0)
+    eps = [endpoint(0, kv=0.25, queue=3)]
+    assert s.score(CycleState(), request(), eps) == pytest.approx([0.75])
