@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 Buffer = bytes | bytearray | memoryview  # frames are memoryview slices of the read
+RECENT_RESETS = 1000  # reset streams remembered (RFC 9113 §5.4.2: frames may still be in flight)
 QUEUED_MESSAGE_COST = 256  # what a decoded message waiting for a busy call costs beyond its bytes
 WRITE_HIGH_WATER = 4 << 20  # the transport's buffer above which reading and sending pause
 WRITE_LOW_WATER = 1 << 20
@@ -92,6 +93,7 @@ class Connection(asyncio.Protocol):
         self._header_cache: dict[bytes, tuple[list[tuple[bytes, bytes]], int]] = {}
         self._calls: dict[int, Call] = {}
         self._last_stream = 0
+        self._reset_ids: dict[int, None] = {}  # streams we reset lately: what the peer still sends is ignored
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -155,6 +157,7 @@ class Connection(asyncio.Protocol):
             self._timer = None
         calls, self._calls = self._calls, {}
         for call in calls.values():
+            self._forget_buffered(call)
             if call.driver is not None:
                 call.driver.cancel()
         self._wake_window_waiters()
@@ -311,6 +314,13 @@ class Connection(asyncio.Protocol):
             self._continuation = None
             self._on_headers(sid, first_flags, bytes(block))
 
+    def _send_reset(self, sid: int, code: int, check: bool = True) -> None:
+        ids = self._reset_ids
+        ids[sid] = None
+        if len(ids) > RECENT_RESETS:
+            del ids[next(iter(ids))]
+        self._control(frame(RST_STREAM, 0, sid, U32.pack(code)), check)
+
     def _count_empty(self) -> None:
         self._empty += 1
         if self._empty > self._limits.max_empty_frames:
@@ -356,7 +366,9 @@ class Connection(asyncio.Protocol):
                 raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
             if not n and not flags & END_STREAM:
                 self._count_empty()
-            return  # a stream we reset or finished: its bytes still count for the connection window
+            if sid not in self._reset_ids:
+                raise StreamError(sid, STREAM_CLOSED)
+            return  # a stream we reset: its bytes still count for the connection window
         if call.half_closed:
             raise StreamError(sid, STREAM_CLOSED)
         if n > call.recv_window:
@@ -524,12 +536,16 @@ class Connection(asyncio.Protocol):
         if sid % 2 == 0:
             raise ConnectionError_(PROTOCOL_ERROR, "an even stream id from a client")
         if sid <= self._last_stream:
-            return  # trailers of a stream already answered (or reset): ignored, RFC 9113 §5.1
+            if sid in self._reset_ids:
+                return  # trailers of a stream we reset: ignored, RFC 9113 §5.4.2
+            raise ConnectionError_(
+                PROTOCOL_ERROR, "HEADERS on a closed stream, or a stream id not increasing"
+            )
         self._last_stream = sid
         limits = self._limits
         if len(self._calls) >= limits.max_concurrent_streams:
             self._spend_reset()
-            self._control(frame(RST_STREAM, 0, sid, U32.pack(REFUSED_STREAM)))
+            self._send_reset(sid, REFUSED_STREAM)
             return
         path = b""
         for name, value in headers:
@@ -548,7 +564,7 @@ class Connection(asyncio.Protocol):
             else:
                 call.finish(UNAVAILABLE, "the server is shutting down")
             if not flags & END_STREAM:
-                self._control(frame(RST_STREAM, 0, sid, U32.pack(NO_ERROR)))
+                self._send_reset(sid, NO_ERROR)
             return
         decode, make_driver = route
         call = Call(self, sid, decode)
@@ -567,7 +583,7 @@ class Connection(asyncio.Protocol):
             return
         call.finish(status, message)
         if not call.half_closed:  # nobody reads the rest of the request any more
-            self._control(frame(RST_STREAM, 0, call.id, U32.pack(NO_ERROR)), check=False)
+            self._send_reset(call.id, NO_ERROR, check=False)
         if self._goaway_sent and not self._calls:
             self._half_close()
 
@@ -585,7 +601,7 @@ class Connection(asyncio.Protocol):
                 call.driver.cancel()
         if sid > self._last_stream:
             self._last_stream = sid
-        self._control(frame(RST_STREAM, 0, sid, U32.pack(code)))
+        self._send_reset(sid, code)
 
     def _on_window_update(self, sid: int, payload: Buffer) -> None:
         if len(payload) != 4:
@@ -661,7 +677,7 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         out, self._out = self._out, []
         t = self._transport
-        if t is not None and out:
+        if t is not None and out and not t.is_closing():
             t.write(b"".join(out))
             if self._control_out and not t.get_write_buffer_size():
                 self._control_out = 0  # all of it left: the peer reads
@@ -738,7 +754,12 @@ class Connection(asyncio.Protocol):
             log.info("h2_connection_error", code=code, reason=reason, last_stream=self._last_stream)
         self.write(frame(GOAWAY, 0, 0, U32.pack(self._last_stream) + U32.pack(code) + reason.encode()))
         self._flush()
-        t.close()
+        t.close()  # nothing more is written: calls still running are cancelled now
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            self._forget_buffered(call)
+            if call.driver is not None:
+                call.driver.cancel()
         if t.get_write_buffer_size():  # a peer that does not read would hold the buffer forever
             self._loop.call_later(1.0, t.abort)
 

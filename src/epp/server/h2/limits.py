@@ -21,7 +21,7 @@ class H2Limits:
     max_message_bytes: int = 20 * MIB
     # everything one connection holds for its peer: partial messages and messages queued for a busy
     # call; above it GOAWAY ENHANCE_YOUR_CALM.  At least two whole messages.
-    max_connection_buffer_bytes: int = 64 * MIB
+    max_connection_buffer_bytes: int = 48 * MIB
     # floods (GOAWAY ENHANCE_YOUR_CALM)
     reset_burst: int = 1000  # streams the peer may reset (or we refuse) at once; nghttp2's figures
     reset_rate: float = 33.0  # ... refilled per second
