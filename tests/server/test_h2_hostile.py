@@ -44,6 +44,8 @@ def epp() -> Iterator[Epp]:
         "--bind-address=127.0.0.1",
         "--health-checking",
         "--grpc-keepalive-time=0",
+        "--shutdown-delay=0s",
+        "--shutdown-grace-period=1s",
         "--v=0",
     )
     with open(os.devnull, "wb") as sink:
@@ -67,6 +69,7 @@ def epp() -> Iterator[Epp]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(10)
         proc_def.cleanup()
 
 

@@ -314,12 +314,16 @@ class Connection(asyncio.Protocol):
             self._continuation = None
             self._on_headers(sid, first_flags, bytes(block))
 
-    def _send_reset(self, sid: int, code: int, check: bool = True) -> None:
+    def _send_reset(self, sid: int, code: int, control: bool = True) -> None:
+        """RST_STREAM ``sid``; ``control``: one the peer's frames made us send (bounded while unread)."""
         ids = self._reset_ids
         ids[sid] = None
         if len(ids) > RECENT_RESETS:
             del ids[next(iter(ids))]
-        self._control(frame(RST_STREAM, 0, sid, U32.pack(code)), check)
+        if control:
+            self._control(frame(RST_STREAM, 0, sid, U32.pack(code)))
+        else:
+            self.write(frame(RST_STREAM, 0, sid, U32.pack(code)))
 
     def _count_empty(self) -> None:
         self._empty += 1
@@ -333,9 +337,10 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(FRAME_SIZE_ERROR, "RST_STREAM of other than 4 bytes")
         if sid > self._last_stream:
             raise ConnectionError_(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
-        self._spend_reset()
         call = self._calls.pop(sid, None)
         if call is not None:
+            if not call.headers_sent:
+                self._spend_reset()  # reset before any answer: what a rapid-reset attack does
             self._forget_buffered(call)
             if call.driver is not None:
                 call.driver.cancel()
@@ -583,7 +588,7 @@ class Connection(asyncio.Protocol):
             return
         call.finish(status, message)
         if not call.half_closed:  # nobody reads the rest of the request any more
-            self._send_reset(call.id, NO_ERROR, check=False)
+            self._send_reset(call.id, NO_ERROR, control=False)
         if self._goaway_sent and not self._calls:
             self._half_close()
 
@@ -652,11 +657,11 @@ class Connection(asyncio.Protocol):
         self._wake_window_waiters()
 
     # -- output -------------------------------------------------------------------------------
-    def _control(self, data: bytes, check: bool = True) -> None:
+    def _control(self, data: bytes) -> None:
         """A frame the peer's input makes us send (ACKs, resets): bounded while the peer does not read."""
         self._control_out += 1
         self.write(data)
-        if check and self._control_out > self._limits.max_control_out:
+        if self._control_out > self._limits.max_control_out:
             raise ConnectionError_(ENHANCE_YOUR_CALM, "the peer does not read its control frames")
 
     def write(self, data: bytes) -> None:

@@ -23,7 +23,9 @@ class H2Limits:
     # call; above it GOAWAY ENHANCE_YOUR_CALM.  At least two whole messages.
     max_connection_buffer_bytes: int = 48 * MIB
     # floods (GOAWAY ENHANCE_YOUR_CALM)
-    reset_burst: int = 1000  # streams the peer may reset (or we refuse) at once; nghttp2's figures
+    # streams the peer resets before any answer, or that we refuse: nghttp2's figures (a reset after
+    # the reply began, as a proxy does when its client goes away mid-response, costs nothing)
+    reset_burst: int = 1000
     reset_rate: float = 33.0  # ... refilled per second
     max_continuations: int = 8  # CONTINUATION frames in one header block (nghttp2 1.61)
     max_empty_frames: int = 100  # consecutive DATA/HEADERS/CONTINUATION frames carrying nothing
