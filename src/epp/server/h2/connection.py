@@ -359,14 +359,14 @@ class Connection(asyncio.Protocol):
 
     def _on_data(self, flags: int, sid: int, payload: Buffer) -> None:
         n = len(payload)
-        if sid == 0:
-            raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
         if n > self._recv_window:
             raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window exceeded")
         self._recv_window -= n
         self._recv_unacked += n
         call = self._calls.get(sid)
         if call is None:
+            if sid == 0:
+                raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
             if sid > self._last_stream:
                 raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
             if not n and not flags & END_STREAM:
@@ -383,9 +383,7 @@ class Connection(asyncio.Protocol):
             body = unpad(payload)
             call.recv_unacked += n - len(body)  # padding is consumed at once
             payload = body
-        if payload:
-            self._empty = 0
-        elif not flags & END_STREAM:
+        if not payload and not flags & END_STREAM:
             self._count_empty()
         buf = call.buf
         data: Buffer | None = payload
@@ -399,19 +397,20 @@ class Connection(asyncio.Protocol):
             else:
                 data = None
         if data:
+            self._empty = 0
             pos = self._messages(call, data)
             if pos < 0:
                 return  # the call ended (an error, or a reply that finished it)
             if pos < len(data):
                 buf += data[pos:]
-        held = call.held_cost + len(buf)
-        if held != call.buffered:
+        if buf or call.buffered:
+            held = call.held_cost + len(buf)
             self.buffered += held - call.buffered
             call.buffered = held
             if self.buffered > self._limits.buffer_bytes:
                 raise ConnectionError_(ENHANCE_YOUR_CALM, "too much buffered for one connection")
         unacked = call.recv_unacked
-        if unacked and unacked + len(buf) >= self._credit_at:
+        if unacked >= self._credit_at or (buf and unacked and unacked + len(buf) >= self._credit_at):
             self._credit(call)
         if flags & END_STREAM:
             call.half_closed = True
@@ -461,7 +460,7 @@ class Connection(asyncio.Protocol):
         decode, driver, calls = call.decode, call.driver, self._calls
         assert driver is not None
         limit = self.max_message
-        consumed = 0
+        held = call.held
         while end - pos >= 5:
             if data[pos] != 0:
                 self._fail_call(call, UNIMPLEMENTED, "compressed messages are not supported")
@@ -472,7 +471,7 @@ class Connection(asyncio.Protocol):
                 return -1
             if end - pos - 5 < n:
                 call.need = 5 + n
-                call.recv_unacked += consumed
+                call.recv_unacked += pos - (call.held - held)
                 return pos
             try:
                 msg = decode(data[pos + 5 : pos + 5 + n])
@@ -483,12 +482,10 @@ class Connection(asyncio.Protocol):
             if driver.on_message(msg):  # queued behind a busy call: credited when it is read
                 call.held += 5 + n
                 call.held_cost += 5 + n + QUEUED_MESSAGE_COST
-            else:
-                consumed += 5 + n
             if call.id not in calls:
                 return -1
         call.need = 0
-        call.recv_unacked += consumed
+        call.recv_unacked += pos - (call.held - held)
         return pos
 
     def _decode_headers(self, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
