@@ -3,12 +3,13 @@
 Whatever a peer sends: nothing escapes the read callback, what the server writes parses as
 frames with a GOAWAY (if any) last, the buffer accounting adds up, and a fresh connection
 still serves a call.  The default suite runs a few thousand cases in seconds; ``-m fuzz`` runs
-a long one.
+a long one (``EPP_FUZZ_EXAMPLES``, default 100,000 sequences of up to 40 frames).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -201,7 +202,11 @@ def test_a_fresh_connection_serves_after_fuzzing(loop: asyncio.AbstractEventLoop
 
 
 @pytest.mark.fuzz
-@settings(max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=int(os.environ.get("EPP_FUZZ_EXAMPLES", "100000")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(seq=st.lists(st.one_of(VALID, FRAMES), max_size=40), cut=st.integers(0, 2000), release=st.booleans())
 def test_any_frame_sequence_long(
     loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest, seq: Any, cut: int, release: bool
