@@ -93,6 +93,11 @@ class Options:
     shutdown_grace_period: float = 20.0
     shutdown_delay: float = 5.0
     ext_proc_transport: str = "h2"
+    grpc_max_concurrent_streams: int = 1000
+    grpc_max_message_bytes: int = 20 * 1024 * 1024
+    grpc_keepalive_time: float = 7200.0
+    grpc_keepalive_timeout: float = 20.0
+    grpc_max_connection_idle: float = 3600.0
     # endpoint discovery
     pool_name: str = ""
     pool_namespace: str = ""
@@ -324,6 +329,44 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         _SERVER,
         "gRPC implementation serving ext_proc: h2 (the EPP's own HTTP/2 framing on the event loop) "
         "or grpcio (grpc.aio).",
+        new=True,
+    ),
+    _Flag(
+        "grpc-max-concurrent-streams",
+        "int",
+        _SERVER,
+        "Streams one ext_proc client connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS); "
+        "more are refused with REFUSED_STREAM and the proxy opens another connection.",
+        new=True,
+    ),
+    _Flag(
+        "grpc-max-message-bytes",
+        "int",
+        _SERVER,
+        "Largest gRPC message received on the ext_proc port; a longer one ends its call with "
+        "RESOURCE_EXHAUSTED. Must hold the largest body Envoy sends in one message (BUFFERED mode: "
+        "its buffer limit).",
+        new=True,
+    ),
+    _Flag(
+        "grpc-keepalive-time",
+        "duration",
+        _SERVER,
+        "After this long without reading anything from an ext_proc connection, PING it; 0 disables.",
+        new=True,
+    ),
+    _Flag(
+        "grpc-keepalive-timeout",
+        "duration",
+        _SERVER,
+        "How long a keepalive PING may go unanswered before the connection is closed.",
+        new=True,
+    ),
+    _Flag(
+        "grpc-max-connection-idle",
+        "duration",
+        _SERVER,
+        "Close (GOAWAY) an ext_proc connection that had no open stream for this long; 0 disables.",
         new=True,
     ),
     _Flag(
@@ -632,6 +675,23 @@ def _validate_new(opts: Options) -> None:
             f'invalid value {opts.max_request_body_bytes} for "max-request-body-bytes": '
             "must be >= 0 (0 means unlimited)"
         )
+    if opts.grpc_max_concurrent_streams < 1 or opts.grpc_max_concurrent_streams > 0x7FFFFFFF:
+        raise ConfigError(
+            f'invalid value {opts.grpc_max_concurrent_streams} for "grpc-max-concurrent-streams": '
+            "must be in [1, 2147483647]"
+        )
+    if opts.grpc_max_message_bytes < 1 or opts.grpc_max_message_bytes > 0x7FFFFFFF - 5:
+        raise ConfigError(
+            f'invalid value {opts.grpc_max_message_bytes} for "grpc-max-message-bytes": '
+            "must be in [1, 2147483642]"
+        )
+    for name in ("grpc-keepalive-time", "grpc-keepalive-timeout", "grpc-max-connection-idle"):
+        value = getattr(opts, name.replace("-", "_"))
+        if value < 0:
+            raise ConfigError(
+                f"invalid value {go_quote(format_go_duration(value))} for {go_quote(name)}: "
+                "must not be negative"
+            )
     if opts.shutdown_grace_period < 0:
         raise ConfigError(
             f"invalid value {go_quote(format_go_duration(opts.shutdown_grace_period))} "

@@ -34,6 +34,7 @@ from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
 from epp.metrics.llmd import parse_families
 from epp.server import extproc, health
+from epp.server.h2.limits import H2Limits
 from epp.server.transport import Tls, make_server
 from epp.tracing.otel import Tracing, setup_tracing
 
@@ -252,8 +253,15 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         servicer = extproc.ExtProcServicer(
             app.director, max_body_bytes=opts.max_request_body_bytes, tracing=app.tracing
         )
+        limits = H2Limits(
+            max_concurrent_streams=opts.grpc_max_concurrent_streams,
+            max_message_bytes=opts.grpc_max_message_bytes,
+            keepalive_time=opts.grpc_keepalive_time,
+            keepalive_timeout=opts.grpc_keepalive_timeout,
+            idle_timeout=opts.grpc_max_connection_idle,
+        )
         server = make_server(
-            opts.ext_proc_transport, servicer, health_servicer if opts.health_checking else None
+            opts.ext_proc_transport, servicer, health_servicer if opts.health_checking else None, limits
         )
         tls = Tls(opts.cert_path, opts.enable_cert_reload) if opts.secure_serving else None
         grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls)

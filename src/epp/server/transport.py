@@ -9,9 +9,8 @@ from typing import Protocol
 import grpc
 
 from epp.server import extproc, health
+from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.server.tls import server_credentials
-
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024  # bodies arrive in ≤ 62 KB chunks; this only bounds a rogue peer
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +35,23 @@ class GrpcAioServer:
     """ext_proc on grpc.aio (gRPC core; the fallback transport, ``--ext-proc-transport=grpcio``)."""
 
     def __init__(
-        self, servicer: extproc.ExtProcServicer, health_servicer: health.HealthServicer | None
+        self,
+        servicer: extproc.ExtProcServicer,
+        health_servicer: health.HealthServicer | None,
+        limits: H2Limits = DEFAULT_LIMITS,
     ) -> None:
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ]
-        )
+        options: list[tuple[str, int]] = [
+            ("grpc.max_receive_message_length", limits.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+            ("grpc.max_metadata_size", limits.max_header_list_bytes),
+        ]
+        if limits.keepalive_time:
+            options.append(("grpc.keepalive_time_ms", int(limits.keepalive_time * 1000)))
+            options.append(("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout * 1000)))
+        if limits.idle_timeout:
+            options.append(("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)))
+        self._server = grpc.aio.server(options=options)
         extproc.add_to_server(servicer, self._server)
         if health_servicer is not None:
             health.add_to_server(health_servicer, self._server)
@@ -63,14 +71,18 @@ class GrpcAioServer:
 
 
 def make_server(
-    kind: str, servicer: extproc.ExtProcServicer, health_servicer: health.HealthServicer | None
+    kind: str,
+    servicer: extproc.ExtProcServicer,
+    health_servicer: health.HealthServicer | None,
+    limits: H2Limits = DEFAULT_LIMITS,
 ) -> ExtProcServer:
-    """``kind`` is ``--ext-proc-transport``: ``h2`` (the default) or ``grpcio``."""
+    """``kind`` is ``--ext-proc-transport``: ``h2`` (the default) or ``grpcio``; ``limits`` bound what
+    one client may cost (both transports take what grpc core has of them)."""
     if kind == "h2":
         from epp.server.h2 import H2GrpcServer
 
-        return H2GrpcServer(servicer, health_servicer)
-    return GrpcAioServer(servicer, health_servicer)
+        return H2GrpcServer(servicer, health_servicer, limits)
+    return GrpcAioServer(servicer, health_servicer, limits)
 
 
 def _bracket(host: str) -> str:

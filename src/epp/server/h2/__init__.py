@@ -6,12 +6,15 @@ An ext_proc stream needs little of HTTP/2: one header block in, length-prefixed 
 messages both ways, constant response headers and trailers.  Doing just that here costs a
 fraction of either (docs/decisions.md "ext_proc transport"), and everything the server must
 honour is still honoured: SETTINGS (frame size, initial window), flow control in both
-directions, PING, RST_STREAM, GOAWAY, CONTINUATION, padding, HPACK (``hpack``).
+directions, PING, RST_STREAM, GOAWAY, CONTINUATION, padding, HPACK (``hpack``), and every
+defence nghttp2 and grpc-core give a Go or C server: frame validation, stream and message
+limits, flood limits, bounded buffers, handshake/idle/keepalive timeouts (``H2Limits``).
 
 Writes made in one loop iteration leave in one ``write`` call: under load one syscall carries
 the replies of many streams.
 """
 
+from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.server.h2.server import H2GrpcServer
 
-__all__ = ["H2GrpcServer"]
+__all__ = ["DEFAULT_LIMITS", "H2GrpcServer", "H2Limits"]

@@ -22,6 +22,7 @@ from epp.server.h2.frames import (
     END_HEADERS,
     END_STREAM,
     HEADERS,
+    INTERNAL,
     OK,
     OK_TRAILERS,
     RESPONSE_HEADERS,
@@ -47,7 +48,11 @@ class GrpcError(Exception):
 
 
 class Driver(Protocol):
-    def on_message(self, msg: Any) -> None: ...
+    def on_message(self, msg: Any) -> bool:
+        """Take one request message; True if it was queued, not yet read (it is credited to the
+        peer's window when ``Connection.release`` says it was)."""
+        ...
+
     def on_end_stream(self) -> None: ...
     def cancel(self) -> None:
         """The client reset the stream or the connection is gone: stop, answer nothing."""
@@ -57,16 +62,21 @@ class Driver(Protocol):
 class Call:
     """One HTTP/2 stream carrying one gRPC call."""
 
-    __slots__ = ("buf", "conn", "decode", "driver", "half_closed", "headers_sent", "id", "recv_unacked",
-                 "send_window")  # fmt: skip
+    __slots__ = ("buf", "buffered", "conn", "decode", "driver", "half_closed", "headers_sent", "held",
+                 "held_cost", "id", "need", "recv_unacked", "recv_window", "send_window")  # fmt: skip
 
     def __init__(self, conn: Connection, stream_id: int, decode: Callable[[Any], Any]) -> None:
         self.conn = conn
         self.id = stream_id
         self.decode = decode
-        self.buf = bytearray()
+        self.buf = bytearray()  # the start of a message spread over DATA frames
+        self.need = 0  # the length of that message with its prefix, once the prefix is in
         self.send_window = conn.peer_initial_window
-        self.recv_unacked = 0
+        self.recv_window = conn.stream_window  # what the peer may still send on this stream
+        self.recv_unacked = 0  # bytes read, not yet credited to the peer
+        self.held = 0  # bytes of messages the driver queued, credited once it reads them
+        self.held_cost = 0
+        self.buffered = 0  # what this call counts in ``conn.buffered``
         self.headers_sent = False
         self.half_closed = False  # the client ended its side
         self.driver: Driver | None = None
@@ -75,7 +85,7 @@ class Call:
         """Write one gRPC message if the peer's windows take it whole in one frame; else False."""
         conn = self.conn
         n = len(data) + 5
-        if n > self.send_window or n > conn.send_window or n > conn.peer_max_frame:
+        if n > self.send_window or n > conn.send_window or n > conn.peer_max_frame or conn.write_paused:
             return False
         self._open_response()
         self.send_window -= n
@@ -92,7 +102,7 @@ class Call:
         view = memoryview(b"\x00" + U32.pack(len(data)) + data)
         while view:
             room = min(self.send_window, conn.send_window, conn.peer_max_frame, len(view))
-            if room <= 0:
+            if room <= 0 or conn.write_paused:  # the peer's windows are full, or it does not read
                 await conn.wait_window()
                 continue
             self.send_window -= room
@@ -161,17 +171,25 @@ Handler = Callable[[Call, Inbox], Awaitable[None]]
 
 
 class TaskDriver:
-    """A coroutine handler per call; returning ends the call OK, ``GrpcError`` with its status."""
+    """A coroutine handler per call of a unary request; returning ends the call OK, ``GrpcError``
+    with its status.  A second request message ends the call INTERNAL, as grpc-go does."""
 
-    __slots__ = ("_call", "_inbox", "_task")
+    __slots__ = ("_call", "_inbox", "_messages", "_task")
 
     def __init__(self, call: Call, handler: Handler) -> None:
         self._call = call
         self._inbox = Inbox()
+        self._messages = 0
         self._task = asyncio.get_running_loop().create_task(self._run(handler))
 
-    def on_message(self, msg: Any) -> None:
+    def on_message(self, msg: Any) -> bool:
+        self._messages += 1
+        if self._messages > 1:
+            self._task.cancel()
+            self._call.conn.end_call(self._call, INTERNAL, "grpc: too many request messages for a unary call")
+            return False
         self._inbox.put(msg)
+        return False
 
     def on_end_stream(self) -> None:
         self._inbox.close()
@@ -220,21 +238,22 @@ class SessionDriver:
         self._pending: deque[Any] = deque()
         self._task: asyncio.Task[None] | None = None  # set: it owns the call until nothing is pending
 
-    def on_message(self, msg: Any) -> None:
+    def on_message(self, msg: Any) -> bool:
         if self._task is not None:
             self._pending.append(msg)
-            return
+            return True
         session = self._session
         try:
             out = session.handle(msg)
         except Exception as e:  # a session answers its own errors; this is a bug, not a request's fault
             log.exception("ext_proc_call_crashed", error=repr(e))
             self._end(UNKNOWN, "internal error")
-            return
+            return False
         if session.route_pending:
             self._go_slow(out)
         else:
             self._write(out)
+        return False
 
     def on_end_stream(self) -> None:
         if self._task is None:
@@ -278,6 +297,7 @@ class SessionDriver:
             return
         finally:
             self._task = None
+            call.conn.release(call)  # what was queued meanwhile is read: the peer may send more
         if session.finished or call.half_closed:
             self._end(OK)
 

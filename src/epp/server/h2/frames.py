@@ -20,15 +20,20 @@ END_HEADERS: Final = 0x4
 PADDED: Final = 0x8
 PRIORITY_FLAG: Final = 0x20
 # settings
-S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE = 2, 4, 5
+S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS = 1, 2, 3
+S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 4, 5, 6
 # error codes
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, COMPRESSION_ERROR = 0x0, 0x1, 0x3, 0x6, 0x9
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT = 0x0, 0x1, 0x2, 0x3, 0x4
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM: Final = 0xB
+MAX_WINDOW: Final = 0x7FFFFFFF
 
 # gRPC status codes used here
 OK, UNKNOWN, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 0, 2, 8, 12, 13, 14
 
-MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
-RECV_WINDOW: Final = 1 << 24  # what we grant per stream and per connection; refilled at half
+RECV_WINDOW: Final = (
+    1 << 24
+)  # what we grant the connection (streams: H2Limits.stream_window); refilled at half
 DEFAULT_WINDOW: Final = 65_535
 MAX_FRAME: Final = 16_384  # SETTINGS_MAX_FRAME_SIZE we accept (the protocol default)
 U32 = struct.Struct(">I")
@@ -71,22 +76,44 @@ def trailers(status: int, message: str = "") -> bytes:
 
 
 OK_TRAILERS: Final = trailers(OK)
-SERVER_SETTINGS: Final = frame(
-    SETTINGS,
-    0,
-    0,
-    struct.pack(">HIHI", S_INITIAL_WINDOW_SIZE, RECV_WINDOW, S_ENABLE_PUSH, 0),
-) + frame(WINDOW_UPDATE, 0, 0, U32.pack(RECV_WINDOW - DEFAULT_WINDOW))
+
+
+def server_settings(max_streams: int, stream_window: int, max_header_list: int) -> bytes:
+    """Our SETTINGS, and the connection window raised to ``RECV_WINDOW``."""
+    entries = struct.pack(
+        ">HIHIHIHI",
+        S_MAX_CONCURRENT_STREAMS,
+        max_streams,
+        S_INITIAL_WINDOW_SIZE,
+        stream_window,
+        S_ENABLE_PUSH,
+        0,
+        S_MAX_HEADER_LIST_SIZE,
+        max_header_list,
+    )
+    return frame(SETTINGS, 0, 0, entries) + frame(WINDOW_UPDATE, 0, 0, U32.pack(RECV_WINDOW - DEFAULT_WINDOW))
+
+
 SETTINGS_ACK_FRAME: Final = frame(SETTINGS, ACK, 0)
 
 
 class ConnectionError_(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
+    def __init__(self, code: int, reason: str = "") -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
+
+
+class StreamError(Exception):
+    """RST_STREAM for one stream; the connection goes on."""
+
+    def __init__(self, stream_id: int, code: int) -> None:
+        super().__init__(stream_id, code)
+        self.stream_id = stream_id
         self.code = code
 
 
-def unpad(payload: bytes | memoryview) -> bytes | memoryview:
+def unpad(payload: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
     if not payload:
         raise ConnectionError_(PROTOCOL_ERROR)
     pad = payload[0]

@@ -18,6 +18,7 @@ from epp.server.extproc import SERVICE_NAME, ExtProcServicer
 from epp.server.h2.calls import Call, Driver, GrpcError, Inbox, SessionDriver, TaskDriver
 from epp.server.h2.connection import Connection
 from epp.server.h2.frames import UNIMPLEMENTED
+from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.server.health import HealthServicer
 from epp.server.tls import CertReloader, load_into, ssl_context
 
@@ -27,8 +28,14 @@ log = structlog.get_logger(__name__)
 class H2GrpcServer:
     """Serves ext_proc (and optionally grpc.health.v1) until ``stop``."""
 
-    def __init__(self, servicer: ExtProcServicer, health: HealthServicer | None = None) -> None:
+    def __init__(
+        self,
+        servicer: ExtProcServicer,
+        health: HealthServicer | None = None,
+        limits: H2Limits = DEFAULT_LIMITS,
+    ) -> None:
         self._servicer = servicer
+        self.limits = limits
         self.routes: dict[bytes, tuple[Callable[[bytes], Any], Callable[[Call], Driver]]] = {
             f"/{SERVICE_NAME}/Process".encode(): (pb.ProcessingRequest.FromString, self._session),
         }
