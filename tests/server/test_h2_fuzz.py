@@ -202,6 +202,7 @@ def test_a_fresh_connection_serves_after_fuzzing(loop: asyncio.AbstractEventLoop
 
 
 @pytest.mark.fuzz
+@pytest.mark.timeout(3600)
 @settings(
     max_examples=int(os.environ.get("EPP_FUZZ_EXAMPLES", "100000")),
     deadline=None,
