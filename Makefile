@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-unit test-e2e check proto bench bench-quick clean
+.PHONY: help install demo test test-unit test-e2e test-fuzz check proto bench bench-quick clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -30,6 +30,9 @@ test-unit: $(STAMP) ## run the fast tests only (no Envoy)
 
 test-e2e: $(STAMP) ## run the end-to-end tests through a real Envoy
 	$(BIN)/pytest -q -m e2e
+
+test-fuzz: $(STAMP) ## the long hypothesis runs (differential, property and HTTP/2 frame fuzz), minutes each
+	$(BIN)/pytest -q -m fuzz
 
 check: $(STAMP) ## lint, format, types, architecture contracts
 	$(BIN)/ruff format --check src sim tests bench
