@@ -195,3 +195,20 @@ async def test_emit_endpoint_scores_reaches_envoys_metadata(tmp_path: pathlib.Pa
         scores = orjson.loads(line.split("scores=", 1)[1])
         assert set(scores) == set(s.fleet.hostports)
         assert r.epp_choice in scores and scores[r.epp_choice] == max(scores.values())
+
+
+async def test_debug_plugins_state_shows_endpoints_and_plugin_state(stack: Stack) -> None:
+    """/debug/plugins/state on the metrics port: every endpoint's metrics, age, health and scrape
+    loop, and the plugins' own state (the prefix index grows once a request went through)."""
+    r = await stack.post("/v1/completions", {"model": MODEL, "prompt": "state me " * 40, "max_tokens": 2})
+    assert r.status == 200
+    async with stack.http.get(f"http://127.0.0.1:{stack.epp.metrics_port}/debug/plugins/state") as resp:
+        assert resp.status == 200
+        state = await resp.json()
+    assert {e["address"] for e in state["endpoints"]} == set(stack.fleet.hostports)
+    for e in state["endpoints"]:
+        assert e["health"]["available"] and e["scrape"]["ticks"] > 0
+        assert e["metricsAgeSeconds"] is not None and e["metricsAgeSeconds"] < 5
+    prefix = [v for k, v in state["plugins"].items() if "prefix" in k]
+    assert prefix and prefix[0]["entries"] > 0
+    assert state["pool"]["synced"] is True

@@ -33,6 +33,7 @@ from epp.k8s.leader import Timings
 from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
 from epp.metrics.llmd import parse_families
+from epp.plugin.base import DebugState
 from epp.server import extproc, health
 from epp.server.h2.limits import H2Limits
 from epp.server.transport import Tls, make_server
@@ -150,6 +151,72 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
     )
 
 
+def debug_state(app: App, cluster: Cluster | None) -> dict[str, Any]:
+    """``/debug/plugins/state``: every endpoint's metrics, staleness, health and scrape loop, the
+    pool, the Kubernetes watches and lease, and each plugin's own state (``DebugState``)."""
+    now = time.monotonic()
+    endpoints = []
+    for ep in app.datastore.endpoints():
+        m, h, stats = ep.metrics, ep.health, app.data_layer.stats(ep)
+        endpoints.append(
+            {
+                "name": ep.name,
+                "address": ep.hostport,
+                "labels": dict(ep.metadata.labels),
+                "metrics": {
+                    "waitingQueueSize": m.waiting_queue_size,
+                    "runningRequestsSize": m.running_requests_size,
+                    "kvCacheUsagePercent": m.kv_cache_usage_percent,
+                    "activeModels": sorted(m.active_models),
+                    "waitingModels": sorted(m.waiting_models),
+                },
+                "metricsAgeSeconds": round(now - m.update_time, 3) if m.update_time else None,
+                "health": {
+                    "available": h.available(now),
+                    "unreachable": h.unreachable,
+                    "ejectedForSeconds": round(max(0.0, h.ejected_until - now), 3),
+                    "ejections": h.ejections,
+                },
+                "scrape": None
+                if stats is None
+                else {
+                    "ticks": stats.ticks,
+                    "failures": stats.failures,
+                    "failing": stats.failing,
+                    "lastError": stats.last_error,
+                },
+            }
+        )
+    pool = app.datastore.pool
+    out: dict[str, Any] = {
+        "pool": None
+        if pool is None
+        else {
+            "name": pool.name,
+            "namespace": pool.namespace,
+            "targetPorts": list(pool.target_ports),
+            "selector": dict(pool.selector),
+            "appProtocol": pool.app_protocol,
+            "synced": app.datastore.pool_synced,
+        },
+        "endpoints": endpoints,
+        "objectives": {o.name: o.priority for o in app.datastore.objectives()},
+        "modelRewrites": len(app.datastore.rewrites),
+        "plugins": {
+            name: plugin.debug_state()
+            for name, plugin in app.components.plugins.items()
+            if isinstance(plugin, DebugState)
+        },
+    }
+    if cluster is not None:
+        out["kubernetes"] = {
+            "leader": cluster.is_leader(),
+            "watches": cluster.discovery.status() if cluster.discovery is not None else {},
+            "missingKinds": list(cluster.discovery.missing_kinds) if cluster.discovery is not None else [],
+        }
+    return out
+
+
 def _cluster(app: App) -> Cluster | None:
     opts = app.options
     if app.kubernetes is None:
@@ -235,6 +302,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
                 enable_pprof=opts.enable_pprof,
                 authorize=authorize,
                 families=parse_families(opts.metrics_families),
+                debug_state=lambda: debug_state(app, cluster),
             )
         )
         if opts.metrics_endpoint_auth and authorize is None:

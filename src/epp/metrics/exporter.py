@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
+import orjson
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -84,13 +85,29 @@ def _auth_middleware(authorize: Authorize) -> Any:
     return middleware
 
 
+def _debug_state(state: Callable[[], dict[str, Any]]) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(
+            body=orjson.dumps(state(), option=orjson.OPT_INDENT_2), content_type="application/json"
+        )
+
+    return handler
+
+
 def build_app(
-    *, enable_pprof: bool, authorize: Authorize | None = None, families: Iterable[str] = FAMILY_SETS
+    *,
+    enable_pprof: bool,
+    authorize: Authorize | None = None,
+    families: Iterable[str] = FAMILY_SETS,
+    debug_state: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
-    """``families``: which metric names /metrics serves, GIE's and/or llm-d-router's (metrics/llmd.py)."""
+    """``families``: which metric names /metrics serves, GIE's and/or llm-d-router's (metrics/llmd.py).
+    ``debug_state``: what ``/debug/plugins/state`` shows (behind the same authorisation as /metrics)."""
     app = web.Application(middlewares=[_auth_middleware(authorize)] if authorize is not None else [])
     app[_EXPOSITION] = Exposition(REGISTRY, families)
     app.router.add_get("/metrics", _metrics)
+    if debug_state is not None:
+        app.router.add_get("/debug/plugins/state", _debug_state(debug_state))
     if enable_pprof:
         app.router.add_get("/debug/pprof/goroutine", _tasks)
         app.router.add_get("/debug/pprof/profile", _profile)
@@ -109,12 +126,15 @@ class MetricsServer:
         enable_pprof: bool = True,
         authorize: Authorize | None = None,
         families: Iterable[str] = FAMILY_SETS,
+        debug_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._host = host
         self._port = port
         self._pprof = enable_pprof
         self._families = frozenset(families)
-        self._app = build_app(enable_pprof=enable_pprof, authorize=authorize, families=self._families)
+        self._app = build_app(
+            enable_pprof=enable_pprof, authorize=authorize, families=self._families, debug_state=debug_state
+        )
         self._runner: web.AppRunner | None = None
         self.port = 0
 

@@ -88,3 +88,14 @@ class Lifecycle(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class DebugState(Protocol):
+    """Plugins with state worth seeing implement this: ``/debug/plugins/state`` shows it as JSON.
+
+    Called off the request path, on demand; return plain JSON types and keep it cheap (sizes,
+    counters, a bounded sample), never the whole structure.
+    """
+
+    def debug_state(self) -> dict[str, Any]: ...

@@ -112,6 +112,11 @@ class ApproxPrefixCacheProducer(PluginBase):
         self._live: set[str] | None = None
         self._state_key: StateKey[_RequestPrefix] = StateKey(f"{name}/{self.TYPE}")
 
+    def debug_state(self) -> dict[str, Any]:
+        """The prefix index's size: block hashes known and entries over all endpoints."""
+        index = self.index
+        return {"indexedHashes": index.reverse_size, "entries": len(index), "endpoints": len(index.servers())}
+
     # helpers ------------------------------------------------------------------------
     def block_size(self, endpoints: Sequence[Endpoint]) -> int:
         """Tokens per block: the first endpoint's engine block size when auto-tuned and known."""

@@ -112,6 +112,15 @@ class InFlightLoadProducer(PluginBase):
         self._observed = False
         self._state_key: StateKey[_Added] = StateKey(f"{name}/{self.TYPE}")
 
+    def debug_state(self) -> dict[str, Any]:
+        """In-flight requests and tokens per endpoint (only endpoints with work outstanding)."""
+        out: dict[str, Any] = {}
+        for name, counter in self._counters.items():
+            load = counter.view()
+            if load.requests or load.tokens:
+                out[name] = {"requests": load.requests, "tokens": load.tokens}
+        return {"inflight": out}
+
     # read API ---------------------------------------------------------------------
     def inflight_load(self, endpoint: Endpoint) -> InFlightLoad | None:
         """The endpoint's current load; None when the EPP has never sent it anything."""
