@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from grpc import aio as grpc_aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import log, rnd, write_result
 from epp.testing.kubeapi import KubeApiServer
+from epp.testing.kubeapi.objects import inference_pool, pod
 from epp.testing.waiting import until
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
@@ -38,24 +37,6 @@ from epp_sim.demo.procs import EppProcess, SimFleet
 NS = "default"
 LEASE = "epp-default-pool.gateway-api-inference-extension.sigs.k8s.io"
 SIM = ("--time-scale", "0.02", "--seed", "7", "--max-model-len", "131072")
-
-
-def _pod(name: str, ip: str, ready: bool) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": {"app": "vllm"}},
-        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": str(ready)}]},
-    }
-
-
-def _pool(port: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "inference.networking.k8s.io/v1",
-        "kind": "InferencePool",
-        "metadata": {"name": "pool", "namespace": NS},
-        "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": port}]},
-    }
 
 
 def _free_port() -> int:
@@ -74,20 +55,10 @@ async def _request(http: aiohttp.ClientSession, url: str, i: int) -> tuple[bool,
         return False, ""
 
 
-async def _ready(e: EppProcess) -> bool:
-    async with grpc_aio.insecure_channel(f"127.0.0.1:{e.health_port}") as ch:
-        try:
-            req = health_pb2.HealthCheckRequest(service="readiness")
-            resp = await health_pb2_grpc.HealthStub(ch).Check(req, timeout=1)
-        except grpc_aio.AioRpcError:
-            return False
-        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
-
-
 async def _leader(a: EppProcess, b: EppProcess) -> EppProcess:
     for _ in range(600):
         for e in (a, b):
-            if await _ready(e):
+            if await e.serving("readiness"):
                 return e
     raise RuntimeError("no EPP became leader")
 
@@ -103,7 +74,7 @@ class Fleet:
         sim = SimFleet(1, "--host", ip, "--base-port", str(self.port), "--name-prefix", name, *SIM)
         await sim.__aenter__()
         self.sims.append(sim)
-        self.api.create(_pod(name, ip, ready))
+        self.api.create(pod(name, ip, ready=ready))
         return ip
 
     async def close(self) -> None:
@@ -123,7 +94,7 @@ async def failover(sig: signal.Signals, timings: tuple[str, str, str], tmp: Path
     async with api:
         kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
         fleet = Fleet(api)
-        api.create(_pool(fleet.port))
+        api.create(inference_pool(ports=(fleet.port,)))
         try:
             for i in range(2):
                 await fleet.add(f"pod-{i}")
@@ -187,7 +158,7 @@ async def first_request_after_ready(tmp: Path, trials: int) -> list[float]:
     async with api:
         kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
         fleet = Fleet(api)
-        api.create(_pool(fleet.port))
+        api.create(inference_pool(ports=(fleet.port,)))
         try:
             await fleet.add("pod-0")
             e = EppProcess("--pool-name=pool", f"--kubeconfig={kubeconfig}", "--bind-address=127.0.0.1")

@@ -16,12 +16,12 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 import pytest
 
 from epp.testing.kubeapi import KubeApiServer, UserInfo
+from epp.testing.kubeapi.objects import inference_pool, pod
 from epp.testing.waiting import until
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
@@ -40,29 +40,6 @@ def shared_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pod_object(name: str, ip: str, *, ready: bool = True) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": {"app": "vllm"}},
-        "spec": {"containers": [{"name": "vllm", "image": "epp-sim"}]},
-        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
-    }
-
-
-def pool_object(port: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "inference.networking.k8s.io/v1",
-        "kind": "InferencePool",
-        "metadata": {"name": "pool", "namespace": NS},
-        "spec": {
-            "selector": {"matchLabels": {"app": "vllm"}},
-            "targetPorts": [{"number": port}],
-            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
-        },
-    }
-
-
 @dataclass
 class Cluster:
     """The API server plus simulated pods; ``ips`` maps pod name → its 127.0.0.x address."""
@@ -79,7 +56,7 @@ class Cluster:
         await sim.__aenter__()
         self.sims[name], self.ips[name] = sim, ip
         if register:
-            self.api.create(pod_object(name, ip, ready=ready))
+            self.api.create(pod(name, ip, ready=ready))
         return ip
 
     def set_ready(self, name: str, ready: bool) -> None:
@@ -100,7 +77,7 @@ async def cluster(tmp: pathlib.Path, pods: int) -> AsyncIterator[Cluster]:
     async with api:
         port = shared_port()
         c = Cluster(api, port, api.write_kubeconfig(tmp / "kubeconfig"))
-        api.create(pool_object(port))
+        api.create(inference_pool(ports=(port,)))
         try:
             for i in range(pods):
                 await c.start_pod(f"pod-{i}")
@@ -231,7 +208,7 @@ async def test_starts_during_an_api_outage_and_guards_metrics(tmp_path: pathlib.
             await until(
                 lambda: any(r.path.endswith("/pods") for r in c.api.requests), 20, what="a pod list attempt"
             )
-            assert not await _ready(e, "inference-extension")
+            assert not await e.serving("inference-extension")
             c.api.down = False
             await e.wait_serving(20)
             async with (
@@ -339,7 +316,7 @@ async def test_leader_failover_under_load(tmp_path: pathlib.Path, sig: signal.Si
                     f"\nfailover ({sig.name}): new leader after {t_lease * 1000:.0f} ms; "
                     f"{failed} of {total} requests failed during and after it"
                 )
-                assert await _ready(follower)
+                assert await follower.serving("readiness")
                 # hot standby: once the successor holds the lease (and Envoy's 200 ms health check
                 # has seen it), every request routes; nothing waits for a cold datastore
                 assert load.failures_after(t_kill + t_lease + 1.0) == 0
@@ -350,25 +327,11 @@ async def test_leader_failover_under_load(tmp_path: pathlib.Path, sig: signal.Si
                     assert t_lease < 3.0 + 1.5
 
 
-async def _ready(e: EppProcess, service: str = "readiness") -> bool:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{e.health_port}") as ch:
-        try:
-            resp = await health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(service="readiness"), timeout=1
-            )
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
-
-
 async def _leader_of(a: EppProcess, b: EppProcess) -> tuple[EppProcess, EppProcess]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if await _ready(a):
+        if await a.serving("readiness"):
             return a, b
-        if await _ready(b):
+        if await b.serving("readiness"):
             return b, a
     raise AssertionError("no EPP became ready as leader")

@@ -11,8 +11,8 @@ from epp.datastore.store import Datastore
 from epp.k8s.client import Kube
 from epp.k8s.discovery import DiscoverySpec, KubernetesDiscovery
 from epp.testing.kubeapi import KubeApiServer, Resource
+from epp.testing.kubeapi.objects import inference_pool, pod
 from epp.testing.waiting import until
-from tests.k8s.pods import inference_pool, pod
 
 X = "inference.networking.x-k8s.io/v1alpha2"
 

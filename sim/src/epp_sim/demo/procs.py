@@ -184,20 +184,24 @@ class EppProcess(_Proc):
             await self.stop()
             raise
 
-    async def wait_serving(self, timeout: float = 30.0) -> None:
+    async def serving(self, service: str | None = None) -> bool:
+        """One gRPC health Check of ``service`` (default ``health_service``): SERVING or not (or down)."""
         async with grpc.aio.insecure_channel(f"127.0.0.1:{self.health_port}") as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            async with asyncio.timeout(timeout):
-                while True:
-                    if self.proc is not None and self.proc.returncode is not None:
-                        raise RuntimeError(f"epp exited with {self.proc.returncode}:\n{self.log_tail()}")
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        resp = await stub.Check(
-                            health_pb2.HealthCheckRequest(service=self.health_service), timeout=1
-                        )
-                        if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                            return
-                    await asyncio.sleep(0.05)
+            req = health_pb2.HealthCheckRequest(service=self.health_service if service is None else service)
+            try:
+                resp = await health_pb2_grpc.HealthStub(ch).Check(req, timeout=1)
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def wait_serving(self, timeout: float = 30.0) -> None:
+        async with asyncio.timeout(timeout):
+            while True:
+                if self.proc is not None and self.proc.returncode is not None:
+                    raise RuntimeError(f"epp exited with {self.proc.returncode}:\n{self.log_tail()}")
+                if await self.serving():
+                    return
+                await asyncio.sleep(0.05)  # poll interval against another process
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()

@@ -1,4 +1,5 @@
-"""Pod and InferencePool objects as the API server returns them (dicts), for the k8s tests."""
+"""Pod and InferencePool objects (dicts) as a cluster holds them: for tests and benchmarks that feed
+the fake API server or the reconcilers directly."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ def pod(
     namespace: str = "default",
     annotations: dict[str, str] | None = None,
     deleting: bool = False,
-    rv: str = "1",
+    rv: str = "",
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
         "labels": {"app": "vllm"} if labels is None else labels,
-        "resourceVersion": rv,
     }
+    if rv:  # the API server assigns one; reconciler tests set it themselves
+        meta["resourceVersion"] = rv
     if annotations:
         meta["annotations"] = annotations
     if deleting:
