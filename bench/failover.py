@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import socket
 import statistics
 import tempfile
 import time
@@ -32,17 +31,11 @@ from epp.testing.kubeapi import KubeApiServer
 from epp.testing.kubeapi.objects import inference_pool, pod
 from epp.testing.waiting import until
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.procs import EppProcess, SimFleet, free_port
 
 NS = "default"
 LEASE = "epp-default-pool.gateway-api-inference-extension.sigs.k8s.io"
 SIM = ("--time-scale", "0.02", "--seed", "7", "--max-model-len", "131072")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _request(http: aiohttp.ClientSession, url: str, i: int) -> tuple[bool, str]:
@@ -66,7 +59,7 @@ async def _leader(a: EppProcess, b: EppProcess) -> EppProcess:
 class Fleet:
     def __init__(self, api: KubeApiServer) -> None:
         self.api = api
-        self.port = _free_port()
+        self.port = free_port()
         self.sims: list[SimFleet] = []
 
     async def add(self, name: str, *, ready: bool = True) -> str:

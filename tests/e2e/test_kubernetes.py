@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import pathlib
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,20 +23,13 @@ from epp.testing.kubeapi import KubeApiServer, UserInfo
 from epp.testing.kubeapi.objects import inference_pool, pod
 from epp.testing.waiting import until
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.procs import EppProcess, SimFleet, free_port
 from tests.e2e.conftest import FAST_SIM
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "mock-model"
 NS = "default"
-
-
-def shared_port() -> int:
-    """A port free on 127.0.0.1; every simulated pod listens on it at its own 127.0.0.x address."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -75,7 +67,7 @@ async def cluster(tmp: pathlib.Path, pods: int) -> AsyncIterator[Cluster]:
     api = KubeApiServer(bookmark_interval=1.0)
     api.register_inference_crds()
     async with api:
-        port = shared_port()
+        port = free_port()  # free on 127.0.0.1; every simulated pod listens on it at its own 127.0.0.x
         c = Cluster(api, port, api.write_kubeconfig(tmp / "kubeconfig"))
         api.create(inference_pool(ports=(port,)))
         try:
