@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pathlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,19 @@ class Stack:
     async def epp_metrics(self) -> str:
         async with self.http.get(f"http://127.0.0.1:{self.epp.metrics_port}/metrics") as r:
             return await r.text()
+
+
+async def open_loop(send: Callable[[int], Coroutine[Any, Any, None]], rate: float, seconds: float) -> None:
+    """Call ``send(i)`` ``rate`` times a second for ``seconds``, whether or not earlier calls have
+    finished (open-loop arrivals: a stuck replica cannot slow the load down), then await them all."""
+    tasks = []
+    start = time.monotonic()
+    i = 0
+    while (now := time.monotonic()) - start < seconds:
+        tasks.append(asyncio.create_task(send(i)))
+        i += 1
+        await asyncio.sleep(max(0.0, start + i / rate - now))  # pacing: open-loop arrivals at `rate`
+    await asyncio.gather(*tasks)
 
 
 @contextlib.asynccontextmanager

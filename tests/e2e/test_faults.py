@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import Stack, make_stack
+from tests.e2e.conftest import Stack, make_stack, open_loop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -45,14 +45,7 @@ class OpenLoop:
             self.outcomes.append(Outcome(t, -1, ""))
 
     async def run(self, seconds: float) -> None:
-        tasks = []
-        start = time.monotonic()
-        i = 0
-        while (now := time.monotonic()) - start < seconds:
-            tasks.append(asyncio.create_task(self._one(i, stream=i % 2 == 1)))
-            i += 1
-            await asyncio.sleep(max(0.0, start + i / RATE - now))  # pacing: open-loop arrivals at RATE
-        await asyncio.gather(*tasks)
+        await open_loop(lambda i: self._one(i, stream=i % 2 == 1), RATE, seconds)
 
     def after(self, t: float) -> list[Outcome]:
         return [o for o in self.outcomes if o.sent_at >= t]

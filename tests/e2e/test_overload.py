@@ -4,7 +4,6 @@ sheddable requests are served again without anyone stepping in."""
 
 from __future__ import annotations
 
-import asyncio
 import pathlib
 import statistics
 import time
@@ -12,7 +11,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import Stack, make_stack
+from tests.e2e.conftest import Stack, make_stack, open_loop
 from tests.e2e.test_request_control import REWRITES, SHEDDING
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -41,25 +40,19 @@ async def send(s: Stack, objective: str, i: int, out: list[tuple[str, float, int
         out.append((objective, t, -1, time.monotonic() - t))
 
 
-async def open_loop(s: Stack, rate: float, seconds: float, out: list[tuple[str, float, int, float]]) -> None:
-    tasks = []
-    start = time.monotonic()
-    i = 0
-    while (now := time.monotonic()) - start < seconds:
-        tasks.append(asyncio.create_task(send(s, "batch" if i % 2 else "critical", i, out)))
-        i += 1
-        await asyncio.sleep(max(0.0, start + i / rate - now))  # pacing: open-loop arrivals at `rate`
-    await asyncio.gather(*tasks)
+async def mixed_load(s: Stack, rate: float, seconds: float, out: list[tuple[str, float, int, float]]) -> None:
+    """Half critical, half sheddable ("batch"), alternating."""
+    await open_loop(lambda i: send(s, "batch" if i % 2 else "critical", i, out), rate, seconds)
 
 
 async def test_overload_sheds_sheddable_keeps_critical_and_recovers(tmp_path: pathlib.Path) -> None:
     async with make_stack(tmp_path, replicas=2, sim_args=SLOW_SIM, config=SHEDDING, objectives=REWRITES) as s:
         rss_before = rss_mib(s.epp.pid)
         overload: list[tuple[str, float, int, float]] = []
-        await open_loop(s, 60.0, 5.0, overload)
+        await mixed_load(s, 60.0, 5.0, overload)
         rss_after = rss_mib(s.epp.pid)
         calm: list[tuple[str, float, int, float]] = []
-        await open_loop(s, 4.0, 3.0, calm)
+        await mixed_load(s, 4.0, 3.0, calm)
 
     critical = [o for o in overload if o[0] == "critical"]
     batch = [o for o in overload if o[0] == "batch"]
