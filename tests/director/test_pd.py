@@ -6,6 +6,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from epp.admission.legacy import AlwaysAdmit
 from epp.config.build import Components, build
@@ -19,6 +23,8 @@ from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
 from epp.errors import ServiceUnavailable
 from epp.scheduling.profiles.disagg import PREFILLER_HOST_PORT_HEADER
+from epp.tracing import spans
+from epp.tracing.stages import StageSpans
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "config" / "examples"
 WELL_LIT = EXAMPLES / "pd-disaggregation.yaml"
@@ -102,3 +108,20 @@ async def test_prefix_is_recorded_on_both_picks_and_loads_release_at_their_stage
     lc.response_chunk(b"{}", True)
     lc.close()
     assert inflight.load_of(decode_ep).requests == 0
+
+
+async def test_sampled_request_carries_llm_ds_pd_span_attributes() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    d, _ = _director(WELL_LIT, roles=("prefill", "decode"))
+    lc = d.start({}, {})
+    lc.ctx.stages = StageSpans(provider.get_tracer("test"), Context())
+    decision = await lc.route(_body("trace me " * 40))
+    (pick,) = [s for s in exporter.get_finished_spans() if s.name == spans.STAGE_PICK]
+    attrs = dict(pick.attributes or {})
+    assert decision.destination == "10.0.0.2:8000"
+    assert attrs[spans.ATTR_PD_USED] is True
+    assert (attrs[spans.ATTR_PD_PREFILL_ADDRESS], attrs[spans.ATTR_PD_PREFILL_PORT]) == ("10.0.0.1", "8000")
+    assert attrs[spans.ATTR_PD_REASON] == "disaggregated"
+    assert attrs[spans.ATTR_PROFILE_HANDLER_DECISION] == "complete_prefill-decode"

@@ -19,9 +19,8 @@ from tests.e2e.conftest import make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CONFIG = (
-    pathlib.Path(__file__).resolve().parents[2] / "config" / "examples" / "sim-pd-epp-config.yaml"
-).read_text()
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "config" / "examples"
+CONFIG = (EXAMPLES / "sim-pd-epp-config.yaml").read_text()
 ROLE = "llm-d.ai/role"
 MODEL = "mock-model"
 LONG = "a fresh prompt that no pod has seen before, long enough to need a prefill leg " * 8
@@ -79,9 +78,11 @@ def _sample(metrics: str, family: str, decision: str) -> float:
     return 0.0
 
 
-async def test_no_prefill_pod_is_a_503_with_the_dropped_reason(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("example", ["sim-pd-epp-config.yaml", "pd-disaggregation.yaml"])
+async def test_no_prefill_pod_is_a_503_with_the_dropped_reason(tmp_path: pathlib.Path, example: str) -> None:
+    config = (EXAMPLES / example).read_text()
     async with make_stack(
-        tmp_path, replicas=2, config=CONFIG, labels=[{ROLE: "decode"}, {ROLE: "decode"}]
+        tmp_path, replicas=2, config=config, labels=[{ROLE: "decode"}, {ROLE: "decode"}]
     ) as s:
         r = await s.post("/v1/completions", {"model": MODEL, "prompt": LONG, "max_tokens": 4})
         assert r.status == 503, r.body
