@@ -27,7 +27,7 @@ LONG = "a fresh prompt that no pod has seen before, long enough to need a prefil
 
 
 def _prefiller(line: str) -> str:
-    return line.rsplit("prefiller=", 1)[1].strip()
+    return line.split("prefiller=", 1)[1].split(" ", 1)[0]
 
 
 async def test_prefill_header_reaches_the_decode_pod_and_client_values_never_do(
