@@ -693,7 +693,12 @@ def _validate_new(opts: Options) -> None:
             f'invalid value {opts.grpc_max_message_bytes} for "grpc-max-message-bytes": '
             "must be in [1, 2147483642]"
         )
-    for name in ("grpc-keepalive-time", "grpc-keepalive-timeout", "grpc-max-connection-idle"):
+    for name in (
+        "grpc-keepalive-time",
+        "grpc-keepalive-timeout",
+        "grpc-max-connection-idle",
+        "config-reload-interval",
+    ):
         value = getattr(opts, name.replace("-", "_"))
         if value < 0:
             raise ConfigError(

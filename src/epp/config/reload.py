@@ -398,6 +398,11 @@ class ConfigReloader:
             )
 
     @property
+    def watcher(self) -> ConfigWatcher | None:
+        """The file watcher (None when the config is not read from a file)."""
+        return self._watcher
+
+    @property
     def retiring(self) -> int:
         """Replaced pipelines whose plugins still wait for their requests to finish."""
         return len(self._retiring)
