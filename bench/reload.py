@@ -1,0 +1,248 @@
+"""Live config reload under load: how soon a new weight takes effect, and what the swap costs.
+
+Run ``python -m bench.reload [--quick]``; prints a table and writes bench/results/reload.json.
+
+Three simulator replicas behind Envoy and the EPP; requests arrive open-loop (Poisson) at
+300/s, all with one long prompt.  The config starts with ``prefix-cache-scorer`` at weight
+100, which pins every request to the replica the first one went to.  Mid-run the config file
+is rewritten the way an editor or kubelet does it (a new file renamed over the old one) with
+the prefix weight at 0: the queue scorer then spreads the requests over the fleet.  Measured
+per round:
+
+* **time to new behaviour**: from the rename to the first request answered by another
+  replica (upper bound: its completion; lower bound: its send), against the 2 s goal;
+* **failures**: non-2xx or transport errors over the whole run (goal 0);
+* **latency around the swap**: requests sent between the rename and 250 ms after the new
+  behaviour showed (they were in flight while the file was read, the new config built in a
+  thread and the pipeline swapped) against the steady state before the rename, same run;
+  goal: p99 and max delayed by at most 10 ms.
+
+The EPP's own log line (``config_reloaded``) gives the build-and-swap time on its side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.common import log, rnd, versions, write_result
+from bench.httpload import Pool, percentile, post
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess, SimFleet
+
+SEED = 7
+RATE = 300.0
+SIM = ("--time-scale", "0.02", "--seed", "7", "--max-model-len", "131072")
+PROMPT = "Summarise the plot of a long novel about a lighthouse keeper. " * 8
+GOALS = {"time_to_effect_s": 2.0, "failures": 0, "swap_delay_ms": 10.0}
+HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+
+
+def config(prefix_weight: float) -> str:
+    return (
+        HEAD
+        + f"""plugins:
+- type: queue-scorer
+- type: prefix-cache-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: {prefix_weight}
+  - pluginRef: queue-scorer
+    weight: 1
+"""
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    seconds: float  # of load per round
+    change_at: float  # seconds into the round the file is rewritten
+    rounds: int
+
+
+QUICK = Settings(seconds=6.0, change_at=3.0, rounds=1)
+FULL = Settings(seconds=16.0, change_at=8.0, rounds=3)
+
+
+@dataclass(slots=True)
+class Shot:
+    sent: float
+    done: float
+    ok: bool
+    served_by: str
+
+
+def rewrite(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+async def _one(pool: Pool, data: bytes, scheduled: float, out: list[Shot]) -> None:
+    try:
+        r = await pool.send(data, 10.0)
+        out.append(Shot(scheduled, r.done, 200 <= r.status < 300, r.served_by))
+    except (OSError, TimeoutError, ConnectionError, ValueError):
+        out.append(Shot(scheduled, time.perf_counter(), False, ""))
+
+
+async def _load(pool: Pool, data: bytes, seconds: float, seed: int, out: list[Shot]) -> None:
+    """Open-loop Poisson arrivals at RATE; latency counts from the scheduled time."""
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    at, tasks = 0.0, []
+    while (at := at + rng.expovariate(RATE)) < seconds:
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_one(pool, data, start + at, out)))
+    await asyncio.gather(*tasks)
+
+
+def _epp_reload_line(epp: EppProcess) -> dict[str, Any]:
+    for line in reversed(epp.log_tail(200_000).splitlines()):
+        if '"config_reloaded"' in line:
+            try:
+                return dict(json.loads(line[line.index("{") :]))
+            except ValueError:
+                return {}
+    return {}
+
+
+def _lat(shots: list[Shot]) -> dict[str, float | None]:
+    ms = [(s.done - s.sent) * 1000 for s in shots if s.ok]
+    return {
+        "n": len(ms),
+        "p50_ms": rnd(percentile(ms, 50)),
+        "p99_ms": rnd(percentile(ms, 99)),
+        "max_ms": rnd(max(ms)) if ms else None,
+    }
+
+
+async def round_(settings: Settings, seed: int) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-reload-"))
+    cfg = tmp / "config.yaml"
+    cfg.write_text(config(100))
+    data = post("/v1/completions", orjson.dumps({"model": "mock-model", "prompt": PROMPT, "max_tokens": 2}))
+    async with SimFleet(3, *SIM) as fleet:
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1", f"--config-file={cfg}"
+        )
+        async with epp, Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)) as envoy:
+            pool = Pool("127.0.0.1", envoy.port)
+            warm = await pool.send(data)  # the prefix index now pins the prompt to this replica
+            pinned = warm.served_by
+            shots: list[Shot] = []
+            written = 0.0
+
+            async def change() -> None:
+                nonlocal written
+                await asyncio.sleep(settings.change_at)
+                rewrite(cfg, config(0))
+                written = time.perf_counter()
+
+            await asyncio.gather(_load(pool, data, settings.seconds, seed, shots), change())
+            pool.close()
+            epp_line = _epp_reload_line(epp)
+    shots.sort(key=lambda s: s.sent)
+    before = [s for s in shots if s.sent < written]
+    after = [s for s in shots if s.sent >= written and s.ok and s.served_by != pinned]
+    first_other = min(after, key=lambda s: s.done) if after else None
+    effect_done = (first_other.done - written) if first_other else None
+    effect_sent = (first_other.sent - written) if first_other else None
+    start = shots[0].sent if shots else 0.0
+    steady = [s for s in before if s.sent > start + 1.0 and s.sent < written - 0.25]
+    swap_end = written + (effect_done or 0.0) + 0.25
+    swap = [s for s in shots if written <= s.sent <= swap_end]
+    tail = [s for s in shots if s.sent > swap_end]
+    steady_lat, swap_lat = _lat(steady), _lat(swap)
+    spread = Counter(s.served_by for s in tail if s.ok)
+    return {
+        "pinned_share_before": rnd(sum(s.served_by == pinned for s in before) / max(1, len(before))),
+        "replicas_after": len(spread),
+        "pinned_share_after": rnd(spread[pinned] / max(1, sum(spread.values()))),
+        "time_to_effect_s": None if effect_done is None else rnd(effect_done),
+        "time_to_effect_lower_s": None if effect_sent is None else rnd(effect_sent),
+        "requests": len(shots),
+        "failures": sum(not s.ok for s in shots),
+        "achieved_rps": rnd(len(shots) / settings.seconds, 1),
+        "steady": steady_lat,
+        "swap_window": swap_lat,
+        "swap_delay_p99_ms": _delta(swap_lat["p99_ms"], steady_lat["p99_ms"]),
+        "swap_delay_max_ms": _delta(swap_lat["max_ms"], steady_lat["max_ms"]),
+        "epp_reload_seconds": epp_line.get("seconds"),
+        "epp_generation": epp_line.get("generation"),
+    }
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else rnd(a - b)
+
+
+def _worst(rounds: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rounds if r.get(key) is not None]
+    return max(values) if values else None
+
+
+async def run(settings: Settings) -> dict[str, Any]:
+    rounds = []
+    for i in range(settings.rounds):
+        r = await round_(settings, SEED + i)
+        log(
+            f"round {i + 1}: effect {r['time_to_effect_s']} s (>= {r['time_to_effect_lower_s']}), "
+            f"failures {r['failures']}/{r['requests']}, steady p99 {r['steady']['p99_ms']} ms "
+            f"max {r['steady']['max_ms']} | swap p99 {r['swap_window']['p99_ms']} "
+            f"max {r['swap_window']['max_ms']} ms (n={r['swap_window']['n']}), "
+            f"replicas after {r['replicas_after']}, EPP build+swap {r['epp_reload_seconds']} s"
+        )
+        rounds.append(r)
+    summary = {
+        "time_to_effect_s": _worst(rounds, "time_to_effect_s"),
+        "failures": sum(r["failures"] for r in rounds),
+        "swap_delay_p99_ms": _worst(rounds, "swap_delay_p99_ms"),
+        "swap_delay_max_ms": _worst(rounds, "swap_delay_max_ms"),
+        "routing_changed": all(r["pinned_share_before"] == 1.0 and r["replicas_after"] > 1 for r in rounds),
+    }
+    summary["meets_goals"] = bool(
+        summary["time_to_effect_s"] is not None
+        and summary["time_to_effect_s"] <= GOALS["time_to_effect_s"]
+        and summary["failures"] == GOALS["failures"]
+        and (summary["swap_delay_p99_ms"] or 0.0) <= GOALS["swap_delay_ms"]
+        and summary["routing_changed"]
+    )
+    return {"rate": RATE, "goals": GOALS, "summary": summary, "rounds": rounds, "versions": versions()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.reload", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    settings = QUICK if args.quick else FULL
+    log(f"reload: {settings.rounds} round(s) of {settings.seconds:g} s at {RATE:g} req/s ({mode})")
+    result = asyncio.run(run(settings))
+    path = write_result("reload", result, mode=mode, seeds={"loadgen": SEED})
+    s = result["summary"]
+    log(
+        f"reload: time to new behaviour {s['time_to_effect_s']} s (goal <= 2), failures {s['failures']} "
+        f"(goal 0), swap delay p99 {s['swap_delay_p99_ms']} ms / max {s['swap_delay_max_ms']} ms "
+        f"(goal <= 10), routing changed {s['routing_changed']} -> {path}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
