@@ -385,6 +385,30 @@ async def test_flow_control_queues_survive_an_unrelated_change(tmp_path: Path) -
         await waiting.until(lambda: reloader.retiring == 0, what="old flow controller retired")
 
 
+async def test_a_queued_request_survives_a_reload_and_is_dispatched(tmp_path: Path) -> None:
+    reg = registry()
+    gate = "featureGates: [flowControl]\n"
+    app = make_app(tmp_path / "config.yaml", config().replace(HEAD, HEAD + gate), reg)
+    async with app.admission, ConfigReloader(app, registry=reg) as reloader:  # type: ignore[attr-defined]
+        controller = app.admission.controller  # type: ignore[attr-defined]
+        queued = app.director.start({"x-request-id": "queued"}, {})
+        routing = asyncio.create_task(queued.route(BODY))  # both pods are saturated: it waits
+        await waiting.until(lambda: controller.queued == 1, what="request queued")
+
+        text = config("kv-cache-utilization-scorer").replace(HEAD, HEAD + gate)
+        assert await reloader.reload(text.encode()) == SUCCESS
+        assert app.admission.controller is controller  # type: ignore[attr-defined]
+        assert controller.queued == 1
+
+        pod0, pod1 = app.datastore.endpoints()
+        pod0.metrics = make_endpoint(0, queue=0, kv=0.1).metrics  # capacity frees up
+        pod1.metrics = make_endpoint(1, queue=3, kv=0.0).metrics
+        app.admission.notify()
+        decision = await routing
+        assert decision.destination == POD0  # dispatched, and routed by the queue scorer it started with
+        queued.close()
+
+
 async def test_the_data_layer_is_kept_unless_its_section_changes(live: tuple[App, ConfigReloader]) -> None:
     app, reloader = live
     runtime = app.data_layer
