@@ -247,6 +247,7 @@ class ConfigReloader:
                 generation=self.generation,
                 trigger=trigger,
                 seconds=seconds,
+                swap_seconds=round(self.last_swap_seconds, 6),  # of which on the event loop
                 kept=sorted(new.reused),
                 built=sorted(set(new.plugins) - new.reused),
                 dropped=sorted(set(current.plugins) - set(new.plugins)),
