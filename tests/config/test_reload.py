@@ -324,6 +324,18 @@ async def test_a_parser_the_pool_cannot_use_is_rejected(live: tuple[App, ConfigR
     assert "parser.pluginRef" in event["error"]
 
 
+async def test_a_file_changed_between_startup_and_watching_is_applied(tmp_path: Path) -> None:
+    reg = registry()
+    app = make_app(tmp_path / "config.yaml", config(), reg)
+    write(str(tmp_path / "config.yaml"), config("kv-cache-utilization-scorer"))  # after startup read it
+    app.options = Opts(config_file=str(tmp_path / "config.yaml"), config_reload_interval=0.01)
+    async with ConfigReloader(app, registry=reg) as reloader:
+        await waiting.until(lambda: reloader.generation == 2, what="the newer file applied")
+    lc, dest = await route(app)
+    lc.close()
+    assert dest == POD1
+
+
 async def test_sighup_rereads_the_file(live: tuple[App, ConfigReloader]) -> None:
     app, reloader = live  # polling is off (interval 0): only the signal can make it re-read
     write(reloader.path, config("kv-cache-utilization-scorer"))

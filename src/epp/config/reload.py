@@ -140,13 +140,11 @@ class ConfigReloader:
         opts = self.app.options
         loop = asyncio.get_running_loop()
         if self.path:
-            try:
-                content = await asyncio.to_thread(_read, self.path)
-            except OSError:
-                content = b""
+            content, serving = await asyncio.to_thread(self._startup_content)
             self.digest = digest(content)
             self._watcher = ConfigWatcher(self.path, self._changed, interval=opts.config_reload_interval)
-            self._watcher.seen(self.digest)
+            if serving:  # else the file changed since startup read it: the first polls apply it
+                self._watcher.seen(self.digest)
             self._watcher.start()
             log.info(
                 "config_reload_enabled",
@@ -194,6 +192,14 @@ class ConfigReloader:
                 await _exit(app.admission)
             if app.data_layer is not data_layer:
                 await _exit(app.data_layer)
+
+    def _startup_content(self) -> tuple[bytes, bool]:
+        """The file now, and whether it is the config serving (it may have changed since startup)."""
+        try:
+            content = _read(self.path)
+            return content, load_config(content) == self.app.components.config
+        except (OSError, ConfigError):
+            return b"", False
 
     def _sighup(self) -> None:
         if self._watcher is not None:
