@@ -20,12 +20,19 @@ per round:
   latency drops: the load leaves the one busy replica.)
 
 The EPP's own log line (``config_reloaded``) gives the build-and-swap time on its side.
+
+Then, in this process, **event-loop stalls**: an ``App`` built as ``epp`` builds it, a task
+that only yields (``await asyncio.sleep(0)``) records the gaps between its turns, first with
+nothing else running, then while the same two configs are reloaded back to back (each a full
+parse, validation and build in the worker thread, and a swap); and once more with Python's
+default 5 ms GIL switch interval during the build, to show what the 0.5 ms one buys.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import random
@@ -74,10 +81,11 @@ class Settings:
     neutral_at: float  # seconds into the round of the rewrite that changes a weight, not routing
     change_at: float  # seconds into the round of the rewrite that changes routing
     rounds: int
+    lag_seconds: float  # per in-process event-loop stall measurement
 
 
-QUICK = Settings(seconds=8.0, neutral_at=3.0, change_at=5.0, rounds=1)
-FULL = Settings(seconds=16.0, neutral_at=6.0, change_at=10.0, rounds=3)
+QUICK = Settings(seconds=8.0, neutral_at=3.0, change_at=5.0, rounds=1, lag_seconds=1.0)
+FULL = Settings(seconds=16.0, neutral_at=6.0, change_at=10.0, rounds=3, lag_seconds=3.0)
 NEUTRAL_WINDOW = 1.0  # seconds after the neutral rewrite: detection (<= 2 polls), build and swap
 
 
@@ -212,6 +220,79 @@ def _worst(rounds: list[dict[str, Any]], key: str) -> float | None:
     return max(values) if values else None
 
 
+async def _gaps(seconds: float, work: Any = None) -> list[float]:
+    """Gaps (ms) between turns of a task that only yields, for ``seconds``, while ``work`` runs."""
+    gaps: list[float] = []
+    loop_end = time.perf_counter() + seconds
+    task = asyncio.create_task(work(loop_end)) if work is not None else None
+    last = time.perf_counter()
+    while (now := time.perf_counter()) < loop_end:
+        gaps.append((now - last) * 1000)
+        last = now
+        await asyncio.sleep(0)
+    if task is not None:
+        await task
+    return gaps
+
+
+def _gap_stats(gaps: list[float]) -> dict[str, float | None]:
+    return {
+        "turns": len(gaps),
+        "p99_ms": rnd(percentile(gaps, 99)),
+        "p999_ms": rnd(percentile(gaps, 99.9)),
+        "max_ms": rnd(max(gaps)) if gaps else None,
+    }
+
+
+async def _reload_until(reloader: Any, end: float, swaps: list[float], totals: list[float]) -> None:
+    """Reload two configs in turn (a new pipeline each time) until ``end``."""
+    while time.perf_counter() < end:
+        text = config(100, queue_weight=2 + len(totals) % 2)
+        started = time.perf_counter()
+        await reloader.reload(text.encode())
+        totals.append((time.perf_counter() - started) * 1000)
+        swaps.append(reloader.last_swap_seconds * 1000)
+
+
+async def loop_lag(seconds: float) -> dict[str, Any]:
+    """Event-loop stalls in-process while configs are reloaded back to back (see the module doc)."""
+    from epp.cli.flags import parse_flags
+    from epp.cli.run import build_app, tune_gc
+    from epp.log import configure_logging
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-reload-lag-"))
+    cfg = tmp / "config.yaml"
+    cfg.write_text(config(100))
+    argv = [f"--config-file={cfg}", "--endpoints=127.0.0.1:1,127.0.0.1:2", "--config-reload-interval=0"]
+    options = parse_flags(argv, {})
+    configure_logging(options, stream=io.StringIO())  # logged as epp logs (JSON, info), not shown
+    app = build_app(options, {})
+    tune_gc()  # as epp does once started: the startup heap frozen, fewer young collections
+    return await _loop_lag(app, seconds)
+
+
+async def _loop_lag(app: Any, seconds: float) -> dict[str, Any]:
+    import epp.config.reload as reload_module
+    from epp.config.reload import ConfigReloader
+
+    out: dict[str, Any] = {"idle": _gap_stats(await _gaps(seconds))}
+    fine = reload_module.BUILD_SWITCH_INTERVAL
+    async with ConfigReloader(app) as reloader:
+        for label, interval in (("reloading", fine), ("reloading_5ms_gil", 0.005)):
+            reload_module.BUILD_SWITCH_INTERVAL = interval  # type: ignore[misc]
+            swaps: list[float] = []
+            totals: list[float] = []
+            stats = _gap_stats(
+                await _gaps(seconds, lambda end, s=swaps, t=totals: _reload_until(reloader, end, s, t))
+            )
+            stats["reloads"] = len(totals)
+            stats["reload_p50_ms"] = rnd(percentile(totals, 50))
+            stats["swap_on_loop_max_ms"] = rnd(max(swaps)) if swaps else None
+            out[label] = stats
+        reload_module.BUILD_SWITCH_INTERVAL = fine  # type: ignore[misc]
+    return out
+
+
 async def run(settings: Settings) -> dict[str, Any]:
     rounds = []
     for i in range(settings.rounds):
@@ -239,7 +320,19 @@ async def run(settings: Settings) -> dict[str, Any]:
         and (summary["swap_delay_p99_ms"] or 0.0) <= GOALS["swap_delay_ms"]
         and summary["routing_changed"]
     )
-    return {"rate": RATE, "goals": GOALS, "summary": summary, "rounds": rounds, "versions": versions()}
+    lag = await loop_lag(settings.lag_seconds)
+    for label in ("idle", "reloading", "reloading_5ms_gil"):
+        log(f"event loop {label}: {lag[label]}")
+    summary["loop_stall_p999_ms"] = lag["reloading"]["p999_ms"]
+    summary["loop_stall_idle_p999_ms"] = lag["idle"]["p999_ms"]
+    return {
+        "rate": RATE,
+        "goals": GOALS,
+        "summary": summary,
+        "rounds": rounds,
+        "loop_lag": lag,
+        "versions": versions(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
