@@ -280,6 +280,8 @@ async def test_an_invalid_config_is_rejected_with_its_field_path_and_the_old_one
     lc, dest = await route(app)
     lc.close()
     assert dest == POD0
+    assert await reloader.reload(config().encode()) == UNCHANGED  # the file is fixed back
+    assert REGISTRY.get_sample_value("inference_extension_config_last_reload_successful") == 1
 
 
 async def test_a_config_that_fails_to_build_is_rejected(live: tuple[App, ConfigReloader]) -> None:

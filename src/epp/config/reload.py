@@ -232,10 +232,11 @@ class ConfigReloader:
             except ConfigError as e:
                 return self._failed(str(e), content_digest, trigger)
             except Exception as e:  # a plugin's start() is foreign code: reject, keep serving
-                return self._failed(f"starting the new config failed: {e!r}", content_digest, trigger)
+                return self._failed(f"applying the new config failed: {e!r}", content_digest, trigger)
             seconds = round(time.monotonic() - started, 4)
-            if new is None:
+            if new is None:  # the file says what serves (also after a rejected version)
                 series.CONFIG_RELOAD_TOTAL.labels(UNCHANGED).inc()
+                series.CONFIG_LAST_RELOAD_SUCCESSFUL.set(1)
                 log.info("config_reload_unchanged", file=self.path, hash=content_digest, trigger=trigger)
                 return UNCHANGED
             self.generation += 1
