@@ -39,6 +39,16 @@ schedulingProfiles:
     )
 
 
+def random_picker() -> str:
+    """The pinning config with the picker swapped: a random picker ignores the scores."""
+    return (
+        pinned_by_prefix(100).replace(
+            "- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n- type: random-picker\n"
+        )
+        + "  - pluginRef: random-picker\n"
+    )
+
+
 def rewrite(path: pathlib.Path, text: str) -> None:
     """Like an editor (or kubelet's ConfigMap update): a new file renamed over the old one."""
     tmp = path.with_name(path.name + ".new")
@@ -59,7 +69,12 @@ async def reloads(stack: Stack, result: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-async def test_a_weight_change_reroutes_live_without_failing_a_request(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize(
+    "after", [pytest.param(pinned_by_prefix(0), id="weight"), pytest.param(random_picker(), id="picker")]
+)
+async def test_a_config_change_reroutes_live_without_failing_a_request(
+    tmp_path: pathlib.Path, after: str
+) -> None:
     async with make_stack(tmp_path, config=pinned_by_prefix(100)) as stack:
         body = {"model": "mock-model", "prompt": PROMPT, "max_tokens": 2}
         first = await stack.post("/v1/completions", body)
@@ -76,7 +91,7 @@ async def test_a_weight_change_reroutes_live_without_failing_a_request(tmp_path:
         async def change_midway() -> None:
             nonlocal written
             await asyncio.sleep(1.5)
-            rewrite(tmp_path / "config.yaml", pinned_by_prefix(0))
+            rewrite(tmp_path / "config.yaml", after)
             written = time.monotonic()
 
         await asyncio.gather(open_loop(send, rate=60, seconds=5.0), change_midway())
