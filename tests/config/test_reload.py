@@ -200,9 +200,15 @@ async def test_changed_parameters_build_a_new_instance(live: tuple[App, ConfigRe
 
     assert await reloader.reload(text.encode()) == SUCCESS
 
-    assert app.components.plugins["approx-prefix-cache-producer"] is not producer
+    fresh = app.components.plugins["approx-prefix-cache-producer"]
+    assert fresh is not producer
     assert app.components.plugins["queue-scorer"] is scorer
     assert app.components.reused == frozenset(app.components.plugins) - {"approx-prefix-cache-producer"}
+    # the producer watches the datastore (it forgets removed endpoints): the new one replaces it
+    await waiting.until(lambda: reloader.retiring == 0, what="old config retired")
+    observers: list[object] = list(app.datastore._observers)
+    assert fresh in observers
+    assert producer not in observers
 
 
 async def test_the_prefix_index_survives_a_reload(live: tuple[App, ConfigReloader]) -> None:
