@@ -211,6 +211,21 @@ async def test_changed_parameters_build_a_new_instance(live: tuple[App, ConfigRe
     assert producer not in observers
 
 
+async def test_a_plugin_that_looks_others_up_through_the_handle_is_rebuilt(tmp_path: Path) -> None:
+    reg = registry()
+    detector = "- type: concurrency-detector\n"
+    tail = "saturationDetector:\n  pluginRef: concurrency-detector\n"
+    app = make_app(tmp_path / "config.yaml", config(extra=detector) + tail, reg)
+    before = dict(app.components.plugins)
+    async with ConfigReloader(app, registry=reg) as reloader:
+        text = config("kv-cache-utilization-scorer", extra=detector) + tail
+        assert await reloader.reload(text.encode()) == SUCCESS
+    after = app.components.plugins
+    assert after["concurrency-detector"] is not before["concurrency-detector"]
+    assert app.components.saturation_detector is after["concurrency-detector"]
+    assert all(after[name] is before[name] for name in after if name != "concurrency-detector")
+
+
 async def test_the_prefix_index_survives_a_reload(live: tuple[App, ConfigReloader]) -> None:
     app, reloader = live
     for i in range(3):
