@@ -49,7 +49,12 @@ DEFAULT_FAIRNESS_ID: Final = "default-flow"
 
 
 class Director:
-    """Runs the pipeline for each request.  Stateless between requests except the RNG."""
+    """Runs the pipeline for each request.  Stateless between requests except the RNG.
+
+    A live config reload (``swap``) puts a new pipeline in place between requests: new
+    requests start on it, and each ``RequestLifecycle`` keeps the director (pipeline and
+    response side) it started with until it closes.
+    """
 
     def __init__(self, datastore: Datastore, pipeline: Pipeline, *, rng: random.Random | None = None) -> None:
         self._ds = datastore
@@ -58,10 +63,33 @@ class Director:
         self._pre_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
+        self._live: Director | None = None  # after a swap: the director new requests start on
 
     @property
     def pipeline(self) -> Pipeline:
-        return self._p
+        """The pipeline new requests start on."""
+        return (self._live or self)._p
+
+    @property
+    def current(self) -> Director:
+        """The director new requests start on (``self`` until the first ``swap``)."""
+        return self._live or self
+
+    def swap(self, pipeline: Pipeline) -> Director:
+        """New requests run ``pipeline`` from now on; returns the director they start on.
+
+        One assignment: every request either started before it (and finishes on the
+        pipeline it started with) or after it.  ``in_flight`` of the returned director of
+        the previous swap tells when the old pipeline is no longer used.
+        """
+        live = Director(self._ds, pipeline, rng=self._rng)
+        self._live = live
+        return live
+
+    @property
+    def in_flight(self) -> int:
+        """Requests started on this director's pipeline and not yet closed."""
+        return self.responses.in_flight
 
     # request side -----------------------------------------------------------------
     def start(
@@ -87,7 +115,10 @@ class Director:
             received_at=time.monotonic(),
         )
         ctx = RequestContext(request=req, generated_request_id=generated)
-        return RequestLifecycle(self, self.responses, ctx, can_hold_response=can_hold_response)
+        d = self._live or self
+        responses = d.responses
+        responses.opened += 1
+        return RequestLifecycle(d, responses, ctx, can_hold_response=can_hold_response)
 
     def _extra_headers(self, ctx: RequestContext) -> tuple[tuple[str, str], ...]:
         if ctx.generated_request_id:

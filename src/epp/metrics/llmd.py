@@ -146,6 +146,13 @@ TWINS: Final[Mapping[str, Twin]] = {
     "inference_extension_plugin_duration_seconds": Twin("llm_d_epp_plugin_duration_seconds"),
     "inference_extension_info": Twin("llm_d_epp_info"),
     "inference_extension_model_rewrite_decisions": Twin("llm_d_epp_model_rewrite_decisions"),
+    # live config reload (ours; llm-d-router has none: named as its other families are)
+    "inference_extension_config_reload": Twin("llm_d_epp_config_reload"),
+    "inference_extension_config_generation": Twin("llm_d_epp_config_generation"),
+    "inference_extension_config_last_reload_successful": Twin("llm_d_epp_config_last_reload_successful"),
+    "inference_extension_config_last_reload_success_timestamp_seconds": Twin(
+        "llm_d_epp_config_last_reload_success_timestamp_seconds"
+    ),
     # prefix indexer (llm-d labels them by plugin; this EPP has one indexer)
     "inference_extension_prefix_indexer_size": Twin("llm_d_epp_prefix_indexer_size", _predictor),
     "inference_extension_prefix_indexer_hit_ratio": Twin("llm_d_epp_prefix_indexer_hit_ratio", _predictor),
