@@ -292,8 +292,18 @@ class PrecisePrefixCacheScorer(PluginBase):
                 fallback.append(name)
                 m.PRECISE_FALLBACKS.labels(name).inc()
                 info = approx.get(ep)
-                n = (info.match_blocks * info.block_size_tokens) // bs if info is not None else 0
-                n = min(n, total)
+                if info is not None and info.match_blocks:
+                    # the approximate index's blocks, in engine blocks; its total when ours is unknown
+                    approx_total = (info.total_blocks * info.block_size_tokens) // bs
+                    n = min(
+                        (info.match_blocks * info.block_size_tokens) // bs, total if trusted else approx_total
+                    )
+                    if n:
+                        values[ep] = PrefixMatchInfo(n, total if trusted else approx_total, bs)
+                        by_name[name] = min(n, cap if trusted else approx_total) * bs
+                        continue
+                values[ep] = zero
+                continue
             if n:
                 values[ep] = PrefixMatchInfo(n, total, bs)
                 by_name[ep.metadata.name] = min(n, cap) * bs
