@@ -71,8 +71,11 @@ async def test_in_sequence_join_late_and_gap_without_replay() -> None:
     assert (state.consistent, state.gaps) == (False, 1)
     await sub._recover(NAME, None, 9, 11, payload(BlockRemoved(block_hashes=[HASHES[2]], medium="GPU")))
     assert (state.consistent, held(sub, slot), state.last_seq) == (False, 0, 11)  # dropped: may be stale
+    assert state.rebuilding
     sub.on_message(NAME, 12, payload(stored(HASHES[:1])))
-    assert (state.consistent, held(sub, slot)) == (True, 1)  # a clear plus fresh events
+    assert (state.consistent, held(sub, slot)) == (False, 1)  # fresh events alone miss the hot prefixes
+    sub.on_message(NAME, 13, payload(AllBlocksCleared(), stored(HASHES[:2])))
+    assert (state.consistent, state.rebuilding, held(sub, slot)) == (True, False, 2)  # a clear + fresh events
 
 
 def test_restart_clear_and_silence() -> None:
@@ -86,7 +89,7 @@ def test_restart_clear_and_silence() -> None:
     assert (state.clears, held(sub, slot), state.consistent) == (1, 0, True)
     sub.note_routed(NAME, 10.0)
     sub.check_silence(14.0)
-    assert (state.consistent, state.reason) == (True, "in sequence")
+    assert (state.consistent, state.reason) == (True, "engine cleared its cache")
     sub.check_silence(15.5)
     assert (state.consistent, state.reason) == (False, "silent publisher: no events for 5s")
     sub.on_message(NAME, 2, payload(stored(HASHES[:2])), now=16.0)

@@ -8,13 +8,16 @@ Per message ``[topic, seq (8 bytes big-endian), payload]``:
   connection broke).  Removals may be lost, so the index may hold blocks the engine evicted:
   the endpoint is inconsistent.  With a replay socket the missing batches are asked for (vLLM's
   ROUTER protocol) and applied in order, and the endpoint is consistent again; without one, or if
-  the engine's buffer no longer has them, its blocks are dropped and it recovers on the next
-  contiguous batch (a clear plus fresh events: it under-predicts until it has seen them).
+  the engine's buffer no longer has them, its blocks are dropped (they may be stale) and it is
+  *rebuilding*: fresh events are indexed, but an engine reports a block once, when it first
+  caches it, so the hot prefixes it already held never come back; the endpoint stays
+  inconsistent (the scorer takes the larger of this index and the approximate one) until the
+  engine's cache is known complete again: an ``AllBlocksCleared`` or an engine restart.
 * ``seq < last + 1`` (outside a replayed range): the engine restarted.  Its cache is empty; the
   endpoint's blocks are dropped and indexing starts over from this batch.
 * The first message, at any seq: applied.  Joining a stream late loses only stores (the index
   under-predicts), never removals, so it is consistent.
-* ``AllBlocksCleared``: the endpoint's blocks are dropped; consistent from here.
+* ``AllBlocksCleared``: the endpoint's blocks are dropped; consistent from here (this ends rebuilding).
 * A publisher silent for ``silence_timeout`` after the EPP sent it a request with at least one
   full block: inconsistent until its next contiguous batch.
 * ``BlockStored.block_size`` other than the configured one, or a first block whose hash is not
@@ -223,6 +226,7 @@ class KVEventSubscriber:
             m.KV_EVENT_RESTARTS.labels(name).inc()
             log.warning("kv_events_engine_restarted", endpoint=name, last_seq=state.last_seq, seq=seq)
             self.index.clear(state.slot)
+            state.rebuilding = False
             self._apply(state, seq, payload, now, resume=True, reason=f"engine restarted (seq {seq})")
         return None
 
@@ -254,6 +258,8 @@ class KVEventSubscriber:
         if replay is not None:
             m.KV_EVENT_REPLAYS.labels(name, "incomplete" if replayed is not None else "timeout").inc()
         self.index.clear(state.slot)
+        state.rebuilding = True
+        self._set(state, False, f"gap {first}..{seq - 1} not replayable: rebuilding", now)
         m.KV_INDEX_BLOCKS.set(len(self.index))
         self._apply(state, seq, payload, now, resume=False)
         log.warning("kv_events_gap_unrecovered", endpoint=name, missing_from=first, resumed_at=seq)
@@ -296,8 +302,12 @@ class KVEventSubscriber:
             return
         state.batches += 1
         m.KV_EVENT_BATCHES.labels(name).inc()
+        clears = state.clears
         ok = self._index_batch(state, batch, now)
-        if ok and state.mismatches == 0 and (resume or reason):
+        if state.clears != clears:
+            state.rebuilding = False  # the engine's cache is empty: everything from here is complete
+            reason = reason or "engine cleared its cache"
+        if ok and state.mismatches == 0 and not state.rebuilding and (resume or reason):
             self._set(state, True, reason or "in sequence", now)
         m.KV_INDEX_BLOCKS.set(len(self.index))
 
@@ -398,6 +408,9 @@ class KVEventSubscriber:
             "capacityPerEndpoint": index.capacity,
             "endpoints": {
                 name: {
+                    "hostport": ep.metadata.hostport
+                    if (ep := self._endpoints.get(name)) is not None
+                    else None,
                     "consistent": s.consistent,
                     "reason": s.reason,
                     "lastSeq": s.last_seq,
@@ -408,7 +421,9 @@ class KVEventSubscriber:
                     "restarts": s.restarts,
                     "replays": s.replays,
                     "clears": s.clears,
+                    "rebuilding": s.rebuilding,
                     "mismatches": s.mismatches,
+                    "transitions": [{"consistent": c, "reason": r} for _, c, r in s.transitions[-4:]],
                 }
                 for name, s in sorted(index.states.items())
             },

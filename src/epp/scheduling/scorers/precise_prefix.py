@@ -6,7 +6,8 @@ hashes them (``tokenProcessorConfig``), and each candidate scored by the longest
 blocks, from the first, that its engine has reported storing and not evicting (the
 ``kvEventsConfig`` subscriber feeds the index).  While an endpoint's event stream is not trusted
 (a gap, a restart mid-stream, a silent publisher, a configuration mismatch) its run is taken
-from the approximate index (``approx-prefix-cache-producer``, auto-created) instead.
+is the larger of what its events still say and the approximate index's (``approx-prefix-cache-producer``,
+auto-created) run.
 
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
 1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
@@ -270,43 +271,50 @@ class PrecisePrefixCacheScorer(PluginBase):
         index = self.index
         states = index.states
         mask = 0
-        slots: list[int | None] = []
+        slots: list[int] = []  # -1: not indexed
+        untrusted = 0
         for ep in endpoints:
             st = states.get(ep.metadata.name)
-            if trusted and st is not None and st.consistent:
+            if trusted and st is not None:
                 slots.append(st.slot)
                 mask |= 1 << st.slot
+                if not st.consistent:
+                    slots[-1] = -2 - st.slot  # indexed, but not trusted on its own
+                    untrusted += 1
             else:
-                slots.append(None)
+                slots.append(-1)
+                untrusted += 1
         counts = index.match(hashes, mask) if mask and hashes else {}
-        approx = state.attributes(PREFIX_MATCH) if len(slots) != mask.bit_count() else {}
+        approx = state.attributes(PREFIX_MATCH) if untrusted else {}
         zero = PrefixMatchInfo(0, total, bs)
         values: dict[Hashable, PrefixMatchInfo] = {}
         by_name: dict[str, int] = {}
         fallback: list[str] = []
         for ep, slot in zip(endpoints, slots, strict=True):
-            if slot is not None:
+            if slot >= 0:
                 n = counts.get(slot, 0)
-            else:
-                name = ep.metadata.name
-                fallback.append(name)
-                m.PRECISE_FALLBACKS.labels(name).inc()
-                info = approx.get(ep)
-                if info is not None and info.match_blocks:
-                    # the approximate index's blocks, in engine blocks; its total when ours is unknown
-                    approx_total = (info.total_blocks * info.block_size_tokens) // bs
-                    n = min(
-                        (info.match_blocks * info.block_size_tokens) // bs, total if trusted else approx_total
-                    )
-                    if n:
-                        values[ep] = PrefixMatchInfo(n, total if trusted else approx_total, bs)
-                        by_name[name] = min(n, cap if trusted else approx_total) * bs
-                        continue
-                values[ep] = zero
+                if n:
+                    values[ep] = PrefixMatchInfo(n, total, bs)
+                    by_name[ep.metadata.name] = min(n, cap) * bs
+                else:
+                    values[ep] = zero
                 continue
+            # untrusted: the larger of what the events still say and the approximate index's run
+            name = ep.metadata.name
+            fallback.append(name)
+            m.PRECISE_FALLBACKS.labels(name).inc()
+            n = counts.get(-2 - slot, 0) if slot < -1 else 0
+            of = total
+            info = approx.get(ep)
+            if info is not None and info.match_blocks:
+                # the approximate index's blocks, in engine blocks; its total when ours is unknown
+                approx_total = (info.total_blocks * info.block_size_tokens) // bs
+                if not trusted:
+                    of = approx_total
+                n = max(n, min((info.match_blocks * info.block_size_tokens) // bs, of))
             if n:
-                values[ep] = PrefixMatchInfo(n, total, bs)
-                by_name[ep.metadata.name] = min(n, cap) * bs
+                values[ep] = PrefixMatchInfo(n, of, bs)
+                by_name[name] = min(n, cap if trusted else of) * bs
             else:
                 values[ep] = zero
         state.set_attributes(PRECISE_PREFIX_MATCH, values)
