@@ -15,6 +15,7 @@ has the measured cost of each.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -95,9 +96,13 @@ def given_ids(request: InferenceRequest) -> list[int] | None:
     return None
 
 
+_THREAD_CHARS = 4096  # longer texts are encoded on a worker thread (tokenizers releases the GIL)
+
+
 class LocalTokenizer:
-    """``tokenizers.Tokenizer.from_file(path)``; encodes on the event loop (microseconds to a
-    millisecond for long prompts: see docs/precise-prefix.md)."""
+    """``tokenizers.Tokenizer.from_file(path)``.  Short texts are encoded on the event loop; longer
+    ones (a 2,000-token prompt costs milliseconds, docs/precise-prefix.md) on a worker thread, so the
+    loop keeps serving while the Rust encoder runs without the GIL."""
 
     def __init__(self, path: str, *, add_special_tokens: bool = True) -> None:
         try:
@@ -120,11 +125,18 @@ class LocalTokenizer:
         if ids is not None:
             return ids
         messages = chat_messages(request)
+        special: bool | None = None
         if messages is not None:
             # the chat template carries its own special tokens: vLLM adds none (add_special_tokens=False)
-            return self.encode(render_chatml(messages), add_special_tokens=False)
-        text = prompt_text(request)
-        return None if text is None else self.encode(text)
+            text: str | None = render_chatml(messages)
+            special = False
+        else:
+            text = prompt_text(request)
+        if text is None:
+            return None
+        if len(text) > _THREAD_CHARS:
+            return await asyncio.to_thread(self.encode, text, add_special_tokens=special)
+        return self.encode(text, add_special_tokens=special)
 
 
 class ServerTokenizer:
