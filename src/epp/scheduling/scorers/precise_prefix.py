@@ -28,9 +28,9 @@ from pydantic import Field
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents import metrics as m
-from epp.datalayer.kvevents.hashing import HASH_ALGOS, BlockHasher
-from epp.datalayer.kvevents.index import BlockIndex
-from epp.datalayer.kvevents.subscriber import KVEventSubscriber, SubscriberSettings
+from epp.datalayer.kvevents.config import KVEventsConfig, TokenProcessorConfig, build_subscriber
+from epp.datalayer.kvevents.hashing import BlockHasher
+from epp.datalayer.kvevents.subscriber import KVEventSubscriber
 from epp.datalayer.kvevents.tokens import LocalTokenizer, ServerTokenizer, TokenSource
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
@@ -44,32 +44,6 @@ log = structlog.get_logger(__name__)
 PRECISE_PREFIX_MATCH: AttributeKey[PrefixMatchInfo] = AttributeKey(
     "PrecisePrefixCacheMatchInfoKey", PrefixMatchInfo
 )
-
-
-class TokenProcessorConfig(PluginParams):
-    """llm-d's ``tokenProcessorConfig``; ``hashAlgo`` is ours (llm-d assumes sha256_cbor)."""
-
-    block_size: int = 16
-    hash_seed: str = ""  # the engines' PYTHONHASHSEED, verbatim
-    hash_algo: str = "sha256_cbor"  # the engines' --prefix-caching-hash-algo
-
-
-class PodDiscoveryConfig(PluginParams):
-    socket_port: int = 5557
-
-
-class KVEventsConfig(PluginParams):
-    """llm-d's ``kvEventsConfig`` (pod discovery mode) plus our replay and silence settings."""
-
-    topic_filter: str = "kv@"
-    discover_pods: bool = True
-    pod_discovery_config: PodDiscoveryConfig = Field(default_factory=PodDiscoveryConfig)
-    replay_port: int = 0  # the engines' replay_endpoint port; 0: no replay
-    endpoints: dict[str, str] = Field(default_factory=dict)  # endpoint name or host:port → tcp://…
-    replay_endpoints: dict[str, str] = Field(default_factory=dict)
-    silence_timeout_seconds: float = 10.0
-    replay_timeout_seconds: float = 2.0
-    verify_hashes: bool = True  # recompute sampled first blocks to catch an algorithm/seed mismatch
 
 
 class IndexerConfig(PluginParams):
@@ -92,6 +66,7 @@ class PrecisePrefixParams(PluginParams):
     indexer_config: IndexerConfig = Field(default_factory=IndexerConfig)
     tokenizer_config: TokenizerConfig = Field(default_factory=TokenizerConfig)
     score_normalization: Literal["minMax", "fraction"] = "minMax"
+    kv_events_source: str = ""  # a kv-events-source plugin to read instead of subscribing itself
 
 
 @dataclass(slots=True)
@@ -159,43 +134,39 @@ class PrecisePrefixCacheScorer(PluginBase):
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
         tp = params.token_processor_config
-        if tp.block_size <= 0:
-            raise ConfigError(f"{self.TYPE}: tokenProcessorConfig.blockSize must be > 0, got {tp.block_size}")
-        if tp.hash_algo not in HASH_ALGOS:
-            raise ConfigError(
-                f"{self.TYPE}: tokenProcessorConfig.hashAlgo must be one of {', '.join(HASH_ALGOS)}, "
-                f"got {tp.hash_algo!r}"
-            )
         ic = params.indexer_config
-        if ic.lru_capacity_per_server <= 0 or ic.max_prefix_blocks_to_match < 0:
-            raise ConfigError(
-                f"{self.TYPE}: indexerConfig needs lruCapacityPerServer > 0, maxPrefixBlocksToMatch >= 0"
+        if ic.max_prefix_blocks_to_match < 0:
+            raise ConfigError(f"{self.TYPE}: indexerConfig.maxPrefixBlocksToMatch must be >= 0")
+        # The subscriber: this plugin's own, or that of a kv-events-source in the data layer.
+        self._owns_subscriber = not params.kv_events_source
+        if params.kv_events_source:
+            try:
+                source = handle.plugin(params.kv_events_source)
+            except KeyError:
+                raise ConfigError(
+                    f"{self.TYPE}: kvEventsSource {params.kv_events_source!r} is not a plugin declared "
+                    "before it"
+                ) from None
+            subscriber = getattr(source, "subscriber", None)
+            if not isinstance(subscriber, KVEventSubscriber):
+                raise ConfigError(
+                    f"{self.TYPE}: kvEventsSource {params.kv_events_source!r} is not a kv-events-source"
+                )
+            if subscriber.settings.block_size != tp.block_size:
+                raise ConfigError(
+                    f"{self.TYPE}: blockSize {tp.block_size} differs from {params.kv_events_source!r}'s "
+                    f"{subscriber.settings.block_size}"
+                )
+            self.hasher = BlockHasher(tp.hash_algo, tp.block_size, tp.hash_seed)
+            self.subscriber = subscriber
+        else:
+            self.hasher, self.subscriber = build_subscriber(
+                self.TYPE, tp, params.kv_events_config, ic.lru_capacity_per_server
             )
-        ke = params.kv_events_config
-        if not ke.discover_pods and not ke.endpoints:
-            raise ConfigError(
-                f"{self.TYPE}: kvEventsConfig: only per-endpoint subscription is supported: set discoverPods "
-                "(podDiscoveryConfig.socketPort) or endpoints"
-            )
-        self.hasher = BlockHasher(tp.hash_algo, tp.block_size, tp.hash_seed)
+        self.index = self.subscriber.index
         self.block_size = tp.block_size
         self.max_blocks = ic.max_prefix_blocks_to_match
         self.normalization = params.score_normalization
-        self.index = BlockIndex(ic.lru_capacity_per_server)
-        self.subscriber = KVEventSubscriber(
-            SubscriberSettings(
-                topic_filter=ke.topic_filter,
-                socket_port=ke.pod_discovery_config.socket_port,
-                replay_port=ke.replay_port,
-                endpoints=dict(ke.endpoints),
-                replay_endpoints=dict(ke.replay_endpoints),
-                block_size=tp.block_size,
-                hasher=self.hasher if ke.verify_hashes else None,
-                silence_timeout=ke.silence_timeout_seconds,
-                replay_timeout=ke.replay_timeout_seconds,
-            ),
-            self.index,
-        )
         tc = params.tokenizer_config
         self.tokens: TokenSource
         if tc.mode == "local":
@@ -212,20 +183,24 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.unreported = 0  # responses without cached_tokens
         self.tokenize_failures = 0
 
-    # Lifecycle and endpoints ------------------------------------------------------------------
+    # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
     async def start(self) -> None:
-        await self.subscriber.start()
+        if self._owns_subscriber:
+            await self.subscriber.start()
 
     async def stop(self) -> None:
-        await self.subscriber.stop()
+        if self._owns_subscriber:
+            await self.subscriber.stop()
         if isinstance(self.tokens, ServerTokenizer):
             await self.tokens.close()
 
     def endpoint_added(self, endpoint: Endpoint) -> None:
-        self.subscriber.add(endpoint)
+        if self._owns_subscriber:
+            self.subscriber.add(endpoint)
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
-        self.subscriber.remove(endpoint)
+        if self._owns_subscriber:
+            self.subscriber.remove(endpoint)
 
     # DataProducer -----------------------------------------------------------------------------
     async def prepare_request_data(
