@@ -162,6 +162,9 @@ async def test_precise_routing_restart_and_gaps(tmp_path: pathlib.Path) -> None:
         system_b = await land_on(s, b)
         await until_state(s, b, lambda e: e["restarts"] == 1 and e["consistent"] and e["blocks"] > 0)
         assert await all_follow(s, system_b, 3) == {b}
+        final = (await plugin_state(s))["predictedVsObserved"]
+        print("predictedVsObserved:", final)  # shown with -s: the running correlation over this test
+        assert final["pearson"] is not None and final["pearson"] >= 0.9  # issue 17 goal
 
 
 async def until_state(s: Stack, hostport: str, cond: Any, timeout: float = 15.0) -> None:

@@ -94,7 +94,7 @@ class Engine:
         block = self.hasher.block
         digest = None
         for start in range(0, seq.prompt_len - bs + 1, bs):
-            digest = block(digest, tokens[start : start + bs], seq.extra)
+            digest = block(digest, tokens[start : start + bs], seq.extra if start else seq.first_extra)
             seq.hashes.append(external_hash(digest))
         seq.last_digest = digest
         wall = time.monotonic()
