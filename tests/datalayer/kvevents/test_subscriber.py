@@ -171,3 +171,14 @@ def test_addresses_from_settings_and_labels(labels: dict[str, str]) -> None:
     assert address == f"tcp://192.168.1.3:{labels.get('kv-events.epp/port', '5557')}"
     assert replay == "tcp://192.168.1.3:5558"
     assert topic == labels.get("kv-events.epp/topic", "kv@")
+
+
+def test_removed_endpoint_leaves_no_series() -> None:
+    sub, _ = subscriber()
+    sub.on_message(NAME, 0, payload(stored(HASHES[:1])))
+    sub.on_message(NAME, 5, payload())  # a gap
+    assert (NAME,) in dict(m.KV_EVENT_GAPS._series())
+    sub.remove(make_endpoint(0))
+    assert (NAME,) not in dict(m.KV_EVENT_GAPS._series())
+    assert (NAME,) not in dict(m.KV_EVENT_BATCHES._series())
+    assert NAME not in sub.index.states

@@ -139,8 +139,16 @@ class KVEventSubscriber:
         self._replayed.pop(name, None)
         self._verified.pop(name, None)
         self.index.remove_endpoint(name)
-        m.KV_EVENT_CONSISTENT.remove(name)
         m.KV_INDEX_BLOCKS.set(len(self.index))
+        # drop the endpoint's series: pods come and go, their label values must not pile up
+        for family in (m.KV_EVENT_CONSISTENT, m.KV_EVENT_BATCHES, m.KV_EVENT_GAPS, m.KV_EVENT_RESTARTS):
+            family.remove(name)
+        for family in (m.KV_EVENT_DECODE_ERRORS, m.PRECISE_FALLBACKS):
+            family.remove(name)
+        for outcome in ("ok", "incomplete", "timeout"):
+            m.KV_EVENT_REPLAYS.remove(name, outcome)
+        for kind in ("block_size", "hash_scheme"):
+            m.KV_EVENT_MISMATCHES.remove(name, kind)
 
     def address(self, endpoint: Endpoint) -> tuple[str, str | None, str]:
         """(SUB address, replay address or None, topic filter) for ``endpoint``: the explicit map
