@@ -411,6 +411,8 @@ class Engine:
             seq.tokens[first * bs : (first + len(hashes)) * bs].tolist(),
             adapter.id if adapter is not None else None,
             adapter.name if adapter is not None else None,
+            # vLLM publishes each block's extra hash keys (LoRA name, cache_salt on block 0)
+            [seq.first_extra if i == 0 else seq.extra for i in range(first, first + len(hashes))],
         )
 
     def _release(self, seq: Seq) -> None:

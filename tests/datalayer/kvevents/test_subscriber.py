@@ -107,11 +107,31 @@ def test_block_size_and_hash_scheme_mismatches_are_loud_and_sticky() -> None:
     assert not state.consistent  # a configuration error does not heal itself
 
     sub2, slot2 = subscriber()
-    other = BlockHasher("sha256", 16, "42").hashes(TOKENS)  # the engine hashes with pickle
-    sub2.on_message(NAME, 0, payload(stored(other[:2])))
     state2 = sub2.index.states[NAME]
+    pickle_hasher = BlockHasher("sha256", 16, "42")  # the engine hashes with pickle
+    for seq in range(3):
+        tokens = [seq * 1000 + t for t in range(32)]
+        sub2.on_message(NAME, seq, payload(stored(pickle_hasher.hashes(tokens), tokens=tokens)))
+        if seq < 2:
+            assert state2.consistent  # one failure could be a salt the events do not show
     assert not state2.consistent and "hash_scheme mismatch" in state2.reason
     assert held(sub2, slot2) == 0
+
+
+def test_salted_first_blocks_verify_with_the_engines_extra_keys() -> None:
+    """A cache_salt changes the first block's hash; with the engine's extra_keys the check passes,
+    without them a failure after a success is not taken for a wrong scheme."""
+    sub, slot = subscriber()
+    state = sub.index.states[NAME]
+    salted = HASHER.hashes(TOKENS, cache_salt="tenant-a")
+    event = stored(salted[:2])
+    event.extra_keys = [("tenant-a",), None]
+    sub.on_message(NAME, 0, payload(event))
+    assert (state.verified, state.verify_failures) == (1, 0)
+    for seq in range(1, 5):  # salted, extra_keys not sent (older vLLM)
+        sub.on_message(NAME, seq, payload(stored(salted[:1])))
+    assert state.consistent and state.verify_failures == 4 and state.mismatches == 0
+    assert held(sub, slot) == 0  # the salted chain is not the unsalted request's
 
 
 async def test_gap_replayed_from_the_simulator_over_zmq() -> None:

@@ -70,6 +70,8 @@ def test_decodes_vllm_batches(array_like: bool) -> None:
         ("removed", [1]),
         ("cleared",),
     ]
+    first = batch.events[0]
+    assert isinstance(first, Stored) and (first.has_extra, first.first_extra) == (True, None)
 
 
 def view(e: Stored | Removed | Cleared) -> tuple[Any, ...]:

@@ -51,6 +51,7 @@ log = structlog.get_logger(__name__)
 END_SEQ: Final = (-1).to_bytes(8, "big", signed=True)
 _VERIFY_FIRST: Final = 8  # root blocks checked per endpoint before sampling
 _VERIFY_EVERY: Final = 64  # then one root block in this many
+_MISMATCHES_TO_FAIL: Final = 3  # failed checks, with none passed, that make a hash-scheme mismatch
 
 PORT_LABEL: Final = "kv-events.epp/port"
 REPLAY_PORT_LABEL: Final = "kv-events.epp/replay-port"
@@ -345,6 +346,10 @@ class KVEventSubscriber:
         return True
 
     def _verify(self, state: EndpointState, ev: Stored, now: float) -> bool:
+        """Recompute sampled first blocks.  The engine's own extra keys are used when it sends them
+        (``extra_keys``, newer vLLM); without them a salted request cannot be checked, so a
+        mismatch is declared only after ``_MISMATCHES_TO_FAIL`` failures with no success at all (a
+        wrong algorithm or seed fails every block)."""
         hasher = self.settings.hasher
         if hasher is None or not ev.hashes:
             return True
@@ -355,8 +360,16 @@ class KVEventSubscriber:
         tokens = ev.token_ids  # decoded only here, for the sampled blocks
         if len(tokens) < hasher.block_size:
             return True
-        expected = hasher.hashes(tokens[: hasher.block_size], 1, ev.lora_name)[0]
+        if ev.has_extra:
+            extra = tuple(ev.first_extra) if isinstance(ev.first_extra, list) else None
+        else:
+            extra = (ev.lora_name,) if ev.lora_name else None
+        expected = int.from_bytes(hasher.digest(None, tokens[: hasher.block_size], extra)[-8:], "big")
         if expected == ev.hashes[0]:
+            state.verified += 1
+            return True
+        state.verify_failures += 1
+        if state.verified or state.verify_failures < _MISMATCHES_TO_FAIL:
             return True
         self._mismatch(
             state,
@@ -434,6 +447,7 @@ class KVEventSubscriber:
                     "clears": s.clears,
                     "rebuilding": s.rebuilding,
                     "mismatches": s.mismatches,
+                    "hashChecks": {"passed": s.verified, "failed": s.verify_failures},
                     "transitions": [{"consistent": c, "reason": r} for _, c, r in s.transitions[-4:]],
                 }
                 for name, s in sorted(index.states.items())

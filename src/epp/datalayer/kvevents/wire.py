@@ -38,6 +38,10 @@ class Stored:
     block_size: int
     raw_token_ids: list[int] | msgspec.Raw
     lora_name: str | None
+    first_extra: Any = (
+        None  # the first block's extra hash keys when the engine sends them (a list), else None
+    )
+    has_extra: bool = False  # whether the event carried extra_keys at all
 
     @property
     def token_ids(self) -> list[int]:
@@ -81,12 +85,15 @@ def _event_from_map(ev: dict[str, Any]) -> Event | None:
         if ev.get("medium") not in GPU_MEDIA:
             return None
         parent = ev.get("parent_block_hash")
+        extra = ev.get("extra_keys")
         return Stored(
             _hashes(ev.get("block_hashes")),
             None if parent is None else external_hash(parent),
             int(ev.get("block_size") or 0),
             ev.get("token_ids") or [],
             ev.get("lora_name"),
+            extra[0] if isinstance(extra, list) and extra else None,
+            isinstance(extra, list),
         )
     if kind == "BlockRemoved":
         if ev.get("medium") not in GPU_MEDIA:
@@ -127,6 +134,7 @@ class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
     block_size: int = 0
     medium: str | None = None
     lora_name: str | None = None
+    extra_keys: msgspec.Raw = msgspec.Raw(b"")
 
 
 class _MapRemoved(msgspec.Struct, tag="BlockRemoved", gc=False):
@@ -152,6 +160,7 @@ class _ArrStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
     lora_id: int | None = None
     medium: str | None = None
     lora_name: str | None = None
+    extra_keys: msgspec.Raw = msgspec.Raw(b"")
 
 
 class _ArrRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
@@ -188,15 +197,19 @@ def _typed(raw: _MapBatch | _ArrBatch) -> Batch:
             skipped += 1
         elif isinstance(ev, (_MapStored, _ArrStored)):
             parent = ev.parent_block_hash
-            out.append(
-                Stored(
-                    _typed_hashes(ev.block_hashes),
-                    None if parent is None else external_hash(parent),
-                    ev.block_size,
-                    ev.token_ids,
-                    ev.lora_name,
-                )
+            stored = Stored(
+                _typed_hashes(ev.block_hashes),
+                None if parent is None else external_hash(parent),
+                ev.block_size,
+                ev.token_ids,
+                ev.lora_name,
             )
+            if parent is None and ev.extra_keys:  # only root blocks are ever verified
+                extra = _DECODER.decode(ev.extra_keys)
+                if isinstance(extra, list):
+                    stored.has_extra = True
+                    stored.first_extra = extra[0] if extra else None
+            out.append(stored)
         else:
             out.append(Removed(_typed_hashes(ev.block_hashes)))
     return Batch(raw.ts, out, raw.data_parallel_rank, skipped)
