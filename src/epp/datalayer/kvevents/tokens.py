@@ -139,13 +139,22 @@ class LocalTokenizer:
         return self.encode(text, add_special_tokens=special)
 
 
+# Chat fields that change what the engine's template renders: passed through to /tokenize.
+_TEMPLATE_FIELDS = (
+    "tools", "documents", "chat_template", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message",
+)  # fmt: skip
+
+
 class ServerTokenizer:
-    """vLLM's ``POST /tokenize`` on the first candidate endpoint (all serve the same model)."""
+    """vLLM's ``POST /tokenize`` on one of the candidates (all serve the same model), taken in
+    turn so no engine carries every request's tokenisation."""
 
     def __init__(self, *, timeout: float = 1.0, scheme: str = "http") -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._scheme = scheme
         self._session: aiohttp.ClientSession | None = None
+        self._turn = 0
 
     async def close(self) -> None:
         if self._session is not None:
@@ -162,6 +171,10 @@ class ServerTokenizer:
         messages = chat_messages(request)
         if messages is not None:
             body = {"messages": messages, "add_generation_prompt": True}
+            doc = request.body.json if request.body is not None and request.body.json is not None else {}
+            for key in _TEMPLATE_FIELDS:
+                if key in doc:
+                    body[key] = doc[key]
         else:
             text = prompt_text(request)
             if text is None:
@@ -174,7 +187,8 @@ class ServerTokenizer:
             self._session = aiohttp.ClientSession(
                 timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode()
             )
-        url = f"{self._scheme}://{endpoints[0].metadata.hostport}/tokenize"
+        self._turn += 1
+        url = f"{self._scheme}://{endpoints[self._turn % len(endpoints)].metadata.hostport}/tokenize"
         async with self._session.post(
             url, data=orjson.dumps(body), headers={"content-type": "application/json"}
         ) as r:
