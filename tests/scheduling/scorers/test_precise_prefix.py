@@ -116,3 +116,18 @@ def test_predicted_vs_observed_reuse() -> None:
 def test_invalid_configuration_is_refused(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build(PrecisePrefixCacheScorer, **params)
+
+
+def test_events_are_expected_only_when_the_engine_stores_new_blocks() -> None:
+    """A fully cached prompt publishes nothing: routing it must not arm the silence watchdog."""
+    s = scorer()
+    eps = seed(s, [8, 3])
+    s.subscriber.add(eps[0])
+    s.subscriber.add(eps[1])
+    for picked in (0, 1):
+        state = CycleState()
+        s.prepare(state, request(), eps, TOKENS)
+        s.pre_request(
+            state, request(), SchedulingResult({"default": ProfileRunResult((eps[picked],))}, "default")
+        )
+    assert set(s.subscriber._expect) == {eps[1].metadata.name}

@@ -74,9 +74,11 @@ class _Prediction:
     """What PreRequest and ResponseComplete need: the predicted cached tokens per endpoint name."""
 
     prompt_tokens: int
-    tokens_by_name: dict[str, int]
+    blocks_by_name: dict[str, int]  # matched blocks per endpoint with a match
     fallback: frozenset[str]
-    predicted: int = -1  # for the picked endpoint, set in PreRequest
+    total_blocks: int  # the request's hashed full blocks (the approximate index's, untokenised)
+    cap: int  # most blocks the engine can reuse: it recomputes at least the last prompt token
+    predicted: int = -1  # cached tokens predicted for the picked endpoint, set in PreRequest
 
 
 class _Correlation:
@@ -270,7 +272,7 @@ class PrecisePrefixCacheScorer(PluginBase):
                 n = counts.get(slot, 0)
                 if n:
                     values[ep] = PrefixMatchInfo(n, total, bs)
-                    by_name[ep.metadata.name] = min(n, cap) * bs
+                    by_name[ep.metadata.name] = n
                 else:
                     values[ep] = zero
                 continue
@@ -289,11 +291,16 @@ class PrecisePrefixCacheScorer(PluginBase):
                 n = max(n, min((info.match_blocks * info.block_size_tokens) // bs, of))
             if n:
                 values[ep] = PrefixMatchInfo(n, of, bs)
-                by_name[name] = min(n, cap if trusted else of) * bs
+                by_name[name] = n
             else:
                 values[ep] = zero
         state.set_attributes(PRECISE_PREFIX_MATCH, values)
-        state.put(self._key, _Prediction(len(ids), by_name, frozenset(fallback)))
+        top = (
+            total if trusted else max((v.total_blocks for v in values.values()), default=0)
+        )  # untokenised: the approximate index's length is all there is
+        state.put(
+            self._key, _Prediction(len(ids), by_name, frozenset(fallback), top, cap if trusted else top)
+        )
 
     # Scorer -----------------------------------------------------------------------------------
     def score(
@@ -324,9 +331,12 @@ class PrecisePrefixCacheScorer(PluginBase):
         if primary is None or not primary.target_endpoints or prediction is None:
             return
         name = primary.target_endpoints[0].metadata.name
-        prediction.predicted = prediction.tokens_by_name.get(name, 0)
+        matched = prediction.blocks_by_name.get(name, 0)
+        prediction.predicted = min(matched, prediction.cap) * self.block_size
         m.PRECISE_PREDICTED_TOKENS.observe(prediction.predicted)
-        if prediction.prompt_tokens >= self.block_size:
+        # events are due only if the engine will store a block it does not hold yet: a request it
+        # has fully cached publishes nothing, and that silence is not a silent publisher
+        if matched < prediction.total_blocks:
             self.subscriber.note_routed(name, time.monotonic())
 
     def response_complete(
