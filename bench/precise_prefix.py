@@ -5,9 +5,10 @@
   token ids, BlockRemoved of 4 blocks), against msgspec's bare decode of the same payloads.
 * Per request, a 2,000-token prompt: the token ids from a local tokenizer.json (a byte-level BPE
   trained here, 16k vocabulary) and from the simulator's POST /tokenize (a subprocess; wall time
-  per call, one at a time), vLLM's block hashes (sha256_cbor and sha256), and matching 125 blocks
+  per call, one at a time), vLLM's block hashes (sha256_cbor and sha256; cold, and a prefix seen
+  before, which the hasher memoises), and matching 125 blocks
   against 8 endpoints holding 50,000 blocks each; the approximate producer's xxhash chain of the
-  same prompt is the baseline of the ratios.
+  same prompt is the baseline of the ratios (which count the memoised hashing: shared prefixes).
 
     python -m bench.precise_prefix [--quick]   # prints a table, writes bench/results/precise_prefix.json
 """
@@ -179,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     server_wall, server_cpu, server_tokens = asyncio.run(server_tokenize_us(sim_prompt, repeat))
 
     ids2k = ids[:2000]
+    # cold: a new hasher each time (nothing memoised); warm: the prefix was hashed before
+    hash_cbor = cpu_us(lambda: BlockHasher("sha256_cbor", 16, "42").hashes(ids2k, 256), repeat)
+    hash_pickle = cpu_us(lambda: BlockHasher("sha256", 16, "42").hashes(ids2k, 256), repeat)
     cbor = BlockHasher("sha256_cbor", 16, "42")
-    pick = BlockHasher("sha256", 16, "42")
-    hash_cbor = cpu_us(lambda: cbor.hashes(ids2k, 256), repeat)
-    hash_pickle = cpu_us(lambda: pick.hashes(ids2k, 256), repeat)
     hashes = cbor.hashes(ids2k, 256)
+    hash_warm = cpu_us(lambda: cbor.hashes(ids2k, 256), repeat)
     index = BlockIndex(capacity=60_000)
     for e in range(8):
         slot = index.add_endpoint(f"ep-{e}").slot
@@ -201,10 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         "server_tokens": server_tokens,
         "hash_sha256_cbor_us": hash_cbor,
         "hash_sha256_pickle_us": hash_pickle,
+        "hash_memoised_prefix_us": hash_warm,
         "match_8_endpoints_us": match_us,
         "approx_hash_baseline_us": approx_us,
-        "ratio_local_total_to_approx": (local_us + hash_cbor + match_us) / approx_us,
-        "ratio_server_cpu_total_to_approx": (server_cpu + hash_cbor + match_us) / approx_us,
+        "ratio_local_total_to_approx": (local_us + hash_warm + match_us) / approx_us,
+        "ratio_server_cpu_total_to_approx": (server_cpu + hash_warm + match_us) / approx_us,
     }
     rows: list[tuple[str, Any]] = [
         ("ingestion: CPU µs per 1,000 events", rnd(ingest["cpu_us_per_1k_events"], 0)),
@@ -219,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "block hashes sha256_cbor / sha256 (pickle), 125 blocks: µs",
             f"{rnd(hash_cbor, 0)} / {rnd(hash_pickle, 0)}",
         ),
+        ("  the same prefix again (memoised): µs", rnd(hash_warm, 0)),
         ("match 125 blocks over 8 endpoints: µs", rnd(match_us, 1)),
         ("approximate producer's hashing (baseline): µs", rnd(approx_us, 1)),
         ("local path / baseline", rnd(per_request["ratio_local_total_to_approx"], 1)),
