@@ -287,7 +287,9 @@ class SchedulerProfile:
                 for hist in hists:
                     hist.observe(share)
                 return
-            if self._incremental:
+            # Both ends changed: most likely a new candidate list or every endpoint rescraped,
+            # so skip the scan for the few changed ones and recompute everything.
+            if self._incremental and (metrics[0] is snap[0] or metrics[-1] is snap[-1]):
                 changed = list(compress(range(n), map(is_not, metrics, snap)))
                 if len(changed) * _INCREMENTAL_SHARE <= n:
                     self._update(metrics, changed)
@@ -317,7 +319,7 @@ class SchedulerProfile:
                 scores = sc.score_metrics(metrics)
             if len(scores) != n:
                 raise ValueError(f"scorer returned {len(scores)} scores for {n} endpoints")
-            scores_by_scorer.append(scores if sc.bounded else list(_clamped(scores)))
+            scores_by_scorer.append(scores if sc.bounded else _clamped(scores))  # owned: a new list
             sc.hist.observe(perf_counter() - t0)
             values_by_scorer.append(values)
             summaries.append(summary)
@@ -373,7 +375,7 @@ class SchedulerProfile:
                         kept[i] = x
                 else:
                     rescored = inc.scores_for(values, moved)
-                    snap_scores[j] = rescored if sc.bounded else list(_clamped(rescored))
+                    snap_scores[j] = rescored if sc.bounded else _clamped(rescored)  # owned: a new list
                     summaries[j] = moved
                     whole = whole or j < lead
                 touched = touched or j < lead
