@@ -100,7 +100,8 @@ class IncrementalMetricsScorer(MetricsScorer, Protocol):
     ``vs = metric_values(ms)``, where ``metric_values`` reads each endpoint's value from its
     own ``Metrics`` only, and ``scores_for`` scores each value from that value and the
     summary only (so it may be called on any subset).  The summary is what normalisation
-    needs: ``(min, max)`` for the queue scorer, ``None`` for a scorer with no fleet term.
+    needs: ``(min, max)`` for the queue scorer, ``None`` for a scorer with no fleet term
+    (then always None: ``update_summary`` is not called).
 
     It lets the profile recompute only the endpoints whose ``Metrics`` object changed since
     the last request (the data layer stores each sample as a new object, so the object is

@@ -337,13 +337,15 @@ class SchedulerProfile:
         """Recompute the endpoints at ``changed`` only; every endpoint of a scorer whose summary moved.
 
         A scorer whose values at ``changed`` are the old ones has nothing to do.  Otherwise
-        its summary is brought up to date (``update_summary``, or ``summarize`` over every
-        value when that cannot tell: a changed endpoint may have been the min or the max);
+        its summary, unless None (no fleet term), is brought up to date (``update_summary``,
+        or ``summarize`` over every value when that cannot tell: a changed endpoint may have
+        been the min or the max);
         unchanged, only the changed endpoints are rescored, moved, every endpoint is.  The
         partial sum is recomputed at the changed positions with ``_combine``'s float
         operations (bit-identical), or whole when a leading scorer rescored everyone.  The
         snapshot's lists are private (``run`` hands out copies), so they are updated in place.
         """
+        t0 = perf_counter()
         sub = [metrics[i] for i in changed]
         scorers = self._scorers
         snap_scores = self._snap_scores
@@ -355,31 +357,31 @@ class SchedulerProfile:
         for j in self._metrics_idx:
             sc = scorers[j]
             inc: IncrementalMetricsScorer = sc.inc  # type: ignore[assignment]  # _incremental: all are
-            t0 = perf_counter()
             values: list[Any] = snap_values[j]  # type: ignore[assignment]
             new = inc.metric_values(sub)
             old = [values[i] for i in changed]
-            if new != old:
-                for i, v in zip(changed, new, strict=True):
-                    values[i] = v
-                summary = summaries[j]
+            if new == old:
+                continue
+            for i, v in zip(changed, new, strict=True):
+                values[i] = v
+            summary = moved = summaries[j]
+            if summary is not None:  # None: no fleet term, nothing to update
                 moved = inc.update_summary(summary, old, new)
                 if moved is None:
                     moved = inc.summarize(values)
-                if moved == summary:
-                    sub_scores: Sequence[float] = inc.scores_for(new, summary)
-                    if not sc.bounded:
-                        sub_scores = _clamped(sub_scores)
-                    kept: list[float] = snap_scores[j]  # type: ignore[assignment]
-                    for i, x in zip(changed, sub_scores, strict=True):
-                        kept[i] = x
-                else:
-                    rescored = inc.scores_for(values, moved)
-                    snap_scores[j] = rescored if sc.bounded else _clamped(rescored)  # owned: a new list
-                    summaries[j] = moved
-                    whole = whole or j < lead
-                touched = touched or j < lead
-            sc.hist.observe(perf_counter() - t0)
+            if moved == summary:
+                sub_scores: Sequence[float] = inc.scores_for(new, summary)
+                if not sc.bounded:
+                    sub_scores = _clamped(sub_scores)
+                kept: list[float] = snap_scores[j]  # type: ignore[assignment]
+                for i, x in zip(changed, sub_scores, strict=True):
+                    kept[i] = x
+            else:
+                rescored = inc.scores_for(values, moved)
+                snap_scores[j] = rescored if sc.bounded else _clamped(rescored)  # owned: a new list
+                summaries[j] = moved
+                whole = whole or j < lead
+            touched = touched or j < lead
         if touched:
             lists: list[Sequence[float]] = snap_scores[:lead]  # type: ignore[assignment]
             weights = self._lead_weights
@@ -395,6 +397,10 @@ class SchedulerProfile:
                         t = t + scores_k[i] * w  # _combine's order: ((x*wa + y*wb) + z*wc)
                     partial[i] = t
         self._snap_metrics = metrics
+        hists = self._metrics_hists  # one clock read for all: the scorers' shares are alike
+        share = (perf_counter() - t0) / len(hists)
+        for hist in hists:
+            hist.observe(share)
 
 
 class Scheduler:
