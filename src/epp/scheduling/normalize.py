@@ -12,13 +12,21 @@ from collections.abc import Sequence
 
 def min_max_scores(values: list[int]) -> list[float]:
     """``(max - v) / (max - min)``: the smallest value scores 1, the largest 0; all equal → 1."""
-    lo, hi = min_max_bounds(values)
-    return min_max_apply(values, (lo, hi))
+    # Queue lengths take few distinct values: min, max and the formula run over those only.
+    distinct = set(values)
+    lo = min(distinct)
+    hi = max(distinct)
+    if hi == lo:
+        return [1.0] * len(values)
+    span = float(hi - lo)
+    memo = {v: (hi - v) / span for v in distinct}
+    return list(map(memo.__getitem__, values))
 
 
 def min_max_bounds(values: Sequence[int]) -> tuple[int, int]:
     """``(min, max)`` of the readings: what every score of ``min_max_scores`` depends on besides its own."""
-    return min(values), max(values)
+    distinct = set(values)  # queue lengths take few distinct values: min and max run over those
+    return min(distinct), max(distinct)
 
 
 def min_max_apply(values: Sequence[int], bounds: tuple[int, int]) -> list[float]:

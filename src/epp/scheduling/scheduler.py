@@ -281,8 +281,9 @@ class SchedulerProfile:
         metrics = [ep.metrics for ep in eps]  # a comprehension beats map(attrgetter) on slots
         snap = self._snap_metrics
         if snap is not None and len(snap) == n:
-            # Same objects (or equal readings): reuse everything.
-            if metrics == snap:
+            # Same objects (or equal readings): reuse everything.  The identity test of the first
+            # reading saves a Metrics.__eq__ call when every endpoint was rescraped.
+            if metrics[0] is snap[0] and metrics == snap:
                 hists = self._metrics_hists
                 share = (perf_counter() - t0) / len(hists)
                 for hist in hists:
@@ -298,39 +299,30 @@ class SchedulerProfile:
         self._rebuild(metrics, n)
 
     def _rebuild(self, metrics: list[Metrics], n: int) -> None:
-        """Score every candidate with every metrics scorer and sum the leading ones."""
+        """Score every candidate with every metrics scorer and sum the leading ones.
+
+        The incremental scorers' values and summaries are not kept here: ``_update`` derives
+        them from the snapshot when it first needs them, so a fleet rescraped before every
+        request pays nothing for the incremental path.
+        """
         scores_by_scorer: list[Sequence[float] | None] = []
-        values_by_scorer: list[list[Any] | None] = []
-        summaries: list[Any] = []
         for sc in self._scorers:
             if sc.score_metrics is None:
                 scores_by_scorer.append(None)
-                values_by_scorer.append(None)
-                summaries.append(None)
                 continue
             t0 = perf_counter()
-            values = summary = None
-            inc = sc.inc
-            scores: Sequence[float]
-            if inc is not None:
-                values = inc.metric_values(metrics)
-                summary = inc.summarize(values)
-                scores = inc.scores_for(values, summary)
-            else:
-                scores = sc.score_metrics(metrics)
+            scores = sc.score_metrics(metrics)
             if len(scores) != n:
                 raise ValueError(f"scorer returned {len(scores)} scores for {n} endpoints")
-            scores_by_scorer.append(scores if sc.bounded else _clamped(scores))  # owned: a new list
+            scores_by_scorer.append(scores if sc.bounded else _clamped(scores))
             sc.hist.observe(perf_counter() - t0)
-            values_by_scorer.append(values)
-            summaries.append(summary)
         lead = self._lead
         partial = None
         if lead:
             partial = _combine(scores_by_scorer[:lead], self._lead_weights, n, None)  # type: ignore[arg-type]
         self._snap_scores = scores_by_scorer
-        self._snap_values = values_by_scorer
-        self._snap_summaries = summaries
+        self._snap_values = [None] * len(scores_by_scorer)
+        self._snap_summaries = [None] * len(scores_by_scorer)
         self._snap_partial = partial
         self._snap_metrics = metrics
 
@@ -358,7 +350,11 @@ class SchedulerProfile:
         for j in self._metrics_idx:
             sc = scorers[j]
             inc: IncrementalMetricsScorer = sc.inc  # type: ignore[assignment]  # _incremental: all are
-            values: list[Any] = snap_values[j]  # type: ignore[assignment]
+            values = snap_values[j]
+            if values is None:  # the first update since a rebuild: values of the snapshot's readings
+                values = snap_values[j] = inc.metric_values(self._snap_metrics)  # type: ignore[arg-type]
+                summaries[j] = inc.summarize(values)
+                snap_scores[j] = list(snap_scores[j])  # type: ignore[arg-type]  # ours to update in place
             new = inc.metric_values(sub)
             old = [values[i] for i in changed]
             if new == old:
