@@ -9,9 +9,12 @@ part of the total.  Prompts are chat bodies whose first half is one of a few sha
 prompts, so the index has real matches.
 
 The profile reuses the metrics-only scores (queue, KV cache) while the endpoints' ``Metrics``
-objects are unchanged, as they are in the main cells.  The ``refreshed`` cells replace every
-endpoint's ``Metrics`` with a new reading (same values, later update time, as a scrape does)
-before each request, outside the timed window: the cost when every request sees a new scrape.
+objects are unchanged, as they are in the main cells, and recomputes only the endpoints whose
+reading changed.  The ``fresh`` cells give endpoints a new reading with new values (queue
+random walk, new KV usage) before each request, outside the timed window, round-robin as the
+scrape loop does: ``n * 20 / rps`` endpoints per request is 50 ms scrapes at ``rps`` requests
+per second (2 of 100 at 1000 rps, 10 at 200 rps), and ``all`` is every endpoint before every
+request (the worst case: a fleet scraped faster than it is asked).
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ from epp.testing.plugins import FakeHandle
 RESULTS = Path(__file__).parent / "results" / "scheduler.json"
 ENDPOINTS = (10, 100, 1000)
 PROMPT_CHARS = (1_000, 10_000, 100_000)
+SCRAPE_INTERVAL_S = 0.05
+FRESH_RPS = (1000, 200)  # request rates of the fresh cells; plus "all"
 GOALS = {
+    "schedule_p50_us_100_endpoints_fresh_1000rps": 28.0,  # the Go EPP's published figure
     "p50_us_100_endpoints_10k_prompt": 100.0,
     "p50_us_1000_endpoints": 1000.0,
     "hash_100k_chars_us": 1000.0,
@@ -112,25 +118,31 @@ def _build(producer: ApproxPrefixCacheProducer) -> Scheduler:
     return Scheduler(SingleProfileHandler("single-profile-handler", NoParams(), h), [profile])
 
 
-def _rescrape(eps: list[Endpoint]) -> None:
-    """Every endpoint gets a new ``Metrics`` reading: same values, a later ``update_time`` (a scrape)."""
-    for ep in eps:
+def _rescrape(eps: list[Endpoint], start: int, count: int, rng: random.Random) -> int:
+    """``count`` endpoints from ``start`` (round-robin) get a new reading with new values; the next start."""
+    n = len(eps)
+    for j in range(start, start + count):
+        ep = eps[j % n]
         m = ep.metrics
         ep.metrics = Metrics(
-            waiting_queue_size=m.waiting_queue_size,
-            kv_cache_usage_percent=m.kv_cache_usage_percent,
+            waiting_queue_size=max(0, m.waiting_queue_size + rng.choice((-1, 0, 1))),
+            kv_cache_usage_percent=rng.random(),
             running_requests_size=m.running_requests_size,
             cache_block_size=m.cache_block_size,
-            update_time=m.update_time + 0.05,
+            update_time=m.update_time + SCRAPE_INTERVAL_S,
         )
+    return (start + count) % n
 
 
-def bench_cell(
-    n_endpoints: int, chars: int, iterations: int, seed: int, *, refreshed: bool = False
-) -> dict[str, Any]:
+def churn(n_endpoints: int, rps: int) -> int:
+    """Endpoints with a new reading between two requests: 50 ms scrapes at ``rps`` requests/s."""
+    return max(1, round(n_endpoints / (rps * SCRAPE_INTERVAL_S)))
+
+
+def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int, *, fresh: int = 0) -> dict[str, Any]:
     """Time prepare (producer), schedule and pre-request for one endpoint count and prompt size.
 
-    ``refreshed``: new ``Metrics`` objects for every endpoint before each request (untimed).
+    ``fresh``: how many endpoints get a new reading before each request (untimed).
     """
     rng = random.Random(seed)
     eps = _endpoints(n_endpoints, rng)
@@ -149,10 +161,11 @@ def bench_cell(
     gc.collect()
     perf = time.perf_counter
     thread_time = time.thread_time
+    start = 0
     for i in range(warmup + iterations):
         req = requests[i % len(requests)]
-        if refreshed:
-            _rescrape(eps)
+        if fresh:
+            start = _rescrape(eps, start, fresh, rng)
         state = CycleState()
         c0 = thread_time()
         t0 = perf()
@@ -172,7 +185,7 @@ def bench_cell(
     return {
         "endpoints": n_endpoints,
         "prompt_chars": chars,
-        "metrics_refreshed_per_request": refreshed,
+        "fresh_endpoints_per_request": fresh,
         "iterations": iterations,
         "prepare_us": _stats(prep),
         "schedule_us": _stats(sched),
@@ -256,15 +269,17 @@ def main(argv: list[str] | None = None) -> int:
                 f" {total['p50']:>8.1f}/{total['p99']:<8.1f} | {c['total_cpu_us']['p50']:>8.1f} |"
                 f" {c['pre_request_us']['p50']:>11.1f}"
             )
-    refreshed = []
+    fresh_cells = []
     for n in ENDPOINTS:
-        c = bench_cell(
-            n, 1_000, iterations if n < 1000 else max(iterations // 2, 100), seed=n * 31 + 7, refreshed=True
-        )
-        refreshed.append(c)
-        sched = c["schedule_us"]
-        print(f"{n:>9} {1000:>7} | metrics refreshed before every request: schedule p50/p99 "
-              f"{sched['p50']:.1f}/{sched['p99']:.1f}")  # fmt: skip
+        for label, count in [*((f"{rps} rps", churn(n, rps)) for rps in FRESH_RPS), ("all", n)]:
+            c = bench_cell(
+                n, 1_000, iterations if n < 1000 else max(iterations // 2, 100), seed=n * 31 + 7, fresh=count
+            )
+            c["fresh_label"] = label
+            fresh_cells.append(c)
+            sched = c["schedule_us"]
+            print(f"{n:>9} {1000:>7} | fresh metrics, {count:>4} endpoints/request ({label:>8}):"
+                  f" schedule p50/p99 {sched['p50']:.1f}/{sched['p99']:.1f}")  # fmt: skip
     hashing = bench_hashing(100 if args.quick else 500)
     print(f"hash 100k chars: {json.dumps(hashing)}")
     memory = bench_memory(100, capacity)
@@ -276,7 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     def cell(n: int, chars: int) -> dict[str, Any]:
         return next(c for c in cells if c["endpoints"] == n and c["prompt_chars"] == chars)
 
+    def fresh_cell(n: int, label: str) -> dict[str, Any]:
+        return next(c for c in fresh_cells if c["endpoints"] == n and c["fresh_label"] == label)
+
     goals = {
+        "schedule_p50_us_100_endpoints_fresh_1000rps": {
+            "goal": GOALS["schedule_p50_us_100_endpoints_fresh_1000rps"],
+            "fresh_1000rps": fresh_cell(100, "1000 rps")["schedule_us"]["p50"],
+            "fresh_200rps": fresh_cell(100, "200 rps")["schedule_us"]["p50"],
+            "fresh_all": fresh_cell(100, "all")["schedule_us"]["p50"],
+            "unchanged": cell(100, 1_000)["schedule_us"]["p50"],
+        },
         "p50_us_100_endpoints_10k_prompt": {
             "goal": GOALS["p50_us_100_endpoints_10k_prompt"],
             "schedule": cell(100, 10_000)["schedule_us"]["p50"],
@@ -301,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "profile": "queue w2 + kv-cache w2 + prefix w3, max-score-picker, approx-prefix-cache-producer",
         "cells": cells,
-        "refreshed_cells": refreshed,
+        "fresh_cells": fresh_cells,
         "hashing_100k_chars": hashing,
         "prefix_index_memory": memory,
         "goals": goals,

@@ -46,6 +46,7 @@ PAGES = {
 }
 RESULTS = ROOT / "bench/results/scrape.json"
 GOAL_CORES = 0.25
+HEADLINE_PAGE = "vllm-451-lines"  # a real vLLM page: the goal is judged on it
 
 _SERVER = r"""
 import asyncio, sys
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
 
     runs = []
     loops = ["asyncio", "uvloop"]
-    pages = ["vllm-115-lines"] if args.quick else list(PAGES)
+    pages = [HEADLINE_PAGE] if args.quick else list(PAGES)
     for page in pages:
         for loop_kind in loops:
             runs.append(bench_runtime(loop_kind, page, args.endpoints, args.interval, seconds))
@@ -245,6 +246,13 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['cpu_us_per_scrape']:>10.1f} {r['parse_share']:>6.0%} {r['extract_share']:>8.0%} "
             f"{1 - r['parse_share'] - r['extract_share']:>6.0%}"
         )
+    headline = [r for r in runs if r["page"] == HEADLINE_PAGE]
+    best = min(headline, key=lambda r: r["cores"])
+    print(
+        f"\nheadline ({HEADLINE_PAGE}, {best['loop']}): {best['cores']:.3f} core "
+        f"(parse {best['parse_cores']:.3f}, extract {best['extract_cores']:.3f}, "
+        f"I/O {best['io_cores']:.3f}); goal ≤ {GOAL_CORES}"
+    )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
         json.dumps(
@@ -254,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
                 "python": sys.version.split()[0],
                 "cpus": os.cpu_count(),
                 "goal_cores": GOAL_CORES,
+                "headline": {"page": HEADLINE_PAGE, **best},
                 "parse": parse_rows,
                 "runtime": runs,
             },

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from epp.director.candidates import SUBSET_KEY, SUBSET_NAMESPACE, locate
+from epp.datalayer.api import Endpoint, fresh_or_all
+from epp.datalayer.health import available_or_all
+from epp.director.candidates import SUBSET_KEY, SUBSET_NAMESPACE, locate, usable
 from epp.testing.builders import make_endpoint
 
 EPS = [make_endpoint(i) for i in range(3)]
@@ -42,3 +48,31 @@ def test_ipv6_hint() -> None:
     """Bracketed IPv6 hints match endpoints by address."""
     ep = make_endpoint(0, address="fd00::1")
     assert list(locate([ep], hint("[fd00::1]:8000"))) == [ep]
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[Endpoint]:
+    """Endpoints with never-scraped, stale and fresh metrics, some unreachable or ejected."""
+    out = []
+    for i in range(draw(st.integers(0, 12))):
+        ep = make_endpoint(i)
+        ep.metrics = replace(ep.metrics, update_time=draw(st.sampled_from([0.0, 1.0, 95.0, 99.0, 100.0])))
+        ep.health.unreachable = draw(st.booleans())
+        ep.health.ejected_until = draw(st.sampled_from([0.0, 50.0, 150.0]))
+        out.append(ep)
+    return out
+
+
+@given(fleets(), st.sampled_from([0.0, -1.0, 2.0, 10.0]), st.booleans())
+def test_usable_is_fresh_then_available_in_one_pass(
+    eps: list[Endpoint], threshold: float, as_tuple: bool
+) -> None:
+    """Differential: the one pass equals the two fail-open steps it replaced, order included."""
+    candidates: Sequence[Endpoint] = tuple(eps) if as_tuple else eps
+    now = 100.0
+    fresh = fresh_or_all(candidates, now, threshold) if threshold > 0 else candidates
+    expected = available_or_all(fresh, now)
+    got = usable(candidates, now, threshold)
+    assert list(got) == list(expected)
+    if expected is candidates:
+        assert got is candidates  # the common case builds no list

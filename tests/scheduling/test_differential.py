@@ -152,6 +152,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         "cap": draw(st.sampled_from([0, 10, 1000])),
         "seed": draw(st.integers(0, 2**32 - 1)),
         "rounds": draw(st.integers(1, 4)),
+        "churn": draw(st.sampled_from([0.05, 0.2, 1.0, 4.0])),
     }
 
 
@@ -178,10 +179,15 @@ def _round_state(rng: random.Random, eps: Sequence[Endpoint]) -> CycleState:
     return state
 
 
-def _mutate(rng: random.Random, eps: Sequence[Endpoint]) -> None:
-    """A metrics refresh: some endpoints get a new reading, some an equal copy, the rest keep theirs."""
+def _mutate(rng: random.Random, eps: Sequence[Endpoint], churn: float) -> None:
+    """A metrics refresh: some endpoints get a new reading, some an equal copy, the rest keep theirs.
+
+    ``churn`` scales the share that changes: a few endpoints exercise the profile's
+    incremental path (including a changed endpoint that held the min or the max), many
+    its full recomputation.
+    """
     for ep in eps:
-        r = rng.random()
+        r = rng.random() / churn
         if r < 0.15:
             m = ep.metrics
             ep.metrics = replace(
@@ -242,7 +248,7 @@ def test_fast_paths_pick_exactly_like_the_reference(sc: dict[str, Any]) -> None:
     candidates: Sequence[Endpoint] = tuple(eps)
     for rnd in range(sc["rounds"] * 2):
         if rnd:
-            _mutate(world, eps)
+            _mutate(world, eps, sc["churn"])
             if world.random() < 0.3:  # the candidate list changes (subset, or a new tuple)
                 candidates = tuple(ep for ep in eps if world.random() < 0.8) or tuple(eps)
         state = _round_state(world, candidates)
@@ -282,6 +288,9 @@ def test_metrics_scorers_agree_with_their_per_endpoint_scores() -> None:
     ]
     for cls in (QueueScorer, RunningRequestsSizeScorer, KVCacheUtilizationScorer):
         s = build(cls)
-        assert list(s.score_metrics([ep.metrics for ep in eps])) == list(
-            s.score(CycleState(), request(), eps)
-        )
+        ms = [ep.metrics for ep in eps]
+        expected = list(s.score(CycleState(), request(), eps))
+        assert list(s.score_metrics(ms)) == expected
+        values = s.metric_values(ms)
+        assert s.scores_for(values, s.summarize(values)) == expected
+        assert s.scores_for(values[10:13], s.summarize(values)) == expected[10:13]

@@ -48,7 +48,7 @@ from epp.director.api import (
     ResponseCompleteProcessor,
     ResponseHeaderProcessor,
 )
-from epp.director.assembly import RequestControl
+from epp.director.pipeline import RequestControl
 from epp.errors import ConfigError
 from epp.flowcontrol import assembly as flowcontrol_assembly
 from epp.flowcontrol.api import SaturationDetector

@@ -9,10 +9,8 @@ gets back becomes a ``Pipeline`` once the scheduler and the admission controller
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from epp.admission.api import AdmissionController
 from epp.director.api import (
     Admitter,
     DataProducer,
@@ -22,45 +20,11 @@ from epp.director.api import (
     ResponseHeaderProcessor,
 )
 from epp.director.dag import missing_producers, order_producers
-from epp.director.pipeline import Pipeline, SchedulerLike
+from epp.director.pipeline import RequestControl
 from epp.errors import ConfigError
 from epp.parsers.api import Parser
 from epp.plugin.assembly import PluginSet, label
 from epp.plugin.keys import AttributeKey
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestControl:
-    """The parser and the plugins of every request-control extension point, ordered.
-
-    Hook tuples follow plugin creation order (config order, then defaults); a plugin
-    implementing several protocols is in several tuples.  ``producers`` are in DAG order.
-    """
-
-    parser: Parser
-    producers: tuple[DataProducer, ...] = ()
-    admitters: tuple[Admitter, ...] = ()
-    pre_request: tuple[PreRequest, ...] = ()
-    response_header: tuple[ResponseHeaderProcessor, ...] = ()
-    response_body: tuple[ResponseBodyProcessor, ...] = ()
-    response_complete: tuple[ResponseCompleteProcessor, ...] = ()
-
-    def pipeline(
-        self, *, scheduler: SchedulerLike, admission: AdmissionController, **options: Any
-    ) -> Pipeline:
-        """The director's pipeline; ``options`` are ``Pipeline``'s tuning fields."""
-        return Pipeline(
-            parser=self.parser,
-            scheduler=scheduler,
-            admission=admission,
-            producers=self.producers,
-            admitters=self.admitters,
-            pre_request=self.pre_request,
-            response_header=self.response_header,
-            response_body=self.response_body,
-            response_complete=self.response_complete,
-            **options,
-        )
 
 
 def parser(ref: str, default: str, plugins: PluginSet) -> Parser:

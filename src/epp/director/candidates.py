@@ -1,4 +1,5 @@
-"""Which endpoints may serve a request: all of them, or Envoy's subset hint (GIE §3.4)."""
+"""Which endpoints may serve a request: all of them, or Envoy's subset hint (GIE §3.4), then
+those worth routing to (fresh metrics, available), each step failing open."""
 
 from __future__ import annotations
 
@@ -38,3 +39,45 @@ def locate(
         return ()
     hosts = {_host(s) for s in subset if isinstance(s, str)}
     return [ep for ep in endpoints if ep.metadata.address in hosts]
+
+
+def usable(endpoints: Sequence[Endpoint], now: float, staleness_threshold: float) -> Sequence[Endpoint]:
+    """The candidates worth scheduling on, in one pass: fresh metrics first, then available.
+
+    Exactly ``available_or_all(fresh_or_all(endpoints, now, threshold), now)`` (without the
+    freshness step when ``staleness_threshold <= 0``): the endpoints with fresh metrics, or
+    all when none is; of those, the available ones (not unreachable, not ejected), or all of
+    those when none is.  Both steps fail open: routing somewhere beats refusing.  The common
+    case (everything fresh and available) returns ``endpoints`` itself, building no list.
+    """
+    check = staleness_threshold > 0
+    i = 0
+    for ep in endpoints:
+        if check:
+            updated = ep.metrics.update_time  # is_stale, inlined
+            if updated == 0.0 or now - updated > staleness_threshold:
+                break
+        if not ep.health.available(now):
+            break
+        i += 1
+    else:
+        return endpoints
+    fresh = list(endpoints[:i])  # everything before ``i`` is fresh and available
+    fresh_available = list(fresh)
+    available = list(fresh)
+    for ep in endpoints[i:]:
+        ok = ep.health.available(now)
+        if check:
+            updated = ep.metrics.update_time
+            if updated == 0.0 or now - updated > staleness_threshold:
+                if ok:
+                    available.append(ep)
+                continue
+        fresh.append(ep)
+        if ok:
+            fresh_available.append(ep)
+            available.append(ep)
+    # When the freshness step kept every endpoint (or, failing open, none was fresh), it is a no-op.
+    kept = available if not fresh or len(fresh) == len(endpoints) else fresh_available or fresh
+    # A subsequence as long as the input is the input: return it, as the two steps did.
+    return kept if kept and len(kept) != len(endpoints) else endpoints

@@ -19,10 +19,9 @@ from typing import Any, Final
 
 import structlog
 
-from epp.datalayer.api import Endpoint, fresh_or_all
-from epp.datalayer.health import available_or_all
+from epp.datalayer.api import Endpoint
 from epp.datastore.store import Datastore
-from epp.director.candidates import locate
+from epp.director.candidates import locate, usable
 from epp.director.context import RequestContext, RoutingDecision
 from epp.director.lifecycle import RequestLifecycle
 from epp.director.pipeline import Pipeline
@@ -141,7 +140,7 @@ class Director:
             raise ServiceUnavailable(
                 "failed to find endpoint candidates for serving the request", reason="rejected-subset-empty"
             )
-        candidates = available_or_all(candidates, time.monotonic())
+        candidates = usable(candidates, time.monotonic(), 0.0)  # available (no freshness step here)
         try:
             result = self._p.scheduler.schedule(ctx.state, ctx.request, candidates)
             targets = result.primary.target_endpoints
@@ -201,10 +200,8 @@ class Director:
             span.end()
         if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
             candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
-        now = time.monotonic()
-        if p.staleness_threshold > 0:
-            candidates = fresh_or_all(candidates, now, p.staleness_threshold)
-        candidates = available_or_all(candidates, now)  # not a crashed or failing replica
+        # Fresh metrics (when a staleness threshold is set), then not a crashed or failing replica.
+        candidates = usable(candidates, time.monotonic(), p.staleness_threshold)
         if not candidates:
             raise ServiceUnavailable(
                 "failed to find endpoint candidates for serving the request",

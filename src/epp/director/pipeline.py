@@ -1,10 +1,15 @@
-"""The plugins one director runs, shared by its routing side (director.py) and response side (response.py)."""
+"""The plugins one director runs, shared by its routing side (director.py) and response side (response.py).
+
+``RequestControl`` is the one list of request-control hooks (the parser and the plugins of
+each extension point); a ``Pipeline`` is those hooks plus the scheduler, the admission
+controller and the tuning, so the hook fields are declared once.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final, Protocol
+from dataclasses import dataclass, fields
+from typing import Any, Final, Protocol
 
 from epp.admission.api import AdmissionController
 from epp.datalayer.api import Endpoint
@@ -31,18 +36,39 @@ class SchedulerLike(Protocol):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Pipeline:
-    """The plugins a director runs, already ordered (producers topologically, the rest by config)."""
+class RequestControl:
+    """The parser and the plugins of every request-control extension point, ordered.
+
+    Hook tuples follow plugin creation order (config order, then defaults); a plugin
+    implementing several protocols is in several tuples.  ``producers`` are in DAG order.
+    """
 
     parser: Parser
-    scheduler: SchedulerLike
-    admission: AdmissionController
     producers: tuple[DataProducer, ...] = ()
     admitters: tuple[Admitter, ...] = ()
     pre_request: tuple[PreRequest, ...] = ()
     response_header: tuple[ResponseHeaderProcessor, ...] = ()
     response_body: tuple[ResponseBodyProcessor, ...] = ()
     response_complete: tuple[ResponseCompleteProcessor, ...] = ()
+
+    def pipeline(
+        self, *, scheduler: SchedulerLike, admission: AdmissionController, **options: Any
+    ) -> Pipeline:
+        """The director's pipeline: these hooks; ``options`` are ``Pipeline``'s tuning fields."""
+        hooks = {f.name: getattr(self, f.name) for f in fields(RequestControl)}
+        return Pipeline(scheduler=scheduler, admission=admission, **hooks, **options)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pipeline(RequestControl):
+    """The plugins a director runs, already ordered (producers topologically, the rest by config).
+
+    The hooks are ``RequestControl``'s fields; the scheduler, the admission controller and the
+    tuning are added here.
+    """
+
+    scheduler: SchedulerLike
+    admission: AdmissionController
     producer_timeout: float = DEFAULT_PRODUCER_TIMEOUT
     subset_filter: bool = True
     # Endpoints whose metrics are older than this are not candidates while a fresh one

@@ -8,9 +8,9 @@ which avoids a dict per scorer per request.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.datalayer.api import Endpoint, Metrics
 from epp.plugin.base import Plugin
@@ -112,6 +112,39 @@ class MetricsScorer(Protocol):
     """
 
     def score_metrics(self, metrics: Sequence[Metrics]) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class IncrementalMetricsScorer(MetricsScorer, Protocol):
+    """Optional finer form of a ``MetricsScorer``: one reading per endpoint plus a fleet summary.
+
+    ``score_metrics(ms)`` must equal ``scores_for(vs, summarize(vs))`` with
+    ``vs = metric_values(ms)``, where ``metric_values`` reads each endpoint's value from its
+    own ``Metrics`` only, and ``scores_for`` scores each value from that value and the
+    summary only (so it may be called on any subset).  The summary is what normalisation
+    needs: ``(min, max)`` for the queue scorer, ``None`` for a scorer with no fleet term
+    (then always None: ``update_summary`` is not called).
+
+    It lets the profile recompute only the endpoints whose ``Metrics`` object changed since
+    the last request (the data layer stores each sample as a new object, so the object is
+    the reading's version): it refreshes those values, updates the summary (from the old
+    and new values when ``update_summary`` can, else ``summarize`` over all of them: a
+    changed endpoint may have been the min or the max), and rescores only the changed
+    endpoints when the summary is unchanged, every endpoint when it moved.
+    """
+
+    def metric_values(self, metrics: Sequence[Metrics]) -> list[Any]: ...
+
+    def summarize(self, values: Sequence[Any]) -> Hashable: ...
+
+    def scores_for(self, values: Sequence[Any], summary: Any) -> list[float]:
+        """A new list (the profile keeps and updates it)."""
+        ...
+
+    def update_summary(self, summary: Any, old: Sequence[Any], new: Sequence[Any]) -> Hashable:
+        """The summary after some values changed from ``old`` to ``new``, or None when it cannot
+        tell without seeing every value (the profile then calls ``summarize``)."""
+        ...
 
 
 @runtime_checkable

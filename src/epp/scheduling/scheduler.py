@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import compress
 from math import isnan
+from operator import is_not
 from time import perf_counter
 from typing import Any, Final
 
@@ -17,6 +19,7 @@ from epp.request import InferenceRequest
 from epp.scheduling.api import (
     AccumulatingScorer,
     Filter,
+    IncrementalMetricsScorer,
     MetricsScorer,
     Picker,
     ProfileHandler,
@@ -30,6 +33,9 @@ log = structlog.get_logger(__name__)
 NO_ENDPOINTS: Final = "no endpoints available for the given request"
 MAX_ROUNDS: Final = 100  # a handler that never returns an empty pick is stopped here
 _ATTEMPT_CACHE_MAX: Final = 4096
+# Recompute only the changed endpoints while at most 1 in this many changed; past that, one
+# full pass is cheaper than the per-position updates.
+_INCREMENTAL_SHARE: Final = 3
 
 
 class SchedulingError(Exception):
@@ -100,13 +106,22 @@ def _combine(
 class _Scorer:
     """One weighted scorer of a profile, its histogram child and its optional metrics-only path."""
 
-    __slots__ = ("add_weighted", "bounded", "hist", "score", "score_metrics", "weight")
+    __slots__ = (
+        "add_weighted",
+        "bounded",
+        "hist",
+        "inc",
+        "score",
+        "score_metrics",
+        "weight",
+    )
 
     def __init__(self, scorer: Scorer, weight: float) -> None:
         self.score = scorer.score
         self.hist = _timer("Scorer", scorer)
         self.bounded = bool(getattr(scorer, "BOUNDED", False))
         self.score_metrics = scorer.score_metrics if isinstance(scorer, MetricsScorer) else None
+        self.inc = scorer if isinstance(scorer, IncrementalMetricsScorer) else None
         self.add_weighted = scorer.add_weighted_scores if isinstance(scorer, AccumulatingScorer) else None
         self.weight = weight
 
@@ -124,21 +139,27 @@ class SchedulerProfile:
     alone: queue, running requests, KV cache) are computed once per metrics refresh: the
     profile keeps their clamped scores, and the weighted partial sum of the leading ones,
     with the list of ``Metrics`` objects they were computed from, and reuses them while
-    the candidates carry the same readings.  Only request-dependent scorers (prefix,
+    the candidates carry the same readings.  When a few readings changed and every such
+    scorer is an ``IncrementalMetricsScorer``, only those endpoints are rescored (and all
+    of them for a scorer whose min or max moved).  Only request-dependent scorers (prefix,
     LoRA, load) run per request.  The totals are bit-identical to scoring every scorer
     per request (tests/scheduling/test_differential.py holds the reference).
     """
 
     __slots__ = (
         "_filters",
+        "_incremental",
         "_lead",
         "_lead_weights",
         "_metrics_hists",
+        "_metrics_idx",
         "_picker",
         "_scorers",
         "_snap_metrics",
         "_snap_partial",
         "_snap_scores",
+        "_snap_summaries",
+        "_snap_values",
         "_uses_metrics",
         "filters",
         "name",
@@ -164,6 +185,7 @@ class SchedulerProfile:
         self._filters = tuple((f.filter, _timer("Filter", f)) for f in self.filters)
         self._scorers = tuple(_Scorer(s, w) for s, w in self.scorers)
         self._metrics_hists = tuple(s.hist for s in self._scorers if s.score_metrics is not None)
+        self._metrics_idx = tuple(i for i, s in enumerate(self._scorers) if s.score_metrics is not None)
         self._uses_metrics = bool(self._metrics_hists)
         lead = 0  # how many leading scorers are metrics-only: their partial sum is cached
         while lead < len(self._scorers) and self._scorers[lead].score_metrics is not None:
@@ -175,6 +197,10 @@ class SchedulerProfile:
         self._snap_metrics: list[Metrics] | None = None
         self._snap_scores: list[Sequence[float] | None] = [None] * len(self._scorers)
         self._snap_partial: list[float] | None = None
+        # For the incremental scorers: each one's per-endpoint values and their summary.
+        self._snap_values: list[list[Any] | None] = [None] * len(self._scorers)
+        self._snap_summaries: list[Any] = [None] * len(self._scorers)
+        self._incremental = all(s.inc is not None for s in self._scorers if s.score_metrics is not None)
 
     def __repr__(self) -> str:
         return f"<SchedulerProfile {self.name!r}>"
@@ -243,18 +269,42 @@ class SchedulerProfile:
         return result
 
     def _refresh(self, eps: Sequence[Endpoint], n: int) -> None:
-        """Bring the metrics-only scores up to the candidates' current readings."""
+        """Bring the metrics-only scores up to the candidates' current readings.
+
+        A ``Metrics`` object is one stored sample (the data layer replaces, never mutates),
+        so identity is the reading's version: the endpoints whose object differs from the
+        snapshot's at the same position are the ones to recompute.  None: reuse everything.
+        A few, and every metrics scorer incremental: recompute those (``_update``).  Many,
+        or a different candidate list: recompute all (``_rebuild``).
+        """
         t0 = perf_counter()
         metrics = [ep.metrics for ep in eps]  # a comprehension beats map(attrgetter) on slots
         snap = self._snap_metrics
-        # Same objects (or equal readings) as last time: reuse everything.  The identity test of
-        # the first reading saves a Metrics.__eq__ call on the usual miss (a new scrape).
-        if snap is not None and len(snap) == n and metrics[0] is snap[0] and metrics == snap:
-            hists = self._metrics_hists
-            share = (perf_counter() - t0) / len(hists)
-            for hist in hists:
-                hist.observe(share)
-            return
+        if snap is not None and len(snap) == n:
+            # Same objects (or equal readings): reuse everything.  The identity test of the first
+            # reading saves a Metrics.__eq__ call when every endpoint was rescraped.
+            if metrics[0] is snap[0] and metrics == snap:
+                hists = self._metrics_hists
+                share = (perf_counter() - t0) / len(hists)
+                for hist in hists:
+                    hist.observe(share)
+                return
+            # Both ends changed: most likely a new candidate list or every endpoint rescraped,
+            # so skip the scan for the few changed ones and recompute everything.
+            if self._incremental and (metrics[0] is snap[0] or metrics[-1] is snap[-1]):
+                changed = list(compress(range(n), map(is_not, metrics, snap)))
+                if len(changed) * _INCREMENTAL_SHARE <= n:
+                    self._update(metrics, changed)
+                    return
+        self._rebuild(metrics, n)
+
+    def _rebuild(self, metrics: list[Metrics], n: int) -> None:
+        """Score every candidate with every metrics scorer and sum the leading ones.
+
+        The incremental scorers' values and summaries are not kept here: ``_update`` derives
+        them from the snapshot when it first needs them, so a fleet rescraped before every
+        request pays nothing for the incremental path.
+        """
         scores_by_scorer: list[Sequence[float] | None] = []
         for sc in self._scorers:
             if sc.score_metrics is None:
@@ -262,17 +312,92 @@ class SchedulerProfile:
                 continue
             t0 = perf_counter()
             scores = sc.score_metrics(metrics)
-            sc.hist.observe(perf_counter() - t0)
             if len(scores) != n:
                 raise ValueError(f"scorer returned {len(scores)} scores for {n} endpoints")
             scores_by_scorer.append(scores if sc.bounded else _clamped(scores))
+            sc.hist.observe(perf_counter() - t0)
         lead = self._lead
         partial = None
         if lead:
             partial = _combine(scores_by_scorer[:lead], self._lead_weights, n, None)  # type: ignore[arg-type]
         self._snap_scores = scores_by_scorer
+        self._snap_values = [None] * len(scores_by_scorer)
+        self._snap_summaries = [None] * len(scores_by_scorer)
         self._snap_partial = partial
         self._snap_metrics = metrics
+
+    def _update(self, metrics: list[Metrics], changed: list[int]) -> None:
+        """Recompute the endpoints at ``changed`` only; every endpoint of a scorer whose summary moved.
+
+        A scorer whose values at ``changed`` are the old ones has nothing to do.  Otherwise
+        its summary, unless None (no fleet term), is brought up to date (``update_summary``,
+        or ``summarize`` over every value when that cannot tell: a changed endpoint may have
+        been the min or the max);
+        unchanged, only the changed endpoints are rescored, moved, every endpoint is.  The
+        partial sum is recomputed at the changed positions with ``_combine``'s float
+        operations (bit-identical), or whole when a leading scorer rescored everyone.  The
+        snapshot's lists are private (``run`` hands out copies), so they are updated in place.
+        """
+        t0 = perf_counter()
+        sub = [metrics[i] for i in changed]
+        scorers = self._scorers
+        snap_scores = self._snap_scores
+        snap_values = self._snap_values
+        summaries = self._snap_summaries
+        lead = self._lead
+        whole = False  # whether a leading scorer rescored every endpoint
+        touched = False  # whether any leading scorer's scores changed
+        for j in self._metrics_idx:
+            sc = scorers[j]
+            inc: IncrementalMetricsScorer = sc.inc  # type: ignore[assignment]  # _incremental: all are
+            values = snap_values[j]
+            if values is None:  # the first update since a rebuild: values of the snapshot's readings
+                values = snap_values[j] = inc.metric_values(self._snap_metrics)  # type: ignore[arg-type]
+                summaries[j] = inc.summarize(values)
+                snap_scores[j] = list(snap_scores[j])  # type: ignore[arg-type]  # ours to update in place
+            new = inc.metric_values(sub)
+            old = [values[i] for i in changed]
+            if new == old:
+                continue
+            for i, v in zip(changed, new, strict=True):
+                values[i] = v
+            summary = moved = summaries[j]
+            if summary is not None:  # None: no fleet term, nothing to update
+                moved = inc.update_summary(summary, old, new)
+                if moved is None:
+                    moved = inc.summarize(values)
+            if moved == summary:
+                sub_scores: Sequence[float] = inc.scores_for(new, summary)
+                if not sc.bounded:
+                    sub_scores = _clamped(sub_scores)
+                kept: list[float] = snap_scores[j]  # type: ignore[assignment]
+                for i, x in zip(changed, sub_scores, strict=True):
+                    kept[i] = x
+            else:
+                rescored = inc.scores_for(values, moved)
+                snap_scores[j] = rescored if sc.bounded else _clamped(rescored)  # owned: a new list
+                summaries[j] = moved
+                whole = whole or j < lead
+            touched = touched or j < lead
+        if touched:
+            lists: list[Sequence[float]] = snap_scores[:lead]  # type: ignore[assignment]
+            weights = self._lead_weights
+            if whole:
+                self._snap_partial = _combine(lists, weights, len(metrics), None)
+            else:
+                partial: list[float] = self._snap_partial  # type: ignore[assignment]
+                first, w0 = lists[0], weights[0]
+                rest = tuple(zip(lists[1:], weights[1:], strict=True))
+                for i in changed:
+                    t = first[i] * w0
+                    for scores_k, w in rest:
+                        t = t + scores_k[i] * w  # _combine's order: ((x*wa + y*wb) + z*wc)
+                    partial[i] = t
+        self._snap_metrics = metrics
+        hists = self._metrics_hists  # one clock read for all: the scorers' shares are alike
+        share = (perf_counter() - t0) / len(hists)
+        for hist in hists:
+            hist.observe(share)
 
 
 class Scheduler:

@@ -30,3 +30,19 @@ class KVCacheUtilizationScorer(PluginBase):
     def score_metrics(self, metrics: Sequence[Metrics]) -> Sequence[float]:
         """The same scores from the readings alone: the profile reuses them until the metrics change."""
         return [1.0 - m.kv_cache_usage_percent for m in metrics]
+
+    def metric_values(self, metrics: Sequence[Metrics]) -> list[float]:
+        """Each reading's ``kv_cache_usage_percent`` (the incremental path's per-endpoint value)."""
+        return [m.kv_cache_usage_percent for m in metrics]
+
+    def summarize(self, values: Sequence[float]) -> None:
+        """No fleet term: each score depends on its own reading only."""
+        return None
+
+    def scores_for(self, values: Sequence[float], summary: None) -> list[float]:
+        """``1 - usage`` for each value."""
+        return [1.0 - v for v in values]
+
+    def update_summary(self, summary: None, old: Sequence[float], new: Sequence[float]) -> None:
+        """Still none (``summarize`` is free)."""
+        return None

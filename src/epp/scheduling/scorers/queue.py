@@ -10,7 +10,7 @@ from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import ScorerCategory
-from epp.scheduling.normalize import min_max_scores
+from epp.scheduling.normalize import min_max_apply, min_max_bounds, min_max_scores, min_max_update
 
 
 class QueueScorer(PluginBase):
@@ -33,3 +33,21 @@ class QueueScorer(PluginBase):
     def score_metrics(self, metrics: Sequence[Metrics]) -> Sequence[float]:
         """The same scores from the readings alone: the profile reuses them until the metrics change."""
         return min_max_scores([m.waiting_queue_size for m in metrics])
+
+    def metric_values(self, metrics: Sequence[Metrics]) -> list[int]:
+        """Each reading's ``waiting_queue_size`` (the incremental path's per-endpoint value)."""
+        return [m.waiting_queue_size for m in metrics]
+
+    def summarize(self, values: Sequence[int]) -> tuple[int, int]:
+        """The normalisation bounds over every candidate."""
+        return min_max_bounds(values)
+
+    def scores_for(self, values: Sequence[int], summary: tuple[int, int]) -> list[float]:
+        """The scores of ``values`` (any subset) within the candidates' bounds."""
+        return min_max_apply(values, summary)
+
+    def update_summary(
+        self, summary: tuple[int, int], old: Sequence[int], new: Sequence[int]
+    ) -> tuple[int, int] | None:
+        """The bounds after a few readings changed, when known without a rescan."""
+        return min_max_update(summary, old, new)
