@@ -110,6 +110,8 @@ class Options:
     objectives_file: str = ""
     disable_endpoint_subset_filter: bool = False
     emit_endpoint_scores: bool = False
+    explain_request_header: str = ""  # docs/explain.md
+    decisions_buffer_size: int = 0
     # configuration
     config_file: str = ""
     config_text: str = ""
@@ -427,6 +429,22 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         _DISCOVERY,
         "Add every candidate's final scheduler score to the routing reply's envoy.lb dynamic metadata "
         "under 'x-gateway-destination-endpoint-scores' (llm-d-router's flag).",
+    ),
+    _Flag(
+        "explain-request-header",
+        "str",
+        _OBS,
+        "A request carrying this header (any value but 0/false) gets every candidate's per-scorer scores "
+        "in envoy.lb metadata and in the x-gateway-destination-endpoint-scores response header. Empty: off. "
+        "The gateway must strip the header from untrusted clients (docs/explain.md).",
+        new=True,
+    ),
+    _Flag(
+        "decisions-buffer-size",
+        "int",
+        _OBS,
+        "Keep the last N routing decisions for /debug/decisions on the metrics port (0: off).",
+        new=True,
     ),
     _Flag(
         "disable-endpoint-subset-filter",
