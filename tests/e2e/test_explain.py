@@ -1,0 +1,82 @@
+"""Explained decisions through a real Envoy: the trusted header, the breakdown, /debug/decisions."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import orjson
+import pytest
+
+from epp.explain.record import SCORES_HEADER, parse_header
+from tests.e2e.conftest import Stack, make_stack
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "mock-model"
+EXPLAIN = "x-epp-explain"
+# GIE's default profile: these scorers, weight 1 each (config/load.py DEFAULT_CONFIG_YAML).
+DEFAULT_SCORERS = {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
+
+
+async def _decision(s: Stack) -> dict[str, Any]:
+    """The newest decision, fetched again by its request id (Envoy replaces a client's x-request-id
+    on external requests, so the id is learnt from the buffer)."""
+    url = f"http://127.0.0.1:{s.epp.metrics_port}/debug/decisions"
+    async with s.http.get(url, params={"limit": "1"}) as resp:
+        assert resp.status == 200
+        [newest] = (await resp.json())["decisions"]
+    async with s.http.get(url, params={"request_id": newest["requestId"]}) as resp:
+        [decision] = (await resp.json())["decisions"]
+    assert decision == newest
+    return decision  # type: ignore[no-any-return]
+
+
+async def test_trusted_header_yields_breakdown_and_decisions_keeps_the_request(
+    tmp_path: pathlib.Path,
+) -> None:
+    args = [f"--explain-request-header={EXPLAIN}", "--decisions-buffer-size=16"]
+    async with make_stack(tmp_path, epp_args=args) as s:
+        body = {"model": MODEL, "prompt": "why here? " * 20, "max_tokens": 2}
+        r = await s.post("/v1/completions", body, headers={EXPLAIN: "1"})
+        assert r.status == 200
+        rows = parse_header(r.headers[SCORES_HEADER])
+        assert {address for address, _, _ in rows} == set(s.fleet.hostports)
+        assert rows[0][0] == r.epp_choice == r.served_by  # the pick first, and it served the request
+        for _, total, parts in rows:
+            assert set(parts) >= DEFAULT_SCORERS
+            assert total == pytest.approx(sum(parts.values()), abs=1e-5)
+
+        # The same breakdown reached Envoy's envoy.lb metadata (the access log prints it).
+        line = await s.access_log_line("/v1/completions")
+        breakdown = orjson.loads(line.split("breakdown=", 1)[1].split(" scores=", 1)[0])
+        assert breakdown == {address: pytest.approx(parts, abs=1e-5) for address, _, parts in rows}
+
+        decision = await _decision(s)
+        assert decision["outcome"] == "routed" and decision["destination"] == r.epp_choice
+        assert decision["model"] == MODEL and decision["admission"] == "admitted"
+        [run] = decision["profiles"]
+        assert {e["address"] for e in run["endpoints"]} == set(s.fleet.hostports)
+        assert {"parse", "schedule"} <= set(decision["stagesMicros"])
+
+        # A request without the header is recorded but gets nothing on the wire.
+        r = await s.post("/v1/completions", body)
+        assert r.status == 200 and SCORES_HEADER not in r.headers
+        assert (await _decision(s))["destination"] == r.epp_choice
+
+        # A rejection is recorded with its reason.
+        r = await s.post("/v1/completions", {"prompt": "no model"})
+        assert r.status == 400
+        bad = await _decision(s)
+        assert (bad["outcome"], bad["reason"]) == ("rejected", "rejected-bad-request")
+
+
+async def test_without_the_flag_the_client_header_does_nothing(stack: Stack) -> None:
+    r = await stack.post(
+        "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2}, headers={EXPLAIN: "1"}
+    )
+    assert r.status == 200 and SCORES_HEADER not in r.headers
+    line = await stack.access_log_line("/v1/completions")
+    assert "breakdown=- " in line
+    async with stack.http.get(f"http://127.0.0.1:{stack.epp.metrics_port}/debug/decisions") as resp:
+        assert resp.status == 404  # the buffer is off by default
