@@ -51,8 +51,8 @@ class ProfileTrace:
     filters: tuple[tuple[str, tuple[Endpoint, ...]], ...]  # (filter name, its survivors), in order
     scorers: tuple[tuple[str, float], ...] = ()  # (scorer name, weight), in order
     scored: tuple[Endpoint, ...] = ()
-    contributions: tuple[tuple[float, ...], ...] = ()
-    totals: tuple[float, ...] = ()
+    contributions: tuple[Sequence[float], ...] = ()
+    totals: Sequence[float] = ()
     picker: str = ""
     picked: tuple[Endpoint, ...] = ()
     error: str = ""

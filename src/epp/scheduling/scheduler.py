@@ -276,13 +276,13 @@ class SchedulerProfile:
         n = len(eps)
         if self._uses_metrics:
             self._refresh(eps, n)
-        contributions: list[tuple[float, ...]] = []
+        contributions: list[Sequence[float]] = []
         for sc, snap in zip(self._scorers, self._snap_scores, strict=True):
             scores = snap
             if scores is None:
                 t0 = perf_counter()
                 if sc.add_weighted is not None:  # its contract: exactly score() * weight
-                    contributions.append(tuple(sc.add_weighted(state, request, eps, None, sc.weight)))
+                    contributions.append(sc.add_weighted(state, request, eps, None, sc.weight))
                     sc.hist.observe(perf_counter() - t0)
                     continue
                 scores = sc.score(state, request, eps)
@@ -290,13 +290,12 @@ class SchedulerProfile:
                 if not sc.bounded:
                     scores = _clamped(scores)
             w = sc.weight
-            contributions.append(tuple(x * w for x in scores))
+            contributions.append([x * w for x in scores])
         for c in contributions:
             if len(c) != n:
                 raise ValueError(f"scorer returned {len(c)} scores for {n} endpoints")
-        totals = [0.0] * n if not contributions else list(contributions[0])
-        for c in contributions[1:]:
-            totals = [t + x for t, x in zip(totals, c, strict=True)]
+        totals = _combine(contributions, (1.0,) * len(contributions), n, None)  # x * 1.0 is x
+        kept = tuple(totals)  # before the picker, which may reorder its list
         pick, hist = self._picker
         t0 = perf_counter()
         result = pick(state, request, eps, totals)
@@ -309,12 +308,12 @@ class SchedulerProfile:
                 names,
                 tuple(eps),
                 tuple(contributions),
-                tuple(totals),
+                kept,
                 self.picker.typed_name.name,
                 tuple(result.target_endpoints),
             )
         )
-        return ProfileRunResult(result.target_endpoints, scored=tuple(zip(eps, totals, strict=True)))
+        return ProfileRunResult(result.target_endpoints, scored=tuple(zip(eps, kept, strict=True)))
 
     def _refresh(self, eps: Sequence[Endpoint], n: int) -> None:
         """Bring the metrics-only scores up to the candidates' current readings."""
