@@ -428,7 +428,8 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         "bool",
         _DISCOVERY,
         "Add every candidate's final scheduler score to the routing reply's envoy.lb dynamic metadata "
-        "under 'x-gateway-destination-endpoint-scores' (llm-d-router's flag).",
+        "under 'x-gateway-destination-endpoint-scores' (llm-d-router's flag), and each scorer's weighted "
+        "score under 'x-gateway-destination-endpoint-score-breakdown'.",
     ),
     _Flag(
         "explain-request-header",
