@@ -80,3 +80,25 @@ async def test_without_the_flag_the_client_header_does_nothing(stack: Stack) -> 
     assert "breakdown=- " in line
     async with stack.http.get(f"http://127.0.0.1:{stack.epp.metrics_port}/debug/decisions") as resp:
         assert resp.status == 404  # the buffer is off by default
+
+
+async def test_explained_request_in_lean_buffered_mode_still_gets_its_response_header(
+    tmp_path: pathlib.Path,
+) -> None:
+    """BUFFERED request bodies with allow_mode_override: the EPP asks Envoy to skip the response
+    unless something needs it; an explained request needs its response headers (the breakdown
+    header), and the routing reply is the RequestBody message that carries the metadata."""
+    envoy = {"request_body_mode": "BUFFERED", "response_body_mode": "STREAMED", "allow_mode_override": True,
+             "buffer_limit_bytes": 1 << 20}  # fmt: skip
+    async with make_stack(tmp_path, envoy=envoy, epp_args=[f"--explain-request-header={EXPLAIN}"]) as s:
+        body = {"model": MODEL, "prompt": "lean and explained", "max_tokens": 2}
+        r = await s.post("/v1/completions", body, headers={EXPLAIN: "yes"})
+        assert r.status == 200
+        rows = parse_header(r.headers[SCORES_HEADER])
+        assert rows[0][0] == r.epp_choice and {a for a, _, _ in rows} == set(s.fleet.hostports)
+        line = await s.access_log_line("/v1/completions")
+        assert set(orjson.loads(line.split("breakdown=", 1)[1].split(" scores=", 1)[0])) == set(
+            s.fleet.hostports
+        )
+        r = await s.post("/v1/completions", body)  # not asked: the lean path, no header
+        assert r.status == 200 and SCORES_HEADER not in r.headers
