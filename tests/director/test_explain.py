@@ -107,7 +107,7 @@ async def test_decisions_ring_records_routed_and_rejected_requests() -> None:
         "my-model",
     )
     assert len(rec.candidates) == 3 and [t.profile for t in rec.profiles] == ["default"]
-    assert list(rec.stages) == ["parse", "admission", "schedule", "pick"]
+    assert list(rec.stages) == ["body", "parse", "admission", "schedule", "pick"]
 
     bad = d.start({"x-request-id": "bad"}, {})
     with pytest.raises(EppError):

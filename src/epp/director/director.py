@@ -127,7 +127,10 @@ class Director:
             rec.outcome = ROUTED
         else:
             rec.outcome = REJECTED
-            rec.reason = error.reason if isinstance(error, EppError) else "rejected-internal"
+            if isinstance(error, EppError):
+                rec.reason = error.reason
+            else:  # the client went away (the stream was cancelled), or a crash
+                rec.reason = "cancelled" if isinstance(error, asyncio.CancelledError) else "rejected-internal"
             rec.error = str(error)
         ring.add(rec)
 
@@ -179,6 +182,8 @@ class Director:
         req = ctx.request
         stages = ctx.stages
         rec = ctx.record  # --decisions-buffer-size: stage timings and what routing saw
+        if rec is not None:
+            rec.mark("body")  # from the request headers to the end of the body
         req.request_size_bytes = len(body)
         # Stage spans (sampled requests only) are opened and closed by hand: a with-block per
         # stage would cost every untraced request several context-manager calls.
