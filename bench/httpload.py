@@ -27,6 +27,7 @@ class Response:
     done: float = 0.0
     body_bytes: int = 0
     events: int = 0  # SSE "data: " lines seen in the body
+    served_by: str = ""  # the simulator's x-inference-port header: which replica answered
 
 
 class _Conn(asyncio.Protocol):
@@ -104,6 +105,8 @@ class _Conn(asyncio.Protocol):
                         chunked = True
                     elif k == "connection" and "close" in v.lower():
                         self._keep = False
+                    elif k == "x-inference-port":
+                        self._resp.served_by = v.strip()
                 if chunked:
                     self._state = 2
                 elif length >= 0:

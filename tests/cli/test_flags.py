@@ -77,6 +77,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "grpc-max-connection-idle": 3600.0,
     "log-format": "json",
     "metrics-families": "gie,llm-d",
+    "config-reload-interval": 0.25,  # ours: live config reload
     "bind-address": "",
     "leader-election-lease-duration": 15.0,
     "leader-election-renew-deadline": 10.0,

@@ -49,7 +49,7 @@ async def test_trusted_header_yields_breakdown_and_decisions_keeps_the_request(
 
         # The same breakdown reached Envoy's envoy.lb metadata (the access log prints it).
         line = await s.access_log_line("/v1/completions")
-        breakdown = orjson.loads(line.split("breakdown=", 1)[1].split(" scores=", 1)[0])
+        breakdown = orjson.loads(line.split("breakdown=", 1)[1].split(" prefiller=", 1)[0])
         assert breakdown == {address: pytest.approx(parts, abs=1e-5) for address, _, parts in rows}
 
         decision = await _decision(s)
@@ -97,7 +97,7 @@ async def test_explained_request_in_lean_buffered_mode_still_gets_its_response_h
         rows = parse_header(r.headers[SCORES_HEADER])
         assert rows[0][0] == r.epp_choice and {a for a, _, _ in rows} == set(s.fleet.hostports)
         line = await s.access_log_line("/v1/completions")
-        assert set(orjson.loads(line.split("breakdown=", 1)[1].split(" scores=", 1)[0])) == set(
+        assert set(orjson.loads(line.split("breakdown=", 1)[1].split(" prefiller=", 1)[0])) == set(
             s.fleet.hostports
         )
         r = await s.post("/v1/completions", body)  # not asked: the lean path, no header

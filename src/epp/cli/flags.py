@@ -115,6 +115,7 @@ class Options:
     # configuration
     config_file: str = ""
     config_text: str = ""
+    config_reload_interval: float = 0.25  # poll --config-file's content (0: only SIGHUP reloads)
     # model-server metrics
     model_server_metrics_scheme: str = _METRICS_DEFAULTS.scheme
     model_server_metrics_path: str = _METRICS_DEFAULTS.path
@@ -455,6 +456,13 @@ FLAGS: Final[tuple[_Flag, ...]] = (
     ),
     _Flag("config-file", "str", _CONFIG, "The path to the EndpointPickerConfig file."),
     _Flag("config-text", "str", _CONFIG, "The EndpointPickerConfig as text, in lieu of a file."),
+    _Flag(
+        "config-reload-interval",
+        "duration",
+        _CONFIG,
+        "How often --config-file's content is checked for a change to apply live (0: on SIGHUP only).",
+        new=True,
+    ),
     *(_Flag(f.flag, f.kind, _METRICS, f.help) for f in MODEL_SERVER_METRICS_FLAGS),
     _Flag("refresh-metrics-interval", "duration", _METRICS, "Interval to refresh metrics of each endpoint."),
     _Flag(
@@ -704,7 +712,12 @@ def _validate_new(opts: Options) -> None:
             f'invalid value {opts.grpc_max_message_bytes} for "grpc-max-message-bytes": '
             "must be in [1, 2147483642]"
         )
-    for name in ("grpc-keepalive-time", "grpc-keepalive-timeout", "grpc-max-connection-idle"):
+    for name in (
+        "grpc-keepalive-time",
+        "grpc-keepalive-timeout",
+        "grpc-max-connection-idle",
+        "config-reload-interval",
+    ):
         value = getattr(opts, name.replace("-", "_"))
         if value < 0:
             raise ConfigError(

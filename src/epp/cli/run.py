@@ -20,6 +20,7 @@ from epp.cli.flags import Options
 from epp.config.build import BuildOptions, Components, build, parser_supports
 from epp.config.load import load
 from epp.config.registry import default_registry
+from epp.config.reload import ConfigReloader
 from epp.datalayer.pool_metrics import PoolMetrics
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datastore.objects import apply_objects, load_objects
@@ -286,6 +287,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         for wf in app.watched:
             await wf.start()
             stack.push_async_callback(wf.stop)
+        await stack.enter_async_context(ConfigReloader(app))  # --config-file changes apply live
         if cluster is not None:
             stack.push_async_callback(cluster.stop)
             await cluster.start(app.datastore)

@@ -15,6 +15,7 @@ config order.  Nothing is started here: no tasks, no sockets.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -92,6 +93,9 @@ class BuildOptions:
 
     metrics: ModelServerMetricsFlags = field(default_factory=ModelServerMetricsFlags)
     env: Mapping[str, str] = field(default_factory=dict)  # for ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER
+    # A live reload (config/reload.py): plugins of this build whose name, type and parameters
+    # are unchanged are taken over as the same instances, so their state survives.
+    previous: Components | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +114,9 @@ class Components:
     admission: AdmissionPlan
     data_layer: DataLayer
     lifecycle: tuple[Lifecycle, ...]
+    # name -> (type, canonical parameters) each plugin was built from: what a reload compares.
+    specs: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    reused: frozenset[str] = frozenset()  # names taken over from ``BuildOptions.previous``
 
     @property
     def parser(self) -> Parser:
@@ -215,10 +222,15 @@ class _Plugins:
     """The ``PluginSet`` of one build: instantiates through the registry; dies with the build,
     so a failed build leaves nothing behind."""
 
-    def __init__(self, registry: Registry, metrics: ModelServerMetricsFlags) -> None:
+    def __init__(
+        self, registry: Registry, metrics: ModelServerMetricsFlags, previous: Components | None = None
+    ) -> None:
         self.registry = registry
         self.metrics = metrics
+        self.previous = previous
         self.by_name: dict[str, Plugin] = {}  # in build order
+        self.specs: dict[str, tuple[str, str]] = {}
+        self.reused: set[str] = set()
         self.handle = _Handle(self.by_name)
 
     # --- PluginSet ------------------------------------------------------------------------
@@ -261,28 +273,62 @@ class _Plugins:
         known = {n for name, f in fields.items() for n in (name, f.alias) if n}
         return {**{k: v for k, v in explicit.items() if k in known}, **(parameters or {})}
 
-    def instantiate(self, name: str, type_name: str, parameters: Any, path: str) -> Plugin:
-        try:
-            plugin = self.registry.build(
-                name=name,
-                type_name=type_name,
-                parameters=self._parameters(type_name, parameters),
-                handle=self.handle,
-                path=path,
-            )
-        except ConfigError:
-            raise
-        # why: a plugin's constructor is foreign code, and all-or-nothing needs every error.
-        except Exception as e:
-            raise ConfigError(f"{path} ({name}/{type_name}): failed to create plugin: {e!r}") from e
-        self.by_name[name] = plugin
+    def _reusable(self, name: str, spec: tuple[str, str]) -> Plugin | None:
+        """The previous build's plugin of this name, if built from the same type and parameters.
+
+        A plugin that kept its build's handle may look other plugins up through it later
+        (the concurrency detector does): taken over, it would see the previous build's
+        plugins, so such a plugin is always built afresh.
+        """
+        prev = self.previous
+        if prev is None or prev.specs.get(name) != spec:
+            return None
+        plugin = prev.plugins.get(name)
+        if plugin is None or _keeps_handle(plugin):
+            return None
         return plugin
+
+    def instantiate(self, name: str, type_name: str, parameters: Any, path: str) -> Plugin:
+        parameters = self._parameters(type_name, parameters)
+        spec = (type_name, _canonical(parameters))
+        plugin = self._reusable(name, spec)
+        if plugin is not None:
+            self.reused.add(name)
+        else:
+            try:
+                plugin = self.registry.build(
+                    name=name, type_name=type_name, parameters=parameters, handle=self.handle, path=path
+                )
+            except ConfigError:
+                raise
+            # why: a plugin's constructor is foreign code, and all-or-nothing needs every error.
+            except Exception as e:
+                raise ConfigError(f"{path} ({name}/{type_name}): failed to create plugin: {e!r}") from e
+        self.by_name[name] = plugin
+        self.specs[name] = spec
+        return plugin
+
+
+def _canonical(parameters: Any) -> str:
+    """Parameters as comparable text: key order does not matter, ``1`` and ``1.0`` differ."""
+    try:
+        return json.dumps(parameters, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return repr(parameters)
+
+
+def _keeps_handle(plugin: object) -> bool:
+    values = list(getattr(plugin, "__dict__", {}).values())
+    for cls in type(plugin).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        values.extend(getattr(plugin, slot, None) for slot in ((slots,) if isinstance(slots, str) else slots))
+    return any(isinstance(v, _Handle) for v in values)
 
 
 def _build(config: EndpointPickerConfig, registry: Registry, options: BuildOptions) -> Components:
     check_structure(config)
     gates = effective_gates(config.feature_gates, options.env)
-    plugins = _Plugins(registry, options.metrics)
+    plugins = _Plugins(registry, options.metrics, options.previous)
     for i, spec in enumerate(config.plugins):
         if spec.type not in registry:
             raise ConfigError(f"plugins[{i}].type: plugin type '{spec.type}' is not registered")
@@ -317,6 +363,8 @@ def _build(config: EndpointPickerConfig, registry: Registry, options: BuildOptio
         ),
         data_layer=data_layer,
         lifecycle=tuple(p for p in plugins.values() if isinstance(p, Lifecycle) and not data_layer.owns(p)),
+        specs=MappingProxyType(dict(plugins.specs)),
+        reused=frozenset(plugins.reused),
     )
 
 

@@ -29,6 +29,7 @@ class RoutingDecision:
     scores: Mapping[str, float] | None = None  # ip:port -> final score (--emit-endpoint-scores)
     # ip:port -> {scorer name: weighted score}: the primary profile's per-scorer breakdown
     breakdown: Mapping[str, Mapping[str, float]] | None = None
+    remove_headers: tuple[str, ...] = ()  # request headers to strip upstream (a client's P/D header)
 
 
 @dataclass(slots=True, eq=False)

@@ -33,7 +33,7 @@ from epp.explain.record import REJECTED, ROUTED, Decision, breakdown, header_val
 from epp.metrics import series
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, RequestBody
-from epp.scheduling.api import PROFILE_TRACES, ProfileRunResult, SchedulingResult
+from epp.scheduling.api import PROFILE_TRACES, DisaggDecision, ProfileRunResult, SchedulingResult
 from epp.tracing import spans
 from epp.tracing.stages import CURRENT, StageSpans, fail, stage
 
@@ -50,7 +50,12 @@ DEFAULT_FAIRNESS_ID: Final = "default-flow"
 
 
 class Director:
-    """Runs the pipeline for each request.  Stateless between requests except the RNG."""
+    """Runs the pipeline for each request.  Stateless between requests except the RNG.
+
+    A live config reload (``swap``) puts a new pipeline in place between requests: new
+    requests start on it, and each ``RequestLifecycle`` keeps the director (pipeline and
+    response side) it started with until it closes.
+    """
 
     def __init__(self, datastore: Datastore, pipeline: Pipeline, *, rng: random.Random | None = None) -> None:
         self._ds = datastore
@@ -64,10 +69,33 @@ class Director:
             pipeline.emit_endpoint_scores or pipeline.explain_header or pipeline.decisions is not None
         )
         self._explain_header = pipeline.explain_header.lower()
+        self._live: Director | None = None  # after a swap: the director new requests start on
 
     @property
     def pipeline(self) -> Pipeline:
-        return self._p
+        """The pipeline new requests start on."""
+        return (self._live or self)._p
+
+    @property
+    def current(self) -> Director:
+        """The director new requests start on (``self`` until the first ``swap``)."""
+        return self._live or self
+
+    def swap(self, pipeline: Pipeline) -> Director:
+        """New requests run ``pipeline`` from now on; returns the director they start on.
+
+        One assignment: every request either started before it (and finishes on the
+        pipeline it started with) or after it.  ``in_flight`` of the returned director of
+        the previous swap tells when the old pipeline is no longer used.
+        """
+        live = Director(self._ds, pipeline, rng=self._rng)
+        self._live = live
+        return live
+
+    @property
+    def in_flight(self) -> int:
+        """Requests started on this director's pipeline and not yet closed."""
+        return self.responses.in_flight
 
     # request side -----------------------------------------------------------------
     def start(
@@ -93,9 +121,12 @@ class Director:
             received_at=time.monotonic(),
         )
         ctx = RequestContext(request=req, generated_request_id=generated)
-        if self._explaining:
-            self._start_explaining(ctx, headers)
-        return RequestLifecycle(self, self.responses, ctx, can_hold_response=can_hold_response)
+        d = self._live or self
+        if d._explaining:  # the pipeline the request starts on decides
+            d._start_explaining(ctx, headers)
+        responses = d.responses
+        responses.opened += 1
+        return RequestLifecycle(d, responses, ctx, can_hold_response=can_hold_response)
 
     def _start_explaining(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
         """Decide whether the scheduler keeps traces for this request, and start its record."""
@@ -323,16 +354,25 @@ class Director:
                     spans.ATTR_TARGETS: [t.hostport for t in targets],
                 }
             )
+            if result.disagg is not None:
+                span.set_attributes(_disagg_attributes(result.disagg))
             span.end()
         if rec is not None:
             rec.mark("pick")
             rec.destination = destination
+        headers = self._extra_headers(ctx)
+        remove: tuple[str, ...] = ()
+        mutation = req.header_mutation  # None unless a pre-request plugin (P/D) asked for one
+        if mutation is not None:
+            headers = (*headers, *mutation.set.items())
+            remove = tuple(mutation.remove)
         if not (p.emit_endpoint_scores or ctx.explain_asked):
             return RoutingDecision(
                 destination=destination,
                 body=out,
                 body_changed=out is not body,
-                headers=self._extra_headers(ctx),
+                headers=headers,
+                remove_headers=remove,
             )
         scored = result.primary.scored
         traces = state.get(PROFILE_TRACES)
@@ -343,8 +383,9 @@ class Director:
             destination=destination,
             body=out,
             body_changed=out is not body,
-            headers=self._extra_headers(ctx),
+            headers=headers,
             scores={ep.hostport: round(score, 6) for ep, score in scored} if scored else None,
+            remove_headers=remove,
             breakdown=breakdown(trace) if trace is not None else None,
         )
 
@@ -426,6 +467,20 @@ class Director:
                         )
         except TimeoutError:
             log.warning("prepare_data_timed_out", request_id=req.request_id, timeout=self._p.producer_timeout)
+
+
+def _disagg_attributes(d: DisaggDecision) -> dict[str, Any]:
+    """llm-d-router's span attributes for a P/D decision (sampled requests only)."""
+    attrs: dict[str, Any] = {
+        spans.ATTR_PD_USED: bool(d.prefill),
+        spans.ATTR_PD_REASON: d.reason,
+        spans.ATTR_PROFILE_HANDLER_DECISION: f"complete_{d.decision_type}",
+    }
+    if d.prefill:
+        host, _, port = d.prefill.rpartition(":")
+        attrs[spans.ATTR_PD_PREFILL_ADDRESS] = host.strip("[]")
+        attrs[spans.ATTR_PD_PREFILL_PORT] = port
+    return attrs
 
 
 def _picked(result: ProfileRunResult | None) -> str:

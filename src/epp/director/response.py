@@ -34,7 +34,17 @@ def plugin_timer(point: str, plugin: Any) -> Any:
 class ResponseSide:
     """Response hooks and metrics of one director's pipeline."""
 
-    __slots__ = ("_admission", "_body_timers", "_done_timers", "_ds", "_hdr_timers", "_p", "headers_needed")
+    __slots__ = (
+        "_admission",
+        "_body_timers",
+        "_done_timers",
+        "_ds",
+        "_hdr_timers",
+        "_p",
+        "closed",
+        "headers_needed",
+        "opened",
+    )
 
     def __init__(self, datastore: Datastore, pipeline: Pipeline) -> None:
         self._ds = datastore
@@ -47,6 +57,14 @@ class ResponseSide:
         )
         # Whether a plugin reads response headers (else lean mode skips them too).
         self.headers_needed = bool(pipeline.response_header)
+        # Lifecycles started on / closed off this pipeline: a live reload stops the plugins
+        # of a replaced pipeline once no request uses it any more.
+        self.opened = 0
+        self.closed = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.opened - self.closed
 
     def body_needed(self, ctx: RequestContext) -> bool:
         """Whether this request's response body must reach the EPP.
@@ -142,6 +160,7 @@ class ResponseSide:
 
     def finish(self, ctx: RequestContext, error: EppError | None, *, running: bool) -> None:
         """The request's last bookkeeping: the running gauge (if counted) and its error, once."""
+        self.closed += 1
         if error is not None and not ctx.error_code:
             ctx.error_code, ctx.error_reason = error.code, error.reason
         req = ctx.request

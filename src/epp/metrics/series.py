@@ -206,3 +206,21 @@ LATENCY_PREDICTION_ERROR: Final = Histogram(
     "epp_latency_prediction_error_ratio", "Relative error |predicted - actual| / actual of the predicted-latency-producer's prediction for the chosen endpoint, by type (ttft, tpot).",
     (*_MODEL, "type"), buckets=PREDICTION_ERROR_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
+
+# --- ours: live config reload (docs/config-reload.md), named after Prometheus' own --------
+CONFIG_RELOAD_TOTAL: Final = Counter(
+    "inference_extension_config_reload", _h("Config file reloads by result: success (the new config serves), failure (rejected; the old one keeps serving) or unchanged (same config)."),
+    ("result",), registry=REGISTRY,
+)  # fmt: skip
+CONFIG_GENERATION: Final = Gauge(
+    "inference_extension_config_generation", _h("Generation of the config serving now (1 at startup, +1 per applied reload), labelled with its content hash."),
+    ("hash",), registry=REGISTRY,
+)  # fmt: skip
+CONFIG_LAST_RELOAD_SUCCESSFUL: Final = Gauge(
+    "inference_extension_config_last_reload_successful", _h("Whether the last config reload attempt succeeded (1) or was rejected (0)."),
+    registry=REGISTRY,
+)  # fmt: skip
+CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP: Final = Gauge(
+    "inference_extension_config_last_reload_success_timestamp_seconds", _h("Unix time the config serving now was loaded."),
+    registry=REGISTRY,
+)  # fmt: skip

@@ -220,6 +220,8 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                             "cost=%DYNAMIC_METADATA(envoy.lb:x-gateway-inference-request-cost)% "
                             "breakdown=%DYNAMIC_METADATA(envoy.lb:"
                             "x-gateway-destination-endpoint-score-breakdown)% "
+                            # P/D: the prefiller the upstream request carries (after ext_proc's mutation)
+                            "prefiller=%REQ(x-prefiller-host-port)% "
                             "scores=%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint-scores)%\n"
                         }
                     },
