@@ -121,3 +121,18 @@ async def test_decisions_ring_records_routed_and_rejected_requests() -> None:
     rec = ring.get("big")
     assert rec is not None and rec.reason == "rejected-body-too-large"
     assert [x.request_id for x in ring.latest(10)] == ["big", "bad", "ok"]
+
+
+async def test_after_a_config_swap_the_new_pipeline_decides_what_is_explained() -> None:
+    from dataclasses import replace
+
+    ring = DecisionRing(4)
+    d = director(explain_header="")
+    old = d.start({HEADER: "1", "x-request-id": "before"}, {})
+    d.swap(replace(d.pipeline, explain_header=HEADER, decisions=ring))
+    new = d.start({HEADER: "1", "x-request-id": "after"}, {})
+    assert (await new.route(body())).breakdown is not None
+    assert (await old.route(body())).breakdown is None  # started on the old pipeline
+    new.close()
+    old.close()
+    assert ring.get("after") is not None and ring.get("before") is None

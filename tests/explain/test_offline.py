@@ -138,3 +138,29 @@ def test_epp_explain_is_a_subcommand_of_epp() -> None:
     with pytest.raises(SystemExit) as exit_info:
         epp_main(["explain", "--config-file", PREFIX_AND_LOAD, "--endpoints", SNAPSHOT, "--body", BODY])
     assert exit_info.value.code == 0
+
+
+async def test_pd_replay_keeps_both_profiles_and_the_disaggregation() -> None:
+    """llm-d's P/D example config on a role-labelled snapshot: the decode and the prefill run, each
+    with its role filter's survivors, and the handler's decision with the prefill target."""
+    text = (ROOT / "docs/examples/explain-endpoints-pd.yaml").read_text()
+    d = await replay(
+        Replay(
+            config_file=str(ROOT / "config/examples/pd-disaggregation.yaml"),
+            endpoints=load_snapshot(text),
+            body=(ROOT / "docs/examples/explain-body.json").read_bytes(),
+        )
+    )
+    runs = {run["profile"]: run for run in d["profiles"]}
+    assert set(runs) == {"decode", "prefill"} and d["primaryProfile"] == "decode"
+    assert runs["decode"]["filters"][0] == {
+        "name": "decode-filter",
+        "kept": ["10.0.2.1:8000", "10.0.2.2:8000"],
+    }
+    assert runs["prefill"]["filters"][0] == {
+        "name": "prefill-filter",
+        "kept": ["10.0.1.1:8000", "10.0.1.2:8000"],
+    }
+    assert d["destination"] in runs["decode"]["filters"][0]["kept"]
+    assert d["disagg"]["decisionType"] == "prefill-decode"
+    assert d["disagg"]["prefill"] == runs["prefill"]["picked"][0]

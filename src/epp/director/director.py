@@ -154,6 +154,7 @@ class Director:
             rec.profiles = tuple(traces)
         if ctx.result is not None:
             rec.primary_profile = ctx.result.primary_profile_name
+            rec.disagg = ctx.result.disagg
         if error is None:
             rec.outcome = ROUTED
         else:

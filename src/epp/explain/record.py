@@ -16,7 +16,7 @@ from time import perf_counter_ns
 from typing import Any, Final
 
 from epp.datalayer.api import Endpoint
-from epp.scheduling.api import ProfileTrace
+from epp.scheduling.api import DisaggDecision, ProfileTrace
 
 # envoy.lb keys: llm-d-router's final scores, and our per-scorer breakdown beside them.
 SCORES_KEY: Final = "x-gateway-destination-endpoint-scores"
@@ -42,6 +42,7 @@ class Decision:
     admission: str = ""  # "admitted", or "rejected" when admission (flow control, admit plugins) said no
     profiles: Sequence[ProfileTrace] = ()  # every profile run, in order (P/D: decode and prefill)
     primary_profile: str = ""
+    disagg: DisaggDecision | None = None  # what a P/D profile handler decided (prefill used or not)
     destination: str = ""
     outcome: str = ""  # ROUTED or REJECTED
     reason: str = ""  # machine-readable rejection reason (x-llm-d-request-dropped-reason)
@@ -194,6 +195,9 @@ def to_json(d: Decision) -> dict[str, Any]:
         "admission": d.admission,
         "profiles": [trace_json(t) for t in d.profiles],
         "primaryProfile": d.primary_profile,
+        "disagg": None
+        if d.disagg is None
+        else {"decisionType": d.disagg.decision_type, "reason": d.disagg.reason, "prefill": d.disagg.prefill},
         "destination": d.destination,
         "outcome": d.outcome,
         "reason": d.reason,

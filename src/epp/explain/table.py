@@ -26,6 +26,12 @@ def render(decision: Mapping[str, Any]) -> str:
     ]
     if d.get("error"):
         lines.append(f"error: {d['error']}")
+    pd = d.get("disagg")
+    if pd:
+        lines.append(
+            f"disaggregation: {pd['decisionType']} ({pd['reason']})"
+            + (f", prefill -> {pd['prefill']}" if pd.get("prefill") else "")
+        )
     for run in d.get("profiles", ()):
         lines.append("")
         primary = "  (primary)" if run.get("profile") == d.get("primaryProfile") else ""
