@@ -16,6 +16,9 @@ pytestmark = pytest.mark.e2e
 MODEL = "mock-model"
 EXPLAIN = "x-epp-explain"
 # GIE's default profile: these scorers, weight 1 each (config/load.py DEFAULT_CONFIG_YAML).
+PD_CONFIG = (
+    pathlib.Path(__file__).resolve().parents[2] / "config/examples/sim-pd-epp-config.yaml"
+).read_text()
 DEFAULT_SCORERS = {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
 
 
@@ -102,3 +105,34 @@ async def test_explained_request_in_lean_buffered_mode_still_gets_its_response_h
         )
         r = await s.post("/v1/completions", body)  # not asked: the lean path, no header
         assert r.status == 200 and SCORES_HEADER not in r.headers
+
+
+@pytest.mark.slow
+async def test_pd_request_explained_shows_both_legs(tmp_path: pathlib.Path) -> None:
+    """llm-d's sim-pd-epp-config on a role-labelled fleet: the response header describes the
+    decode (primary) leg, and /debug/decisions keeps both profile runs and the prefill pick."""
+    roles = ["prefill", "decode", "prefill", "decode"]
+    async with make_stack(
+        tmp_path,
+        replicas=4,
+        config=PD_CONFIG,
+        labels=[{"llm-d.ai/role": r} for r in roles],
+        epp_args=[f"--explain-request-header={EXPLAIN}", "--decisions-buffer-size=4"],
+    ) as s:
+        hostports = s.fleet.hostports
+        decode = {hostports[i] for i, r in enumerate(roles) if r == "decode"}
+        prefill = {hostports[i] for i, r in enumerate(roles) if r == "prefill"}
+        long = "a fresh prompt that no pod has seen before, long enough to need a prefill leg " * 8
+        r = await s.post(
+            "/v1/completions", {"model": MODEL, "prompt": long, "max_tokens": 2}, headers={EXPLAIN: "1"}
+        )
+        assert r.status == 200, r.body
+        assert {address for address, _, _ in parse_header(r.headers[SCORES_HEADER])} == decode
+        decision = await _decision(s)
+        runs = {run["profile"]: run for run in decision["profiles"]}
+        assert set(runs) == {"decode", "prefill"} and decision["primaryProfile"] == "decode"
+        assert decision["destination"] == r.served_by
+        assert decision["disagg"]["decisionType"] == "prefill-decode"
+        assert decision["disagg"]["prefill"] in prefill and runs["prefill"]["picked"] == [
+            decision["disagg"]["prefill"]
+        ]
