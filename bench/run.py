@@ -34,6 +34,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("sim_cost", "bench.sim_cost", True),
     ("failover", "bench.failover", True),
     ("reload", "bench.reload", True),
+    ("precise_prefix", "bench.precise_prefix", True),
 )
 
 

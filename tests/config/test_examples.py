@@ -25,6 +25,7 @@ def test_examples_are_present() -> None:
         "examples/integration-default.yaml",
         "examples/llm-d-router.yaml",
         "examples/pd-disaggregation.yaml",
+        "examples/precise-prefix.yaml",
         "examples/predicted-latency.yaml",
         "examples/prefix-and-load.yaml",
         "examples/request-attribute-reporter.yaml",

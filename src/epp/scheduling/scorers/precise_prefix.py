@@ -1,0 +1,369 @@
+"""``precise-prefix-cache-scorer``: prefer endpoints whose engines report holding the prompt's prefix.
+
+llm-d's plugin of the same name, on the engines' own KV-cache events instead of a guess: the
+request is tokenised as the engine will (``tokenizerConfig``), its blocks hashed as the engine
+hashes them (``tokenProcessorConfig``), and each candidate scored by the longest run of those
+blocks, from the first, that its engine has reported storing and not evicting (the
+``kvEventsConfig`` subscriber feeds the index).  While an endpoint's event stream is not trusted
+(a gap, a restart mid-stream, a silent publisher, a configuration mismatch) its run is taken
+is the larger of what its events still say and the approximate index's (``approx-prefix-cache-producer``,
+auto-created) run.
+
+Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
+1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
+approximate ``prefix-cache-scorer`` does.  docs/precise-prefix.md has the parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import structlog
+from pydantic import Field
+
+from epp.datalayer.api import Endpoint
+from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.datalayer.kvevents import metrics as m
+from epp.datalayer.kvevents.config import KVEventsConfig, TokenProcessorConfig, build_subscriber
+from epp.datalayer.kvevents.hashing import BlockHasher
+from epp.datalayer.kvevents.subscriber import KVEventSubscriber
+from epp.datalayer.kvevents.tokens import LocalTokenizer, ServerTokenizer, TokenSource
+from epp.errors import ConfigError
+from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, ResponseInfo
+from epp.scheduling.api import SchedulingResult, ScorerCategory
+
+log = structlog.get_logger(__name__)
+
+PRECISE_PREFIX_MATCH: AttributeKey[PrefixMatchInfo] = AttributeKey(
+    "PrecisePrefixCacheMatchInfoKey", PrefixMatchInfo
+)
+
+
+class IndexerConfig(PluginParams):
+    lru_capacity_per_server: int = 31250  # blocks kept per endpoint (GIE's approximate default)
+    max_prefix_blocks_to_match: int = 256
+
+
+class TokenizerConfig(PluginParams):
+    """``server``: the engine's POST /tokenize; ``local``: ``tokenizerPath`` (a tokenizer.json)."""
+
+    mode: Literal["server", "local"] = "server"
+    tokenizer_path: str = ""
+    timeout_seconds: float = 1.0
+    scheme: Literal["http", "https"] = "http"
+
+
+class PrecisePrefixParams(PluginParams):
+    token_processor_config: TokenProcessorConfig = Field(default_factory=TokenProcessorConfig)
+    kv_events_config: KVEventsConfig = Field(default_factory=KVEventsConfig)
+    indexer_config: IndexerConfig = Field(default_factory=IndexerConfig)
+    tokenizer_config: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    score_normalization: Literal["minMax", "fraction"] = "minMax"
+    kv_events_source: str = ""  # a kv-events-source plugin to read instead of subscribing itself
+
+
+@dataclass(slots=True)
+class _Prediction:
+    """What PreRequest and ResponseComplete need: the predicted cached tokens per endpoint name."""
+
+    prompt_tokens: int
+    blocks_by_name: dict[str, int]  # matched blocks per endpoint with a match
+    fallback: frozenset[str]
+    total_blocks: int  # the request's hashed full blocks (the approximate index's, untokenised)
+    cap: int  # most blocks the engine can reuse: it recomputes at least the last prompt token
+    predicted: int = -1  # cached tokens predicted for the picked endpoint, set in PreRequest
+
+
+class _Correlation:
+    """Running Pearson correlation and mean absolute error of (predicted, observed)."""
+
+    __slots__ = ("abs_err", "n", "sx", "sxx", "sxy", "sy", "syy")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sx = self.sy = self.sxx = self.syy = self.sxy = self.abs_err = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sx += x
+        self.sy += y
+        self.sxx += x * x
+        self.syy += y * y
+        self.sxy += x * y
+        self.abs_err += abs(x - y)
+
+    def state(self) -> dict[str, Any]:
+        n = self.n
+        r: float | None = None
+        if n > 1:
+            vx = n * self.sxx - self.sx * self.sx
+            vy = n * self.syy - self.sy * self.sy
+            if vx > 0 and vy > 0:
+                r = (n * self.sxy - self.sx * self.sy) / math.sqrt(vx * vy)
+        return {
+            "samples": n,
+            "pearson": r,
+            "meanPredictedTokens": self.sx / n if n else None,
+            "meanObservedTokens": self.sy / n if n else None,
+            "meanAbsErrorTokens": self.abs_err / n if n else None,
+        }
+
+
+class PrecisePrefixCacheScorer(PluginBase):
+    """Score by the engines' reported KV blocks.  Type ``precise-prefix-cache-scorer``, category Affinity.
+
+    Also a data producer (tokenise, hash and match before scheduling; produces
+    ``PrecisePrefixCacheMatchInfoKey``; consumes ``PREFIX_MATCH`` for the fallback), PreRequest
+    (records the prediction for the picked endpoint and tells the silence watchdog events are
+    due), ResponseComplete (compares with the engine's ``cached_tokens``), an endpoint observer
+    (one subscriber per endpoint) and Lifecycle (the subscriber's sockets and tasks).
+    """
+
+    TYPE: ClassVar[str] = "precise-prefix-cache-scorer"
+    PARAMS: ClassVar[type[PluginParams]] = PrecisePrefixParams
+    CATEGORY: ClassVar[ScorerCategory] = ScorerCategory.AFFINITY
+    BOUNDED: ClassVar[bool] = True
+    PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
+    CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+
+    def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
+        super().__init__(name, params, handle)
+        tp = params.token_processor_config
+        ic = params.indexer_config
+        if ic.max_prefix_blocks_to_match < 0:
+            raise ConfigError(f"{self.TYPE}: indexerConfig.maxPrefixBlocksToMatch must be >= 0")
+        # The subscriber: this plugin's own, or that of a kv-events-source in the data layer.
+        self._owns_subscriber = not params.kv_events_source
+        if params.kv_events_source:
+            try:
+                source = handle.plugin(params.kv_events_source)
+            except KeyError:
+                raise ConfigError(
+                    f"{self.TYPE}: kvEventsSource {params.kv_events_source!r} is not a plugin declared "
+                    "before it"
+                ) from None
+            subscriber = getattr(source, "subscriber", None)
+            if not isinstance(subscriber, KVEventSubscriber):
+                raise ConfigError(
+                    f"{self.TYPE}: kvEventsSource {params.kv_events_source!r} is not a kv-events-source"
+                )
+            if subscriber.settings.block_size != tp.block_size:
+                raise ConfigError(
+                    f"{self.TYPE}: blockSize {tp.block_size} differs from {params.kv_events_source!r}'s "
+                    f"{subscriber.settings.block_size}"
+                )
+            self.hasher = BlockHasher(tp.hash_algo, tp.block_size, tp.hash_seed)
+            self.subscriber = subscriber
+        else:
+            self.hasher, self.subscriber = build_subscriber(
+                self.TYPE, tp, params.kv_events_config, ic.lru_capacity_per_server
+            )
+        self.index = self.subscriber.index
+        self.block_size = tp.block_size
+        self.max_blocks = ic.max_prefix_blocks_to_match
+        self.normalization = params.score_normalization
+        tc = params.tokenizer_config
+        self.tokens: TokenSource
+        if tc.mode == "local":
+            if not tc.tokenizer_path:
+                raise ConfigError(f"{self.TYPE}: tokenizerConfig.mode local needs tokenizerPath")
+            try:
+                self.tokens = LocalTokenizer(tc.tokenizer_path)
+            except Exception as e:
+                raise ConfigError(f"{self.TYPE}: cannot load tokenizer {tc.tokenizer_path!r}: {e}") from e
+        else:
+            self.tokens = ServerTokenizer(timeout=tc.timeout_seconds, scheme=tc.scheme)
+        self._key: StateKey[_Prediction] = StateKey(f"{name}/{self.TYPE}")
+        self.correlation = _Correlation()
+        self.unreported = 0  # responses without cached_tokens
+        self.tokenize_failures = 0
+
+    # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
+    async def start(self) -> None:
+        if self._owns_subscriber:
+            await self.subscriber.start()
+
+    async def stop(self) -> None:
+        if self._owns_subscriber:
+            await self.subscriber.stop()
+        if isinstance(self.tokens, ServerTokenizer):
+            await self.tokens.close()
+
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        if self._owns_subscriber:
+            self.subscriber.add(endpoint)
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        if self._owns_subscriber:
+            self.subscriber.remove(endpoint)
+
+    # DataProducer -----------------------------------------------------------------------------
+    async def prepare_request_data(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None:
+        try:
+            ids = await self.tokens.token_ids(request, endpoints)
+        except Exception as e:
+            self.tokenize_failures += 1
+            log.debug("precise_prefix_tokenize_failed", error=str(e))
+            ids = None
+        self.prepare(state, request, endpoints, ids)
+
+    def lora_name(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None:
+        """The adapter the engine will hash into every block: the target model when a candidate
+        reports it as a running or waiting adapter."""
+        model = request.target_model
+        if not model:
+            return None
+        for ep in endpoints:
+            mt = ep.metrics
+            if model in mt.active_models or model in mt.waiting_models:
+                return model
+        return None
+
+    def prepare(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        endpoints: Sequence[Endpoint],
+        ids: Sequence[int] | None,
+    ) -> None:
+        """The synchronous part: hash, match, fall back per inconsistent endpoint (every endpoint
+        when the token ids could not be had: ``ids`` None)."""
+        bs = self.block_size
+        trusted = ids is not None
+        ids = ids or ()
+        salt = request.body.cache_salt if request.body is not None else ""
+        hashes = self.hasher.hashes(ids, self.max_blocks, self.lora_name(request, endpoints), salt or None)
+        total = len(hashes)
+        # vLLM recomputes at least the last prompt token: a full hit is one block short
+        cap = min(total, (len(ids) - 1) // bs) if ids else 0
+        index = self.index
+        states = index.states
+        mask = 0
+        slots: list[int] = []  # -1: not indexed
+        untrusted = 0
+        for ep in endpoints:
+            st = states.get(ep.metadata.name)
+            if trusted and st is not None:
+                slots.append(st.slot)
+                mask |= 1 << st.slot
+                if not st.consistent:
+                    slots[-1] = -2 - st.slot  # indexed, but not trusted on its own
+                    untrusted += 1
+            else:
+                slots.append(-1)
+                untrusted += 1
+        counts = index.match(hashes, mask) if mask and hashes else {}
+        approx = state.attributes(PREFIX_MATCH) if untrusted else {}
+        zero = PrefixMatchInfo(0, total, bs)
+        values: dict[Hashable, PrefixMatchInfo] = {}
+        by_name: dict[str, int] = {}
+        fallback: list[str] = []
+        for ep, slot in zip(endpoints, slots, strict=True):
+            if slot >= 0:
+                n = counts.get(slot, 0)
+                if n:
+                    values[ep] = PrefixMatchInfo(n, total, bs)
+                    by_name[ep.metadata.name] = n
+                else:
+                    values[ep] = zero
+                continue
+            # untrusted: the larger of what the events still say and the approximate index's run
+            name = ep.metadata.name
+            fallback.append(name)
+            m.PRECISE_FALLBACKS.labels(name).inc()
+            n = counts.get(-2 - slot, 0) if slot < -1 else 0
+            of = total
+            info = approx.get(ep)
+            if info is not None and info.match_blocks:
+                # the approximate index's blocks, in engine blocks; its total when ours is unknown
+                approx_total = (info.total_blocks * info.block_size_tokens) // bs
+                if not trusted:
+                    of = approx_total
+                n = max(n, min((info.match_blocks * info.block_size_tokens) // bs, of))
+            if n:
+                values[ep] = PrefixMatchInfo(n, of, bs)
+                by_name[name] = n
+            else:
+                values[ep] = zero
+        state.set_attributes(PRECISE_PREFIX_MATCH, values)
+        top = (
+            total if trusted else max((v.total_blocks for v in values.values()), default=0)
+        )  # untokenised: the approximate index's length is all there is
+        state.put(
+            self._key, _Prediction(len(ids), by_name, frozenset(fallback), top, cap if trusted else top)
+        )
+
+    # Scorer -----------------------------------------------------------------------------------
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]:
+        infos = state.attributes(PRECISE_PREFIX_MATCH)
+        if not infos:
+            return [0.0] * len(endpoints)
+        blocks = [info.match_blocks if info is not None else 0 for info in map(infos.get, endpoints)]
+        if self.normalization == "fraction":
+            return [
+                b / info.total_blocks if info is not None and info.total_blocks > 0 else 0.0
+                for b, info in zip(blocks, map(infos.get, endpoints), strict=True)
+            ]
+        hits = [b for b in blocks if b > 0]
+        if not hits:
+            return [0.0] * len(endpoints)
+        lo, hi = min(hits), max(hits)
+        if lo == hi:
+            return [1.0 if b > 0 else 0.0 for b in blocks]
+        span = hi - lo
+        return [(b - lo) / span if b > 0 else 0.0 for b in blocks]
+
+    # PreRequest / ResponseComplete ------------------------------------------------------------
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        primary = result.profile_results.get(result.primary_profile_name)
+        prediction = state.get(self._key)
+        if primary is None or not primary.target_endpoints or prediction is None:
+            return
+        name = primary.target_endpoints[0].metadata.name
+        matched = prediction.blocks_by_name.get(name, 0)
+        prediction.predicted = min(matched, prediction.cap) * self.block_size
+        m.PRECISE_PREDICTED_TOKENS.observe(prediction.predicted)
+        # events are due only if the engine will store a block it does not hold yet: a request it
+        # has fully cached publishes nothing, and that silence is not a silent publisher
+        if matched < prediction.total_blocks:
+            self.subscriber.note_routed(name, time.monotonic())
+
+    def response_complete(
+        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
+    ) -> None:
+        prediction = state.get(self._key)
+        if prediction is None or prediction.predicted < 0 or not response.end_of_stream:
+            return
+        usage = response.usage
+        if usage is None or usage.cached_tokens is None:
+            self.unreported += 1
+            return
+        observed = usage.cached_tokens
+        m.PRECISE_OBSERVED_TOKENS.observe(observed)
+        m.PRECISE_PREDICTION_ERROR_TOKENS.observe(abs(prediction.predicted - observed))
+        self.correlation.add(prediction.predicted, observed)
+
+    # DebugState -------------------------------------------------------------------------------
+    def debug_state(self) -> dict[str, Any]:
+        return {
+            "hashAlgo": self.hasher.algo,
+            "blockSize": self.block_size,
+            "tokenizer": type(self.tokens).__name__,
+            "tokenizeFailures": self.tokenize_failures,
+            "predictedVsObserved": {
+                **self.correlation.state(),
+                "responsesWithoutCachedTokens": self.unreported,
+            },
+            **self.subscriber.debug_state(),
+        }
