@@ -883,7 +883,12 @@ def _default_text(flag: _Flag) -> str:
 
 def usage() -> str:
     """The ``--help`` text: every flag, grouped, with its default; ``[new]`` marks flags GIE lacks."""
-    lines = ["Usage: epp [flags]", "", "A Python Endpoint Picker for the Gateway API Inference Extension."]
+    lines = [
+        "Usage: epp [flags]",
+        "       epp explain --help   (replay one request offline and print its decision, docs/explain.md)",
+        "",
+        "A Python Endpoint Picker for the Gateway API Inference Extension.",
+    ]
     group = ""
     for f in FLAGS:
         if f.group != group:
