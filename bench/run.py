@@ -27,6 +27,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("long_prompts", "bench.long_prompts", True),
     ("streaming", "bench.streaming", True),
     ("scheduler", "bench.scheduler", True),
+    ("explain", "bench.explain", True),
     ("scrape", "bench.scrape", True),
     ("parsers", "bench.parsers", True),
     ("flowcontrol", "bench.flowcontrol", True),

@@ -60,6 +60,8 @@ GIE_DEFAULTS: dict[str, Any] = {
     "config-text": "",
     "kubeconfig": "",  # controller-runtime's, registered in GIE's binary too
     "emit-endpoint-scores": False,  # llm-d-router's
+    "explain-request-header": "",  # ours (docs/explain.md)
+    "decisions-buffer-size": 0,  # ours
     # ours
     "endpoints": (),
     "endpoints-file": "",

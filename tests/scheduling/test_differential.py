@@ -24,7 +24,7 @@ from epp.datalayer.attributes import INFLIGHT_LOAD, PREFIX_MATCH, InFlightLoad, 
 from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
-from epp.scheduling.api import ProfileRunResult
+from epp.scheduling.api import PROFILE_TRACES, ProfileRunResult
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.picking import PickerParams
@@ -253,6 +253,7 @@ def test_fast_paths_pick_exactly_like_the_reference(sc: dict[str, Any]) -> None:
                 candidates = tuple(ep for ep in eps if world.random() < 0.8) or tuple(eps)
         state = _round_state(world, candidates)
         req = request(model=world.choice(MODELS))
+        req.explain = world.random() < 0.4  # the explained path must give the same floats and picks
         expected = ref.run_profile(
             state,
             req,
@@ -265,11 +266,34 @@ def test_fast_paths_pick_exactly_like_the_reference(sc: dict[str, Any]) -> None:
             got = profile.run(state, req, candidates)
         except SchedulingError:
             assert expected is None
+            if req.explain:
+                [trace] = state.get(PROFILE_TRACES) or []
+                assert trace.error and not trace.scored
             continue
         assert expected is not None
         want_pick, want_totals = expected
         assert _same(picker.seen, want_totals), (picker.seen, want_totals)
         assert got.target_endpoints == want_pick
+        if req.explain:
+            _check_trace(state, got, want_totals, [w for _, w in plugins])
+        else:
+            assert state.get(PROFILE_TRACES) is None
+
+
+def _check_trace(
+    state: CycleState, got: ProfileRunResult, totals: Sequence[float], weights: list[float]
+) -> None:
+    """The trace's totals are the picker's floats and the sum, in scorer order, of its contributions."""
+    [trace] = state.get(PROFILE_TRACES) or []
+    assert _same(trace.totals, totals)
+    assert trace.picked == got.target_endpoints
+    assert [ep for ep, _ in got.scored] == list(trace.scored)
+    assert len(trace.contributions) == len(weights)
+    for i in range(len(trace.scored)):
+        acc = trace.contributions[0][i] if weights else 0.0
+        for c in trace.contributions[1:]:
+            acc = acc + c[i]
+        assert _same([acc], [trace.totals[i]])
 
 
 def test_metrics_scorers_agree_with_their_per_endpoint_scores() -> None:

@@ -12,7 +12,13 @@ from epp.metrics.series import REGISTRY
 from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
-from epp.scheduling.api import ProfileRunResult, SchedulerProfileView, SchedulingResult, ScorerCategory
+from epp.scheduling.api import (
+    PROFILE_TRACES,
+    ProfileRunResult,
+    SchedulerProfileView,
+    SchedulingResult,
+    ScorerCategory,
+)
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scheduler import Scheduler, SchedulerProfile, SchedulingError
@@ -220,6 +226,31 @@ def test_multi_profile_rounds() -> None:
     assert handler.rounds == [[], ["decode"], ["decode", "prefill"]]
     assert result.primary.target_endpoints == (eps[1],)
     assert result.profile_results["prefill"] is None
+
+
+def test_explained_multi_profile_request_keeps_a_trace_per_run() -> None:
+    """P/D-shaped: the decode run's filters, weighted scores and pick, and the prefill run that
+    its filter emptied, both in the cycle state in run order."""
+    eps = [endpoint(0), endpoint(1)]
+    decode = SchedulerProfile(
+        "decode", filters=[], scorers=[(FixedScorer("s", [0.1, 0.9]), 2.0)], picker=build(MaxScorePicker)
+    )
+    prefill = SchedulerProfile(
+        "prefill", filters=[DropFilter("f", {"pod-0", "pod-1"}, [])], scorers=[], picker=build(MaxScorePicker)
+    )
+    req = request()
+    req.explain = True
+    state = CycleState()
+    result = Scheduler(TwoRoundHandler(), [decode, prefill]).schedule(state, req, eps)
+    d, p = state.get(PROFILE_TRACES) or []
+    assert (d.profile, d.scorers, d.scored, d.picked) == ("decode", (("s", 2.0),), tuple(eps), (eps[1],))
+    assert d.contributions == ([0.2, 1.8],) and tuple(d.totals) == (0.2, 1.8)
+    assert result.primary.scored == ((eps[0], 0.2), (eps[1], 1.8))
+    assert (p.profile, p.filters, p.error) == (
+        "prefill",
+        (("f", ()),),
+        "no endpoints available for the given request",
+    )
 
 
 @pytest.mark.parametrize(

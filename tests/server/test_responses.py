@@ -148,8 +148,8 @@ def test_immediate_error_says_why_in_llm_d_routers_header() -> None:
 
 def test_routing_reply_carries_endpoint_scores_only_when_asked() -> None:
     from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from epp.explain.record import BREAKDOWN_KEY, SCORES_KEY
     from epp.server.responses import (
-        SCORES_KEY,
         routing_body_response,
         routing_headers_response,
         struct_to_python,
@@ -166,6 +166,24 @@ def test_routing_reply_carries_endpoint_scores_only_when_asked() -> None:
     ):
         assert struct_to_python(msg.dynamic_metadata) == {
             "envoy.lb": {"x-gateway-destination-endpoint": "10.0.0.1:8000", SCORES_KEY: scores}
+        }
+    # An explained request: the per-scorer breakdown rides beside the final scores.
+    breakdown = {
+        "10.0.0.1:8000": {"queue-scorer": 1.0, "kv": 1.5},
+        "10.0.0.2:8000": {"queue-scorer": 0.5, "kv": 0.25},
+    }
+    for msg in (
+        pb.ProcessingResponse.FromString(
+            routing_headers_response("10.0.0.1:8000", 12, (), scores, breakdown=breakdown)
+        ),
+        routing_body_response("10.0.0.1:8000", None, None, (), scores, breakdown=breakdown),
+    ):
+        assert struct_to_python(msg.dynamic_metadata) == {
+            "envoy.lb": {
+                "x-gateway-destination-endpoint": "10.0.0.1:8000",
+                SCORES_KEY: scores,
+                BREAKDOWN_KEY: breakdown,
+            }
         }
 
 

@@ -110,6 +110,8 @@ class Options:
     objectives_file: str = ""
     disable_endpoint_subset_filter: bool = False
     emit_endpoint_scores: bool = False
+    explain_request_header: str = ""  # docs/explain.md
+    decisions_buffer_size: int = 0
     # configuration
     config_file: str = ""
     config_text: str = ""
@@ -427,7 +429,24 @@ FLAGS: Final[tuple[_Flag, ...]] = (
         "bool",
         _DISCOVERY,
         "Add every candidate's final scheduler score to the routing reply's envoy.lb dynamic metadata "
-        "under 'x-gateway-destination-endpoint-scores' (llm-d-router's flag).",
+        "under 'x-gateway-destination-endpoint-scores' (llm-d-router's flag), and each scorer's weighted "
+        "score under 'x-gateway-destination-endpoint-score-breakdown'.",
+    ),
+    _Flag(
+        "explain-request-header",
+        "str",
+        _OBS,
+        "A request carrying this header (any value but 0/false) gets every candidate's per-scorer scores "
+        "in envoy.lb metadata and in the x-gateway-destination-endpoint-scores response header. Empty: off. "
+        "The gateway must strip the header from untrusted clients (docs/explain.md).",
+        new=True,
+    ),
+    _Flag(
+        "decisions-buffer-size",
+        "int",
+        _OBS,
+        "Keep the last N routing decisions for /debug/decisions on the metrics port (0: off).",
+        new=True,
     ),
     _Flag(
         "disable-endpoint-subset-filter",
@@ -864,7 +883,12 @@ def _default_text(flag: _Flag) -> str:
 
 def usage() -> str:
     """The ``--help`` text: every flag, grouped, with its default; ``[new]`` marks flags GIE lacks."""
-    lines = ["Usage: epp [flags]", "", "A Python Endpoint Picker for the Gateway API Inference Extension."]
+    lines = [
+        "Usage: epp [flags]",
+        "       epp explain --help   (replay one request offline and print its decision, docs/explain.md)",
+        "",
+        "A Python Endpoint Picker for the Gateway API Inference Extension.",
+    ]
     group = ""
     for f in FLAGS:
         if f.group != group:

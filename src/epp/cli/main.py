@@ -29,6 +29,10 @@ def _run(app: App) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     """Exit 0 after a clean shutdown, 1 on a bad flag or config (nothing was started), 2 on a crash."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "explain":  # subcommand: replay one request offline (docs/explain.md)
+        from epp.cli.explain import main as explain
+
+        sys.exit(explain(args[1:]))
     try:
         options = parse_flags(args, os.environ)
     except HelpRequested as h:

@@ -28,6 +28,7 @@ from epp.datastore.static import endpoints_from_pairs, load_endpoints_file
 from epp.datastore.store import Datastore, PoolInfo
 from epp.datastore.watch import WatchedFile
 from epp.director.director import Director
+from epp.explain.record import DecisionRing
 from epp.k8s.cluster import Cluster
 from epp.k8s.discovery import DiscoverySpec
 from epp.k8s.leader import Timings
@@ -136,6 +137,8 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
         admission=admission,
         subset_filter=not options.disable_endpoint_subset_filter,
         emit_endpoint_scores=options.emit_endpoint_scores,
+        explain_header=options.explain_request_header,
+        decisions=DecisionRing(options.decisions_buffer_size) if options.decisions_buffer_size > 0 else None,
         staleness_threshold=options.metrics_staleness_threshold,
     )
     return App(
@@ -305,6 +308,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
                 authorize=authorize,
                 families=parse_families(opts.metrics_families),
                 debug_state=lambda: debug_state(app, cluster),
+                decisions=app.director.pipeline.decisions,
             )
         )
         if opts.metrics_endpoint_auth and authorize is None:

@@ -161,6 +161,8 @@ class ConfigSwap:
                 producer_timeout=p.producer_timeout,
                 subset_filter=p.subset_filter,
                 emit_endpoint_scores=p.emit_endpoint_scores,
+                explain_header=p.explain_header,
+                decisions=p.decisions,  # the same ring: /debug/decisions keeps its history
                 staleness_threshold=p.staleness_threshold,
             )
         )

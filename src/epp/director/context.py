@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from epp.datalayer.api import Endpoint
+from epp.explain.record import Decision
 from epp.parsers.api import UsageParser
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
@@ -26,6 +27,8 @@ class RoutingDecision:
     body_changed: bool  # False: forward the received bytes as they are
     headers: tuple[tuple[str, str], ...] = ()  # extra headers to set upstream (trace context, request id)
     scores: Mapping[str, float] | None = None  # ip:port -> final score (--emit-endpoint-scores)
+    # ip:port -> {scorer name: weighted score}: the primary profile's per-scorer breakdown
+    breakdown: Mapping[str, Mapping[str, float]] | None = None
     remove_headers: tuple[str, ...] = ()  # request headers to strip upstream (a client's P/D header)
 
 
@@ -46,3 +49,6 @@ class RequestContext:
     error_reason: str = ""  # its machine-readable reason (errors.EppError.reason; model-server-error)
     generated_request_id: bool = False
     stages: StageSpans | None = None  # set by the edge for a sampled request: spans per routing stage
+    explain_asked: bool = False  # the trusted explain header asked for the per-scorer breakdown
+    explain_header: str = ""  # the response header's value for such a request, once routed
+    record: Decision | None = None  # --decisions-buffer-size: filled while routing, then committed

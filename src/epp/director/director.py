@@ -28,10 +28,11 @@ from epp.director.pipeline import Pipeline
 from epp.director.response import ResponseSide, plugin_timer
 from epp.director.traced import traced_scheduler
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
+from epp.explain.record import REJECTED, ROUTED, Decision, breakdown, header_value, primary_trace
 from epp.metrics import series
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, RequestBody
-from epp.scheduling.api import DisaggDecision, ProfileRunResult, SchedulingResult
+from epp.scheduling.api import PROFILE_TRACES, DisaggDecision, ProfileRunResult, SchedulingResult
 from epp.tracing import spans
 from epp.tracing.stages import CURRENT, StageSpans, fail, stage
 
@@ -62,6 +63,11 @@ class Director:
         self._pre_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
+        # Whether any request may be explained: the one test a request that is not pays.
+        self._explaining = bool(
+            pipeline.emit_endpoint_scores or pipeline.explain_header or pipeline.decisions is not None
+        )
+        self._explain_header = pipeline.explain_header.lower()
         self._live: Director | None = None  # after a swap: the director new requests start on
 
     @property
@@ -115,9 +121,49 @@ class Director:
         )
         ctx = RequestContext(request=req, generated_request_id=generated)
         d = self._live or self
+        if d._explaining:  # the pipeline the request starts on decides
+            d._start_explaining(ctx, headers)
         responses = d.responses
         responses.opened += 1
         return RequestLifecycle(d, responses, ctx, can_hold_response=can_hold_response)
+
+    def _start_explaining(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
+        """Decide whether the scheduler keeps traces for this request, and start its record."""
+        p = self._p
+        req = ctx.request
+        if self._explain_header:
+            value = headers.get(self._explain_header, "")
+            ctx.explain_asked = bool(value) and value.lower() not in ("0", "false", "no", "off")
+        req.explain = p.emit_endpoint_scores or ctx.explain_asked or p.decisions is not None
+        if p.decisions is not None:
+            ctx.record = Decision(req.request_id, time.time())
+
+    def commit(self, ctx: RequestContext, error: BaseException | None) -> None:
+        """Put the request's decision (if one is being recorded) into the ring; once per request."""
+        rec = ctx.record
+        ring = self._p.decisions
+        if rec is None or ring is None:
+            return
+        ctx.record = None
+        req = ctx.request
+        rec.model = req.incoming_model
+        rec.target_model = req.target_model
+        traces = ctx.state.get(PROFILE_TRACES)
+        if traces:
+            rec.profiles = tuple(traces)
+        if ctx.result is not None:
+            rec.primary_profile = ctx.result.primary_profile_name
+            rec.disagg = ctx.result.disagg
+        if error is None:
+            rec.outcome = ROUTED
+        else:
+            rec.outcome = REJECTED
+            if isinstance(error, EppError):
+                rec.reason = error.reason
+            else:  # the client went away (the stream was cancelled), or a crash
+                rec.reason = "cancelled" if isinstance(error, asyncio.CancelledError) else "rejected-internal"
+            rec.error = str(error)
+        ring.add(rec)
 
     def _extra_headers(self, ctx: RequestContext) -> tuple[tuple[str, str], ...]:
         if ctx.generated_request_id:
@@ -149,6 +195,8 @@ class Director:
         if not targets:
             targets = (candidates[self._rng.randrange(len(candidates))],)
         ctx.target = targets[0]
+        if ctx.record is not None:
+            ctx.record.destination = ",".join(t.hostport for t in targets)
         return RoutingDecision(
             destination=",".join(t.hostport for t in targets),
             body=None,
@@ -164,6 +212,9 @@ class Director:
         p = self._p
         req = ctx.request
         stages = ctx.stages
+        rec = ctx.record  # --decisions-buffer-size: stage timings and what routing saw
+        if rec is not None:
+            rec.mark("body")  # from the request headers to the end of the body
         req.request_size_bytes = len(body)
         # Stage spans (sampled requests only) are opened and closed by hand: a with-block per
         # stage would cost every untraced request several context-manager calls.
@@ -185,6 +236,8 @@ class Director:
                 }
             )
             span.end()
+        if rec is not None:
+            rec.mark("parse")
 
         snapshot = self._ds.endpoints()
         candidates = locate(snapshot, req.metadata, subset_filter=p.subset_filter)
@@ -194,14 +247,20 @@ class Director:
             await p.admission.admit(req, candidates)
         except BaseException as e:
             fail(span, e)
+            if rec is not None:
+                rec.admission = "rejected"
             raise
         if span is not None:
             span.set_attributes({spans.ATTR_CANDIDATES: len(candidates), spans.ATTR_OUTCOME: "admitted"})
             span.end()
+        if rec is not None:
+            rec.mark("admission")
         if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
             candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
         # Fresh metrics (when a staleness threshold is set), then not a crashed or failing replica.
         candidates = usable(candidates, time.monotonic(), p.staleness_threshold)
+        if rec is not None:
+            rec.candidates = candidates
         if not candidates:
             raise ServiceUnavailable(
                 "failed to find endpoint candidates for serving the request",
@@ -224,6 +283,8 @@ class Director:
                     }
                 )
                 span.end()
+            if rec is not None:
+                rec.mark("producers")
         if p.admitters:
             span = None if stages is None else stages.start(spans.STAGE_ADMIT_PLUGINS)
             if span is not None:
@@ -240,12 +301,17 @@ class Director:
                     if span is not None:
                         span.set_attribute(spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}")
                     err = Internal("request cannot be admitted", reason="rejected-admission")
+                    if rec is not None:
+                        rec.admission = "rejected"
                     fail(span, err)
                     raise err
             if span is not None:
                 span.set_attribute(spans.ATTR_OUTCOME, "admitted")
                 span.end()
-        req.explain = p.emit_endpoint_scores
+            if rec is not None:
+                rec.mark("admit-plugins")
+        if rec is not None:
+            rec.admission = "admitted"
         try:
             result = self._schedule(stages, state, req, candidates)
             targets = result.primary.target_endpoints
@@ -255,6 +321,8 @@ class Director:
             raise ResourceExhausted(
                 f"failed to find target endpoint: {e}", reason="rejected-no-candidates"
             ) from e
+        if rec is not None:
+            rec.mark("schedule")
         if not targets:
             raise Internal("results must be greater than zero")
         # From here on the request counts as scheduled: if a pre-request hook or the body
@@ -287,13 +355,28 @@ class Director:
             if result.disagg is not None:
                 span.set_attributes(_disagg_attributes(result.disagg))
             span.end()
-        scored = result.primary.scored
+        if rec is not None:
+            rec.mark("pick")
+            rec.destination = destination
         headers = self._extra_headers(ctx)
         remove: tuple[str, ...] = ()
         mutation = req.header_mutation  # None unless a pre-request plugin (P/D) asked for one
         if mutation is not None:
             headers = (*headers, *mutation.set.items())
             remove = tuple(mutation.remove)
+        if not (p.emit_endpoint_scores or ctx.explain_asked):
+            return RoutingDecision(
+                destination=destination,
+                body=out,
+                body_changed=out is not body,
+                headers=headers,
+                remove_headers=remove,
+            )
+        scored = result.primary.scored
+        traces = state.get(PROFILE_TRACES)
+        trace = primary_trace(traces, result.primary_profile_name) if traces else None
+        if trace is not None and ctx.explain_asked:
+            ctx.explain_header = header_value(trace)
         return RoutingDecision(
             destination=destination,
             body=out,
@@ -301,6 +384,7 @@ class Director:
             headers=headers,
             scores={ep.hostport: round(score, 6) for ep, score in scored} if scored else None,
             remove_headers=remove,
+            breakdown=breakdown(trace) if trace is not None else None,
         )
 
     def _parse(self, ctx: RequestContext, body: bytes) -> tuple[RequestBody, bool, str]:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 from epp.director.context import RequestContext, RoutingDecision
 from epp.director.response import ResponseSide
 from epp.errors import EppError
+from epp.explain.record import SCORES_HEADER
 from epp.request import InferenceRequest
 
 if TYPE_CHECKING:
@@ -80,8 +81,8 @@ class RequestLifecycle:
 
     @property
     def response_headers_needed(self) -> bool:
-        """Whether a plugin reads response headers."""
-        return self._responses.headers_needed
+        """Whether a plugin reads response headers, or an explained request adds one to them."""
+        return self._responses.headers_needed or self.ctx.explain_asked
 
     @property
     def response_body_needed(self) -> bool:
@@ -96,14 +97,27 @@ class RequestLifecycle:
     async def route(self, body: bytes) -> RoutingDecision:
         """Route on the complete body.  Raises ``EppError``; the phase then stays RECEIVING."""
         self._expect(RECEIVING, "route")
-        decision = await self._director.route(self.ctx, body)
+        if self.ctx.record is None:
+            decision = await self._director.route(self.ctx, body)
+        else:  # --decisions-buffer-size: the decision is kept whether routing succeeded or not
+            try:
+                decision = await self._director.route(self.ctx, body)
+            except BaseException as e:
+                self._director.commit(self.ctx, e)
+                raise
+            self._director.commit(self.ctx, None)
         self._routed()
         return decision
 
     def route_headers_only(self) -> RoutingDecision:
         """Route a request that has no body for the EPP (GET, or body modes that cannot carry one)."""
         self._expect(RECEIVING, "route")
-        decision = self._director.route_headers_only(self.ctx)
+        try:
+            decision = self._director.route_headers_only(self.ctx)
+        except BaseException as e:
+            self._director.commit(self.ctx, e)
+            raise
+        self._director.commit(self.ctx, None)
         self._routed()
         return decision
 
@@ -121,6 +135,8 @@ class RequestLifecycle:
         ctx = self.ctx
         before = dict(headers)
         self._responses.headers(ctx, headers)
+        if ctx.explain_header:  # the trusted explain header asked: the per-scorer breakdown
+            headers[SCORES_HEADER] = ctx.explain_header
         if self.phase < RESPONDING:
             self.phase = RESPONDING
         # Restoring the model name works chunk by chunk except in a non-streamed body, where the
@@ -192,6 +208,8 @@ class RequestLifecycle:
         self.phase = CLOSED
         self._held = None
         ctx = self.ctx
+        if ctx.record is not None:  # never routed (e.g. a body over the limit): keep why
+            self._director.commit(ctx, error)
         scheduled = ctx.result is not None
         if scheduled and phase < COMPLETE:
             self._responses.complete(ctx)

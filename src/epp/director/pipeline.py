@@ -21,6 +21,7 @@ from epp.director.api import (
     ResponseCompleteProcessor,
     ResponseHeaderProcessor,
 )
+from epp.explain.record import DecisionRing
 from epp.parsers.api import Parser
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
@@ -76,3 +77,7 @@ class Pipeline(RequestControl):
     # last scrape ages out, and an endpoint joins once it has been scraped.
     staleness_threshold: float = 0.0
     emit_endpoint_scores: bool = False  # llm-d-router's --emit-endpoint-scores
+    # A request carrying this header (set by a trusted gateway) gets its per-scorer scores in
+    # the envoy.lb metadata and a response header (--explain-request-header; "" = off).
+    explain_header: str = ""
+    decisions: DecisionRing | None = None  # the last N decisions (--decisions-buffer-size; None = off)

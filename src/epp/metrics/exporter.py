@@ -9,7 +9,7 @@ import io
 import pstats
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 import structlog
@@ -94,20 +94,46 @@ def _debug_state(state: Callable[[], dict[str, Any]]) -> Any:
     return handler
 
 
+class DecisionsView(Protocol):
+    """What ``/debug/decisions`` serves (``epp.explain.record.DecisionRing``)."""
+
+    def query(self, request_id: str = "", limit: int = 20) -> dict[str, Any]: ...
+
+
+def _decisions(view: DecisionsView) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        q = request.query
+        raw = q.get("limit", "20")
+        if not raw.isdigit():
+            return web.Response(status=400, text="limit must be a non-negative integer\n")
+        limit = int(raw)
+        body = view.query(q.get("request_id", ""), limit)
+        return web.Response(
+            body=orjson.dumps(body, option=orjson.OPT_INDENT_2), content_type="application/json"
+        )
+
+    return handler
+
+
 def build_app(
     *,
     enable_pprof: bool,
     authorize: Authorize | None = None,
     families: Iterable[str] = FAMILY_SETS,
     debug_state: Callable[[], dict[str, Any]] | None = None,
+    decisions: DecisionsView | None = None,
 ) -> web.Application:
     """``families``: which metric names /metrics serves, GIE's and/or llm-d-router's (metrics/llmd.py).
-    ``debug_state``: what ``/debug/plugins/state`` shows (behind the same authorisation as /metrics)."""
+    ``debug_state``: what ``/debug/plugins/state`` shows (behind the same authorisation as /metrics).
+    ``decisions``: the last routing decisions ``/debug/decisions`` shows (``?request_id=``, ``?limit=``).
+    """
     app = web.Application(middlewares=[_auth_middleware(authorize)] if authorize is not None else [])
     app[_EXPOSITION] = Exposition(REGISTRY, families)
     app.router.add_get("/metrics", _metrics)
     if debug_state is not None:
         app.router.add_get("/debug/plugins/state", _debug_state(debug_state))
+    if decisions is not None:
+        app.router.add_get("/debug/decisions", _decisions(decisions))
     if enable_pprof:
         app.router.add_get("/debug/pprof/goroutine", _tasks)
         app.router.add_get("/debug/pprof/profile", _profile)
@@ -127,13 +153,18 @@ class MetricsServer:
         authorize: Authorize | None = None,
         families: Iterable[str] = FAMILY_SETS,
         debug_state: Callable[[], dict[str, Any]] | None = None,
+        decisions: DecisionsView | None = None,
     ) -> None:
         self._host = host
         self._port = port
         self._pprof = enable_pprof
         self._families = frozenset(families)
         self._app = build_app(
-            enable_pprof=enable_pprof, authorize=authorize, families=self._families, debug_state=debug_state
+            enable_pprof=enable_pprof,
+            authorize=authorize,
+            families=self._families,
+            debug_state=debug_state,
+            decisions=decisions,
         )
         self._runner: web.AppRunner | None = None
         self.port = 0

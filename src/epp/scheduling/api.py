@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.datalayer.api import Endpoint, Metrics
 from epp.plugin.base import Plugin
+from epp.plugin.keys import StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 
@@ -33,6 +34,33 @@ class ProfileRunResult:
     target_endpoints: tuple[Endpoint, ...]
     # Every candidate with its weighted total, only when the request asks (``request.explain``).
     scored: tuple[tuple[Endpoint, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileTrace:
+    """How one profile run reached its pick; made only for an explained request (``request.explain``).
+
+    ``scored`` are the endpoints that passed every filter, in candidate order;
+    ``contributions[k][i]`` is scorer k's weighted score for ``scored[i]`` (its clamped score
+    times its weight), and ``totals[i]`` their sum in scorer order: the very float the picker
+    saw.  A run whose filters left nothing has ``error`` set and no scores.
+    """
+
+    profile: str
+    candidates: tuple[Endpoint, ...]
+    filters: tuple[tuple[str, tuple[Endpoint, ...]], ...]  # (filter name, its survivors), in order
+    scorers: tuple[tuple[str, float], ...] = ()  # (scorer name, weight), in order
+    scored: tuple[Endpoint, ...] = ()
+    contributions: tuple[Sequence[float], ...] = ()
+    totals: Sequence[float] = ()
+    picker: str = ""
+    picked: tuple[Endpoint, ...] = ()
+    error: str = ""
+
+
+# Every profile run of an explained request appends its trace here, failed runs too (several
+# profiles, or several rounds of one, per request: P/D runs a decode and a prefill profile).
+PROFILE_TRACES: StateKey[list[ProfileTrace]] = StateKey("epp.explain.profile-traces")
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from epp.metrics.series import PLUGIN_DURATION, SCHEDULER_ATTEMPTS_TOTAL, SCHEDU
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import (
+    PROFILE_TRACES,
     AccumulatingScorer,
     Filter,
     IncrementalMetricsScorer,
@@ -24,6 +25,7 @@ from epp.scheduling.api import (
     Picker,
     ProfileHandler,
     ProfileRunResult,
+    ProfileTrace,
     SchedulingResult,
     Scorer,
 )
@@ -209,6 +211,8 @@ class SchedulerProfile:
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> ProfileRunResult:
         """Filter, score and pick; raises ``SchedulingError`` when the filters leave nothing."""
+        if request.explain:  # the only cost of explaining to a request that does not ask
+            return self._run_explained(state, request, endpoints)
         eps = endpoints
         for run_filter, hist in self._filters:
             t0 = perf_counter()
@@ -264,9 +268,79 @@ class SchedulerProfile:
         t0 = perf_counter()
         result = pick(state, request, eps, totals)
         hist.observe(perf_counter() - t0)
-        if request.explain:
-            return ProfileRunResult(result.target_endpoints, scored=tuple(zip(eps, totals, strict=True)))
         return result
+
+    def _run_explained(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> ProfileRunResult:
+        """``run`` keeping every filter's survivors and every scorer's weighted score.
+
+        A separate path so that ``run`` allocates nothing for requests that do not ask.  The
+        totals are the fast path's floats: contributions are added left to right in scorer
+        order, and metrics-only scores come from the same snapshot.  The trace is appended
+        to the cycle state's ``PROFILE_TRACES`` (a failed run's too) and the result carries
+        ``scored``.
+        """
+        traces = state.get(PROFILE_TRACES)
+        if traces is None:
+            traces = []
+            state.put(PROFILE_TRACES, traces)
+        eps = endpoints
+        survivors: list[tuple[str, tuple[Endpoint, ...]]] = []
+        for f, (run_filter, hist) in zip(self.filters, self._filters, strict=True):
+            t0 = perf_counter()
+            eps = run_filter(state, request, eps)
+            hist.observe(perf_counter() - t0)
+            survivors.append((f.typed_name.name, tuple(eps)))
+            if not eps:
+                break
+        names = tuple((s.typed_name.name, w) for s, w in self.scorers)
+        if not eps:
+            traces.append(
+                ProfileTrace(self.name, tuple(endpoints), tuple(survivors), names, error=NO_ENDPOINTS)
+            )
+            raise SchedulingError(NO_ENDPOINTS)
+        n = len(eps)
+        if self._uses_metrics:
+            self._refresh(eps, n)
+        contributions: list[Sequence[float]] = []
+        for sc, snap in zip(self._scorers, self._snap_scores, strict=True):
+            scores = snap
+            if scores is None:
+                t0 = perf_counter()
+                if sc.add_weighted is not None:  # its contract: exactly score() * weight
+                    contributions.append(sc.add_weighted(state, request, eps, None, sc.weight))
+                    sc.hist.observe(perf_counter() - t0)
+                    continue
+                scores = sc.score(state, request, eps)
+                sc.hist.observe(perf_counter() - t0)
+                if not sc.bounded:
+                    scores = _clamped(scores)
+            w = sc.weight
+            contributions.append([x * w for x in scores])
+        for c in contributions:
+            if len(c) != n:
+                raise ValueError(f"scorer returned {len(c)} scores for {n} endpoints")
+        totals = _combine(contributions, (1.0,) * len(contributions), n, None)  # x * 1.0 is x
+        kept = tuple(totals)  # before the picker, which may reorder its list
+        pick, hist = self._picker
+        t0 = perf_counter()
+        result = pick(state, request, eps, totals)
+        hist.observe(perf_counter() - t0)
+        traces.append(
+            ProfileTrace(
+                self.name,
+                tuple(endpoints),
+                tuple(survivors),
+                names,
+                tuple(eps),
+                tuple(contributions),
+                kept,
+                self.picker.typed_name.name,
+                tuple(result.target_endpoints),
+            )
+        )
+        return ProfileRunResult(result.target_endpoints, scored=tuple(zip(eps, kept, strict=True)))
 
     def _refresh(self, eps: Sequence[Endpoint], n: int) -> None:
         """Bring the metrics-only scores up to the candidates' current readings.

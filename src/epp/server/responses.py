@@ -15,6 +15,7 @@ from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.type.v3 import http_status_pb2
 from epp.errors import EppError
+from epp.explain.record import BREAKDOWN_KEY, SCORES_KEY
 from epp.server import wire
 
 DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
@@ -57,15 +58,29 @@ def _routing_options(
     return sets + wire.remove_options(remove) if remove else sets
 
 
-SCORES_KEY: Final = "x-gateway-destination-endpoint-scores"  # llm-d-router's key under envoy.lb
+Breakdown = Mapping[str, Mapping[str, float]]  # ip:port -> {scorer name: weighted score}
 
 
-def _routing_metadata(destination: str, scores: Mapping[str, float] | None) -> bytes:
-    """``envoy.lb``: the destination, and with ``--emit-endpoint-scores`` every candidate's score
-    (``{"ip:port": score}``, llm-d-router's layout).  Without scores: the cached hand encoding."""
-    if not scores:
+def _lb_fields(
+    destination: str, scores: Mapping[str, float] | None, breakdown: Breakdown | None
+) -> dict[str, Any]:
+    lb: dict[str, Any] = {DESTINATION_HEADER: destination}
+    if scores:
+        lb[SCORES_KEY] = dict(scores)
+    if breakdown:
+        lb[BREAKDOWN_KEY] = {k: dict(v) for k, v in breakdown.items()}
+    return lb
+
+
+def _routing_metadata(
+    destination: str, scores: Mapping[str, float] | None, breakdown: Breakdown | None
+) -> bytes:
+    """``envoy.lb``: the destination, and for an explained request every candidate's final score
+    (``{"ip:port": score}``, llm-d-router's layout) and its per-scorer breakdown
+    (``{"ip:port": {"scorer": weighted score}}``, docs/explain.md).  Otherwise the cached hand encoding."""
+    if not scores and not breakdown:
         return wire.string_metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, destination)
-    md = to_struct({DESTINATION_NAMESPACE: {DESTINATION_HEADER: destination, SCORES_KEY: dict(scores)}})
+    md = to_struct({DESTINATION_NAMESPACE: _lb_fields(destination, scores, breakdown)})
     return wire.field(b"\x42", md.SerializeToString())
 
 
@@ -75,11 +90,12 @@ def routing_headers_response(
     extra: Iterable[tuple[str, str]],
     scores: Mapping[str, float] | None = None,
     remove: Sequence[str] = (),
+    breakdown: Breakdown | None = None,
 ) -> bytes:
     """The RequestHeaders reply that routes the request (FULL_DUPLEX_STREAMED and header-only):
     destination header, Content-Length, extras, removed headers, clear_route_cache and
     ``envoy.lb`` metadata."""
-    md = _routing_metadata(destination, scores)
+    md = _routing_metadata(destination, scores, breakdown)
     opts = _routing_options(destination, content_length, extra, remove)
     return wire.headers_reply(opts, request=True, clear_route_cache=True, metadata=md)
 
@@ -91,6 +107,7 @@ def routing_body_response(
     extra: Iterable[tuple[str, str]],
     scores: Mapping[str, float] | None = None,
     remove: Sequence[str] = (),
+    breakdown: Breakdown | None = None,
 ) -> pb.ProcessingResponse:
     """The RequestBody reply that routes a BUFFERED request (headers were already answered).
 
@@ -103,13 +120,9 @@ def routing_body_response(
     if body is not None:
         common.body_mutation.body = body
     msg = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
-    msg.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value.fields[
-        DESTINATION_HEADER
-    ].string_value = destination
-    if scores:
-        msg.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value.fields[
-            SCORES_KEY
-        ].struct_value.update(dict(scores))
+    msg.dynamic_metadata.fields[DESTINATION_NAMESPACE].struct_value.update(
+        _lb_fields(destination, scores, breakdown)
+    )
     return msg
 
 

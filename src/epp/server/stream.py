@@ -267,7 +267,12 @@ class Stream:
         if self.request_mode == FULL_DUPLEX:
             out: list[r.Reply] = [
                 r.routing_headers_response(
-                    decision.destination, len(out_body), headers, decision.scores, decision.remove_headers
+                    decision.destination,
+                    len(out_body),
+                    headers,
+                    decision.scores,
+                    decision.remove_headers,
+                    decision.breakdown,
                 )
             ]
             out.extend(r.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
@@ -281,6 +286,7 @@ class Stream:
                 headers,
                 decision.scores,
                 decision.remove_headers,
+                decision.breakdown,
             )
         ]
 
