@@ -32,6 +32,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("flowcontrol", "bench.flowcontrol", True),
     ("sim_cost", "bench.sim_cost", True),
     ("failover", "bench.failover", True),
+    ("pd", "bench.pd", True),
 )
 
 
