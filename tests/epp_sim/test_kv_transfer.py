@@ -126,3 +126,16 @@ async def test_a_prefill_in_the_batch_slows_every_decode_down() -> None:
     quiet_itl = (last - quiet_from) / max(1, count - quiet_tokens)
     assert max(gaps) > 5 * min(gaps)
     assert max(gaps) > quiet_itl
+
+
+async def test_a_request_waiting_for_kv_counts_as_waiting() -> None:
+    """vLLM counts WAITING_FOR_REMOTE_KVS requests in num_requests_waiting; the EPP's queue scorer sees them."""
+    engine = Engine(engine_config(kv_transfer_ms_per_token=0.5))
+    seq = make_seq(LONG, max_tokens=1)
+    seq.remote_prefill = True
+    async with running(engine):
+        engine.submit(seq)
+        await until(lambda: bool(engine.link.active), what="transfer started")
+        assert engine.num_waiting == 1 and not engine.waiting
+        await finished(seq)
+    assert engine.num_waiting == 0

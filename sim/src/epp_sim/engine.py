@@ -500,6 +500,11 @@ class Engine:
     # ---- inspection ---------------------------------------------------------------------------
 
     @property
+    def num_waiting(self) -> int:
+        """Queued requests, as vLLM counts them: those waiting for remote KV too."""
+        return len(self.waiting) + len(self.link)
+
+    @property
     def running_loras(self) -> tuple[str, ...]:
         return tuple(self._running_loras)
 
