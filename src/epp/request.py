@@ -43,6 +43,18 @@ class RequestBody:
         return m if isinstance(m, str) else ""
 
 
+@dataclass(slots=True)
+class HeaderMutation:
+    """Request headers a pre-request plugin sets or removes on the way to the model server.
+
+    Envoy applies ``remove`` before ``set``, so a header both removed and set carries exactly
+    the value set here, whatever the client sent.
+    """
+
+    set: dict[str, str] = field(default_factory=dict)
+    remove: list[str] = field(default_factory=list)
+
+
 @dataclass(slots=True, kw_only=True)
 class InferenceRequest:
     """One request, built by the ext_proc edge and enriched by the director."""
@@ -59,6 +71,8 @@ class InferenceRequest:
     metadata: Mapping[str, Any] = field(default_factory=dict)  # Envoy filter metadata by namespace
     received_at: float = 0.0  # time.monotonic() when the request headers arrived
     explain: bool = False  # keep every candidate's final score (--emit-endpoint-scores)
+    # Upstream header changes asked for by pre-request plugins (P/D headers); None for most requests.
+    header_mutation: HeaderMutation | None = None
 
 
 @dataclass(slots=True)

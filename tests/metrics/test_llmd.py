@@ -3,6 +3,7 @@ shipped Grafana dashboard queries."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from epp.datastore.store import Datastore, PoolInfo
 from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
 from epp.metrics.fast import Counter, Gauge, Histogram
-from epp.metrics.llmd import TWINS, Exposition, parse_families
+from epp.metrics.llmd import NATIVE_COUNTERPARTS, TWINS, Exposition, parse_families
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "grafana").glob("*.json"))
 M = "llmd-test-model"
@@ -83,7 +84,7 @@ def test_histogram_twin_keeps_buckets_sum_and_count(reg: CollectorRegistry) -> N
     assert "# TYPE llm_d_epp_request_size_bytes histogram" in text
 
 
-def test_renamed_labels_stages_and_flow_control_requests(reg: CollectorRegistry) -> None:
+def test_renamed_labels_and_flow_control_requests(reg: CollectorRegistry) -> None:
     attempts = Counter(
         "inference_extension_scheduler_attempts",
         "h",
@@ -118,13 +119,8 @@ def test_renamed_labels_stages_and_flow_control_requests(reg: CollectorRegistry)
         )
         == 1
     )
-    for stage in ("decode", "effective"):
-        assert (
-            view.get_sample_value(
-                "llm_d_epp_flow_control_pool_saturation", {"inference_pool": "pool", "stage": stage}
-            )
-            == 0.7
-        )
+    # the per-stage gauge is set by the flow controller (epp.metrics.disagg), not twinned
+    assert view.get_sample_value("llm_d_epp_flow_control_pool_saturation", {"inference_pool": "pool"}) is None
     out = {"priority": "0", "inference_pool": "pool"}
     assert (
         view.get_sample_value("llm_d_epp_flow_control_requests_total", {"outcome": "Dispatched", **out}) == 2
@@ -158,13 +154,27 @@ def test_every_gie_series_has_an_llm_d_twin() -> None:
         if f.name.startswith(("inference_objective_", "inference_pool_", "inference_extension_"))
     }
     gie.add("inference_pool_per_pod_queue_size")
+    gie -= NATIVE_COUNTERPARTS  # the per-stage saturation gauge is llm-d's own family
     assert gie <= set(TWINS), sorted(gie - set(TWINS))
     assert all(t.name.startswith("llm_d_epp_") for t in TWINS.values())
 
 
 def test_twins_cost_nothing_per_request() -> None:
-    """The request path records GIE's series only: the twins are not registered families."""
-    assert not any(f.name.startswith("llm_d_epp_") for f in series.REGISTRY.collect())
+    """The request path records GIE's series only: the twins are not registered families.
+
+    The only llm-d families registered are the ones GIE lacks (P/D decisions, per-stage
+    saturation: epp.metrics.disagg), recorded once, never twinned."""
+    importlib.import_module("epp.metrics.disagg")
+    registered = {f.name for f in series.REGISTRY.collect()}
+    native = {n for n in registered if n.startswith("llm_d_")}
+    assert native == {
+        "llm_d_epp_disagg_decision",
+        "llm_d_epp_pd_decision",
+        "llm_d_inference_scheduler_disagg_decision",
+        "llm_d_inference_scheduler_pd_decision",
+        "llm_d_epp_flow_control_pool_saturation",
+    }
+    assert not {t.name for t in TWINS.values()} & native
 
 
 # --- the Grafana dashboard against a real /metrics ------------------------------------------------
@@ -238,3 +248,22 @@ async def test_dashboard_queries_only_exported_series(path: Path, recorded: None
     assert not missing, sorted(missing)
     assert not bad_labels, sorted(bad_labels)
     assert any(n.startswith("llm_d_epp_") for e in exprs for n, _ in _METRIC.findall(e))
+
+
+def test_native_llmd_families_follow_the_llmd_set(reg: CollectorRegistry) -> None:
+    Counter("llm_d_epp_pd_decision", "h", ("decision_type",), registry=reg).labels("prefill-decode").inc()
+    Gauge("llm_d_epp_flow_control_pool_saturation", "h", ("inference_pool", "stage"), registry=reg).labels(
+        "pool", "prefill"
+    ).set(0.5)
+    both = Exposition(reg)
+    assert both.get_sample_value("llm_d_epp_pd_decision_total", {"decision_type": "prefill-decode"}) == 1
+    assert (
+        both.get_sample_value(
+            "llm_d_epp_flow_control_pool_saturation", {"inference_pool": "pool", "stage": "prefill"}
+        )
+        == 0.5
+    )
+    gie_only = Exposition(reg, ["gie"])
+    assert (
+        gie_only.get_sample_value("llm_d_epp_pd_decision_total", {"decision_type": "prefill-decode"}) is None
+    )

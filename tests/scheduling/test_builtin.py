@@ -22,7 +22,13 @@ EXPECTED: dict[str, set[str]] = {
     "token-load-scorer": {"queueThresholdTokens"},
     "prefix-cache-scorer": set(),
     "prefill-load-scorer": set(),  # ours, not GIE's
-    "prefix-cache-affinity-filter": {"affinityThreshold", "explorationProbability", "maxTTFTPenaltyMs"},
+    "prefix-cache-affinity-filter": {
+        "affinityThreshold",
+        "explorationProbability",
+        "maxTTFTPenaltyMs",
+        "ttftSource",  # llm-d-router's
+        "peakPrefillThroughput",  # llm-d-router's
+    },
     "header-based-testing-filter": set(),
     "utilization-detector": {
         "queueDepthThreshold",
@@ -58,7 +64,33 @@ EXPECTED: dict[str, set[str]] = {
         "predictInPrepareData",
     },
     "latency-slo-admitter": set(),
+    # llm-d-router's P/D plugins (docs/pd-disaggregation.md)
+    "disagg-profile-handler": {"stageOrder", "profiles", "deciders"},
+    "pd-profile-handler": {
+        "decodeProfile",
+        "prefillProfile",
+        "prefixPluginType",
+        "prefixPluginName",
+        "primaryPort",
+        "deciderPluginName",
+        "prefixMatchInfoProducerName",
+    },
+    "disagg-headers-handler": {"prefillProfile", "encodeProfile"},
+    "prefill-header-handler": {"prefillProfile", "encodeProfile"},
+    "prefix-based-pd-decider": {"nonCachedTokens", "promptTokens"},
+    "always-disagg-pd-decider": set(),
+    "always-disagg-multimodal-decider": set(),
+    "decode-filter": set(),
+    "prefill-filter": set(),
+    "encode-filter": set(),
+    "label-selector-filter": {"matchLabels", "matchExpressions"},
+    "by-label-selector": {"matchLabels", "matchExpressions"},
+    "by-label": {"label", "validValues", "allowsNoLabel"},
+    "active-request-scorer": {"idleThreshold", "maxBusyScore", "requestTimeout"},
 }
+
+# Types whose parameters have no valid empty form (llm-d rejects them empty too).
+REQUIRED_PARAMETERS: dict[str, dict[str, object]] = {"by-label": {"label": "x", "allowsNoLabel": True}}
 
 # Other concepts' plugins share the flow-control and director tuples; keep only these.
 _MINE = (
@@ -76,13 +108,13 @@ def test_every_type_registered_once() -> None:
 
 @pytest.mark.parametrize("cls", [pytest.param(c, id=c.TYPE) for c in _MINE])
 def test_parameter_names_and_defaults(cls: type) -> None:
-    """YAML parameter names are GIE's camelCase; every plugin builds with no parameters."""
+    """YAML parameter names are GIE's camelCase; every plugin builds with no parameters (or its required ones)."""
     aliases = {f.alias or n for n, f in cls.PARAMS.model_fields.items()}  # type: ignore[attr-defined]
     assert aliases == EXPECTED[cls.TYPE]  # type: ignore[attr-defined]
     plugin = Registry([cls]).build(
         name="p",
         type_name=cls.TYPE,  # type: ignore[attr-defined]
-        parameters=None,
+        parameters=REQUIRED_PARAMETERS.get(cls.TYPE),  # type: ignore[attr-defined]
         handle=FakeHandle(),
         path="plugins[0]",
     )

@@ -26,6 +26,7 @@ class RoutingDecision:
     body_changed: bool  # False: forward the received bytes as they are
     headers: tuple[tuple[str, str], ...] = ()  # extra headers to set upstream (trace context, request id)
     scores: Mapping[str, float] | None = None  # ip:port -> final score (--emit-endpoint-scores)
+    remove_headers: tuple[str, ...] = ()  # request headers to strip upstream (a client's P/D header)
 
 
 @dataclass(slots=True, eq=False)

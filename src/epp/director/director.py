@@ -32,7 +32,7 @@ from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, Servic
 from epp.metrics import series
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, RequestBody
-from epp.scheduling.api import ProfileRunResult, SchedulingResult
+from epp.scheduling.api import DisaggDecision, ProfileRunResult, SchedulingResult
 from epp.tracing import spans
 from epp.tracing.stages import CURRENT, StageSpans, fail, stage
 
@@ -256,14 +256,23 @@ class Director:
                     spans.ATTR_TARGETS: [t.hostport for t in targets],
                 }
             )
+            if result.disagg is not None:
+                span.set_attributes(_disagg_attributes(result.disagg))
             span.end()
         scored = result.primary.scored
+        headers = self._extra_headers(ctx)
+        remove: tuple[str, ...] = ()
+        mutation = req.header_mutation  # None unless a pre-request plugin (P/D) asked for one
+        if mutation is not None:
+            headers = (*headers, *mutation.set.items())
+            remove = tuple(mutation.remove)
         return RoutingDecision(
             destination=destination,
             body=out,
             body_changed=out is not body,
-            headers=self._extra_headers(ctx),
+            headers=headers,
             scores={ep.hostport: round(score, 6) for ep, score in scored} if scored else None,
+            remove_headers=remove,
         )
 
     def _parse(self, ctx: RequestContext, body: bytes) -> tuple[RequestBody, bool, str]:
@@ -344,6 +353,20 @@ class Director:
                         )
         except TimeoutError:
             log.warning("prepare_data_timed_out", request_id=req.request_id, timeout=self._p.producer_timeout)
+
+
+def _disagg_attributes(d: DisaggDecision) -> dict[str, Any]:
+    """llm-d-router's span attributes for a P/D decision (sampled requests only)."""
+    attrs: dict[str, Any] = {
+        spans.ATTR_PD_USED: bool(d.prefill),
+        spans.ATTR_PD_REASON: d.reason,
+        spans.ATTR_PROFILE_HANDLER_DECISION: f"complete_{d.decision_type}",
+    }
+    if d.prefill:
+        host, _, port = d.prefill.rpartition(":")
+        attrs[spans.ATTR_PD_PREFILL_ADDRESS] = host.strip("[]")
+        attrs[spans.ATTR_PD_PREFILL_PORT] = port
+    return attrs
 
 
 def _picked(result: ProfileRunResult | None) -> str:

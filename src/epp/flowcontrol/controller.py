@@ -12,10 +12,12 @@ from typing import Any, Final, Protocol, cast
 
 import structlog
 
+from epp.datalayer import roles
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.api import Outcome, SaturationDetector, UsageLimitPolicy
 from epp.flowcontrol.bands import Band, BandPolicies, BandSettings, Flow, Item
+from epp.metrics import disagg as disagg_metrics
 from epp.metrics import series
 from epp.plugin.base import Plugin
 from epp.request import InferenceRequest
@@ -121,6 +123,11 @@ class FlowController:
         self._ttl = settings.default_request_ttl or 0.0
         self._saturation_gauge = series.FC_POOL_SATURATION.labels(pool_name)
         self._last_saturation = math.nan
+        # llm-d's per-stage gauge: decode and effective always, prefill while the pool has prefill roles
+        self._decode_gauge = disagg_metrics.FC_POOL_STAGE_SATURATION.labels(pool_name, "decode")
+        self._effective_gauge = disagg_metrics.FC_POOL_STAGE_SATURATION.labels(pool_name, "effective")
+        self._stage_source: Sequence[Endpoint] | None = None
+        self._stages: tuple[list[Endpoint], list[Endpoint]] | None = None
 
         self._policies: dict[str, BandPolicies] = {}
         template = settings.default_priority_band
@@ -309,8 +316,43 @@ class FlowController:
         return False
 
     def _saturation(self) -> float:
-        saturation = self._detector.saturation(self._endpoints())
-        if saturation != self._last_saturation:  # it moves only when metrics do; a set takes a lock
+        eps = self._endpoints()
+        if eps is not self._stage_source:  # the datastore hands out a new tuple when the pool changes
+            self._stage_source = eps
+            had_prefill = self._stages is not None and bool(self._stages[0])
+            self._stages = roles.partition(eps)
+            if had_prefill and (self._stages is None or not self._stages[0]):
+                disagg_metrics.FC_POOL_STAGE_SATURATION.remove(self._pool, "prefill")
+        stages = self._stages
+        if stages is None:  # no prefill role in the pool: one stage, the whole pool (GIE's reading)
+            saturation = self._detector.saturation(eps)
+            if saturation != self._last_saturation:  # it moves only when metrics do
+                self._last_saturation = saturation
+                self._saturation_gauge.set(saturation)
+                self._decode_gauge.set(saturation)
+                self._effective_gauge.set(saturation)
+            return saturation
+        return self._stage_saturation(eps, stages)
+
+    def _stage_saturation(
+        self, eps: Sequence[Endpoint], stages: tuple[list[Endpoint], list[Endpoint]]
+    ) -> float:
+        """llm-d-router's P/D reading: saturation of the prefill and decode endpoints apart,
+        the effective one their maximum (the whole pool when both stages are empty)."""
+        saturation = -1.0
+        prefill, decode = stages
+        if prefill:
+            stage = self._detector.saturation(prefill)
+            disagg_metrics.FC_POOL_STAGE_SATURATION.labels(self._pool, "prefill").set(stage)
+            saturation = stage
+        if decode:
+            stage = self._detector.saturation(decode)
+            self._decode_gauge.set(stage)
+            saturation = max(saturation, stage)
+        if saturation < 0:
+            saturation = self._detector.saturation(eps)
+        self._effective_gauge.set(saturation)
+        if saturation != self._last_saturation:
             self._last_saturation = saturation
             self._saturation_gauge.set(saturation)
         return saturation

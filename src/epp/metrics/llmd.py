@@ -14,10 +14,11 @@ Label differences are filled as llm-d-router names them (``docs/metrics.md`` the
 request families gain ``fairness_id`` and ``priority`` (empty where GIE's series do not carry
 them: this EPP keeps one series per model pair, not per flow), ``request_ttft_seconds`` gains
 ``streaming``, ``scheduler_attempts_total`` says ``endpoint_name`` for ``pod_name``, the
-per-endpoint queue gauge says ``model_server_endpoint``, ``flow_control_pool_saturation`` gains
-``stage`` (``decode`` and ``effective``: without role labels every endpoint is a decode one, as
-llm-d-router counts them) and ``flow_control_requests_total`` is summed from the queue-duration
-histogram's counts.  An empty label value is the same as no label to Prometheus.
+per-endpoint queue gauge says ``model_server_endpoint`` and ``flow_control_requests_total`` is
+summed from the queue-duration histogram's counts.  An empty label value is the same as no label
+to Prometheus.  Families only llm-d-router has (``llm_d_*``: the P/D decision counters and
+``llm_d_epp_flow_control_pool_saturation{stage}``, which the flow controller sets per stage) are
+declared natively (``epp.metrics.disagg``) and served with the ``llm-d`` set.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ GIE: Final = "gie"
 LLMD: Final = "llm-d"
 FAMILY_SETS: Final = (GIE, LLMD)
 PREFIX: Final = "llm_d_epp_"
+LLMD_NATIVE_PREFIX: Final = "llm_d_"
 
 Labels = dict[str, str]
 Relabel = Callable[[Mapping[str, str]], Iterable[Labels]]
@@ -84,11 +86,6 @@ def _rename(old: str, new: str) -> Relabel:
         yield {(new if k == old else k): v for k, v in labels.items()}
 
     return relabel
-
-
-def _stages(labels: Mapping[str, str]) -> Iterable[Labels]:
-    yield {**labels, "stage": "decode"}
-    yield {**labels, "stage": "effective"}
 
 
 def _same(labels: Mapping[str, str]) -> Iterable[Labels]:
@@ -165,10 +162,10 @@ TWINS: Final[Mapping[str, Twin]] = {
     ),
     "inference_extension_flow_control_queue_size": Twin("llm_d_epp_flow_control_queue_size"),
     "inference_extension_flow_control_queue_bytes": Twin("llm_d_epp_flow_control_queue_bytes"),
-    "inference_extension_flow_control_pool_saturation": Twin(
-        "llm_d_epp_flow_control_pool_saturation", _stages
-    ),
 }
+
+# GIE families whose llm-d counterpart is declared natively (epp.metrics.disagg), not twinned.
+NATIVE_COUNTERPARTS: Final = frozenset({"inference_extension_flow_control_pool_saturation"})
 
 GIE_PREFIXES: Final = ("inference_objective_", "inference_pool_", "inference_extension_")
 FC_QUEUE_DURATION: Final = "inference_extension_flow_control_request_queue_duration_seconds"
@@ -224,6 +221,10 @@ class Exposition:
 
     def collect(self) -> Iterator[Metric]:
         for family in self._registry.collect():
+            if family.name.startswith(LLMD_NATIVE_PREFIX):  # declared with llm-d's name: no twin
+                if self._llmd:
+                    yield family
+                continue
             gie = is_gie(family.name)
             if not gie or self._gie:
                 yield family

@@ -36,11 +36,33 @@ class ProfileRunResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DisaggDecision:
+    """What a disaggregating profile handler decided for one request (P/D, E/P/D).
+
+    ``decision_type`` is llm-d's metric label (``decode-only``, ``prefill-decode``,
+    ``encode-decode``, ``encode-prefill-decode``); ``reason`` says why prefill was or was
+    not used (``disaggregated``, ``decider_declined``, ``no_prefill_decider``,
+    ``no_prefill_profile``); ``prefill`` is the prefill target's ``ip:port`` or "".
+    Response-side plugins read ``prefill_profile`` to know which result is the prefill leg.
+    """
+
+    decision_type: str
+    reason: str
+    prefill_profile: str
+    encode_profile: str
+    prefill: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulingResult:
-    """Every profile's outcome (``None`` if it failed) and which profile is primary."""
+    """Every profile's outcome (``None`` if it failed) and which profile is primary.
+
+    ``disagg`` is set only by a disaggregating profile handler; None for every other.
+    """
 
     profile_results: Mapping[str, ProfileRunResult | None]
     primary_profile_name: str
+    disagg: DisaggDecision | None = None
 
     @property
     def primary(self) -> ProfileRunResult:

@@ -89,6 +89,12 @@ class SchedulingPlan:
                 msg = f"profile handler '{label(handler)}' supports at most {limit} scheduling profiles"
             raise ConfigError(f"schedulingProfiles: {msg} (got {len(self.profiles)})")
 
+        bind = getattr(handler, "bind_plugins", None)  # handlers that name other plugins (P/D deciders)
+        if bind is not None:
+            try:
+                bind(plugins.get)
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"plugins ({label(handler)}): {e}") from None
         built = [self._profile(name, refs, plugins) for name, refs in self.profiles]
         try:
             return Scheduler(handler, built)

@@ -5,13 +5,33 @@ from __future__ import annotations
 from typing import Final
 
 from epp.plugin.base import Plugin
+from epp.scheduling.filters.by_label import (
+    ByLabelFilter,
+    ByLabelSelectorFilter,
+    DecodeFilter,
+    EncodeFilter,
+    LabelSelectorFilter,
+    PrefillFilter,
+)
 from epp.scheduling.filters.header_testing import HeaderBasedTestingFilter
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.filters.slo_headroom_tier import SloHeadroomTierFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.random import RandomPicker
 from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
+from epp.scheduling.profiles.deciders import (
+    AlwaysDisaggMultimodalDecider,
+    AlwaysDisaggPDDecider,
+    PrefixBasedPDDecider,
+)
+from epp.scheduling.profiles.disagg import DisaggProfileHandler
+from epp.scheduling.profiles.disagg_deprecated import (
+    DisaggHeadersHandler,
+    PdProfileHandler,
+    PrefillHeaderHandler,
+)
 from epp.scheduling.profiles.single import SingleProfileHandler
+from epp.scheduling.scorers.active_request import ActiveRequestScorer
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
@@ -37,4 +57,19 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     HeaderBasedTestingFilter,
     LatencyScorer,
     SloHeadroomTierFilter,
+    # P/D disaggregation (llm-d-router)
+    DisaggProfileHandler,
+    PdProfileHandler,
+    DisaggHeadersHandler,
+    PrefillHeaderHandler,
+    PrefixBasedPDDecider,
+    AlwaysDisaggPDDecider,
+    AlwaysDisaggMultimodalDecider,
+    DecodeFilter,
+    PrefillFilter,
+    EncodeFilter,
+    LabelSelectorFilter,
+    ByLabelSelectorFilter,
+    ByLabelFilter,
+    ActiveRequestScorer,
 )

@@ -10,6 +10,7 @@ from typing import Any, Final
 import structlog
 
 from epp.datalayer.api import Endpoint, Metrics
+from epp.errors import EppError
 from epp.metrics.series import PLUGIN_DURATION, SCHEDULER_ATTEMPTS_TOTAL, SCHEDULER_E2E_DURATION
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
@@ -350,7 +351,7 @@ class Scheduler:
         t0 = perf_counter()
         try:
             return handler.process_results(state, request, results)
-        except SchedulingError:
+        except (SchedulingError, EppError):  # an EppError carries its own status (P/D fail-closed: 503)
             raise
         except Exception as e:
             raise SchedulingError(str(e)) from e

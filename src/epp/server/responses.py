@@ -6,7 +6,7 @@ upb messages.  Both travel through ``serialize``, the servicer's response serial
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from google.protobuf import struct_pb2
@@ -47,11 +47,14 @@ def to_struct(data: Mapping[str, Any]) -> struct_pb2.Struct:
     return s
 
 
-def _routing_options(destination: str, content_length: int | None, extra: Iterable[tuple[str, str]]) -> bytes:
+def _routing_options(
+    destination: str, content_length: int | None, extra: Iterable[tuple[str, str]], remove: Sequence[str] = ()
+) -> bytes:
     sets = wire.cached_header_option(DESTINATION_HEADER, destination)
     if content_length is not None:
         sets += wire.header_option("Content-Length", str(content_length))
-    return sets + wire.options(extra)
+    sets += wire.options(extra)
+    return sets + wire.remove_options(remove) if remove else sets
 
 
 SCORES_KEY: Final = "x-gateway-destination-endpoint-scores"  # llm-d-router's key under envoy.lb
@@ -71,11 +74,13 @@ def routing_headers_response(
     content_length: int | None,
     extra: Iterable[tuple[str, str]],
     scores: Mapping[str, float] | None = None,
+    remove: Sequence[str] = (),
 ) -> bytes:
     """The RequestHeaders reply that routes the request (FULL_DUPLEX_STREAMED and header-only):
-    destination header, Content-Length, extras, clear_route_cache and ``envoy.lb`` metadata."""
+    destination header, Content-Length, extras, removed headers, clear_route_cache and
+    ``envoy.lb`` metadata."""
     md = _routing_metadata(destination, scores)
-    opts = _routing_options(destination, content_length, extra)
+    opts = _routing_options(destination, content_length, extra, remove)
     return wire.headers_reply(opts, request=True, clear_route_cache=True, metadata=md)
 
 
@@ -85,6 +90,7 @@ def routing_body_response(
     content_length: int | None,
     extra: Iterable[tuple[str, str]],
     scores: Mapping[str, float] | None = None,
+    remove: Sequence[str] = (),
 ) -> pb.ProcessingResponse:
     """The RequestBody reply that routes a BUFFERED request (headers were already answered).
 
@@ -92,7 +98,7 @@ def routing_body_response(
     decoded into the message, so both routing replies share one encoding of the options.
     """
     common = pb.CommonResponse.FromString(
-        wire.field(b"\x12", _routing_options(destination, content_length, extra)) + b"\x28\x01"
+        wire.field(b"\x12", _routing_options(destination, content_length, extra, remove)) + b"\x28\x01"
     )
     if body is not None:
         common.body_mutation.body = body

@@ -266,7 +266,9 @@ class Stream:
         out_body = decision.body if decision.body is not None else body
         if self.request_mode == FULL_DUPLEX:
             out: list[r.Reply] = [
-                r.routing_headers_response(decision.destination, len(out_body), headers, decision.scores)
+                r.routing_headers_response(
+                    decision.destination, len(out_body), headers, decision.scores, decision.remove_headers
+                )
             ]
             out.extend(r.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
             return out
@@ -278,6 +280,7 @@ class Stream:
                 len(out_body) if changed else None,
                 headers,
                 decision.scores,
+                decision.remove_headers,
             )
         ]
 

@@ -16,7 +16,8 @@ and google/protobuf/struct.proto:
                         dynamic_metadata=8
     HeadersResponse.response=1   BodyResponse.response=1
     CommonResponse: header_mutation=2 body_mutation=3 clear_route_cache=5
-    HeaderMutation.set_headers=1   HeaderValueOption.header=1   HeaderValue: key=1 raw_value=3
+    HeaderMutation.set_headers=1 remove_headers=2
+    HeaderValueOption.header=1   HeaderValue: key=1 raw_value=3
     BodyMutation.streamed_response=3   StreamedBodyResponse: body=1 end_of_stream=2
     Struct.fields=1 (map entry: key=1 value=2)   Value: string_value=3 struct_value=5
 """
@@ -74,6 +75,11 @@ def string_metadata(namespace: str, key: str, value: str) -> bytes:
 
 def options(pairs: Iterable[tuple[str, str]]) -> bytes:
     return b"".join(header_option(k, v) for k, v in pairs)
+
+
+def remove_options(keys: Iterable[str]) -> bytes:
+    """``HeaderMutation.remove_headers`` entries (field 2), appended after the set_headers."""
+    return b"".join(field(b"\x12", k.encode()) for k in keys)
 
 
 _EOS: Final = b"\x10\x01"  # StreamedBodyResponse.end_of_stream = true

@@ -57,3 +57,10 @@ DEFAULT_SERVICE_NAME: Final = "gateway-api-inference-extension/epp"
 DEFAULT_OTLP_ENDPOINT: Final = "http://localhost:4317"
 SUPPORTED_SAMPLER: Final = "parentbased_traceidratio"
 DEFAULT_SAMPLE_RATIO: Final = 0.1
+
+# P/D disaggregation (llm-d-router's disagg profile handler), on the pick span of sampled requests.
+ATTR_PD_USED: Final = "llm_d.epp.pd.disaggregation_used"
+ATTR_PD_PREFILL_ADDRESS: Final = "llm_d.epp.pd.prefill_pod_address"
+ATTR_PD_PREFILL_PORT: Final = "llm_d.epp.pd.prefill_pod_port"
+ATTR_PD_REASON: Final = "llm_d.epp.pd.reason"
+ATTR_PROFILE_HANDLER_DECISION: Final = "llm_d.epp.profile_handler.decision"

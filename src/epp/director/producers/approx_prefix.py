@@ -184,7 +184,8 @@ class ApproxPrefixCacheProducer(PluginBase):
             return  # prepare did not run (timed out or failed): nothing to record
         target = primary.target_endpoints[0]
         targets = [target]
-        prefill = result.profile_results.get(PREFILL_PROFILE)
+        prefill_profile = PREFILL_PROFILE if result.disagg is None else result.disagg.prefill_profile
+        prefill = result.profile_results.get(prefill_profile)
         if prefill is not None and prefill.target_endpoints:
             targets.append(prefill.target_endpoints[0])
         if prefix.hashes:

@@ -13,7 +13,9 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
 
-PREFILL_PROFILE: Final = "prefill"  # P/D: its endpoint is done once the response starts
+# P/D: the prefill leg's endpoint is done once the response starts.  Its profile is the one the
+# disagg profile handler names (``SchedulingResult.disagg.prefill_profile``), else "prefill".
+PREFILL_PROFILE: Final = "prefill"
 BYTES_PER_TOKEN: Final = 4
 IDLE: Final = InFlightLoad(requests=0, tokens=0)
 
@@ -75,7 +77,7 @@ class _Added:
     __slots__ = ("entries", "prefill")
 
     def __init__(self) -> None:
-        self.entries: list[tuple[str, _Counter, int]] = []
+        self.entries: list[tuple[bool, _Counter, int]] = []  # (is the prefill leg, counter, tokens)
         self.prefill = False  # an entry of the prefill profile is still held
 
 
@@ -154,6 +156,7 @@ class InFlightLoadProducer(PluginBase):
             added = _Added()
             state.put(self._state_key, added)
         tokens = -1
+        prefill_profile = PREFILL_PROFILE if result.disagg is None else result.disagg.prefill_profile
         for profile, run in result.profile_results.items():
             if run is None or not run.target_endpoints:
                 continue
@@ -161,8 +164,9 @@ class InFlightLoadProducer(PluginBase):
                 tokens = estimate_tokens(request)
             counter = self._counter(run.target_endpoints[0].metadata.name)
             counter.add(tokens)
-            added.entries.append((profile, counter, tokens))
-            if profile == PREFILL_PROFILE:
+            prefill = profile == prefill_profile
+            added.entries.append((prefill, counter, tokens))
+            if prefill:
                 added.prefill = True
 
     def _counter(self, name: str) -> _Counter:
@@ -184,8 +188,8 @@ class InFlightLoadProducer(PluginBase):
         added.prefill = False
         kept = []
         for entry in added.entries:
-            profile, counter, tokens = entry
-            if profile == PREFILL_PROFILE:
+            prefill, counter, tokens = entry
+            if prefill:
                 counter.release(tokens)
             else:
                 kept.append(entry)

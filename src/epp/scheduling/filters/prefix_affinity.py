@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 import sys
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import Field
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo
+from epp.datalayer.attributes import INFLIGHT_LOAD, LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey
@@ -18,6 +18,7 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 
 _NO_TTFT: Final = sys.float_info.max  # Go's math.MaxFloat64 when no endpoint has a prediction
+DEFAULT_PEAK_PREFILL_THROUGHPUT: Final = 15928.0  # llm-d's default (tokens/s, Qwen 32B)
 
 
 class PrefixCacheAffinityParams(PluginParams):
@@ -26,6 +27,11 @@ class PrefixCacheAffinityParams(PluginParams):
     affinity_threshold: float = 0.80
     exploration_probability: float = 0.01
     max_ttft_penalty_ms: float = Field(5000.0, alias="maxTTFTPenaltyMs")  # not to_camel's maxTtft...
+    # llm-d-router's TTFT source: "latencyPredictor" (GIE's only one) or "prefillThroughput"
+    # (in-flight tokens / peakPrefillThroughput).  Unset: prefillThroughput when
+    # peakPrefillThroughput is given (llm-d configs), else latencyPredictor (GIE configs).
+    ttft_source: Literal["", "latencyPredictor", "prefillThroughput"] = Field("", alias="ttftSource")
+    peak_prefill_throughput: float = Field(DEFAULT_PEAK_PREFILL_THROUGHPUT, ge=0)
 
 
 class PrefixCacheAffinityFilter(PluginBase):
@@ -41,7 +47,10 @@ class PrefixCacheAffinityFilter(PluginBase):
     Consumes: ``PREFIX_MATCH``; reads ``LATENCY_PREDICTION`` when some producer wrote it
     (not declared, so it does not auto-create the predicted-latency producer).
     Parameters: ``affinityThreshold`` (0.80, ``<= 1``), ``explorationProbability``
-    (0.01, in [0, 1]), ``maxTTFTPenaltyMs`` (5000, ``>= 0``).
+    (0.01, in [0, 1]), ``maxTTFTPenaltyMs`` (5000, ``>= 0``); llm-d-router's ``ttftSource``
+    (``latencyPredictor`` | ``prefillThroughput``) and ``peakPrefillThroughput`` (15928 tokens/s):
+    with ``prefillThroughput`` (the default once ``peakPrefillThroughput`` is given) an endpoint's
+    TTFT is its in-flight tokens / ``peakPrefillThroughput`` in ms, 0 without a recorded load.
     ``rng`` is a plain attribute so tests can inject a seeded ``random.Random``.
     """
 
@@ -65,6 +74,17 @@ class PrefixCacheAffinityFilter(PluginBase):
         self.affinity_threshold = params.affinity_threshold
         self.exploration_probability = params.exploration_probability
         self.max_ttft_penalty_ms = params.max_ttft_penalty_ms
+        source = params.ttft_source
+        if not source:
+            explicit = "peak_prefill_throughput" in params.model_fields_set
+            source = "prefillThroughput" if explicit else "latencyPredictor"
+        self.peak_prefill_throughput = params.peak_prefill_throughput
+        self.throughput_ttft = source == "prefillThroughput"
+        if self.throughput_ttft and penalty > 0:
+            if self.peak_prefill_throughput <= 0:
+                raise ConfigError("peakPrefillThroughput must be > 0 when ttftSource is prefillThroughput")
+            # the gate reads in-flight tokens: ask for the producer (instance-level CONSUMES)
+            self.__dict__["CONSUMES"] = frozenset({PREFIX_MATCH, INFLIGHT_LOAD})
         self.rng = random.Random()
 
     def filter(
@@ -87,10 +107,22 @@ class PrefixCacheAffinityFilter(PluginBase):
         if not sticky:
             return endpoints
         if self.max_ttft_penalty_ms > 0 and others:
+            if self.throughput_ttft:
+                loads = state.attributes(INFLIGHT_LOAD)
+                if self._throughput_ttft(loads, sticky) - self._throughput_ttft(loads, others) > (
+                    self.max_ttft_penalty_ms
+                ):
+                    return endpoints
+                return sticky
             predictions = state.attributes(LATENCY_PREDICTION)
             if _best_ttft(predictions, sticky) - _best_ttft(predictions, others) > self.max_ttft_penalty_ms:
                 return endpoints
         return sticky
+
+    def _throughput_ttft(self, loads: Any, endpoints: list[Endpoint]) -> float:
+        """llm-d's estimate: the lowest in-flight tokens / peak prefill throughput, in ms."""
+        tokens = min((0 if (load := loads.get(ep)) is None else load.tokens) for ep in endpoints)
+        return tokens / self.peak_prefill_throughput * 1000.0
 
 
 def _best_ttft(predictions: Any, endpoints: list[Endpoint]) -> float:
