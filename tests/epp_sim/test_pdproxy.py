@@ -153,7 +153,7 @@ async def test_without_the_header_it_is_a_plain_proxy(http: aiohttp.ClientSessio
             assert r.status == 200 and (await r.json())["data"][0]["id"] == "mock-model"
         async with http.get(pd.url + "/pdproxy/state") as r:
             state = await r.json()
-        assert state["prefill_legs"] == 0 and state["plain"] == 2
+        assert state["prefill_legs"] == 0 and state["plain"] == 1 and state["passthrough"] == 1
         assert pd.engine_state(0)["prefill_legs"] == 0 and pd.engine_state(1)["kv_transfers"] == 0
 
 

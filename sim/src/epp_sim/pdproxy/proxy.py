@@ -60,7 +60,8 @@ class ProxyStats:
     prefill_failures: int = 0  # requests answered with the prefiller's error (after retries)
     prefill_retries: int = 0
     decode_legs: int = 0
-    plain: int = 0  # requests proxied without the header
+    plain: int = 0  # inference requests (P/D paths) proxied without the header
+    passthrough: int = 0  # everything else: /metrics, /health, /v1/models, ...
     prefillers: Counter[str] = field(default_factory=Counter)
 
 
@@ -139,6 +140,7 @@ class PdProxy:
             "prefill_retries": s.prefill_retries,
             "decode_legs": s.decode_legs,
             "plain": s.plain,
+            "passthrough": s.passthrough,
             "prefillers": dict(s.prefillers),
         }
         return web.Response(body=orjson.dumps(state), content_type="application/json")
@@ -148,7 +150,8 @@ class PdProxy:
     async def _pd(self, request: web.Request) -> web.StreamResponse:
         header = request.headers.get(PREFILLER_HEADER, "").strip()
         if not header:
-            return await self._plain(request)
+            self.stats.plain += 1
+            return await self._forward(request)
         choices = [h.strip() for h in header.split(",") if h.strip()]
         prefiller = self._rng.choice(choices) if self.config.enable_prefiller_sampling else choices[0]
         raw = await request.read()
@@ -215,7 +218,10 @@ class PdProxy:
             await asyncio.sleep(config.prefill_retry_backoff_s)  # the configured retry backoff
 
     async def _plain(self, request: web.Request) -> web.StreamResponse:
-        self.stats.plain += 1
+        self.stats.passthrough += 1
+        return await self._forward(request)
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         return await self._relay(
             request, request.method, request.path_qs, body, _forward_headers(request.headers), None, None
