@@ -75,13 +75,18 @@ def pd_section(pd: dict[str, Any]) -> list[str]:
             "",
         ]
     worse = derived["prefix_worse_than_both"]
+    beyond = derived.get("prefix_worse_than_both_beyond_tolerance", worse)
     if worse:
-        items = "; ".join(f"{w['workload']} {w['metric']}" for w in worse)
-        out += [f"**The prefix-based decider is worse than both other modes on: {items}.**", ""]
+        items = "; ".join(f"{w['workload']} {w['metric']} by {w['margin']:.0%}" for w in worse)
+        verdict = "beyond" if beyond else "within"
+        out += [
+            f"**Where the prefix-based decider is worse than both other modes: {items}** ({verdict} the "
+            f"{derived['tolerance']:.0%} run-to-run tolerance).",
+            "",
+        ]
     else:
         out += [
-            "The prefix-based decider is never worse than both other modes on any workload and metric "
-            f"(tolerance {derived['tolerance']:.0%}).",
+            "The prefix-based decider is never worse than both other modes on any workload and metric.",
             "",
         ]
     return out
