@@ -281,7 +281,8 @@ async def run(mode: str, only: Sequence[str] = (), non_cached_tokens: int | None
         "sim_args": sim_args(),
         "cells": cells,
         "derived": derive(cells),
-        "note": "measured on a shared 2-core machine; the simulator's time_scale is 1 (real time)",
+        "note": "Measured on a shared 2-core machine under load; the simulator runs in real time "
+        "(time_scale 1)",
     }
 
 
