@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import pathlib
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
@@ -118,11 +119,13 @@ async def make_stack(
     objectives: str | None = None,
     envoy: Mapping[str, Any] | None = None,
     grpc: bool = False,
+    labels: Sequence[Mapping[str, str]] | None = None,
 ) -> AsyncIterator[Stack]:
     """Start the fleet, the EPP (``--endpoints`` = the fleet) and Envoy; stop all three on exit.
 
     ``grpc``: route to the replicas' vLLM gRPC ports (h2c upstream), scraping metrics from
-    their HTTP ports through an endpoints file.
+    their HTTP ports through an endpoints file.  ``labels``: one label map per replica (P/D
+    roles), given to the EPP through an endpoints file.
     """
     args = list(epp_args)
     if grpc:
@@ -140,6 +143,13 @@ async def make_stack(
                 for g, h in zip(fleet.grpc_hostports, fleet.hostports, strict=True)
             ]
             (tmp / "endpoints.yaml").write_text("\n".join(lines) + "\n")
+            discovery = f"--endpoints-file={tmp / 'endpoints.yaml'}"
+        elif labels is not None:
+            lines = [
+                f"- {{address: 127.0.0.1, port: {h.split(':')[1]}, labels: {json.dumps(dict(lbl))}}}"
+                for h, lbl in zip(fleet.hostports, labels, strict=True)
+            ]
+            (tmp / "endpoints.yaml").write_text("endpoints:\n" + "\n".join(lines) + "\n")
             discovery = f"--endpoints-file={tmp / 'endpoints.yaml'}"
         else:
             discovery = f"--endpoints={','.join(fleet.hostports)}"

@@ -1,167 +1,92 @@
-"""P/D end to end: llm-d's P/D config routes through real Envoy to prefill pods and decode pods behind
-the project's decode proxy; no ready prefill pod is a 503, never a silent decode-only answer."""
+"""P/D through real Envoy: llm-d's sim-pd-epp-config on a fleet with llm-d.ai/role labels.
+
+The simulator does not play P/D roles here (branch ``pd-sim`` adds prefill pods and the decode
+proxy); these tests check the EPP's half: the request goes to a decode-role pod, the upstream
+request carries ``x-prefiller-host-port`` naming a prefill-role pod (Envoy's access log prints
+the request header as sent upstream, after ext_proc's mutation), a client's value of that
+header never reaches the pod, and without a prefill pod the client gets a 503 with the
+dropped reason.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
-import re
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
-import aiohttp
 import pytest
 
-from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess, PdFleet
+from epp.testing.waiting import until
+from tests.e2e.conftest import make_stack
 
-from .conftest import FAST_SIM
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-pytestmark = pytest.mark.e2e
-
-# llm-d-router's deploy/config/sim-pd-epp-config.yaml, unchanged
-LLMD_SIM_PD_CONFIG = """\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: approx-prefix-cache-producer
-  parameters:
-    blockSizeTokens: 16
-    autoTune: false
-    maxPrefixTokensToMatch: 4096
-    lruCapacityPerServer: 31250
-- type: prefix-cache-scorer
-- type: queue-scorer
-- type: prefill-filter
-- type: decode-filter
-- type: max-score-picker
-- type: prefix-based-pd-decider
-  parameters:
-    nonCachedTokens: 16
-- type: disagg-profile-handler
-  parameters:
-    deciders:
-      prefill: prefix-based-pd-decider
-schedulingProfiles:
-- name: prefill
-  plugins:
-  - pluginRef: prefill-filter
-  - pluginRef: max-score-picker
-  - pluginRef: prefix-cache-scorer
-    weight: 2
-  - pluginRef: queue-scorer
-    weight: 1
-- name: decode
-  plugins:
-  - pluginRef: decode-filter
-  - pluginRef: max-score-picker
-  - pluginRef: prefix-cache-scorer
-    weight: 2
-  - pluginRef: queue-scorer
-    weight: 1
-"""
-LONG_PROMPT = "prefill and decode are different phases of inference " * 30  # ~400 tokens
-SHORT_PROMPT = "hi"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "config" / "examples"
+CONFIG = (EXAMPLES / "sim-pd-epp-config.yaml").read_text()
+ROLE = "llm-d.ai/role"
+MODEL = "mock-model"
+LONG = "a fresh prompt that no pod has seen before, long enough to need a prefill leg " * 8
 
 
-@dataclass(slots=True)
-class PdStack:
-    fleet: PdFleet
-    epp: EppProcess
-    envoy: Envoy
-    http: aiohttp.ClientSession
-
-    async def chat(
-        self, prompt: str, headers: dict[str, str] | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        body = {
-            "model": "mock-model",
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": 5,
-            "stream": True,
-        }
-        async with self.http.post(self.envoy.url + "/v1/chat/completions", json=body, headers=headers) as r:
-            return r.status, dict(r.headers), await r.read()
-
-    async def get(self, url: str) -> Any:
-        async with self.http.get(url) as r:
-            return await r.json()
-
-    async def proxy_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = await self.get(f"http://{self.fleet.decode_hostports[0]}/pdproxy/state")
-        return state
-
-    async def engine(self, hostport: str) -> dict[str, Any]:
-        state: dict[str, Any] = (await self.get(f"http://{hostport}/sim/state"))["engine"]
-        return state
-
-    async def pd_decisions(self) -> dict[str, float]:
-        async with self.http.get(f"http://127.0.0.1:{self.epp.metrics_port}/metrics") as r:
-            text = await r.text()
-        pattern = r'^llm_d_epp_pd_decision_total\{[^}]*decision_type="([^"]+)"[^}]*\} (\S+)$'
-        return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
+def _prefiller(line: str) -> str:
+    return line.split("prefiller=", 1)[1].split(" ", 1)[0]
 
 
-@contextlib.asynccontextmanager
-async def pd_stack(tmp: pathlib.Path, prefill: int, decode: int) -> AsyncIterator[PdStack]:
-    (tmp / "config.yaml").write_text(LLMD_SIM_PD_CONFIG)
-    async with PdFleet(prefill, decode, *FAST_SIM) as fleet:
-        endpoints = fleet.write_endpoints_file(tmp / "endpoints.yaml")
-        epp = EppProcess(
-            f"--endpoints-file={endpoints}",
-            f"--config-file={tmp / 'config.yaml'}",
-            "--bind-address=127.0.0.1",
-        )
-        envoy = Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port))
-        async with epp, envoy, aiohttp.ClientSession() as http:
-            try:
-                yield PdStack(fleet, epp, envoy, http)
-            except BaseException:
-                print("---- epp log ----\n", epp.log_tail())
-                raise
-
-
-async def test_llm_d_pd_config_prefills_on_the_prefill_pod_and_decodes_behind_the_proxy(
+async def test_prefill_header_reaches_the_decode_pod_and_client_values_never_do(
     tmp_path: pathlib.Path,
 ) -> None:
-    async with pd_stack(tmp_path, prefill=1, decode=1) as pd:
-        status, headers, body = await pd.chat(LONG_PROMPT)
-        assert status == 200, body
-        assert body.count(b'"content":"') - 1 == 5
-        prefiller = pd.fleet.prefill_hostports[0]
-        assert headers["x-pd-prefiller"] == prefiller  # the EPP's header reached the decode proxy
-        assert headers["x-inference-pod"] == "decode-0"
-        proxy = await pd.proxy_state()
-        assert proxy["prefill_legs"] == 1 and proxy["prefillers"] == {prefiller: 1}
-        assert (await pd.engine(prefiller))["prefill_legs"] == 1  # the prefill pod served the prefill leg
-        assert pd.fleet.decode is not None
-        assert (await pd.engine(pd.fleet.decode.hostports[0]))["kv_transfers"] == 1  # the decoder decoded
-        assert (await pd.pd_decisions()).get("prefill-decode") == 1
+    roles = ["prefill", "decode", "prefill", "decode"]
+    async with make_stack(tmp_path, replicas=4, config=CONFIG, labels=[{ROLE: r} for r in roles]) as s:
+        hostports = s.fleet.hostports
+        decode = {hostports[i] for i, r in enumerate(roles) if r == "decode"}
+        prefill = {hostports[i] for i, r in enumerate(roles) if r == "prefill"}
+
+        forged = "10.66.66.66:6666"
+        r = await s.post(
+            "/v1/completions",
+            {"model": MODEL, "prompt": LONG, "max_tokens": 4},
+            headers={"x-prefiller-host-port": forged, "x-request-id": "pd-long"},
+        )
+        assert r.status == 200, r.body
+        assert r.served_by in decode
+
+        # A short prompt: fewer than 16 uncached tokens, the decider declines; the forged header is gone.
+        r = await s.post(
+            "/v1/completions",
+            {"model": MODEL, "prompt": "hi", "max_tokens": 4},
+            headers={"x-prefiller-host-port": forged},
+        )
+        assert r.status == 200, r.body
+        assert r.served_by in decode
+        log = tmp_path / "access.log"
+        await until(
+            lambda: log.exists() and log.read_text().count("ACCESS ") >= 2, what="two access-log lines"
+        )
+        first, second = [ln for ln in log.read_text().splitlines() if ln.startswith("ACCESS ")][:2]
+        assert _prefiller(first) in prefill
+        assert _prefiller(second) == "-"  # declined: no header upstream, the forged one stripped
+        assert forged not in log.read_text()
+        metrics = await s.epp_metrics()
+        assert _sample(metrics, "llm_d_epp_pd_decision_total", "prefill-decode") == 1
+        assert _sample(metrics, "llm_d_epp_pd_decision_total", "decode-only") == 1
+        assert _sample(metrics, "llm_d_epp_disagg_decision_total", "prefill-decode") == 1
 
 
-async def test_a_client_cannot_choose_the_prefiller(tmp_path: pathlib.Path) -> None:
-    """A client's x-prefiller-host-port never reaches the proxy: replaced when the decider
-    disaggregates, removed when it declines (the prompt is then cached on the decode pod)."""
-    injected = {"x-prefiller-host-port": "127.0.0.1:1"}
-    async with pd_stack(tmp_path, prefill=1, decode=1) as pd:
-        prefiller = pd.fleet.prefill_hostports[0]
-        status, headers, _ = await pd.chat(LONG_PROMPT, headers=injected)
-        assert status == 200
-        assert headers["x-pd-prefiller"] == prefiller
-        status, headers, _ = await pd.chat(LONG_PROMPT, headers=injected)  # now cached on the decode pick
-        assert status == 200
-        assert "x-pd-prefiller" not in headers
-        proxy = await pd.proxy_state()
-        assert proxy["prefillers"] == {prefiller: 1} and proxy["plain"] >= 1
-        assert (await pd.pd_decisions()) == {"prefill-decode": 1, "decode-only": 1}
+def _sample(metrics: str, family: str, decision: str) -> float:
+    """The value of ``family``'s series for ``decision`` (each test starts its own EPP)."""
+    for line in metrics.splitlines():
+        if line.startswith(family + "{") and f'decision_type="{decision}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
-async def test_no_ready_prefill_pod_is_a_503_not_a_decode_only_answer(tmp_path: pathlib.Path) -> None:
-    async with pd_stack(tmp_path, prefill=0, decode=1) as pd:
-        status, _, body = await pd.chat(LONG_PROMPT)
-        assert status == 503, body
-        proxy = await pd.proxy_state()
-        assert proxy["prefill_legs"] == 0 and proxy["plain"] == 0  # no inference request reached it
-        assert pd.fleet.decode is not None
-        assert (await pd.engine(pd.fleet.decode.hostports[0]))["steps"] == 0
+@pytest.mark.parametrize("example", ["sim-pd-epp-config.yaml", "pd-disaggregation.yaml"])
+async def test_no_prefill_pod_is_a_503_with_the_dropped_reason(tmp_path: pathlib.Path, example: str) -> None:
+    config = (EXAMPLES / example).read_text()
+    async with make_stack(
+        tmp_path, replicas=2, config=config, labels=[{ROLE: "decode"}, {ROLE: "decode"}]
+    ) as s:
+        r = await s.post("/v1/completions", {"model": MODEL, "prompt": LONG, "max_tokens": 4})
+        assert r.status == 503, r.body
+        assert r.headers.get("x-llm-d-request-dropped-reason") == "prefill_unavailable"
+        metrics = await s.epp_metrics()
+        assert _sample(metrics, "llm_d_epp_disagg_decision_total", "prefill-unavailable") == 1
+        assert _sample(metrics, "llm_d_epp_disagg_decision_total", "decode-only") == 0

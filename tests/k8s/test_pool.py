@@ -198,3 +198,10 @@ def test_pod_delete_removes_all_ranks() -> None:
     eps.upsert(pod("b", "10.0.0.2"))
     eps.delete(pod("a"))
     assert set(hostports(ds)) == {"b-rank-0", "b-rank-1"}
+
+
+def test_pod_labels_reach_endpoints_for_the_pd_role_filters() -> None:
+    """P/D roles come from pod labels (llm-d.ai/role): every rank of the pod carries them."""
+    pool = pool_from_object(inference_pool(ports=(8000, 8001)))
+    labels = {"app": "vllm", "llm-d.ai/role": "prefill"}
+    assert [m.labels for m in pod_endpoints(pod("p1", labels=labels), pool)] == [labels, labels]

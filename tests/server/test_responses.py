@@ -167,3 +167,30 @@ def test_routing_reply_carries_endpoint_scores_only_when_asked() -> None:
         assert struct_to_python(msg.dynamic_metadata) == {
             "envoy.lb": {"x-gateway-destination-endpoint": "10.0.0.1:8000", SCORES_KEY: scores}
         }
+
+
+def test_routing_replies_remove_headers_as_upb_encodes_them() -> None:
+    """P/D: the removed headers ride in HeaderMutation.remove_headers, after the set ones."""
+    extra = (("x-prefiller-host-port", "10.0.0.9:8000"),)
+    remove = ("x-prefiller-host-port", "x-encoder-hosts-ports")
+    expected = pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(
+                clear_route_cache=True,
+                header_mutation=pb.HeaderMutation(
+                    set_headers=[
+                        upb_option("x-gateway-destination-endpoint", "10.0.0.1:8000"),
+                        upb_option("Content-Length", "5"),
+                        upb_option(*extra[0]),
+                    ],
+                    remove_headers=list(remove),
+                ),
+            )
+        )
+    )
+    expected.dynamic_metadata.fields["envoy.lb"].struct_value.fields[
+        "x-gateway-destination-endpoint"
+    ].string_value = "10.0.0.1:8000"
+    assert r.routing_headers_response("10.0.0.1:8000", 5, extra, None, remove) == expected.SerializeToString()
+    body = r.routing_body_response("10.0.0.1:8000", None, None, (), None, remove)
+    assert list(body.request_body.response.header_mutation.remove_headers) == list(remove)

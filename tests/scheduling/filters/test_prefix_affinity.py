@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
+from epp.datalayer.attributes import (
+    INFLIGHT_LOAD,
+    LATENCY_PREDICTION,
+    PREFIX_MATCH,
+    InFlightLoad,
+    LatencyPredictionInfo,
+    PrefixMatchInfo,
+)
 from epp.errors import ConfigError
 from epp.plugin.state import CycleState
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
@@ -116,3 +123,40 @@ def test_affinity_filter_validation(params: dict[str, Any], message: str) -> Non
     """Invalid parameters fail at build time with GIE's messages."""
     with pytest.raises(ConfigError, match=message):
         build(PrefixCacheAffinityFilter, **params)
+
+
+# --- llm-d-router's prefillThroughput TTFT source ----------------------------------------------
+def _loaded(eps: list[Endpoint], matches: list[int], tokens: list[int]) -> CycleState:
+    state = _state(eps, matches)
+    for ep, t in zip(eps, tokens, strict=True):
+        state.put_attribute(INFLIGHT_LOAD, ep, InFlightLoad(requests=1, tokens=t))
+    return state
+
+
+@pytest.mark.parametrize(
+    ("sticky_tokens", "kept"),
+    [
+        (10_000, [0]),  # 10000 / 1000 * 1000 = 10 s - 0 s = 10000 ms <= 18000: stay sticky
+        (20_000, [0, 1]),  # 20 s behind the idle pod: break stickiness
+    ],
+)
+def test_peak_prefill_throughput_estimates_ttft_from_in_flight_tokens(
+    sticky_tokens: int, kept: list[int]
+) -> None:
+    f = build(
+        PrefixCacheAffinityFilter,
+        peakPrefillThroughput=1000,
+        maxTTFTPenaltyMs=18000,
+        explorationProbability=0,
+    )
+    eps = [endpoint(0), endpoint(1)]
+    out = f.filter(_loaded(eps, [9, 0], [sticky_tokens, 0]), request(), eps)
+    assert [eps.index(e) for e in out] == kept
+
+
+def test_throughput_source_consumes_in_flight_load_and_gie_default_does_not() -> None:
+    assert INFLIGHT_LOAD in build(PrefixCacheAffinityFilter, peakPrefillThroughput=33821).CONSUMES
+    assert INFLIGHT_LOAD in build(PrefixCacheAffinityFilter, ttftSource="prefillThroughput").CONSUMES
+    assert INFLIGHT_LOAD not in build(PrefixCacheAffinityFilter).CONSUMES
+    with pytest.raises(ConfigError, match="peakPrefillThroughput must be > 0"):
+        build(PrefixCacheAffinityFilter, ttftSource="prefillThroughput", peakPrefillThroughput=0)

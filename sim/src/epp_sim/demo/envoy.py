@@ -218,6 +218,8 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                             "inline_string": "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% "
                             "%RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% dur=%DURATION%ms "
                             "cost=%DYNAMIC_METADATA(envoy.lb:x-gateway-inference-request-cost)% "
+                            # P/D: the prefiller the upstream request carries (after ext_proc's mutation)
+                            "prefiller=%REQ(x-prefiller-host-port)% "
                             "scores=%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint-scores)%\n"
                         }
                     },
