@@ -7,12 +7,14 @@ four ``--role both`` pods behind the EPP's default config; P/D = two prefill pod
 pods, each decode pod behind its ``epp-pd-proxy`` (llm-d's sidecar protocol; the KV transfer is
 modelled, docs/pd-disaggregation.md). Three modes: aggregated, always-disaggregate
 (bench/configs/pd-always.yaml, llm-d's guide) and the prefix-based decider
-(bench/configs/pd-prefix.yaml). Two workloads, open-loop Poisson arrivals, distinct prompts:
-llm-d's guide shape (5,000 in / 250 out; the guide's 45 QPS on 16 H200 scaled to 4 simulated pods
-of 20k prefill tokens/s, which keeps the guide's per-pod prefill load) and 200 in / 200 out, where
-the guide advises against P/D. Reported per workload x mode: TTFT, inter-token latency (per
-request), end-to-end latency (means and p90) and output tokens/s, as ratios to aggregated; and
-whether the prefix-based decider is worse than both other modes on any of them.
+(bench/configs/pd-prefix.yaml). Three workloads, open-loop Poisson arrivals: llm-d's guide shape
+(distinct 5,000-token prompts, 250 out; the guide's 45 QPS on 16 H200 scaled to 4 simulated pods
+of 20k prefill tokens/s, which keeps the guide's per-pod prefill load), 200 in / 200 out, where the
+guide advises against P/D, and the same long prompts sharing 4,500-token prefixes in 8
+conversations (multi-turn-like: the decode pod may already hold most of the prompt). Reported
+per workload x mode: TTFT, inter-token latency (per request), end-to-end latency (means and p90)
+and output tokens/s, as ratios to aggregated; and whether the prefix-based decider is worse than
+both other modes on any of them.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ PODS = 4
 PREFILL_PODS = 2
 CHARS_PER_SIM_TOKEN = 4
 TOLERANCE = 0.10  # run-to-run noise on the loaded machine: smaller margins are reported, not failed
+PREFIX_THRESHOLD = 384  # bench/configs/pd-prefix.yaml; tuned from 1024, see docs/pd-simulator.md
 MODES = {
     "aggregated": "aggregated (4 pods, default EPP config)",
     "always": "always-disaggregate (2 prefill + 2 decode)",
-    "prefix": "prefix-based decider, nonCachedTokens 1024 (2 + 2)",
+    "prefix": f"prefix-based decider, nonCachedTokens {PREFIX_THRESHOLD} (2 + 2)",
 }
 CONFIG_FILES = {"always": "pd-always.yaml", "prefix": "pd-prefix.yaml"}
 METRICS = (  # (key, lower is better)
@@ -66,6 +69,8 @@ class Workload:
     prompt_tokens: int
     output_tokens: int
     rate: float  # requests per second, open loop
+    shared_prefix_tokens: int = 0  # > 0: prompts of `groups` conversations share this much
+    groups: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +81,17 @@ class Settings:
 
 LONG = Workload("long", "llm-d guide shape, 5,000 in / 250 out", 5000, 250, 6.5)
 SHORT = Workload("short", "short prompts, 200 in / 200 out", 200, 200, 8.0)
-QUICK = Settings(duration_s=12.0, workloads=(LONG, SHORT))
-FULL = Settings(duration_s=40.0, workloads=(LONG, SHORT))
+SHARED = Workload(
+    "shared",
+    "long shared prefixes, 4,500 shared + 500 new in / 250 out, 8 conversations",
+    5000,
+    250,
+    6.5,
+    shared_prefix_tokens=4500,
+    groups=8,
+)
+QUICK = Settings(duration_s=12.0, workloads=(LONG, SHORT, SHARED))
+FULL = Settings(duration_s=40.0, workloads=(LONG, SHORT, SHARED))
 
 
 def sim_args() -> list[str]:
@@ -85,16 +99,19 @@ def sim_args() -> list[str]:
 
 
 def jobs(wl: Workload, n: int) -> list[Any]:
-    """Distinct prompts (no shared prefix): one group per request."""
+    """Distinct prompts (one group per request), or `groups` long shared prefixes each followed by
+    a new part, interleaved (a multi-turn-like workload where the decode pod may hold the prefix)."""
+    shared = wl.shared_prefix_tokens or wl.prompt_tokens - 30
+    groups = wl.groups or n
     return shared_prefix_jobs(
-        groups=n,
-        prompts_per_group=1,
-        system_chars=(wl.prompt_tokens - 30) * CHARS_PER_SIM_TOKEN,
-        question_chars=20 * CHARS_PER_SIM_TOKEN,
+        groups=groups,
+        prompts_per_group=-(-n // groups),
+        system_chars=shared * CHARS_PER_SIM_TOKEN,
+        question_chars=(wl.prompt_tokens - shared) * CHARS_PER_SIM_TOKEN,
         max_tokens=wl.output_tokens,
         model=MODEL,
         seed=SEEDS["workload"],
-    )
+    )[:n]
 
 
 def _ms(x: float) -> float | None:
@@ -164,7 +181,7 @@ async def pd_evidence(fleet: PdFleet, epp: EppProcess) -> dict[str, Any]:
 def modes(non_cached_tokens: int | None) -> dict[str, str]:
     if non_cached_tokens is None:
         return dict(MODES)
-    return {**MODES, "prefix": MODES["prefix"].replace("1024", str(non_cached_tokens))}
+    return {**MODES, "prefix": MODES["prefix"].replace(str(PREFIX_THRESHOLD), str(non_cached_tokens))}
 
 
 def epp_config(mode: str, tmp: Path, non_cached_tokens: int | None) -> Path:
@@ -289,7 +306,7 @@ async def run(mode: str, only: Sequence[str] = (), non_cached_tokens: int | None
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pd", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--workloads", default="", help="comma-separated subset: long, short")
+    ap.add_argument("--workloads", default="", help="comma-separated subset: long, short, shared")
     ap.add_argument(
         "--non-cached-tokens",
         type=int,
@@ -303,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     only = [x.strip() for x in args.workloads.split(",") if x.strip()]
     result = uvloop.run(run(mode, only, args.non_cached_tokens))
     result["versions"] = versions()
-    result["prefix_non_cached_tokens"] = args.non_cached_tokens or 1024
+    result["prefix_non_cached_tokens"] = args.non_cached_tokens or PREFIX_THRESHOLD
     name = "pd" if args.non_cached_tokens is None else f"pd-nct{args.non_cached_tokens}"  # a side experiment
     log(f"pd: wrote {write_result(name, result, mode=mode, seeds=SEEDS)}")
     return 0

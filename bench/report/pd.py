@@ -43,7 +43,7 @@ def pd_section(pd: dict[str, Any]) -> list[str]:
         f"{pd['pods'] - pd['prefill_pods']} decode pods, each decode pod behind the project's decode "
         "proxy (llm-d's sidecar protocol; the KV transfer is modelled at ~10× prefill speed over a "
         "link shared by concurrent transfers). Envoy + EPP in every mode; open-loop Poisson arrivals "
-        f"for {st['duration_s']:g} s per cell; distinct prompts. {pd.get('note', '')}.",
+        f"for {st['duration_s']:g} s per cell. {pd.get('note', '')}.",
         "",
     ]
     cells = {(c["workload"], c["mode"]): c for c in pd["cells"]}
@@ -75,13 +75,17 @@ def pd_section(pd: dict[str, Any]) -> list[str]:
             "",
         ]
     worse = derived["prefix_worse_than_both"]
-    beyond = derived.get("prefix_worse_than_both_beyond_tolerance", worse)
+    tol = derived["tolerance"]
     if worse:
-        items = "; ".join(f"{w['workload']} {w['metric']} by {w['margin']:.0%}" for w in worse)
-        verdict = "beyond" if beyond else "within"
+        items = "; ".join(
+            (f"**{w['workload']} {w['metric']} +{w['margin']:.0%}**" if w["margin"] > tol else
+             f"{w['workload']} {w['metric']} +{w['margin']:.0%}")
+            for w in worse
+        )  # fmt: skip
+        beyond = sum(1 for w in worse if w["margin"] > tol)
         out += [
-            f"**Where the prefix-based decider is worse than both other modes: {items}** ({verdict} the "
-            f"{derived['tolerance']:.0%} run-to-run tolerance).",
+            f"Where the prefix-based decider is worse than both other modes (margin over the worse of the "
+            f"two; in bold the {beyond} beyond the {tol:.0%} run-to-run tolerance): {items}.",
             "",
         ]
     else:

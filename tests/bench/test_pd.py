@@ -79,3 +79,7 @@ def test_report_shows_losses_as_plainly_as_wins() -> None:
     assert "*3.00× (+200%, worse)*" in text  # TTFT
     assert "**0.57× (−43%, better)**" in text  # ITL
     assert "never worse than both" in text
+    cells[2] = _cell("long", "prefix", 1200.0, 8.0, 1600.0)  # TTFT and E2E now worse than both
+    doc["derived"] = derive(cells)
+    text = "\n".join(pd_section(doc))
+    assert "**long ttft_mean_ms +33%**" in text and "in bold the 4 beyond" in text
