@@ -23,6 +23,8 @@ def test_flags_build_the_fleet_config() -> None:
     assert (config.engine.enable_prefix_caching, config.engine.lora_modules) == (False, ("a", "b=/p"))
     assert config.engine.metrics_style == "sglang"
     assert config.replica_configs()[1].faults.slowdown == 4.0
+    assert config.role == "both"
+    assert build_config(build_parser().parse_args(["--role", "prefill"])).role == "prefill"
 
 
 def test_command_line_wins_over_config_file(tmp_path: Path) -> None:

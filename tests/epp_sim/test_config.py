@@ -74,6 +74,10 @@ def test_replica_configs_apply_overrides_to_one_replica() -> None:
         pytest.param({"replicas": 0}, "replicas must be > 0", id="no-replicas"),
         pytest.param({"overrides": ({"replica": 5},)}, "needs replica in", id="override-out-of-range"),
         pytest.param({"overrides": ({"replica": 0, "bogus": 1},)}, "unknown override key", id="unknown-key"),
+        pytest.param({"role": "encode"}, "role must be one of", id="unknown-role"),
+        pytest.param(
+            {"overrides": ({"replica": 0, "role": "x"},)}, "role must be one of", id="bad-role-override"
+        ),
     ],
 )
 def test_fleet_config_errors(kwargs: dict[str, Any], message: str) -> None:
@@ -90,6 +94,8 @@ def test_fleet_config_errors(kwargs: dict[str, Any], message: str) -> None:
         pytest.param({"metrics_style": "tgi"}, "metrics_style must be one of", id="unknown-style"),
         pytest.param({"enable_prefix_caching": "maybe"}, "cannot convert", id="bad-bool"),
         pytest.param({"max_loras": "0"}, "max_loras must be >= 1", id="lora-without-slots"),
+        pytest.param({"kv_transfer_timeout_s": "0"}, "kv_transfer_timeout_s must be > 0", id="no-kv-timeout"),
+        pytest.param({"kv_transfer_ms_per_token": "-1"}, "must be >= 0", id="negative-transfer"),
         pytest.param({"nope": 1}, "unknown engine parameter", id="unknown-field"),
     ],
 )
@@ -141,3 +147,9 @@ def test_faults_update() -> None:
     assert (faults.metrics_delay_s, faults.crashed, faults.error_rate) == (1.5, True, 0.25)
     with pytest.raises(SimConfigError, match="unknown fault 'explode'"):
         faults.update({"explode": True})
+
+
+def test_roles_default_to_both_and_an_override_changes_one() -> None:
+    config = FleetConfig(replicas=3, role="decode", overrides=({"replica": 0, "role": "prefill"},))
+    assert [r.role for r in config.replica_configs()] == ["prefill", "decode", "decode"]
+    assert {r.role for r in FleetConfig(replicas=2).replica_configs()} == {"both"}

@@ -64,6 +64,7 @@ async def test_dp_ranks_serve_on_their_own_ports(http: aiohttp.ClientSession) ->
         ("sim-1", 0),
         ("sim-1", 1),
     ]
+    assert {r["role"] for r in records} == {"both"}  # the P/D role each port reports (default)
 
 
 async def test_override_makes_one_replica_slow(http: aiohttp.ClientSession) -> None:

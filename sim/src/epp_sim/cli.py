@@ -16,6 +16,7 @@ import orjson
 
 from epp_sim.config import (
     ENGINE_FIELDS,
+    ROLES,
     EngineConfig,
     FleetConfig,
     SimConfigError,
@@ -54,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet.add_argument("--name-prefix", help="replica names are <prefix>-<index> (default: sim)")
     fleet.add_argument(
+        "--role",
+        choices=ROLES,
+        help="P/D role reported for every replica (llm-d.ai/role); all serve both legs (default: both)",
+    )
+    fleet.add_argument(
         "--admin-port", type=int, help="serve the fleet admin API (/sim/faults) here; 0 = ephemeral"
     )
     fleet.add_argument("--grpc-base-port", type=int, help="also serve vLLM's gRPC engine API; 0 = ephemeral")
@@ -85,7 +91,17 @@ def _default(name: str) -> Any:
 
 def build_config(args: argparse.Namespace) -> FleetConfig:
     kwargs: dict[str, Any] = load_fleet_file(args.config) if args.config else {}
-    for name in ("replicas", "base_port", "host", "dp_size", "name_prefix", "admin_port", "grpc_base_port"):
+    names = (
+        "replicas",
+        "base_port",
+        "host",
+        "dp_size",
+        "name_prefix",
+        "role",
+        "admin_port",
+        "grpc_base_port",
+    )
+    for name in names:
         value = getattr(args, name)
         if value is not None:
             kwargs[name] = value

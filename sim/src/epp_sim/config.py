@@ -16,6 +16,8 @@ from epp_sim.hashing import HASH_ALGOS
 
 MetricsStyle = Literal["vllm", "sglang", "trtllm", "triton"]
 METRICS_STYLES: Final = ("vllm", "sglang", "trtllm", "triton")
+Role = Literal["prefill", "decode", "both"]
+ROLES: Final = ("prefill", "decode", "both")
 
 
 class SimConfigError(ValueError):
@@ -45,6 +47,11 @@ class EngineConfig:
     decode_ms_per_seq: float = 0.08
     decode_ms_per_1k_context: float = 0.04
     lora_load_ms: float = 25.0
+    # P/D: a request with kv_transfer_params.do_remote_prefill waits for its prompt's KV over a link
+    # shared by concurrent transfers (kv_transfer.py): ~25 GB/s at 128 KiB per token = 10x prefill speed
+    kv_transfer_ms_per_token: float = 0.005
+    kv_transfer_base_ms: float = 2.0
+    kv_transfer_timeout_s: float = 60.0  # modelled seconds a decode waits for its KV before failing
     # LoRA
     enable_lora: bool = True
     max_loras: int = 1
@@ -65,6 +72,11 @@ class EngineConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SimConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("kv_transfer_ms_per_token", "kv_transfer_base_ms"):
+            if getattr(self, name) < 0:
+                raise SimConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.kv_transfer_timeout_s <= 0:
+            raise SimConfigError(f"kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s}")
         if self.time_scale <= 0:
             raise SimConfigError(f"time_scale must be > 0, got {self.time_scale}")
         if self.enable_lora and self.max_loras < 1:
@@ -88,12 +100,14 @@ class Faults:
     refuse_connections: bool = False  # close the listening socket: new connections are refused
     crashed: bool = False  # abort in-flight connections, stop listening, lose all engine state
     unhealthy: bool = False  # /health answers 503
-    error_rate: float = 0.0  # fraction of inference requests answered 500
+    error_rate: float = 0.0  # fraction of inference requests answered with error_status
+    error_status: int = 500  # the status of those answers (503 makes a prefill pod retryable)
     slowdown: float = 1.0  # multiplier on every step's modelled time
     latency_spike_prob: float = 0.0  # per-step probability of a latency spike
     latency_spike_ms: float = 0.0  # modelled milliseconds added by a spike
     paused: bool = False  # the engine stops stepping; requests queue up
     kv_events_drop: int = 0  # the next N KV event batches take a sequence number but are not sent (a gap)
+    kv_transfer_stall: bool = False  # KV transfers into this rank move no bytes (they time out)
 
     def update(self, changes: Mapping[str, Any]) -> None:
         """Apply `changes` (snake or kebab keys), coercing strings; unknown keys raise SimConfigError."""
@@ -114,6 +128,7 @@ class ReplicaConfig:
     index: int
     name: str
     dp_size: int = 1
+    role: Role = "both"  # P/D role, reported to discovery (llm-d.ai/role); every role serves every leg
     engine: EngineConfig = field(default_factory=EngineConfig)
     faults: Faults = field(default_factory=Faults)
 
@@ -127,6 +142,7 @@ class FleetConfig:
     base_port: int = 0  # 0: every port ephemeral; else replica i rank r listens on base + i*dp + r
     dp_size: int = 1
     name_prefix: str = "sim"
+    role: Role = "both"  # P/D role of every replica (an override may change one)
     admin_port: int | None = None  # fleet-wide admin HTTP server (0 = ephemeral); None = off
     grpc_base_port: int | None = None  # also serve the vLLM gRPC engine API (0 = ephemeral); None = off
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -137,6 +153,8 @@ class FleetConfig:
             raise SimConfigError(f"replicas must be > 0, got {self.replicas}")
         if self.dp_size <= 0:
             raise SimConfigError(f"dp_size must be > 0, got {self.dp_size}")
+        if self.role not in ROLES:
+            raise SimConfigError(f"role must be one of {ROLES}, got {self.role!r}")
         for override in self.overrides:
             index = override.get("replica")
             if not isinstance(index, int) or not 0 <= index < self.replicas:
@@ -148,7 +166,11 @@ class FleetConfig:
         for index in range(self.replicas):
             engine_changes: dict[str, Any] = {}
             fault_changes: dict[str, Any] = {}
-            top: dict[str, Any] = {"name": f"{self.name_prefix}-{index}", "dp_size": self.dp_size}
+            top: dict[str, Any] = {
+                "name": f"{self.name_prefix}-{index}",
+                "dp_size": self.dp_size,
+                "role": self.role,
+            }
             for override in self.overrides:
                 if override["replica"] != index:
                     continue
@@ -160,8 +182,8 @@ class FleetConfig:
                         engine_changes[name] = coerce(ENGINE_FIELDS[name], value, name)
                     elif name in FAULT_FIELDS:
                         fault_changes[name] = value
-                    elif name in ("name", "dp_size"):
-                        top[name] = coerce(str if name == "name" else int, value, name)
+                    elif name in ("name", "dp_size", "role"):
+                        top[name] = coerce(_TOP_FIELDS[name], value, name)
                     else:
                         raise SimConfigError(f"unknown override key {key!r} for replica {index}")
             faults = Faults()
@@ -171,6 +193,7 @@ class FleetConfig:
                     index=index,
                     name=top["name"],
                     dp_size=top["dp_size"],
+                    role=top["role"],
                     engine=dataclasses.replace(self.engine, **engine_changes),
                     faults=faults,
                 )
@@ -274,4 +297,5 @@ def _hints(cls: type) -> dict[str, Any]:
 
 ENGINE_FIELDS: Final = _hints(EngineConfig)
 FAULT_FIELDS: Final = _hints(Faults)
+_TOP_FIELDS: Final = {"name": str, "dp_size": int, "role": Role}
 FLEET_FIELDS: Final = {k: v for k, v in _hints(FleetConfig).items() if k not in ("engine", "overrides")}

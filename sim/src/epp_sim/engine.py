@@ -14,8 +14,9 @@ from epp_sim.config import EngineConfig, Faults
 from epp_sim.hashing import BlockHasher, external_hash
 from epp_sim.kv_cache import KVCache
 from epp_sim.kv_events import KVEventPublisher
+from epp_sim.kv_transfer import TransferLink
 from epp_sim.lora import LoraSlots
-from epp_sim.sequence import FINISHED, RUNNING, WAITING, RequestRejected, Seq
+from epp_sim.sequence import FINISHED, RUNNING, TRANSFERRING, WAITING, RequestRejected, Seq
 from epp_sim.stats import EngineStats
 from epp_sim.timing import StepWork, TimeModel
 from epp_sim.tokens import VOCAB_IDS
@@ -58,6 +59,9 @@ class Engine:
         self.stats = EngineStats()
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
+        self.link = TransferLink(
+            config.kv_transfer_ms_per_token, config.kv_transfer_base_ms, config.kv_transfer_timeout_s
+        )
         self._running_loras: Counter[str] = Counter()
         self._waiting_loras: Counter[str] = Counter()
         self._inv_scale = 1.0 / config.time_scale
@@ -117,6 +121,9 @@ class Engine:
             seq.held = []
             self.running.remove(seq)
             self._forget_running_lora(seq)
+        elif seq.state == TRANSFERRING:
+            self.link.remove(seq)
+            self._release(seq)
         else:
             return
         self._finish(seq, "abort", self.model_time())
@@ -128,9 +135,10 @@ class Engine:
         restarted engine draws a new NONE_HASH and counts its event sequence from 0 again.
         """
         now = self.model_time()
-        for seq in [*self.running, *self.waiting]:
+        for seq in [*self.running, *self.waiting, *(t.seq for t in self.link.active)]:
             seq.error = error
             self._finish(seq, "abort", now, record=False)
+        self.link.active.clear()
         self.running.clear()
         self.waiting.clear()
         self._running_loras.clear()
@@ -178,15 +186,15 @@ class Engine:
         chained = False  # the next step follows the previous one without an idle gap
         while True:
             step = None
-            if not self.faults.paused and (self.waiting or self.running):
+            start = self._m0
+            if not self.faults.paused and (self.waiting or self.running or self.link.active):
                 now = clock()
-                start = self._m0
                 if not chained:
                     start += max(0.0, self._wake_wall - self._w0) * self._inv_scale
                 step = self._schedule(start)
             if step is None:
                 self._wake.clear()
-                await self._wake.wait()
+                await self._idle(start)
                 deadline = clock()
                 chained = False
                 continue
@@ -204,7 +212,69 @@ class Engine:
             self._commit(step, start + length)
             chained = True
 
+    async def _idle(self, now: float) -> None:
+        """Wait for a wake-up, or (KV transfers in flight) until the next one lands or times out."""
+        event = (
+            None if self.faults.paused else self.link.next_event(now, stalled=self.faults.kv_transfer_stall)
+        )
+        if event is None:
+            await self._wake.wait()
+            return
+        wall = self._w0 + (event - self._m0) * self.config.time_scale
+        try:
+            await asyncio.wait_for(self._wake.wait(), max(0.0, wall - time.monotonic()))
+        except TimeoutError:
+            self._wake_wall = wall  # the next step starts when the transfer landed, in model time
+
+    def _land_transfers(self, now: float) -> None:
+        """Transfers done by `now` join the running batch with one prompt token left to compute (as
+        vLLM recomputes the last token for its logits); timed-out ones fail with a clear error."""
+        done, failed = self.link.advance(now, stalled=self.faults.kv_transfer_stall)
+        stats = self.stats
+        for seq in done:
+            stats.kv_transfers += 1
+            seq.state = RUNNING
+            seq.remote_prefill = False  # a later preemption recomputes locally
+            seq.num_computed = seq.prompt_len - 1
+            if self.config.enable_prefix_caching:
+                self._store_full_blocks(seq)
+            self.running.append(seq)
+        for seq in failed:
+            stats.kv_transfer_failures += 1
+            seq.error = (
+                f"KV transfer of {seq.prompt_len} prompt tokens did not complete within "
+                f"{self.config.kv_transfer_timeout_s:g} s (remote prefill)."
+            )
+            self._release(seq)
+            self._finish(seq, "abort", now, record=False)
+
+    def _start_transfer(self, seq: Seq, now: float) -> bool:
+        """A remote-prefill sequence takes blocks for its whole prompt and starts its KV transfer."""
+        bs = self.config.block_size
+        cache = self.cache
+        hit = 0
+        if self.config.enable_prefix_caching:
+            hit = cache.match(seq.hashes, len(seq.hashes))
+        need = -(-seq.prompt_len // bs) - hit
+        hits = seq.hashes[:hit]
+        if not cache.can_allocate(need, hits):
+            return False
+        cache.acquire(hits)
+        cache.allocate(need)
+        seq.held = [*hits, *([None] * need)]
+        seq.num_stored = hit
+        seq.state = TRANSFERRING
+        start = max(now, seq.arrival)
+        if seq.cached_tokens < 0:
+            seq.cached_tokens = hit * bs
+            seq.scheduled_at = start
+            self.stats.queue_time.observe(start - seq.arrival)
+        self.link.start(seq, seq.prompt_len, start)
+        return True
+
     def _schedule(self, now: float) -> _Step | None:
+        if self.link.active:
+            self._land_transfers(now)
         config = self.config
         bs = config.block_size
         cache = self.cache
@@ -269,6 +339,14 @@ class Engine:
         prefill_tokens = 0
         while waiting and budget > 0 and len(running) < config.max_num_seqs:
             seq = waiting[0]
+            if seq.remote_prefill:
+                if not self._start_transfer(seq, now):
+                    break
+                waiting.popleft()
+                if seq.adapter is not None:  # its adapter stays resident while the KV arrives
+                    running_loras[seq.adapter.name] += 1
+                    self._forget_waiting_lora(seq)
+                continue
             adapter = seq.adapter
             if (
                 adapter is not None
@@ -447,6 +525,11 @@ class Engine:
     # ---- inspection ---------------------------------------------------------------------------
 
     @property
+    def num_waiting(self) -> int:
+        """Queued requests, as vLLM counts them: those waiting for remote KV too."""
+        return len(self.waiting) + len(self.link)
+
+    @property
     def running_loras(self) -> tuple[str, ...]:
         return tuple(self._running_loras)
 
@@ -468,6 +551,10 @@ class Engine:
             "waiting_loras": list(self._waiting_loras),
             "resident_loras": list(self.slots.resident),
             "steps": self.stats.steps,
+            "kv_transfers_in_flight": len(self.link),
+            "kv_transfers": self.stats.kv_transfers,
+            "kv_transfer_failures": self.stats.kv_transfer_failures,
+            "prefill_legs": self.stats.prefill_legs,
             "preemptions": self.stats.preemptions,
             "prefix_cache_queries": self.stats.prefix_queries,
             "prefix_cache_hits": self.stats.prefix_hits,

@@ -130,7 +130,13 @@ class Fleet:
         records: list[dict[str, Any]] = []
         for replica in self.replicas:
             for rank in replica.ranks:
-                base = {"name": replica.name, "replica": replica.index, "rank": rank.rank, "host": rank.host}
+                base = {
+                    "name": replica.name,
+                    "replica": replica.index,
+                    "rank": rank.rank,
+                    "host": rank.host,
+                    "role": replica.config.role,
+                }
                 records.append(
                     {
                         **base,

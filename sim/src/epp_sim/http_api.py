@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from array import array
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -84,7 +85,7 @@ class HttpApi:
             if faults.error_rate > 0 and self._rng.random() < faults.error_rate:
                 await request.read()
                 return error_response(
-                    500, "Simulated engine failure (error_rate fault).", "InternalServerError"
+                    faults.error_status, "Simulated engine failure (error_rate fault).", "InternalServerError"
                 )
             busy = self.rank.busy_transports
             transport = request.transport
@@ -157,7 +158,7 @@ class HttpApi:
         salt = data.get("cache_salt")
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise _bad("cache_salt must be a non-empty string.", "cache_salt")
-        return Seq(
+        seq = Seq(
             request_id,
             ids,
             max_tokens=max_tokens,
@@ -168,6 +169,14 @@ class HttpApi:
             sampler=OutputStream(key, config.seed, config.eos_probability),
             cache_salt=salt,
         )
+        params = data.get("kv_transfer_params")
+        if isinstance(params, dict):
+            # NixlConnector: the decode leg pulls the prompt's KV instead of computing it; a prompt
+            # shorter than one block has no blocks to pull and is prefilled locally
+            seq.remote_prefill = bool(params.get("do_remote_prefill")) and bool(
+                params.get("remote_block_ids")
+            )
+        return seq
 
     def _request_id(self, request: web.Request) -> str:
         # a seeded 128-bit id: uuid4() would cost a getrandom() syscall per request
@@ -345,7 +354,7 @@ class HttpApi:
                 "stop_reason": None,
                 "prompt_logprobs": None,
             }
-        body = {
+        body: dict[str, Any] = {
             "id": seq.request_id,
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
@@ -353,7 +362,29 @@ class HttpApi:
             "choices": [choice],
             "usage": self._usage(seq),
         }
+        params = data.get("kv_transfer_params")
+        if isinstance(params, dict) and params.get("do_remote_decode"):
+            body["kv_transfer_params"] = self._prefill_handoff(seq)
         return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    def _prefill_handoff(self, seq: Seq) -> dict[str, Any] | None:
+        """The prefill leg's answer, shaped like vLLM NixlConnector's `request_finished`: where the
+        decode side pulls the prompt's KV from. Only a length-capped request hands off (as vLLM)."""
+        if seq.finish_reason != "length":
+            return None
+        rank = self.rank
+        rank.engine.stats.prefill_legs += 1
+        bs = rank.engine.config.block_size
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [h & 0x7FFF_FFFF for h in seq.hashes[: seq.prompt_len // bs]],
+            "remote_engine_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{rank.url}/{rank.rank}")),
+            "remote_request_id": seq.request_id,
+            "remote_host": rank.host,
+            "remote_port": rank.port,
+            "tp_size": 1,
+        }
 
     def _usage(self, seq: Seq) -> dict[str, Any]:
         completion = len(seq.output)

@@ -79,7 +79,7 @@ class MetricsRenderer:
                 "vllm:num_requests_waiting",
                 gauge,
                 "Number of requests waiting to be processed.",
-                len(engine.waiting),
+                engine.num_waiting,
             ),
             ("vllm:kv_cache_usage_perc", gauge, "KV-cache usage. 1 means 100 percent usage.", cache.usage),
             (
@@ -175,7 +175,7 @@ class MetricsRenderer:
         hit_rate = stats.prefix_hits / stats.prefix_queries if stats.prefix_queries else 0.0
         for name, help_text, value in (
             ("sglang:num_running_reqs", "The number of running requests.", len(engine.running)),
-            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(engine.waiting)),
+            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", engine.num_waiting),
             ("sglang:token_usage", "The token usage.", engine.cache.usage),
             ("sglang:cache_hit_rate", "The prefix cache hit rate.", hit_rate),
         ):
@@ -227,7 +227,7 @@ class MetricsRenderer:
             (
                 "trtllm_num_requests_waiting",
                 "Number of requests waiting to be scheduled.",
-                len(engine.waiting),
+                engine.num_waiting,
             ),
             ("trtllm_kv_cache_utilization", "KV cache utilization (0..1).", engine.cache.usage),
             ("trtllm_kv_cache_tokens_per_block", "Tokens per KV cache block.", config.block_size),
@@ -268,11 +268,11 @@ class MetricsRenderer:
         cache = engine.cache
         self._family(out, "nv_trt_llm_request_metrics", "gauge", "TRT LLM request metrics")
         for request_type, value in (
-            ("active", len(engine.running) + len(engine.waiting)),
+            ("active", len(engine.running) + engine.num_waiting),
             ("context", sum(1 for s in engine.running if s.num_computed < s.prompt_len)),
             ("max", config.max_num_seqs),
             ("scheduled", len(engine.running)),
-            ("waiting", len(engine.waiting)),
+            ("waiting", engine.num_waiting),
         ):
             self._sample(out, "nv_trt_llm_request_metrics", f'{model},request_type="{request_type}"', value)
         self._family(out, "nv_trt_llm_kv_cache_block_metrics", "gauge", "TRT LLM KV cache block metrics")

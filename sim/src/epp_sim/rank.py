@@ -149,6 +149,7 @@ class Rank:
         return {
             "name": self.name,
             "rank": self.rank,
+            "role": self.replica.role,
             "host": self.host,
             "port": self.port,
             "grpc_port": self.grpc_port,

@@ -13,6 +13,7 @@ from epp_sim.tokens import OutputStream
 WAITING: Final = 0
 RUNNING: Final = 1
 FINISHED: Final = 2
+TRANSFERRING: Final = 3  # P/D decode: blocks allocated, waiting for the prompt's KV from the prefill pod
 
 
 class RequestRejected(Exception):
@@ -50,6 +51,7 @@ class Seq:
         "num_stored",
         "output",
         "prompt_len",
+        "remote_prefill",
         "request_id",
         "sampler",
         "scheduled_at",
@@ -100,6 +102,7 @@ class Seq:
         self.first_token_at = 0.0
         self.last_token_at = 0.0
         self.cached_tokens = -1  # prefix-cache hit at first scheduling; -1 until then
+        self.remote_prefill = False  # P/D decode leg: the prompt's KV comes from a prefill pod
         self.delivered = 0  # outputs the serving layer already sent
         self.waiter: asyncio.Future[None] | None = None
         # streaming fast path: called with each new token in the engine's step; True = delivered

@@ -54,8 +54,11 @@ class EngineStats:
         "e2e",
         "generation_tokens",
         "itl",
+        "kv_transfer_failures",
+        "kv_transfers",
         "lora_info",
         "preemptions",
+        "prefill_legs",
         "prefix_hits",
         "prefix_queries",
         "prompt_tokens",
@@ -72,6 +75,9 @@ class EngineStats:
         self.prefix_hits = 0
         self.preemptions = 0
         self.steps = 0
+        self.prefill_legs = 0  # P/D prefill legs served (kv_transfer_params.do_remote_decode)
+        self.kv_transfers = 0  # P/D decode legs whose KV arrived
+        self.kv_transfer_failures = 0  # ... and those that timed out waiting for it
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)

@@ -144,6 +144,113 @@ class SimFleet(_Proc):
         self.cleanup()
 
 
+class PdProxyProcess(_Proc):
+    """``epp-pd-proxy`` on an ephemeral port in front of the decode engine at ``vllm_port``."""
+
+    def __init__(self, vllm_port: int, *args: str) -> None:
+        super().__init__("pd-proxy")
+        self.vllm_port = vllm_port
+        self.args = args
+        self.port = 0
+
+    async def __aenter__(self) -> PdProxyProcess:
+        argv = [_bin("epp-pd-proxy"), "--port", "0", "--vllm-port", str(self.vllm_port), *self.args]
+        await self._spawn(argv, stdout=asyncio.subprocess.PIPE)
+        try:
+            async with asyncio.timeout(30):
+                self.port = await self._read_port()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def _read_port(self) -> int:
+        """The proxy prints one JSON line with its port once it listens."""
+        proc = self.proc
+        if proc is None or proc.stdout is None:
+            raise RuntimeError("epp-pd-proxy was not started with a stdout pipe")
+        line = await proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"epp-pd-proxy exited early:\n{self.log_tail()}")
+        return int(json.loads(line)["port"])
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+        self.cleanup()
+
+
+class PdFleet:
+    """A P/D fleet: ``prefill`` pods (``epp-sim --role prefill``) and ``decode`` pods
+    (``--role decode``), each decode pod behind its own ``epp-pd-proxy`` on the pool port, as llm-d
+    deploys its sidecar. ``endpoints()`` lists the pool with ``llm-d.ai/role`` labels for an
+    ``--endpoints-file``; ``prefill`` may be 0 (a pool without prefill pods)."""
+
+    ROLE_LABEL = "llm-d.ai/role"
+
+    def __init__(self, prefill: int, decode: int, *sim_args: str, proxy_args: Sequence[str] = ()) -> None:
+        self.n_prefill = prefill
+        self.n_decode = decode
+        self.sim_args = sim_args
+        self.proxy_args = tuple(proxy_args)
+        self.prefill: SimFleet | None = None
+        self.decode: SimFleet | None = None
+        self.proxies: list[PdProxyProcess] = []
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> PdFleet:
+        try:
+            if self.n_prefill:
+                self.prefill = await self._stack.enter_async_context(
+                    SimFleet(self.n_prefill, *self.sim_args, "--role", "prefill", "--name-prefix", "prefill")
+                )
+            self.decode = await self._stack.enter_async_context(
+                SimFleet(self.n_decode, *self.sim_args, "--role", "decode", "--name-prefix", "decode")
+            )
+            for port in self.decode.ports:
+                proxy = PdProxyProcess(port, *self.proxy_args)
+                self.proxies.append(await self._stack.enter_async_context(proxy))
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    @property
+    def prefill_hostports(self) -> list[str]:
+        return self.prefill.hostports if self.prefill is not None else []
+
+    @property
+    def decode_hostports(self) -> list[str]:
+        """The decode pods' pool ports: their proxies."""
+        return [f"127.0.0.1:{p.port}" for p in self.proxies]
+
+    @property
+    def hostports(self) -> list[str]:
+        return self.prefill_hostports + self.decode_hostports
+
+    def endpoints(self) -> list[dict[str, Any]]:
+        """The pool as endpoints-file entries (address, port, name, labels)."""
+        out = []
+        for role, hostports in (("prefill", self.prefill_hostports), ("decode", self.decode_hostports)):
+            for i, hp in enumerate(hostports):
+                host, port = hp.rsplit(":", 1)
+                out.append(
+                    {
+                        "address": host,
+                        "port": int(port),
+                        "name": f"{role}-{i}",
+                        "labels": {self.ROLE_LABEL: role},
+                    }
+                )
+        return out
+
+    def write_endpoints_file(self, path: pathlib.Path) -> pathlib.Path:
+        path.write_text(json.dumps({"endpoints": self.endpoints()}, indent=1) + "\n")  # YAML reads JSON
+        return path
+
+
 class EppProcess(_Proc):
     """The ``epp`` command on free ports, plaintext, waited on until its health check says SERVING."""
 
