@@ -58,6 +58,24 @@ EXPECTED: dict[str, set[str]] = {
         "predictInPrepareData",
     },
     "latency-slo-admitter": set(),
+    # llm-d's names, plus skipWhenSaturated and maxSessions (docs/session-affinity.md)
+    "session-affinity-filter": {
+        "strategy",
+        "profileName",
+        "encodedEndpointHeaderConfig",
+        "sessionIdConfig",
+        "skipWhenSaturated",
+    },
+    "session-affinity-scorer": {
+        "algorithm",
+        "headerName",
+        "profileName",
+        "evictionTtlSeconds",
+        "evictionSweepSeconds",
+        "missThreshold",
+        "maxSessions",
+        "skipWhenSaturated",
+    },
 }
 
 # Other concepts' plugins share the flow-control and director tuples; keep only these.
