@@ -162,9 +162,17 @@ SHARED = Workload(
     output_tokens=100,
     kv_blocks=6000,  # 8 x 96,000 tokens = 768,000 < 150 x 6,000 = 900,000
 )
-FULL = Settings(SHARED, (6.0, 12.0, 18.0, 24.0), 30, Conversations(), ())
+FULL = Settings(SHARED, (8.0, 16.0, 24.0, 32.0), 30, Conversations(), ())
 QUICK = Settings(
-    SHARED,
+    # 24 groups, so that a 10 s run sees each group several times (8 x 16,000 < 24 x 6,000 tokens)
+    Workload(
+        groups=24,
+        prompts_per_group=5,
+        system_tokens=6000,
+        question_tokens=1200,
+        output_tokens=100,
+        kv_blocks=1000,
+    ),
     (12.0,),
     10,
     Conversations(slots=6, turns=3, rounds=1),  # slots and replicas coprime-ish: RR does not align turns
@@ -583,6 +591,11 @@ async def run(mode: str, parts: Sequence[str], rates: Sequence[float], only: Seq
 
 def merge(result: dict[str, Any], previous: dict[str, Any], only: Sequence[str]) -> None:
     """A partial run (one part, or ``--routers``) keeps the last results of what it did not run."""
+    labels = [
+        lbl for p in ("shared", "conversation") for lbl in result.get(p, {}).get("routers", {}).values()
+    ]
+    stale = [n for n in previous.get("notes", []) if not any(lbl in n for lbl in labels)]
+    result["notes"] = list(dict.fromkeys([*result.get("notes", []), *stale]))
     for part in ("shared", "conversation"):
         old = previous.get(part)
         if old is None:
@@ -593,9 +606,8 @@ def merge(result: dict[str, Any], previous: dict[str, Any], only: Sequence[str])
             continue
         if not only:
             continue
-        ran = {c["router"] for c in new["cells"]}
-        rates = {c.get("rate") for c in new["cells"]}
-        kept = [c for c in old["cells"] if c["router"] not in ran or c.get("rate") not in rates]
+        done = {(c["router"], c.get("rate")) for c in new["cells"]}
+        kept = [c for c in old["cells"] if (c["router"], c.get("rate")) not in done]
         new["cells"] = kept + new["cells"]
         new["routers"] = {**old.get("routers", {}), **new["routers"]}
         order = [r.name for r in ROUTERS]
