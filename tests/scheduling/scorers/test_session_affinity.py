@@ -70,7 +70,19 @@ def test_saturated_session_endpoint_scores_like_the_rest() -> None:
     turn(s, req("c"), [make_endpoint(0), make_endpoint(1)], pick=make_endpoint(0))
     full = [make_endpoint(0, kv=0.9), make_endpoint(1)]
     scores, _ = turn(s, req("c"), full, pick=full[1])
-    assert scores[0] == 0.0
+    assert scores == [0.0, 1.0]
+
+
+def test_saturated_session_endpoint_is_not_offered_as_the_least_bound_one() -> None:
+    handle = FakeHandle([build(UtilizationDetector, queueDepthThreshold=5)])
+    s = stateful(handle)
+    eps = [make_endpoint(i) for i in range(3)]
+    for i, ep in enumerate(eps):  # one session each: every endpoint is equally bound
+        turn(s, req(f"c{i}"), eps, pick=ep)
+    turn(s, req("d"), eps, pick=eps[1])  # endpoint 1 now holds two, 0 and 2 one each
+    busy = [make_endpoint(0, queue=9), make_endpoint(1), make_endpoint(2)]
+    for _ in range(4):  # 0 holds the fewest with 2, but is saturated: 2 gets the session
+        assert s.score(CycleState(), req("c0"), busy) == [0.0, 0.0, 1.0]
 
 
 def test_encoded_endpoint_header() -> None:

@@ -13,7 +13,7 @@ from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult, ScorerCategory
-from epp.scheduling.sessions import ENCODED, SessionAffinity
+from epp.scheduling.sessions import ENCODED, SessionAffinity, find
 
 
 class SessionAffinityScorerParams(PluginParams):
@@ -74,7 +74,9 @@ class SessionAffinityScorer(PluginBase):
         a = self.affinity
         target = a.bound(request, endpoints)
         if target is None and a.stateful and a.session(request):
-            target = self._least_bound(endpoints)
+            busy = find(endpoints, a.bound_name(request))  # present but saturated, if not None
+            others = [ep for ep in endpoints if ep is not busy]
+            target = self._least_bound(others or endpoints)
         if target is not None:
             out[endpoints.index(target)] = 1.0
         return out
