@@ -24,6 +24,7 @@ def test_examples_are_present() -> None:
         "examples/helm-default.yaml",
         "examples/integration-default.yaml",
         "examples/llm-d-router.yaml",
+        "examples/precise-prefix.yaml",
         "examples/predicted-latency.yaml",
         "examples/prefix-and-load.yaml",
         "examples/request-attribute-reporter.yaml",

@@ -21,14 +21,15 @@ from epp_sim.tokens import token_ids
 from tests.epp_sim.helpers import engine_config
 
 
-# vLLM's own definitions (vllm/distributed/kv_events.py), kept apart from the simulator's on purpose
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+# vLLM's own definitions (vllm/distributed/kv_events.py after vllm#42892: maps, not arrays), kept
+# apart from the simulator's on purpose
+class EventBatch(msgspec.Struct, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
 
 
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     pass
 
 
@@ -40,11 +41,16 @@ class BlockStored(KVCacheEvent):
     lora_id: int | None
     medium: str | None
     lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
 
 
 class BlockRemoved(KVCacheEvent):
     block_hashes: list[int]
     medium: str | None
+    group_idx: int | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -157,10 +163,11 @@ async def test_block_stored_wire_format(
     assert len(extension.block_hashes) == 1
 
 
-async def test_raw_payload_is_array_like_and_tagged(
+async def test_raw_payload_is_tagged_maps(
     zmq_context: zmq.asyncio.Context, http: aiohttp.ClientSession
 ) -> None:
-    """Without any struct definitions the payload is [ts, [[tag, fields...]], dp_rank]."""
+    """Without any struct definitions the payload is {ts, events: [{type, fields...}], data_parallel_rank}
+    (vllm#42892), fields at their default left out."""
     sub = Subscriber(zmq_context)
     config = FleetConfig(engine=engine_config(kv_events="tcp://127.0.0.1:0", lora_modules=("sql",)))
     async with Fleet(config) as fleet:
@@ -170,19 +177,27 @@ async def test_raw_payload_is_array_like_and_tagged(
         await connected(sub, http, rank.url)
         await complete(http, rank.url, "x" * 64, model="sql")
         frames = await asyncio.wait_for(sub.socket.recv_multipart(), 5)
-    ts, events, dp_rank = msgspec.msgpack.decode(frames[2])
-    (event,) = events
-    assert isinstance(ts, float)
-    assert dp_rank == 0
-    assert event[0] == "BlockStored"
-    assert event[4:] == [16, 1, "GPU", "sql"]
+    batch = msgspec.msgpack.decode(frames[2])
+    (event,) = batch["events"]
+    assert isinstance(batch["ts"], float)
+    assert batch["data_parallel_rank"] == 0
+    assert event["type"] == "BlockStored"
+    assert len(event["block_hashes"]) == 1  # 64 characters: 16 tokens, one block
+    assert event["parent_block_hash"] is None
+    assert (event["block_size"], event["lora_id"], event["medium"], event["lora_name"]) == (
+        16,
+        1,
+        "GPU",
+        "sql",
+    )
+    assert "group_idx" not in event
 
 
 async def test_eviction_and_crash_events(
     zmq_context: zmq.asyncio.Context, http: aiohttp.ClientSession
 ) -> None:
-    """Evicting cached blocks publishes BlockRemoved for exactly those hashes; a crash publishes
-    AllBlocksCleared."""
+    """Evicting cached blocks publishes BlockRemoved for exactly those hashes; POST /reset_prefix_cache
+    publishes AllBlocksCleared; a crash publishes nothing and the restarted engine counts from 0."""
     sub = Subscriber(zmq_context)
     config = FleetConfig(engine=engine_config(kv_events="tcp://127.0.0.1:0", num_gpu_blocks=6))
     async with Fleet(config) as fleet:
@@ -194,8 +209,16 @@ async def test_eviction_and_crash_events(
         (first,) = [e for e in await sub.drain() if isinstance(e, BlockStored)]
         await complete(http, rank.url, "b" * 256)  # needs 5 blocks: only one cached block can survive
         events = await sub.drain()
-        await fleet.set_faults(crashed=True)
+        async with http.post(f"{rank.url}/reset_prefix_cache") as response:
+            assert response.status == 200
         cleared = await sub.drain()
+        await fleet.set_faults(crashed=True)
+        after_crash = await sub.drain()
+        await fleet.set_faults(crashed=False)
+        await complete(http, rank.url, "c" * 128)
+        await sub.drain()
+    assert after_crash == []
+    assert sub.seqs[-1] == 0  # a new engine process: its publisher starts again at 0
     removed = {h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes}
     assert set(first.block_hashes[1:]) <= removed
     assert first.block_hashes[0] not in removed  # freed last, so evicted last: the prefix outlives its tail
@@ -224,3 +247,107 @@ async def test_dp_ranks_publish_on_offset_ports(zmq_context: zmq.asyncio.Context
         endpoints = {r.publisher.endpoint for r in ranks if r.publisher is not None}
     assert [b.data_parallel_rank for b in batches] == [0, 1]
     assert len(endpoints) == 2
+
+
+def vllm_reference_hashes(tokens: list[int], block_size: int, algo: str, seed: str) -> list[int]:
+    """vLLM's hash_block_tokens / init_none_hash / maybe_convert_block_hash, written out here from
+    vllm/v1/core/kv_cache_utils.py and vllm/utils/hashing.py (sha256 = pickle, *_cbor = canonical CBOR)."""
+    import hashlib
+    import pickle
+
+    import cbor2
+
+    def serialise(value: Any) -> bytes:
+        if algo.endswith("_cbor"):
+            return bytes(cbor2.dumps(value, canonical=True))
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def fn(value: Any) -> bytes:
+        return hashlib.sha256(serialise(value)).digest()
+
+    parent = fn(seed)  # NONE_HASH with PYTHONHASHSEED set
+    out = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = fn((parent, tuple(tokens[start : start + block_size]), None))
+        out.append(int.from_bytes(parent, "big") & ((1 << 64) - 1))
+    return out
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+async def test_published_hashes_are_vllms(
+    zmq_context: zmq.asyncio.Context, http: aiohttp.ClientSession, algo: str
+) -> None:
+    """The block hashes in BlockStored are vLLM's for the configured algorithm and seed."""
+    sub = Subscriber(zmq_context)
+    config = FleetConfig(
+        engine=engine_config(kv_events="tcp://127.0.0.1:0", prefix_caching_hash_algo=algo, hash_seed="42")
+    )
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    async with Fleet(config) as fleet:
+        rank = fleet.rank(0)
+        assert rank.publisher is not None
+        sub.socket.connect(rank.publisher.endpoint)
+        await connected(sub, http, rank.url)
+        await complete(http, rank.url, prompt)
+        (stored,) = [e for e in await sub.drain() if isinstance(e, BlockStored)]
+    expected = vllm_reference_hashes(token_ids(prompt).tolist(), 16, algo, "42")
+    assert stored.block_hashes == expected
+
+
+async def test_dropped_batch_is_a_gap_and_replayable(
+    zmq_context: zmq.asyncio.Context, http: aiohttp.ClientSession
+) -> None:
+    """The kv_events_drop fault skips a sequence number on the wire; the ROUTER replay socket still
+    serves the dropped batch, then the end marker, as vLLM's publisher does."""
+    sub = Subscriber(zmq_context)
+    config = FleetConfig(
+        engine=engine_config(kv_events="tcp://127.0.0.1:0", kv_events_replay="tcp://127.0.0.1:0")
+    )
+    async with Fleet(config) as fleet:
+        rank = fleet.rank(0)
+        assert rank.publisher is not None and rank.publisher.replay_endpoint is not None
+        sub.socket.connect(rank.publisher.endpoint)
+        await connected(sub, http, rank.url)
+        before = sub.seqs[-1]
+        await fleet.set_faults(kv_events_drop=1)
+        await complete(http, rank.url, "x" * 128)
+        await complete(http, rank.url, "y" * 128)
+        await sub.drain()
+        dealer = zmq_context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(rank.publisher.replay_endpoint)
+        await dealer.send_multipart((b"", (before + 1).to_bytes(8, "big")))
+        replayed = []
+        while True:
+            _, seq, payload = await asyncio.wait_for(dealer.recv_multipart(), 5)
+            if seq == (-1).to_bytes(8, "big", signed=True):
+                assert payload == b""
+                break
+            replayed.append(int.from_bytes(seq, "big"))
+        dealer.close()
+    assert before + 1 not in sub.seqs  # the gap
+    assert before + 2 in sub.seqs
+    assert replayed[:2] == [before + 1, before + 2]
+
+
+async def test_tokenize_endpoint_is_vllms(http: aiohttp.ClientSession) -> None:
+    """POST /tokenize answers as vLLM: prompt or chat messages (rendered with the chat template)."""
+    from epp_sim.tokens import render_chat
+
+    config = FleetConfig(engine=engine_config(max_model_len=4096))
+    messages = [{"role": "user", "content": "hello there"}]
+    async with Fleet(config) as fleet:
+        url = fleet.rank(0).url
+        async with http.post(f"{url}/tokenize", json={"prompt": "abcdefgh"}) as response:
+            prompt_body = await response.json()
+        async with http.post(f"{url}/tokenize", json={"messages": messages}) as response:
+            chat_body = await response.json()
+        async with http.post(f"{url}/tokenize", json={"prompt": 3}) as response:
+            assert response.status == 400
+    assert prompt_body == {
+        "count": 2,
+        "max_model_len": 4096,
+        "tokens": token_ids("abcdefgh").tolist(),
+        "token_strs": None,
+    }
+    assert chat_body["tokens"] == token_ids(render_chat(messages)).tolist()

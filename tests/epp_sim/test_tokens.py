@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp_sim.tokens import VOCAB, VOCAB_IDS, OutputStream, block_hash, count_tokens, render_chat, token_ids
+from epp_sim.tokens import VOCAB, VOCAB_IDS, OutputStream, count_tokens, render_chat, token_ids
 
 
 @pytest.mark.parametrize(
@@ -91,15 +91,3 @@ def test_output_stream_eos_probability(probability: float, expect_eos: bool) -> 
     """EOS is drawn with the configured probability (0 never, 1 on the first token)."""
     stream = OutputStream(b"p", 3, probability)
     assert all(stream.next()[1] is expect_eos for _ in range(100))
-
-
-def test_block_hash_chains_parent_tokens_and_extra_keys() -> None:
-    """A block hash changes with its parent, its tokens and its extra keys (the LoRA name)."""
-    tokens = list(range(16))
-    base = block_hash(0, tokens, b"")
-    assert base == block_hash(0, tokens, b"")
-    assert (
-        len({base, block_hash(1, tokens, b""), block_hash(0, tokens[::-1], b""), block_hash(0, tokens, b"a")})
-        == 4
-    )
-    assert 0 <= base < 2**63

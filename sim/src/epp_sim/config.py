@@ -12,6 +12,8 @@ from typing import Any, Final, Literal
 
 import yaml
 
+from epp_sim.hashing import HASH_ALGOS
+
 MetricsStyle = Literal["vllm", "sglang", "trtllm", "triton"]
 METRICS_STYLES: Final = ("vllm", "sglang", "trtllm", "triton")
 
@@ -34,6 +36,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 32_768
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"  # vLLM's --prefix-caching-hash-algo
+    hash_seed: str | None = None  # vLLM's PYTHONHASHSEED for NONE_HASH; None: that env var, else random
     enable_prompt_tokens_details: bool = False
     # time model: step_ms = base + prefill·tokens + per_seq·decodes + per_1k_context·ctx/1000 + lora loads
     step_base_ms: float = 6.0
@@ -53,6 +57,8 @@ class EngineConfig:
     metrics_style: MetricsStyle = "vllm"
     kv_events: str | None = None  # ZMQ endpoint; bind if it has "*" or port 0, else connect
     kv_events_topic: str = "kv@{host}:{port}@{model}"
+    kv_events_replay: str | None = None  # ZMQ ROUTER endpoint serving replays (vLLM's replay_endpoint)
+    kv_events_buffer_steps: int = 10_000  # batches kept for replay (vLLM's buffer_steps)
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -65,6 +71,10 @@ class EngineConfig:
             raise SimConfigError(f"max_loras must be >= 1 when LoRA is enabled, got {self.max_loras}")
         if not 0.0 <= self.eos_probability <= 1.0:
             raise SimConfigError(f"eos_probability must be in [0, 1], got {self.eos_probability}")
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise SimConfigError(
+                f"prefix_caching_hash_algo must be one of {HASH_ALGOS}, got {self.prefix_caching_hash_algo!r}"
+            )
         if self.metrics_style not in METRICS_STYLES:
             raise SimConfigError(f"metrics_style must be one of {METRICS_STYLES}, got {self.metrics_style!r}")
 
@@ -83,6 +93,7 @@ class Faults:
     latency_spike_prob: float = 0.0  # per-step probability of a latency spike
     latency_spike_ms: float = 0.0  # modelled milliseconds added by a spike
     paused: bool = False  # the engine stops stepping; requests queue up
+    kv_events_drop: int = 0  # the next N KV event batches take a sequence number but are not sent (a gap)
 
     def update(self, changes: Mapping[str, Any]) -> None:
         """Apply `changes` (snake or kebab keys), coercing strings; unknown keys raise SimConfigError."""

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from epp_sim.config import EngineConfig, Faults
+from epp_sim.hashing import BlockHasher, external_hash
 from epp_sim.kv_cache import KVCache
 from epp_sim.kv_events import KVEventPublisher
 from epp_sim.lora import LoraSlots
 from epp_sim.sequence import FINISHED, RUNNING, WAITING, RequestRejected, Seq
 from epp_sim.stats import EngineStats
 from epp_sim.timing import StepWork, TimeModel
-from epp_sim.tokens import VOCAB_IDS, block_hash
+from epp_sim.tokens import VOCAB_IDS
 
 _MAX_LAG_S: Final = 0.02  # a late step is caught up by shortening later ones, at most this much
 
@@ -52,6 +53,7 @@ class Engine:
         self.publisher = publisher
         self.time_model = TimeModel.from_config(config)
         self.cache = KVCache(config.num_gpu_blocks, config.block_size, record_events=publisher is not None)
+        self.hasher = BlockHasher(config.prefix_caching_hash_algo, config.hash_seed)
         self.slots = LoraSlots(config.max_loras)
         self.stats = EngineStats()
         self.waiting: deque[Seq] = deque()
@@ -89,10 +91,12 @@ class Engine:
             )
         bs = config.block_size
         tokens = seq.tokens
-        parent = 0
+        block = self.hasher.block
+        digest = None
         for start in range(0, seq.prompt_len - bs + 1, bs):
-            parent = block_hash(parent, tokens[start : start + bs], seq.extra)
-            seq.hashes.append(parent)
+            digest = block(digest, tokens[start : start + bs], seq.extra)
+            seq.hashes.append(external_hash(digest))
+        seq.last_digest = digest
         wall = time.monotonic()
         seq.arrival = self.model_time(wall)
         self.waiting.append(seq)
@@ -118,7 +122,11 @@ class Engine:
         self._finish(seq, "abort", self.model_time())
 
     def reset(self, error: str) -> None:
-        """A crash: fail every sequence with `error`, empty the KV cache and GPU slots, zero the stats."""
+        """A crash: fail every sequence with `error`, empty the KV cache and GPU slots, zero the stats.
+
+        The process died: nothing is published (a crashed vLLM sends no AllBlocksCleared), and the
+        restarted engine draws a new NONE_HASH and counts its event sequence from 0 again.
+        """
         now = self.model_time()
         for seq in [*self.running, *self.waiting]:
             seq.error = error
@@ -128,9 +136,21 @@ class Engine:
         self._running_loras.clear()
         self._waiting_loras.clear()
         self.cache.clear()
+        self.cache.take_events()
         self.slots.clear()
         self.stats = EngineStats()
+        self.hasher = BlockHasher(self.config.prefix_caching_hash_algo, self.config.hash_seed)
+        if self.publisher is not None:
+            self.publisher.restart()
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's POST /reset_prefix_cache: drop every cached block (AllBlocksCleared); False while
+        a sequence holds blocks, as vLLM refuses then."""
+        if self.running:
+            return False
+        self.cache.clear()
         self._flush_events()
+        return True
 
     def wake(self, wall: float | None = None) -> None:
         """Make an idle engine look for work; `wall` (monotonic) is when, by default now."""
@@ -333,8 +353,8 @@ class Engine:
             tokens = seq.tokens
             tokens.append(VOCAB_IDS[word])
             if len(tokens) % bs == 0:
-                parent = seq.hashes[-1] if seq.hashes else 0
-                seq.hashes.append(block_hash(parent, tokens[-bs:], seq.extra))
+                seq.last_digest = self.hasher.block(seq.last_digest, tokens[-bs:], seq.extra)
+                seq.hashes.append(external_hash(seq.last_digest))
             stats.generation_tokens += 1
             if len(seq.output) == 1:
                 stats.prompt_tokens += seq.prompt_len
@@ -417,7 +437,10 @@ class Engine:
 
     def _flush_events(self) -> None:
         if self.publisher is not None and self.cache.events:
-            self.publisher.publish(self.cache.take_events())
+            drop = self.faults.kv_events_drop > 0
+            if drop:
+                self.faults.kv_events_drop -= 1
+            self.publisher.publish(self.cache.take_events(), drop=drop)
 
     # ---- inspection ---------------------------------------------------------------------------
 

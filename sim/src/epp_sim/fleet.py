@@ -139,6 +139,7 @@ class Fleet:
                         "model": rank.engine.config.model,
                         "kv_events": rank.publisher.endpoint if rank.publisher is not None else None,
                         "kv_topic": rank.publisher.topic if rank.publisher is not None else None,
+                        "kv_replay": rank.publisher.replay_endpoint if rank.publisher is not None else None,
                     }
                 )
                 if rank.grpc_port is not None:

@@ -61,6 +61,8 @@ class HttpApi:
         app.router.add_post("/v1/embeddings", self._inference(self.embeddings))
         app.router.add_post("/v1/messages", self._inference(self.messages))
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
@@ -518,6 +520,43 @@ class HttpApi:
             },
         }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    # ---- tokenizer and prefix cache -----------------------------------------------------------
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's POST /tokenize: ``prompt`` (completion) or ``messages`` (chat, rendered with the
+        chat template first) → ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+        try:
+            data = await self._json(request)
+            self._adapter(data)
+            if "messages" in data:
+                messages = data["messages"]
+                if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                    raise _bad("messages must be a list of message objects.", "messages")
+                ids = token_ids(render_chat(messages)) if messages else array("I")
+            else:
+                prompt = data.get("prompt")
+                if not isinstance(prompt, str):
+                    raise _bad("prompt must be a string.", "prompt")
+                ids = token_ids(prompt)
+        except _BadRequest as exc:
+            return exc.response
+        tokens = ids.tolist()
+        body = {
+            "count": len(tokens),
+            "max_model_len": self.rank.engine.config.max_model_len,
+            "tokens": tokens,
+            "token_strs": None,
+        }
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's POST /reset_prefix_cache: AllBlocksCleared when no request holds blocks."""
+        if not self.rank.engine.reset_prefix_cache():
+            return error_response(
+                400, "Failed to reset prefix cache: requests are running.", "BadRequestError"
+            )
+        return web.Response(status=200)
 
     # ---- models, health, metrics, adapters ----------------------------------------------------
 

@@ -96,7 +96,17 @@ class Rank:
                 host=self.host, port=self.port, model=config.model, rank=self.rank
             )
             endpoint = offset_endpoint(config.kv_events, self._kv_offset)
-            self.publisher = KVEventPublisher(self._zmq_context, endpoint, topic, self.rank)
+            replay = (
+                offset_endpoint(config.kv_events_replay, self._kv_offset) if config.kv_events_replay else None
+            )
+            self.publisher = KVEventPublisher(
+                self._zmq_context,
+                endpoint,
+                topic,
+                self.rank,
+                replay_endpoint=replay,
+                buffer_steps=config.kv_events_buffer_steps,
+            )
             self.engine.publisher = self.publisher
             self.engine.cache.record_events = True
         self._runner = web.AppRunner(self._http.build_app(), access_log=None, shutdown_timeout=1.0)
@@ -144,6 +154,8 @@ class Rank:
             "grpc_port": self.grpc_port,
             "listening": self.listening,
             "kv_events": self.publisher.endpoint if self.publisher is not None else None,
+            "kv_events_replay": self.publisher.replay_endpoint if self.publisher is not None else None,
+            "kv_events_seq": self.publisher.seq if self.publisher is not None else None,
             "faults": self.faults.as_dict(),
             "engine": self.engine.snapshot(),
         }

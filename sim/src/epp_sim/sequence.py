@@ -42,6 +42,7 @@ class Seq:
         "hashes",
         "held",
         "ignore_eos",
+        "last_digest",
         "last_token_at",
         "max_tokens",
         "num_computed",
@@ -76,7 +77,9 @@ class Seq:
         self.max_tokens = max_tokens
         self.ignore_eos = ignore_eos
         self.adapter = adapter
-        self.extra = adapter.name.encode() if adapter is not None else b""
+        # vLLM's extra hash keys: the LoRA name for adapter requests, else None
+        self.extra: tuple[str, ...] | None = (adapter.name,) if adapter is not None else None
+        self.last_digest: bytes | None = None  # the full digest of the last hashed block (the chain)
         self.embedding = embedding
         self.stream = stream
         self.sampler = sampler

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import xxhash
@@ -81,9 +81,3 @@ class OutputStream:
         word = (self._state >> 33) % len(VOCAB)
         eos = ((self._state >> 8) & 0xFFFFF) < self._eos_threshold
         return word, eos
-
-
-def block_hash(parent: int, tokens: Sequence[int] | array[int], extra: bytes) -> int:
-    """Chained hash of one full block: xxh3-64 of (parent hash, token ids, extra keys), 63 bits."""
-    payload = parent.to_bytes(8, "little") + array("I", tokens).tobytes() + extra
-    return xxhash.xxh3_64_intdigest(payload) & 0x7FFF_FFFF_FFFF_FFFF

@@ -16,6 +16,7 @@ from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
@@ -34,6 +35,7 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     LoraAffinityScorer,
     TokenLoadScorer,
     PrefixCacheScorer,
+    PrecisePrefixCacheScorer,
     PrefillLoadScorer,
     PrefixCacheAffinityFilter,
     HeaderBasedTestingFilter,

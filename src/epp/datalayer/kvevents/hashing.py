@@ -1,0 +1,111 @@
+"""vLLM's prefix-cache block hashes, computed for a request exactly as the engine will.
+
+vllm/v1/core/kv_cache_utils.py ``hash_block_tokens``: a block's digest is
+``hash_fn((parent_digest, tuple(token_ids), extra_keys))``; the first block's parent is
+NONE_HASH = ``hash_fn(PYTHONHASHSEED)`` (random when the engine has no seed: then nobody outside
+the engine can reproduce its hashes).  ``hash_fn`` is ``--prefix-caching-hash-algo``
+(vllm/utils/hashing.py): pickle, canonical CBOR or msgpack serialisation, then SHA-256 or
+xxh3-128.  KV events name a block by the low 64 bits of its digest (the last 8 bytes read
+big-endian, ``maybe_convert_block_hash``) or by the whole digest; ``external_hash`` folds both
+to that 64-bit int, the index's key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import cbor2
+import msgspec
+import xxhash
+
+HASH_ALGOS: Final = ("sha256", "sha256_cbor", "sha256_msgpack", "xxhash", "xxhash_cbor", "xxhash_msgpack")
+_MASK64: Final = (1 << 64) - 1
+_MSGPACK: Final = msgspec.msgpack.Encoder()
+
+
+def _pickle(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _cbor(value: Any) -> bytes:
+    return bytes(cbor2.dumps(value, canonical=True))
+
+
+def hash_function(algo: str) -> Callable[[Any], bytes]:
+    """vLLM's ``get_hash_fn_by_name``."""
+    kind, _, codec = algo.partition("_")
+    serialise: Callable[[Any], bytes] | None = {"": _pickle, "cbor": _cbor, "msgpack": _MSGPACK.encode}.get(
+        codec
+    )
+    if serialise is None or kind not in ("sha256", "xxhash"):
+        raise ValueError(
+            f"unsupported prefix caching hash algorithm {algo!r}; known: {', '.join(HASH_ALGOS)}"
+        )
+    encode = serialise
+    if kind == "sha256":
+        return lambda value: hashlib.sha256(encode(value)).digest()
+    return lambda value: xxhash.xxh3_128_digest(encode(value))
+
+
+def external_hash(value: int | bytes) -> int:
+    """A block hash as KV events carry it (int or digest bytes) → the index's 64-bit key."""
+    if isinstance(value, bytes):
+        return int.from_bytes(value[-8:], "big")
+    return value & _MASK64
+
+
+class BlockHasher:
+    """The engine's block hashing: algorithm, block size and NONE_HASH from the seed.
+
+    ``seed`` is the engine's PYTHONHASHSEED (llm-d's ``hashSeed``); without one the engine's
+    hashes are random per process and only the events can be trusted, so ``seed=None`` is
+    refused here.
+    """
+
+    __slots__ = ("_fn", "_msgpack", "algo", "block_size", "none_hash")
+
+    def __init__(self, algo: str, block_size: int, seed: str) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block size must be > 0, got {block_size}")
+        self.algo = algo
+        self.block_size = block_size
+        self._fn = hash_function(algo)
+        self._msgpack = algo.endswith("_msgpack")
+        self.none_hash = self._fn(seed)
+
+    def digest(self, parent: bytes | None, tokens: Sequence[int], extra: tuple[Any, ...] | None) -> bytes:
+        """One full block's digest, chained on ``parent`` (None: the first block)."""
+        ids: Any = (tokens if isinstance(tokens, list) else list(tokens)) if self._msgpack else tuple(tokens)
+        return self._fn((parent or self.none_hash, ids, extra))
+
+    def hashes(
+        self,
+        tokens: Sequence[int],
+        max_blocks: int = 0,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> list[int]:
+        """The 64-bit keys of the request's full blocks, at most ``max_blocks`` (0: all).
+
+        Extra keys as vLLM's ``generate_block_hash_extra_keys``: ``lora_name`` on every block of
+        an adapter request, then ``cache_salt`` on the first block only; None when neither.
+        """
+        bs = self.block_size
+        n = len(tokens) // bs
+        if max_blocks > 0:
+            n = min(n, max_blocks)
+        extra = (lora_name,) if lora_name else None
+        first = (*(extra or ()), cache_salt) if cache_salt else extra
+        fn = self._fn
+        parent = self.none_hash
+        out = []
+        msgpack = self._msgpack
+        for i in range(n):
+            chunk = tokens[i * bs : (i + 1) * bs]
+            ids: Any = (chunk if isinstance(chunk, list) else list(chunk)) if msgpack else tuple(chunk)
+            parent = fn((parent, ids, first if i == 0 else extra))
+            out.append(int.from_bytes(parent[-8:], "big"))
+        return out

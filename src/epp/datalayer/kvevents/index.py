@@ -1,0 +1,173 @@
+"""Which endpoint holds which KV block, as the engines reported it; bounded per endpoint.
+
+One dict maps a block's 64-bit hash to a bitmask of the endpoints holding it (one bit per
+endpoint slot), so matching a request costs O(prefix blocks + endpoints): walk the request's
+block hashes while any endpoint still holds the whole prefix so far, and note each endpoint's
+run length when it drops out.  Each endpoint also keeps an LRU of its blocks, capped at
+``capacity``: an engine's evictions normally arrive as BlockRemoved, the cap bounds memory when
+they do not (lost events, a wrong capacity).
+
+Each endpoint has a consistency state kept by the subscriber (``EndpointState``): while it is
+inconsistent (a sequence gap, a restart seen mid-stream, a silent publisher, a block-size or
+hash mismatch) the scorer does not trust this index for it and falls back to the approximate one.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class EndpointState:
+    """The event stream of one endpoint as the subscriber sees it."""
+
+    name: str
+    slot: int
+    consistent: bool = False  # False until the first batch arrives
+    reason: str = "no events yet"
+    last_seq: int = -1  # the last sequence number applied, -1 before any
+    last_event_at: float = 0.0  # time.monotonic() of the last batch
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    restarts: int = 0
+    replays: int = 0
+    clears: int = 0
+    mismatches: int = 0
+    transitions: list[tuple[float, bool, str]] = field(default_factory=list)  # bounded history
+
+    def mark(self, consistent: bool, reason: str, now: float) -> bool:
+        """Set the state; True when it changed."""
+        if consistent == self.consistent and reason == self.reason:
+            return False
+        changed = consistent != self.consistent
+        self.consistent = consistent
+        self.reason = reason
+        if changed:
+            self.transitions.append((now, consistent, reason))
+            del self.transitions[:-16]
+        return changed
+
+
+class BlockIndex:
+    """Block hash → endpoints holding it, with a per-endpoint LRU capped at ``capacity`` blocks."""
+
+    __slots__ = ("_free", "_lru", "_owners", "_slots", "capacity", "states")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0, got {capacity}")
+        self.capacity = capacity
+        self._owners: dict[int, int] = {}
+        self._slots: dict[str, int] = {}
+        self._lru: list[OrderedDict[int, None]] = []
+        self._free: list[int] = []
+        self.states: dict[str, EndpointState] = {}
+
+    # endpoints ----------------------------------------------------------------------------
+    def add_endpoint(self, name: str) -> EndpointState:
+        state = self.states.get(name)
+        if state is not None:
+            return state
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = len(self._lru)
+            self._lru.append(OrderedDict())
+        self._slots[name] = slot
+        state = self.states[name] = EndpointState(name, slot)
+        return state
+
+    def remove_endpoint(self, name: str) -> None:
+        slot = self._slots.pop(name, None)
+        if slot is None:
+            return
+        self._clear_slot(slot)
+        del self.states[name]
+        self._free.append(slot)
+
+    def slot_of(self, name: str) -> int | None:
+        return self._slots.get(name)
+
+    # events -------------------------------------------------------------------------------
+    def stored(self, slot: int, hashes: Iterable[int]) -> None:
+        lru = self._lru[slot]
+        owners = self._owners
+        bit = 1 << slot
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            lru[h] = None
+            owners[h] = owners.get(h, 0) | bit
+        if len(lru) > self.capacity:
+            clear = ~bit
+            for _ in range(len(lru) - self.capacity):
+                old, _none = lru.popitem(last=False)
+                left = owners[old] & clear
+                if left:
+                    owners[old] = left
+                else:
+                    del owners[old]
+
+    def removed(self, slot: int, hashes: Iterable[int]) -> None:
+        lru = self._lru[slot]
+        owners = self._owners
+        clear = ~(1 << slot)
+        for h in hashes:
+            if lru.pop(h, 0) is None:  # present (its value is None)
+                left = owners[h] & clear
+                if left:
+                    owners[h] = left
+                else:
+                    del owners[h]
+
+    def clear(self, slot: int) -> None:
+        self._clear_slot(slot)
+
+    def _clear_slot(self, slot: int) -> None:
+        lru = self._lru[slot]
+        owners = self._owners
+        clear = ~(1 << slot)
+        for h in lru:
+            left = owners[h] & clear
+            if left:
+                owners[h] = left
+            else:
+                del owners[h]
+        lru.clear()
+
+    # queries ------------------------------------------------------------------------------
+    def blocks(self, slot: int) -> int:
+        return len(self._lru[slot])
+
+    def __len__(self) -> int:
+        """Distinct block hashes held by any endpoint."""
+        return len(self._owners)
+
+    def match(self, hashes: list[int], mask: int) -> dict[int, int]:
+        """Slot → length of the longest run of ``hashes`` from the start that the slot holds, for
+        the slots in ``mask`` with a run of at least one block."""
+        owners = self._owners
+        alive = mask
+        counts: dict[int, int] = {}
+        for i, h in enumerate(hashes):
+            held = owners.get(h, 0) & alive
+            if held != alive:
+                if i:
+                    dropped = alive & ~held
+                    while dropped:
+                        low = dropped & -dropped
+                        counts[low.bit_length() - 1] = i
+                        dropped ^= low
+                alive = held
+                if not alive:
+                    return counts
+        n = len(hashes)
+        while alive and n:
+            low = alive & -alive
+            counts[low.bit_length() - 1] = n
+            alive ^= low
+        return counts

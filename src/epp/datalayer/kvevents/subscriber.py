@@ -1,0 +1,415 @@
+"""One ZMQ SUB socket per endpoint feeding the ``BlockIndex``, with vLLM's sequence numbers checked.
+
+Per message ``[topic, seq (8 bytes big-endian), payload]``:
+
+* ``seq == last + 1``: applied.  An endpoint marked inconsistent for a gap it could not replay or
+  for silence becomes consistent again (nothing was lost since).
+* ``seq > last + 1``: a gap (the PUB socket dropped batches at its high-water mark, or the
+  connection broke).  Removals may be lost, so the index may hold blocks the engine evicted:
+  the endpoint is inconsistent.  With a replay socket the missing batches are asked for (vLLM's
+  ROUTER protocol) and applied in order, and the endpoint is consistent again; without one, or if
+  the engine's buffer no longer has them, its blocks are dropped and it recovers on the next
+  contiguous batch (a clear plus fresh events: it under-predicts until it has seen them).
+* ``seq < last + 1`` (outside a replayed range): the engine restarted.  Its cache is empty; the
+  endpoint's blocks are dropped and indexing starts over from this batch.
+* The first message, at any seq: applied.  Joining a stream late loses only stores (the index
+  under-predicts), never removals, so it is consistent.
+* ``AllBlocksCleared``: the endpoint's blocks are dropped; consistent from here.
+* A publisher silent for ``silence_timeout`` after the EPP sent it a request with at least one
+  full block: inconsistent until its next contiguous batch.
+* ``BlockStored.block_size`` other than the configured one, or a first block whose hash is not
+  what the configured algorithm and seed give for its tokens: an error log, a metric, and the
+  endpoint stays inconsistent (a configuration error does not heal itself).
+
+Everything runs on the event loop; decoding a batch is one msgspec call plus a loop over its
+events (bench/precise_prefix.py measures the CPU per 1,000 events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from epp.datalayer.api import Endpoint
+from epp.datalayer.kvevents import metrics as m
+from epp.datalayer.kvevents.hashing import BlockHasher
+from epp.datalayer.kvevents.index import BlockIndex, EndpointState
+from epp.datalayer.kvevents.wire import Batch, Cleared, Removed, Stored, WireError, decode_batch
+
+log = structlog.get_logger(__name__)
+
+END_SEQ: Final = (-1).to_bytes(8, "big", signed=True)
+_VERIFY_FIRST: Final = 8  # root blocks checked per endpoint before sampling
+_VERIFY_EVERY: Final = 64  # then one root block in this many
+
+PORT_LABEL: Final = "kv-events.epp/port"
+REPLAY_PORT_LABEL: Final = "kv-events.epp/replay-port"
+TOPIC_LABEL: Final = "kv-events.epp/topic"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubscriberSettings:
+    """Where each endpoint publishes and what its events must look like."""
+
+    topic_filter: str = "kv@"
+    socket_port: int = 5557  # llm-d's podDiscoveryConfig.socketPort: tcp://<endpoint address>:<port>
+    replay_port: int = 0  # the engine's replay ROUTER port; 0: no replay
+    endpoints: Mapping[str, str] = field(default_factory=dict)  # endpoint name or host:port → SUB address
+    replay_endpoints: Mapping[str, str] = field(default_factory=dict)  # … → replay ROUTER address
+    block_size: int = 16
+    hasher: BlockHasher | None = None  # verifies root blocks' hashes when set
+    silence_timeout: float = 10.0
+    replay_timeout: float = 2.0
+
+
+def _address(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+class KVEventSubscriber:
+    """The per-endpoint SUB loops, the index they feed and the silence watchdog."""
+
+    def __init__(self, settings: SubscriberSettings, index: BlockIndex) -> None:
+        self.settings = settings
+        self.index = index
+        self._context: zmq.asyncio.Context | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._endpoints: dict[str, Endpoint] = {}
+        self._expect: dict[str, float] = {}  # endpoint → monotonic time by which events are due
+        self._replayed: dict[str, tuple[int, int]] = {}  # endpoint → seq range applied by replay
+        self._verified: dict[str, int] = {}
+        self._watchdog: asyncio.Task[None] | None = None
+        self._running = False
+        self.on_change: Callable[[EndpointState], None] | None = None
+
+    # lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._context = zmq.asyncio.Context()
+        self._running = True
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="kv-events:watchdog")
+        for endpoint in list(self._endpoints.values()):
+            self._spawn(endpoint)
+
+    async def stop(self) -> None:
+        self._running = False
+        tasks = [*self._tasks.values(), *([self._watchdog] if self._watchdog else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._watchdog = None
+        if self._context is not None:
+            self._context.destroy(linger=0)
+            self._context = None
+
+    # endpoints ----------------------------------------------------------------------------
+    def add(self, endpoint: Endpoint) -> None:
+        name = endpoint.metadata.name
+        old = self._endpoints.get(name)
+        self._endpoints[name] = endpoint
+        if old is not None and old.metadata == endpoint.metadata and name in self._tasks:
+            return
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        state = self.index.add_endpoint(name)
+        m.KV_EVENT_CONSISTENT.labels(name).set(1 if state.consistent else 0)
+        if self._running:
+            self._spawn(endpoint)
+
+    def remove(self, endpoint: Endpoint) -> None:
+        name = endpoint.metadata.name
+        self._endpoints.pop(name, None)
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        self._expect.pop(name, None)
+        self._replayed.pop(name, None)
+        self._verified.pop(name, None)
+        self.index.remove_endpoint(name)
+        m.KV_EVENT_CONSISTENT.remove(name)
+        m.KV_INDEX_BLOCKS.set(len(self.index))
+
+    def address(self, endpoint: Endpoint) -> tuple[str, str | None, str]:
+        """(SUB address, replay address or None, topic filter) for ``endpoint``: the explicit map
+        by name or host:port first, then its labels, then ``socket_port`` on its address."""
+        s = self.settings
+        md = endpoint.metadata
+        labels = md.labels
+        topic = labels.get(TOPIC_LABEL, s.topic_filter)
+        sub = s.endpoints.get(md.name) or s.endpoints.get(md.hostport)
+        if sub is None:
+            port = labels.get(PORT_LABEL)
+            sub = _address(md.address, int(port) if port and port.isdigit() else s.socket_port)
+        replay = s.replay_endpoints.get(md.name) or s.replay_endpoints.get(md.hostport)
+        if replay is None:
+            rport = labels.get(REPLAY_PORT_LABEL)
+            port_number = int(rport) if rport and rport.isdigit() else s.replay_port
+            replay = _address(md.address, port_number) if port_number > 0 else None
+        return sub, replay, topic
+
+    def note_routed(self, name: str, now: float) -> None:
+        """The EPP sent ``name`` a request with at least one full block: events are due."""
+        if name in self._endpoints and name not in self._expect:
+            self._expect[name] = now + self.settings.silence_timeout
+
+    # the loops ----------------------------------------------------------------------------
+    def _spawn(self, endpoint: Endpoint) -> None:
+        name = endpoint.metadata.name
+        self._tasks[name] = asyncio.get_running_loop().create_task(
+            self._run(endpoint), name=f"kv-events:{name}"
+        )
+
+    async def _run(self, endpoint: Endpoint) -> None:
+        assert self._context is not None
+        name = endpoint.metadata.name
+        sub_address, replay_address, topic = self.address(endpoint)
+        sock = self._context.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        try:
+            sock.connect(sub_address)
+            log.info(
+                "kv_events_subscribed", endpoint=name, address=sub_address, topic=topic, replay=replay_address
+            )
+            while True:
+                frames = await sock.recv_multipart()
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    self._decode_error(name, "not a [topic, seq, payload] message")
+                    continue
+                seq = int.from_bytes(frames[1], "big")
+                gap_from = self.on_message(name, seq, frames[2])
+                if gap_from is not None:
+                    await self._recover(name, replay_address, gap_from, seq, frames[2])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("kv_events_subscriber_failed", endpoint=name, error=str(e))
+        finally:
+            sock.close(linger=0)
+
+    def on_message(self, name: str, seq: int, payload: bytes, now: float | None = None) -> int | None:
+        """Apply one live message; returns the first missing seq when there is a gap to recover
+        (the message itself is then not applied yet)."""
+        state = self.index.states.get(name)
+        if state is None:
+            return None
+        now = time.monotonic() if now is None else now
+        expected = state.last_seq + 1
+        replayed = self._replayed.get(name)
+        if replayed is not None:
+            if replayed[0] <= seq <= replayed[1]:
+                return None  # already applied from the replay
+            del self._replayed[name]
+        if state.last_seq < 0 or seq == expected:
+            self._apply(state, seq, payload, now, resume=True)
+        elif seq > expected:
+            state.gaps += 1
+            m.KV_EVENT_GAPS.labels(name).inc()
+            self._set(state, False, f"sequence gap: expected {expected}, got {seq}", now)
+            return expected
+        else:
+            state.restarts += 1
+            m.KV_EVENT_RESTARTS.labels(name).inc()
+            log.warning("kv_events_engine_restarted", endpoint=name, last_seq=state.last_seq, seq=seq)
+            self.index.clear(state.slot)
+            self._apply(state, seq, payload, now, resume=True, reason=f"engine restarted (seq {seq})")
+        return None
+
+    async def _recover(self, name: str, replay: str | None, first: int, seq: int, payload: bytes) -> None:
+        """A gap [first, seq): replay it if possible, else drop the endpoint's blocks; then apply seq."""
+        state = self.index.states.get(name)
+        if state is None:
+            return
+        replayed: list[tuple[int, bytes]] | None = None
+        if replay is not None:
+            replayed = await self._replay(name, replay, first)
+        now = time.monotonic()
+        wanted = [(s, p) for s, p in (replayed or []) if first <= s]
+        if replayed is not None and wanted and wanted[0][0] == first and wanted[-1][0] >= seq - 1:
+            state.replays += 1
+            m.KV_EVENT_REPLAYS.labels(name, "ok").inc()
+            last = first - 1
+            for s, p in wanted:
+                if s > seq:
+                    break
+                self._apply(state, s, p, now, resume=False)
+                last = s
+            if last < seq:
+                self._apply(state, seq, payload, now, resume=False)
+                last = seq
+            self._replayed[name] = (first, last)
+            self._set(state, True, f"replayed {first}..{last}", now)
+            return
+        if replay is not None:
+            m.KV_EVENT_REPLAYS.labels(name, "incomplete" if replayed is not None else "timeout").inc()
+        self.index.clear(state.slot)
+        m.KV_INDEX_BLOCKS.set(len(self.index))
+        self._apply(state, seq, payload, now, resume=False)
+        log.warning("kv_events_gap_unrecovered", endpoint=name, missing_from=first, resumed_at=seq)
+
+    async def _replay(self, name: str, address: str, first: int) -> list[tuple[int, bytes]] | None:
+        assert self._context is not None
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        out: list[tuple[int, bytes]] = []
+        try:
+            sock.connect(address)
+            async with asyncio.timeout(self.settings.replay_timeout):
+                await sock.send_multipart((b"", first.to_bytes(8, "big")))
+                while True:
+                    frames = await sock.recv_multipart()
+                    if len(frames) != 3:
+                        continue
+                    if frames[1] == END_SEQ:
+                        return out
+                    out.append((int.from_bytes(frames[1], "big"), frames[2]))
+        except TimeoutError:
+            log.warning("kv_events_replay_timeout", endpoint=name, address=address, first=first)
+            return None
+        finally:
+            sock.close(linger=0)
+
+    # applying -----------------------------------------------------------------------------
+    def _apply(
+        self, state: EndpointState, seq: int, payload: bytes, now: float, *, resume: bool, reason: str = ""
+    ) -> None:
+        name = state.name
+        state.last_seq = seq
+        state.last_event_at = now
+        self._expect.pop(name, None)
+        try:
+            batch = decode_batch(payload)
+        except WireError as e:
+            self._decode_error(name, str(e))
+            self._set(state, False, f"undecodable batch {seq}: {e}", now)
+            return
+        state.batches += 1
+        m.KV_EVENT_BATCHES.labels(name).inc()
+        ok = self._index_batch(state, batch, now)
+        if ok and state.mismatches == 0 and (resume or reason):
+            self._set(state, True, reason or "in sequence", now)
+        m.KV_INDEX_BLOCKS.set(len(self.index))
+
+    def _index_batch(self, state: EndpointState, batch: Batch, now: float) -> bool:
+        index = self.index
+        slot = state.slot
+        block_size = self.settings.block_size
+        state.events += len(batch.events)
+        for ev in batch.events:
+            if type(ev) is Stored:
+                if ev.block_size != block_size:
+                    self._mismatch(
+                        state,
+                        "block_size",
+                        f"events have block_size {ev.block_size}, configured {block_size}",
+                        now,
+                    )
+                    return False
+                if ev.parent is None and not self._verify(state, ev, now):
+                    return False
+                index.stored(slot, ev.hashes)
+            elif type(ev) is Removed:
+                index.removed(slot, ev.hashes)
+            elif type(ev) is Cleared:
+                index.clear(slot)
+                state.clears += 1
+        return True
+
+    def _verify(self, state: EndpointState, ev: Stored, now: float) -> bool:
+        hasher = self.settings.hasher
+        if hasher is None or not ev.hashes or len(ev.token_ids) < hasher.block_size:
+            return True
+        n = self._verified.get(state.name, 0)
+        self._verified[state.name] = n + 1
+        if n >= _VERIFY_FIRST and n % _VERIFY_EVERY:
+            return True
+        expected = hasher.hashes(ev.token_ids[: hasher.block_size], 1, ev.lora_name)[0]
+        if expected == ev.hashes[0]:
+            return True
+        self._mismatch(
+            state,
+            "hash_scheme",
+            f"a first block hashes to {ev.hashes[0]:#x} in the events, {expected:#x} with "
+            f"hashAlgo {hasher.algo!r} and the configured hashSeed: check both against the engine's "
+            "--prefix-caching-hash-algo and PYTHONHASHSEED",
+            now,
+        )
+        return False
+
+    def _mismatch(self, state: EndpointState, kind: str, detail: str, now: float) -> None:
+        state.mismatches += 1
+        m.KV_EVENT_MISMATCHES.labels(state.name, kind).inc()
+        if state.mismatches == 1 or state.mismatches % 1000 == 0:
+            log.error(
+                "kv_events_config_mismatch",
+                endpoint=state.name,
+                kind=kind,
+                detail=detail,
+                count=state.mismatches,
+            )
+        self.index.clear(state.slot)
+        self._set(state, False, f"{kind} mismatch: {detail}", now)
+
+    def _decode_error(self, name: str, detail: str) -> None:
+        m.KV_EVENT_DECODE_ERRORS.labels(name).inc()
+        log.warning("kv_events_undecodable", endpoint=name, detail=detail)
+
+    def _set(self, state: EndpointState, consistent: bool, reason: str, now: float) -> None:
+        if state.mark(consistent, reason, now):
+            m.KV_EVENT_CONSISTENT.labels(state.name).set(1 if consistent else 0)
+            log.info("kv_events_consistency", endpoint=state.name, consistent=consistent, reason=reason)
+            if self.on_change is not None:
+                self.on_change(state)
+
+    # silence ------------------------------------------------------------------------------
+    def check_silence(self, now: float) -> None:
+        """Mark endpoints inconsistent whose events are overdue."""
+        for name, due in list(self._expect.items()):
+            if now < due:
+                continue
+            del self._expect[name]
+            state = self.index.states.get(name)
+            if state is not None and state.last_event_at < due - self.settings.silence_timeout:
+                self._set(
+                    state, False, f"silent publisher: no events for {self.settings.silence_timeout:g}s", now
+                )
+
+    async def _watch(self) -> None:
+        period = max(self.settings.silence_timeout / 4, 0.05)
+        while True:
+            await asyncio.sleep(period)
+            self.check_silence(time.monotonic())
+
+    def debug_state(self) -> dict[str, Any]:
+        index = self.index
+        return {
+            "indexedBlocks": len(index),
+            "capacityPerEndpoint": index.capacity,
+            "endpoints": {
+                name: {
+                    "consistent": s.consistent,
+                    "reason": s.reason,
+                    "lastSeq": s.last_seq,
+                    "blocks": index.blocks(s.slot),
+                    "batches": s.batches,
+                    "events": s.events,
+                    "gaps": s.gaps,
+                    "restarts": s.restarts,
+                    "replays": s.replays,
+                    "clears": s.clears,
+                    "mismatches": s.mismatches,
+                }
+                for name, s in sorted(index.states.items())
+            },
+        }

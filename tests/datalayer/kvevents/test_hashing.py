@@ -1,0 +1,94 @@
+"""Request-side block hashes equal vLLM's for every --prefix-caching-hash-algo, seed and extra key."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from typing import Any
+
+import cbor2
+import msgspec
+import pytest
+import xxhash
+
+from epp.datalayer.kvevents.hashing import HASH_ALGOS, BlockHasher, external_hash, hash_function
+from epp_sim.hashing import BlockHasher as SimHasher
+
+
+def reference_fn(algo: str) -> Any:
+    """vllm/utils/hashing.py, written out: serialiser then digest."""
+
+    def serialise(value: Any) -> bytes:
+        if algo.endswith("_cbor"):
+            return bytes(cbor2.dumps(value, canonical=True))
+        if algo.endswith("_msgpack"):
+            return msgspec.msgpack.encode(value)
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    if algo.startswith("sha256"):
+        return lambda v: hashlib.sha256(serialise(v)).digest()
+    return lambda v: xxhash.xxh3_128_digest(serialise(v))
+
+
+def reference_hashes(
+    tokens: list[int], bs: int, algo: str, seed: str, extra_all: tuple[Any, ...] | None, salt: str | None
+) -> list[int]:
+    """vllm/v1/core/kv_cache_utils.py: init_none_hash, hash_block_tokens, the request block hasher's
+    extra keys (LoRA name on every block, cache_salt on the first) and maybe_convert_block_hash."""
+    fn = reference_fn(algo)
+    parent = fn(seed)
+    out = []
+    for i, start in enumerate(range(0, len(tokens) - bs + 1, bs)):
+        keys = list(extra_all or ()) + ([salt] if salt and i == 0 else [])
+        extra = tuple(keys) if keys else None
+        block = tokens[start : start + bs]
+        parent = fn((parent, block if algo.endswith("_msgpack") else tuple(block), extra))
+        out.append(int.from_bytes(parent, byteorder="big") & ((1 << 64) - 1))
+    return out
+
+
+TOKENS = [(i * 7919) % 50_000 for i in range(100)]  # 6 full blocks of 16, 4 tokens left over
+
+
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+@pytest.mark.parametrize(
+    ("lora", "salt"), [(None, None), ("sql-adapter", None), (None, "tenant-a"), ("sql-adapter", "tenant-a")]
+)
+def test_hashes_equal_vllms(algo: str, lora: str | None, salt: str | None) -> None:
+    hasher = BlockHasher(algo, 16, "42")
+    got = hasher.hashes(TOKENS, 0, lora, salt)
+    assert got == reference_hashes(TOKENS, 16, algo, "42", (lora,) if lora else None, salt)
+    assert len(got) == 6
+
+
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_the_simulator_hashes_like_the_epp(algo: str) -> None:
+    """The simulator's engine chain and the EPP's request chain agree, block by block."""
+    sim = SimHasher(algo, "7")
+    digest = None
+    chain = []
+    for start in range(0, 96, 16):
+        digest = sim.block(digest, TOKENS[start : start + 16], None)
+        chain.append(external_hash(digest))
+    assert BlockHasher(algo, 16, "7").hashes(TOKENS) == chain
+
+
+def test_seed_block_size_and_limit_change_the_hashes() -> None:
+    base = BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS)
+    assert BlockHasher("sha256_cbor", 16, "43").hashes(TOKENS)[0] != base[0]
+    assert BlockHasher("sha256_cbor", 32, "42").hashes(TOKENS)[0] != base[0]
+    assert BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS, 2) == base[:2]
+    assert BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS[:15]) == []
+
+
+def test_external_hash_folds_digests_to_their_low_64_bits() -> None:
+    digest = bytes(range(32))
+    assert external_hash(digest) == int.from_bytes(digest, "big") & ((1 << 64) - 1)
+    assert external_hash(2**70 + 5) == 5
+
+
+def test_unknown_algorithm_is_refused() -> None:
+    with pytest.raises(ValueError, match="unsupported prefix caching hash algorithm"):
+        hash_function("md5")
+    with pytest.raises(ValueError, match="block size"):
+        BlockHasher("sha256", 0, "")

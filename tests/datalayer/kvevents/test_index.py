@@ -1,0 +1,71 @@
+"""The block index: longest held prefix per endpoint, bounded per endpoint, exact removal."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.datalayer.kvevents.index import BlockIndex
+
+
+def brute_force(held: list[set[int]], hashes: list[int], slots: list[int]) -> dict[int, int]:
+    out = {}
+    for slot in slots:
+        n = 0
+        while n < len(hashes) and hashes[n] in held[slot]:
+            n += 1
+        if n:
+            out[slot] = n
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 12), max_size=12), min_size=1, max_size=6),
+    st.lists(st.integers(0, 12), max_size=10),
+    st.data(),
+)
+def test_match_is_the_longest_held_prefix(
+    held_lists: list[list[int]], hashes: list[int], data: st.DataObject
+) -> None:
+    index = BlockIndex(capacity=100)
+    held = []
+    for i, blocks in enumerate(held_lists):
+        index.add_endpoint(f"ep-{i}")
+        index.stored(i, blocks)
+        held.append(set(blocks))
+    slots = data.draw(st.lists(st.sampled_from(range(len(held_lists))), unique=True))
+    mask = sum(1 << s for s in slots)
+    assert index.match(hashes, mask) == brute_force(held, hashes, slots)
+
+
+def test_capacity_evicts_least_recently_stored() -> None:
+    index = BlockIndex(capacity=3)
+    a = index.add_endpoint("a").slot
+    b = index.add_endpoint("b").slot
+    index.stored(a, [1, 2, 3])
+    index.stored(b, [1])
+    index.stored(a, [1])  # refreshed: 2 is now the oldest
+    index.stored(a, [4])
+    assert index.blocks(a) == 3
+    assert index.match([1, 2], 1 << a) == {a: 1}
+    assert index.match([1], 1 << b) == {b: 1}  # b's copy of 1 is untouched
+    assert len(index) == 4 - 1  # 1, 3, 4 (2 evicted)
+
+
+def test_removed_clear_and_endpoint_removal() -> None:
+    index = BlockIndex(capacity=10)
+    a = index.add_endpoint("a").slot
+    b = index.add_endpoint("b").slot
+    index.stored(a, [1, 2, 3])
+    index.stored(b, [1, 2])
+    index.removed(a, [2, 99])
+    both = (1 << a) | (1 << b)
+    assert index.match([1, 2, 3], both) == {a: 1, b: 2}
+    index.clear(b)
+    assert index.match([1, 2, 3], both) == {a: 1}
+    index.remove_endpoint("a")
+    assert len(index) == 0
+    c = index.add_endpoint("c").slot
+    assert c == a  # the slot is reused, empty
+    assert index.match([1], 1 << c) == {}

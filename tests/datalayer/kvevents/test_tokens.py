@@ -1,0 +1,68 @@
+"""Token ids as the engine sees them: a local tokenizer.json, or the engine's own POST /tokenize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from epp.datalayer.kvevents.tokens import LocalTokenizer, ServerTokenizer, render_chatml
+from epp.request import ApiKind
+from epp.testing.builders import chat_body, completions_body, make_endpoint, make_request
+from epp_sim.config import FleetConfig
+from epp_sim.fleet import Fleet
+from epp_sim.tokens import render_chat, token_ids
+from tests.epp_sim.helpers import engine_config
+
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+]
+
+
+@pytest.fixture
+def tokenizer_json(tmp_path: Path) -> str:
+    words = ["[UNK]", "<|im_start|>system", "<|im_start|>user", "<|im_start|>assistant", "be", "brief", "hi"]
+    words += ["<|im_end|>", "the", "cat"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return str(path)
+
+
+def test_chatml_is_the_simulators_template() -> None:
+    assert render_chatml(MESSAGES) == render_chat(MESSAGES)
+
+
+async def test_local_tokenizer(tokenizer_json: str) -> None:
+    local = LocalTokenizer(tokenizer_json)
+    ep = [make_endpoint(0)]
+    assert await local.token_ids(make_request(prompt="the cat"), ep) == [8, 9]
+    chat = make_request(api=ApiKind.CHAT_COMPLETIONS, body={"model": "m", "messages": MESSAGES})
+    chat.body = chat_body(MESSAGES)
+    assert await local.token_ids(chat, ep) == local.encode(render_chatml(MESSAGES), add_special_tokens=False)
+    given = make_request()
+    given.body = completions_body([5, 6, 7])
+    assert await local.token_ids(given, ep) == [5, 6, 7]  # pre-tokenized prompts are used as they are
+
+
+async def test_server_tokenizer_returns_the_engines_ids() -> None:
+    async with Fleet(FleetConfig(engine=engine_config())) as fleet:
+        rank = fleet.rank(0)
+        ep = [make_endpoint(0, address="127.0.0.1", port=rank.port)]
+        server = ServerTokenizer()
+        try:
+            prompt = make_request(model="mock-model", prompt="a shared system prompt, then a question")
+            assert (
+                await server.token_ids(prompt, ep)
+                == token_ids("a shared system prompt, then a question").tolist()
+            )
+            chat = make_request(model="mock-model")
+            chat.body = chat_body(MESSAGES, model="mock-model")
+            assert await server.token_ids(chat, ep) == token_ids(render_chat(MESSAGES)).tolist()
+            assert await server.token_ids(prompt, []) is None
+        finally:
+            await server.close()
