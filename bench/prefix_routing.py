@@ -73,6 +73,16 @@ GOALS = {
     "event_cpu_cores": 0.05,
 }
 PRECISE_TYPE = "precise-prefix-cache-scorer"
+# Every EPP cell's replicas hash as the precise config expects and report cached tokens (the precise
+# scorer's observed reuse); only the precise cells also publish KV events.
+KV_EVENT_SIM_ARGS = (
+    "--hash-seed",
+    "42",
+    "--prefix-caching-hash-algo",
+    "sha256_cbor",
+    "--enable-prompt-tokens-details",
+)
+KV_EVENTS_ON = ("--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0")
 SESSION_HEADER = "x-session-token"
 
 
@@ -124,6 +134,13 @@ ROUTERS = (
         kv_events=True,
     ),
     Router(
+        "epp-precise-no-events",
+        "Envoy + EPP, precise scorer config, no KV events (CPU baseline)",
+        "epp",
+        epp_config="precise-prefix.yaml",
+        parts=("shared",),
+    ),
+    Router(
         "epp-session",
         "Envoy + EPP, session affinity + approximate index",
         "epp",
@@ -141,6 +158,7 @@ ROUTERS = (
     ),
 )
 BASELINE = "round-robin"
+NO_EVENTS = "epp-precise-no-events"
 SGLANG = "sglang-cache-aware"
 EPP_ROUTERS = ("epp-approx", "epp-precise")
 
@@ -212,11 +230,11 @@ class Stack:
         self._stack = contextlib.AsyncExitStack()
         st = self._stack
         r = self.router
-        extra = ["--kv-events", "tcp://127.0.0.1:0"] if r.kv_events else []
+        extra = [*KV_EVENT_SIM_ARGS, *(KV_EVENTS_ON if r.kv_events else ())]
         self.fleet = await st.enter_async_context(SimFleet(self.replicas, *self.sim, *extra))
         if r.kind == "epp":
             args = [f"--endpoints={','.join(self.fleet.hostports)}", "--bind-address=127.0.0.1"]
-            args.append(f"--config-file={CONFIGS / r.epp_config}")
+            args.append(f"--config-file={self.epp_config(st)}")
             epp = await st.enter_async_context(EppProcess(*args))
             envoy = await st.enter_async_context(Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)))
             self.idle = (await idle_cores({"epp": {"epp": epp.pid}}, 2.0))["epp"]
@@ -237,6 +255,38 @@ class Stack:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.__aexit__(*exc)
+
+    def epp_config(self, st: Any) -> Path:
+        """The router's config; for the precise scorer, with the replicas' KV-event sockets filled in."""
+        path = CONFIGS / self.router.epp_config
+        doc = yaml.safe_load(path.read_text())
+        precise = [p for p in doc["plugins"] if p["type"] == PRECISE_TYPE]
+        if not precise:
+            return path
+        ke = precise[0]["parameters"]["kvEventsConfig"]
+        # Without events (the CPU baseline) each endpoint points at a port nobody publishes on: the
+        # subscriber connects, hears nothing and the scorer serves from the approximate index.
+        ke["endpoints"] = {
+            f"{x['host']}:{x['port']}": x.get("kv_events") or "tcp://127.0.0.1:9"
+            for x in self.fleet.listeners
+        }
+        ke["replayEndpoints"] = {
+            f"{x['host']}:{x['port']}": x["kv_replay"] for x in self.fleet.listeners if x.get("kv_replay")
+        }
+        d = Path(st.enter_context(tempfile.TemporaryDirectory(prefix="bench-precise-")))
+        (d / "config.yaml").write_text(yaml.safe_dump(doc))
+        return d / "config.yaml"
+
+    async def debug_state(self) -> dict[str, Any]:
+        """The EPP's /debug/plugins/state (the precise scorer's running predicted/observed correlation)."""
+        if not self.epp_metrics_url:
+            return {}
+        text = await epp_metrics(self.epp_metrics_url.replace("/metrics", "/debug/plugins/state"))
+        try:
+            doc: dict[str, Any] = json.loads(text)
+        except ValueError:
+            return {}
+        return doc
 
     def cpu(self) -> dict[str, float]:
         assert self.meter is not None
@@ -268,7 +318,25 @@ async def shared_cell(router: Router, rate: float, st: Settings, loadgen: str) -
         cell.update(res)
         cell["fleet"] = await fleet_counters(s.fleet.ports)
         cell["epp_metrics"] = reuse_metrics(await epp_metrics(s.epp_metrics_url))
+        cell["reuse_correlation"] = find_key(await s.debug_state(), "pearson")
     return cell
+
+
+def find_key(doc: Any, key: str) -> Any:
+    """The first value under ``key`` anywhere in a JSON document (the precise scorer's debug state)."""
+    if isinstance(doc, dict):
+        if key in doc:
+            return doc[key]
+        items = list(doc.values())
+    elif isinstance(doc, list):
+        items = doc
+    else:
+        return None
+    for v in items:
+        found = find_key(v, key)
+        if found is not None:
+            return found
+    return None
 
 
 def reuse_metrics(text: str) -> dict[str, float]:
@@ -335,6 +403,59 @@ def derive_shared(cells: list[dict[str, Any]], routers: Sequence[str]) -> dict[s
 def _goal(value: float | None, goal: float, *, lower: bool) -> dict[str, Any]:
     met = value is not None and (value <= goal if lower else value >= goal)
     return {"goal": goal, "value": value, "met": met}
+
+
+def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """Predicted/observed reuse correlation (the scorer's running Pearson over every routed request
+    whose response reported cached tokens) and the CPU the KV events cost the EPP (precise cell
+    minus the same config without events, at the top rate, over the cell's wall time)."""
+    cells = [c for c in (doc.get("shared") or {}).get("cells", []) if "failed" not in c]
+    cells += [{**c, "rate": "conversation"} for c in (doc.get("conversation") or {}).get("cells", [])]
+    precise = [c for c in cells if c["router"] == "epp-precise" and "failed" not in c]
+    if not precise:
+        return None
+    lines: list[str] = []
+    goals: list[dict[str, Any]] = []
+    corr = [(c["rate"], c.get("reuse_correlation")) for c in precise]
+    for rate, r in corr:
+        where = "conversation replay" if rate == "conversation" else f"shared prefix, {rate:g} req/s"
+        lines.append(f"predicted vs observed cached tokens, Pearson r ({where}): {_num(r)}")
+    worst = min((r for _, r in corr if r is not None), default=None)
+    goals.append(
+        {
+            "what": "predicted/observed reuse, lowest r over the cells",
+            "goal_text": "correlation ≥ 0.9",
+            "value": worst,
+            "met": worst is not None and worst >= GOALS["reuse_correlation"],
+        }
+    )
+    by = {(c["router"], c["rate"]): c for c in cells}
+    rates = [c["rate"] for c in cells if c["router"] == NO_EVENTS]
+    if rates:
+        rate = rates[0]
+        on, off = by.get(("epp-precise", rate)), by[(NO_EVENTS, rate)]
+        if on is not None:
+            cpu_on, cpu_off = on["router_cpu_s"].get("epp", 0.0), off["router_cpu_s"].get("epp", 0.0)
+            wall = on["wall_s"]
+            cores = (cpu_on - cpu_off) / wall if wall else None
+            batches = sum(v for k, v in on.get("epp_metrics", {}).items() if "batches_total" in k)
+            lines.append(
+                f"EPP CPU at {rate:g} req/s: {cpu_on:.1f} s with KV events, {cpu_off:.1f} s without "
+                f"(same config; {wall:.0f} s): {_num(cores)} cores for {batches / wall:.0f} event batches/s"
+            )
+            goals.append(
+                {
+                    "what": f"event processing at {rate:g} req/s",
+                    "goal_text": "≤ 5% of one core",
+                    "value": cores,
+                    "met": cores is not None and cores <= GOALS["event_cpu_cores"],
+                }
+            )
+    return {"lines": lines, "goals": goals}
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,6 +597,7 @@ async def conversation_cell(router: Router, st: Settings) -> dict[str, Any]:
         cell.update(followups(per))
         cell["fleet"] = await fleet_counters(s.fleet.ports)
         cell["epp_metrics"] = reuse_metrics(await epp_metrics(s.epp_metrics_url))
+        cell["reuse_correlation"] = find_key(await s.debug_state(), "pearson")
     return cell
 
 
@@ -491,7 +613,7 @@ def choose(st: Settings, part: str, notes: list[str]) -> list[Router]:
         if r.peer is not None and not peer_installed(r.peer.tool):
             notes.append(f"{r.label}: not installed (python -m bench.setup), skipped")
             continue
-        if r.name == "epp-precise" and not precise_available():
+        if r.name in ("epp-precise", NO_EVENTS) and not precise_available():
             notes.append(f"{r.label}: the {PRECISE_TYPE} plugin is not in this build, skipped")
             continue
         out.append(r)
@@ -518,6 +640,8 @@ async def run(mode: str, parts: Sequence[str], rates: Sequence[float], only: Seq
         cells: list[dict[str, Any]] = []
         for rate in st.rates:
             for router in routers:
+                if router.name == NO_EVENTS and rate != max(st.rates):
+                    continue  # the event-processing CPU baseline: one cell, at the top rate
                 log(f"prefix_routing: {router.label} at {rate:g} req/s for {st.duration_s} s ...")
                 try:
                     cell = await shared_cell(router, rate, st, loadgen)
@@ -586,6 +710,7 @@ async def run(mode: str, parts: Sequence[str], rates: Sequence[float], only: Seq
             }
     for n in notes:
         log(f"prefix_routing: {n}")
+    doc["precise"] = derive_precise(doc)
     return doc
 
 
@@ -616,6 +741,7 @@ def merge(result: dict[str, Any], previous: dict[str, Any], only: Sequence[str])
             new["derived"] = derive_shared(new["cells"], list(new["routers"]))
         else:
             new["goals"] = {**old.get("goals", {}), **new.get("goals", {})}
+    result["precise"] = derive_precise(result)
 
 
 def main(argv: list[str] | None = None) -> int:
