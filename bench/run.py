@@ -33,6 +33,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("flowcontrol", "bench.flowcontrol", True),
     ("sim_cost", "bench.sim_cost", True),
     ("failover", "bench.failover", True),
+    ("precise_prefix", "bench.precise_prefix", True),
 )
 
 

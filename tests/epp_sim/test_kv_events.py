@@ -351,3 +351,29 @@ async def test_tokenize_endpoint_is_vllms(http: aiohttp.ClientSession) -> None:
         "token_strs": None,
     }
     assert chat_body["tokens"] == token_ids(render_chat(messages)).tolist()
+
+
+async def test_cache_salt_is_hashed_into_the_first_block(
+    zmq_context: zmq.asyncio.Context, http: aiohttp.ClientSession
+) -> None:
+    """As vLLM, a request's cache_salt is an extra key of its first block only."""
+    from epp.datalayer.kvevents.hashing import BlockHasher
+
+    sub = Subscriber(zmq_context)
+    config = FleetConfig(
+        engine=engine_config(
+            kv_events="tcp://127.0.0.1:0", prefix_caching_hash_algo="sha256_cbor", hash_seed="5"
+        )
+    )
+    prompt = "salted prompt text " * 8
+    async with Fleet(config) as fleet:
+        rank = fleet.rank(0)
+        assert rank.publisher is not None
+        sub.socket.connect(rank.publisher.endpoint)
+        await connected(sub, http, rank.url)
+        await complete(http, rank.url, prompt, cache_salt="tenant-a")
+        (stored,) = [e for e in await sub.drain() if isinstance(e, BlockStored)]
+    ids = token_ids(prompt).tolist()
+    hasher = BlockHasher("sha256_cbor", 16, "5")
+    assert stored.block_hashes == hasher.hashes(ids, cache_salt="tenant-a")
+    assert stored.block_hashes[0] != hasher.hashes(ids)[0]

@@ -22,6 +22,15 @@ EXPECTED: dict[str, set[str]] = {
     "token-load-scorer": {"queueThresholdTokens"},
     "prefix-cache-scorer": set(),
     "prefill-load-scorer": set(),  # ours, not GIE's
+    # llm-d's name and config blocks, plus ours (docs/precise-prefix.md)
+    "precise-prefix-cache-scorer": {
+        "tokenProcessorConfig",
+        "kvEventsConfig",
+        "indexerConfig",
+        "tokenizerConfig",
+        "scoreNormalization",
+        "kvEventsSource",
+    },
     "prefix-cache-affinity-filter": {"affinityThreshold", "explorationProbability", "maxTTFTPenaltyMs"},
     "header-based-testing-filter": set(),
     "utilization-detector": {

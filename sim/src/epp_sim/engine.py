@@ -94,7 +94,7 @@ class Engine:
         block = self.hasher.block
         digest = None
         for start in range(0, seq.prompt_len - bs + 1, bs):
-            digest = block(digest, tokens[start : start + bs], seq.extra)
+            digest = block(digest, tokens[start : start + bs], seq.extra if start else seq.first_extra)
             seq.hashes.append(external_hash(digest))
         seq.last_digest = digest
         wall = time.monotonic()
@@ -411,6 +411,8 @@ class Engine:
             seq.tokens[first * bs : (first + len(hashes)) * bs].tolist(),
             adapter.id if adapter is not None else None,
             adapter.name if adapter is not None else None,
+            # vLLM publishes each block's extra hash keys (LoRA name, cache_salt on block 0)
+            [seq.first_extra if i == 0 else seq.extra for i in range(first, first + len(hashes))],
         )
 
     def _release(self, seq: Seq) -> None:

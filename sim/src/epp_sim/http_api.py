@@ -154,6 +154,9 @@ class HttpApi:
         if n != 1:
             raise _bad("The simulator supports only n=1.", "n")
         config = self.rank.engine.config
+        salt = data.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise _bad("cache_salt must be a non-empty string.", "cache_salt")
         return Seq(
             request_id,
             ids,
@@ -163,6 +166,7 @@ class HttpApi:
             embedding=embedding,
             stream=stream,
             sampler=OutputStream(key, config.seed, config.eos_probability),
+            cache_salt=salt,
         )
 
     def _request_id(self, request: web.Request) -> str:

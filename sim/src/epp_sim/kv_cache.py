@@ -114,6 +114,7 @@ class KVCache:
         token_ids: list[int],
         lora_id: int | None,
         lora_name: str | None,
+        extra_keys: list[tuple[object, ...] | None] | None = None,
     ) -> None:
         if self.record_events and hashes:
             self.events.append(
@@ -125,6 +126,7 @@ class KVCache:
                     lora_id=lora_id,
                     medium=MEDIUM_GPU,
                     lora_name=lora_name,
+                    extra_keys=extra_keys,
                 )
             )
 

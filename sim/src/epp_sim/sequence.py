@@ -38,6 +38,7 @@ class Seq:
         "error",
         "extra",
         "finish_reason",
+        "first_extra",
         "first_token_at",
         "hashes",
         "held",
@@ -70,6 +71,7 @@ class Seq:
         embedding: bool = False,
         stream: bool = False,
         sampler: OutputStream,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.tokens = tokens
@@ -79,6 +81,8 @@ class Seq:
         self.adapter = adapter
         # vLLM's extra hash keys: the LoRA name for adapter requests, else None
         self.extra: tuple[str, ...] | None = (adapter.name,) if adapter is not None else None
+        # the first block's extra keys: vLLM adds cache_salt there only, after the LoRA name
+        self.first_extra = (*(self.extra or ()), cache_salt) if cache_salt else self.extra
         self.last_digest: bytes | None = None  # the full digest of the last hashed block (the chain)
         self.embedding = embedding
         self.stream = stream

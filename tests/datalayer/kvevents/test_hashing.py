@@ -92,3 +92,23 @@ def test_unknown_algorithm_is_refused() -> None:
         hash_function("md5")
     with pytest.raises(ValueError, match="block size"):
         BlockHasher("sha256", 0, "")
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor", "xxhash_msgpack"])
+def test_memoised_hashes_equal_fresh_ones(algo: str) -> None:
+    """The memo is keyed by everything a block's digest depends on: shared prefixes, other suffixes,
+    LoRA and salt variants and huge token ids all hash as a fresh hasher (and as vLLM) does."""
+    warm = BlockHasher(algo, 16, "9")
+    prompts = [TOKENS, TOKENS[:48] + [7] * 40, TOKENS[:47] + [8] * 41, [2**40 + t for t in TOKENS]]
+    variants: list[tuple[str | None, str | None]] = [
+        (None, None),
+        ("lora", None),
+        (None, "salt"),
+        ("lora", "salt"),
+    ]
+    for _ in range(2):
+        for tokens in prompts:
+            for lora, salt in variants:
+                got = warm.hashes(tokens, 0, lora, salt)
+                assert got == BlockHasher(algo, 16, "9").hashes(tokens, 0, lora, salt)
+                assert got == reference_hashes(tokens, 16, algo, "9", (lora,) if lora else None, salt)

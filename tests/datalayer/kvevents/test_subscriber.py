@@ -71,8 +71,11 @@ async def test_in_sequence_join_late_and_gap_without_replay() -> None:
     assert (state.consistent, state.gaps) == (False, 1)
     await sub._recover(NAME, None, 9, 11, payload(BlockRemoved(block_hashes=[HASHES[2]], medium="GPU")))
     assert (state.consistent, held(sub, slot), state.last_seq) == (False, 0, 11)  # dropped: may be stale
+    assert state.rebuilding
     sub.on_message(NAME, 12, payload(stored(HASHES[:1])))
-    assert (state.consistent, held(sub, slot)) == (True, 1)  # a clear plus fresh events
+    assert (state.consistent, held(sub, slot)) == (False, 1)  # fresh events alone miss the hot prefixes
+    sub.on_message(NAME, 13, payload(AllBlocksCleared(), stored(HASHES[:2])))
+    assert (state.consistent, state.rebuilding, held(sub, slot)) == (True, False, 2)  # a clear + fresh events
 
 
 def test_restart_clear_and_silence() -> None:
@@ -86,7 +89,7 @@ def test_restart_clear_and_silence() -> None:
     assert (state.clears, held(sub, slot), state.consistent) == (1, 0, True)
     sub.note_routed(NAME, 10.0)
     sub.check_silence(14.0)
-    assert (state.consistent, state.reason) == (True, "in sequence")
+    assert (state.consistent, state.reason) == (True, "engine cleared its cache")
     sub.check_silence(15.5)
     assert (state.consistent, state.reason) == (False, "silent publisher: no events for 5s")
     sub.on_message(NAME, 2, payload(stored(HASHES[:2])), now=16.0)
@@ -104,11 +107,31 @@ def test_block_size_and_hash_scheme_mismatches_are_loud_and_sticky() -> None:
     assert not state.consistent  # a configuration error does not heal itself
 
     sub2, slot2 = subscriber()
-    other = BlockHasher("sha256", 16, "42").hashes(TOKENS)  # the engine hashes with pickle
-    sub2.on_message(NAME, 0, payload(stored(other[:2])))
     state2 = sub2.index.states[NAME]
+    pickle_hasher = BlockHasher("sha256", 16, "42")  # the engine hashes with pickle
+    for seq in range(3):
+        tokens = [seq * 1000 + t for t in range(32)]
+        sub2.on_message(NAME, seq, payload(stored(pickle_hasher.hashes(tokens), tokens=tokens)))
+        if seq < 2:
+            assert state2.consistent  # one failure could be a salt the events do not show
     assert not state2.consistent and "hash_scheme mismatch" in state2.reason
     assert held(sub2, slot2) == 0
+
+
+def test_salted_first_blocks_verify_with_the_engines_extra_keys() -> None:
+    """A cache_salt changes the first block's hash; with the engine's extra_keys the check passes,
+    without them a failure after a success is not taken for a wrong scheme."""
+    sub, slot = subscriber()
+    state = sub.index.states[NAME]
+    salted = HASHER.hashes(TOKENS, cache_salt="tenant-a")
+    event = stored(salted[:2])
+    event.extra_keys = [("tenant-a",), None]
+    sub.on_message(NAME, 0, payload(event))
+    assert (state.verified, state.verify_failures) == (1, 0)
+    for seq in range(1, 5):  # salted, extra_keys not sent (older vLLM)
+        sub.on_message(NAME, seq, payload(stored(salted[:1])))
+    assert state.consistent and state.verify_failures == 4 and state.mismatches == 0
+    assert held(sub, slot) == 0  # the salted chain is not the unsalted request's
 
 
 async def test_gap_replayed_from_the_simulator_over_zmq() -> None:
@@ -168,3 +191,14 @@ def test_addresses_from_settings_and_labels(labels: dict[str, str]) -> None:
     assert address == f"tcp://192.168.1.3:{labels.get('kv-events.epp/port', '5557')}"
     assert replay == "tcp://192.168.1.3:5558"
     assert topic == labels.get("kv-events.epp/topic", "kv@")
+
+
+def test_removed_endpoint_leaves_no_series() -> None:
+    sub, _ = subscriber()
+    sub.on_message(NAME, 0, payload(stored(HASHES[:1])))
+    sub.on_message(NAME, 5, payload())  # a gap
+    assert (NAME,) in dict(m.KV_EVENT_GAPS._series())
+    sub.remove(make_endpoint(0))
+    assert (NAME,) not in dict(m.KV_EVENT_GAPS._series())
+    assert (NAME,) not in dict(m.KV_EVENT_BATCHES._series())
+    assert NAME not in sub.index.states

@@ -66,3 +66,49 @@ async def test_server_tokenizer_returns_the_engines_ids() -> None:
             assert await server.token_ids(prompt, []) is None
         finally:
             await server.close()
+
+
+async def test_server_tokenizer_passes_template_fields_and_takes_turns() -> None:
+    """Fields that change the engine's chat rendering reach /tokenize; candidates take turns."""
+    from aiohttp import web
+
+    seen: list[tuple[int, dict[str, Any]]] = []
+
+    def app(index: int) -> web.Application:
+        async def tokenize(request: web.Request) -> web.Response:
+            seen.append((index, await request.json()))
+            return web.json_response({"count": 1, "max_model_len": 10, "tokens": [index], "token_strs": None})
+
+        a = web.Application()
+        a.router.add_post("/tokenize", tokenize)
+        return a
+
+    runners = [web.AppRunner(app(i)) for i in range(2)]
+    eps = []
+    for i, runner in enumerate(runners):
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        eps.append(make_endpoint(i, address="127.0.0.1", port=port))
+    server = ServerTokenizer()
+    try:
+        chat = make_request(model="m")
+        body = {
+            "model": "m",
+            "messages": MESSAGES,
+            "tools": [{"type": "function"}],
+            "chat_template_kwargs": {"x": 1},
+        }
+        chat.body = chat_body(MESSAGES, model="m")
+        assert chat.body.json is not None
+        chat.body.json.update(body)
+        got = [await server.token_ids(chat, eps) for _ in range(2)]
+    finally:
+        await server.close()
+        for runner in runners:
+            await runner.cleanup()
+    assert sorted(g[0] for g in got if g) == [0, 1]  # each endpoint tokenised once
+    sent = seen[0][1]
+    assert sent["tools"] == [{"type": "function"}] and sent["chat_template_kwargs"] == {"x": 1}
+    assert sent["messages"] == MESSAGES and sent["add_generation_prompt"] is True and sent["model"] == "m"

@@ -59,26 +59,22 @@ def test_fraction_normalisation() -> None:
     assert s.score(state, request(), eps) == pytest.approx([1.0, 0.25])
 
 
-def test_inconsistent_endpoint_falls_back_to_the_approximate_index() -> None:
+@pytest.mark.parametrize(("approx_blocks", "expected"), [(4, 8), (1, 6), (0, 6)])
+def test_inconsistent_endpoint_takes_the_larger_of_events_and_approximate(
+    approx_blocks: int, expected: int
+) -> None:
+    """Endpoint 1's events are untrusted: its run is max(what its events say (6), the approximate
+    index's run converted to engine blocks (approx_blocks x 32 tokens / 16)); the others are exact."""
     s = scorer()
     eps = seed(s, [8, 6, 1], consistent=(True, False, True))
     state = CycleState()
-    # the approximate producer believes endpoint 1 holds 3 of its 32-token blocks (6 engine blocks of 16)
     state.set_attributes(
-        PREFIX_MATCH, {ep: PrefixMatchInfo(0, 4, 32) for ep in eps} | {eps[1]: PrefixMatchInfo(3, 4, 32)}
+        PREFIX_MATCH,
+        {ep: PrefixMatchInfo(4, 4, 32) for ep in eps} | {eps[1]: PrefixMatchInfo(approx_blocks, 4, 32)},
     )
     s.prepare(state, request(), eps, TOKENS)
     infos = state.attributes(PRECISE_PREFIX_MATCH)
-    assert [infos[ep].match_blocks for ep in eps] == [
-        8,
-        6,
-        1,
-    ]  # 6 from the approximate 3 x 32 tokens, not the index's 6
-    s.index.stored(s.index.states[eps[1].metadata.name].slot, [])
-    state2 = CycleState()
-    state2.set_attributes(PREFIX_MATCH, {ep: PrefixMatchInfo(0, 4, 32) for ep in eps})
-    s.prepare(state2, request(), eps, TOKENS)
-    assert state2.attributes(PRECISE_PREFIX_MATCH)[eps[1]].match_blocks == 0  # the index is not consulted
+    assert [infos[ep].match_blocks for ep in eps] == [8, expected, 1]  # 0 and 2 ignore the approximate 4
 
 
 def test_untokenisable_request_falls_back_for_every_endpoint() -> None:
@@ -120,3 +116,18 @@ def test_predicted_vs_observed_reuse() -> None:
 def test_invalid_configuration_is_refused(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build(PrecisePrefixCacheScorer, **params)
+
+
+def test_events_are_expected_only_when_the_engine_stores_new_blocks() -> None:
+    """A fully cached prompt publishes nothing: routing it must not arm the silence watchdog."""
+    s = scorer()
+    eps = seed(s, [8, 3])
+    s.subscriber.add(eps[0])
+    s.subscriber.add(eps[1])
+    for picked in (0, 1):
+        state = CycleState()
+        s.prepare(state, request(), eps, TOKENS)
+        s.pre_request(
+            state, request(), SchedulingResult({"default": ProfileRunResult((eps[picked],))}, "default")
+        )
+    assert set(s.subscriber._expect) == {eps[1].metadata.name}

@@ -36,6 +36,9 @@ class EndpointState:
     replays: int = 0
     clears: int = 0
     mismatches: int = 0
+    verified: int = 0  # sampled first blocks whose hash the configured scheme reproduced
+    verify_failures: int = 0
+    rebuilding: bool = False  # after an unreplayable gap, until the engine's cache is known complete
     transitions: list[tuple[float, bool, str]] = field(default_factory=list)  # bounded history
 
     def mark(self, consistent: bool, reason: str, now: float) -> bool:

@@ -8,13 +8,16 @@ Per message ``[topic, seq (8 bytes big-endian), payload]``:
   connection broke).  Removals may be lost, so the index may hold blocks the engine evicted:
   the endpoint is inconsistent.  With a replay socket the missing batches are asked for (vLLM's
   ROUTER protocol) and applied in order, and the endpoint is consistent again; without one, or if
-  the engine's buffer no longer has them, its blocks are dropped and it recovers on the next
-  contiguous batch (a clear plus fresh events: it under-predicts until it has seen them).
+  the engine's buffer no longer has them, its blocks are dropped (they may be stale) and it is
+  *rebuilding*: fresh events are indexed, but an engine reports a block once, when it first
+  caches it, so the hot prefixes it already held never come back; the endpoint stays
+  inconsistent (the scorer takes the larger of this index and the approximate one) until the
+  engine's cache is known complete again: an ``AllBlocksCleared`` or an engine restart.
 * ``seq < last + 1`` (outside a replayed range): the engine restarted.  Its cache is empty; the
   endpoint's blocks are dropped and indexing starts over from this batch.
 * The first message, at any seq: applied.  Joining a stream late loses only stores (the index
   under-predicts), never removals, so it is consistent.
-* ``AllBlocksCleared``: the endpoint's blocks are dropped; consistent from here.
+* ``AllBlocksCleared``: the endpoint's blocks are dropped; consistent from here (this ends rebuilding).
 * A publisher silent for ``silence_timeout`` after the EPP sent it a request with at least one
   full block: inconsistent until its next contiguous batch.
 * ``BlockStored.block_size`` other than the configured one, or a first block whose hash is not
@@ -48,6 +51,7 @@ log = structlog.get_logger(__name__)
 END_SEQ: Final = (-1).to_bytes(8, "big", signed=True)
 _VERIFY_FIRST: Final = 8  # root blocks checked per endpoint before sampling
 _VERIFY_EVERY: Final = 64  # then one root block in this many
+_MISMATCHES_TO_FAIL: Final = 3  # failed checks, with none passed, that make a hash-scheme mismatch
 
 PORT_LABEL: Final = "kv-events.epp/port"
 REPLAY_PORT_LABEL: Final = "kv-events.epp/replay-port"
@@ -136,8 +140,16 @@ class KVEventSubscriber:
         self._replayed.pop(name, None)
         self._verified.pop(name, None)
         self.index.remove_endpoint(name)
-        m.KV_EVENT_CONSISTENT.remove(name)
         m.KV_INDEX_BLOCKS.set(len(self.index))
+        # drop the endpoint's series: pods come and go, their label values must not pile up
+        for family in (m.KV_EVENT_CONSISTENT, m.KV_EVENT_BATCHES, m.KV_EVENT_GAPS, m.KV_EVENT_RESTARTS):
+            family.remove(name)
+        for family in (m.KV_EVENT_DECODE_ERRORS, m.PRECISE_FALLBACKS):
+            family.remove(name)
+        for outcome in ("ok", "incomplete", "timeout"):
+            m.KV_EVENT_REPLAYS.remove(name, outcome)
+        for kind in ("block_size", "hash_scheme"):
+            m.KV_EVENT_MISMATCHES.remove(name, kind)
 
     def address(self, endpoint: Endpoint) -> tuple[str, str | None, str]:
         """(SUB address, replay address or None, topic filter) for ``endpoint``: the explicit map
@@ -223,6 +235,7 @@ class KVEventSubscriber:
             m.KV_EVENT_RESTARTS.labels(name).inc()
             log.warning("kv_events_engine_restarted", endpoint=name, last_seq=state.last_seq, seq=seq)
             self.index.clear(state.slot)
+            state.rebuilding = False
             self._apply(state, seq, payload, now, resume=True, reason=f"engine restarted (seq {seq})")
         return None
 
@@ -254,6 +267,8 @@ class KVEventSubscriber:
         if replay is not None:
             m.KV_EVENT_REPLAYS.labels(name, "incomplete" if replayed is not None else "timeout").inc()
         self.index.clear(state.slot)
+        state.rebuilding = True
+        self._set(state, False, f"gap {first}..{seq - 1} not replayable: rebuilding", now)
         m.KV_INDEX_BLOCKS.set(len(self.index))
         self._apply(state, seq, payload, now, resume=False)
         log.warning("kv_events_gap_unrecovered", endpoint=name, missing_from=first, resumed_at=seq)
@@ -296,8 +311,12 @@ class KVEventSubscriber:
             return
         state.batches += 1
         m.KV_EVENT_BATCHES.labels(name).inc()
+        clears = state.clears
         ok = self._index_batch(state, batch, now)
-        if ok and state.mismatches == 0 and (resume or reason):
+        if state.clears != clears:
+            state.rebuilding = False  # the engine's cache is empty: everything from here is complete
+            reason = reason or "engine cleared its cache"
+        if ok and state.mismatches == 0 and not state.rebuilding and (resume or reason):
             self._set(state, True, reason or "in sequence", now)
         m.KV_INDEX_BLOCKS.set(len(self.index))
 
@@ -327,15 +346,30 @@ class KVEventSubscriber:
         return True
 
     def _verify(self, state: EndpointState, ev: Stored, now: float) -> bool:
+        """Recompute sampled first blocks.  The engine's own extra keys are used when it sends them
+        (``extra_keys``, newer vLLM); without them a salted request cannot be checked, so a
+        mismatch is declared only after ``_MISMATCHES_TO_FAIL`` failures with no success at all (a
+        wrong algorithm or seed fails every block)."""
         hasher = self.settings.hasher
-        if hasher is None or not ev.hashes or len(ev.token_ids) < hasher.block_size:
+        if hasher is None or not ev.hashes:
             return True
         n = self._verified.get(state.name, 0)
         self._verified[state.name] = n + 1
         if n >= _VERIFY_FIRST and n % _VERIFY_EVERY:
             return True
-        expected = hasher.hashes(ev.token_ids[: hasher.block_size], 1, ev.lora_name)[0]
+        tokens = ev.token_ids  # decoded only here, for the sampled blocks
+        if len(tokens) < hasher.block_size:
+            return True
+        if ev.has_extra:
+            extra = tuple(ev.first_extra) if isinstance(ev.first_extra, list) else None
+        else:
+            extra = (ev.lora_name,) if ev.lora_name else None
+        expected = int.from_bytes(hasher.digest(None, tokens[: hasher.block_size], extra)[-8:], "big")
         if expected == ev.hashes[0]:
+            state.verified += 1
+            return True
+        state.verify_failures += 1
+        if state.verified or state.verify_failures < _MISMATCHES_TO_FAIL:
             return True
         self._mismatch(
             state,
@@ -398,6 +432,9 @@ class KVEventSubscriber:
             "capacityPerEndpoint": index.capacity,
             "endpoints": {
                 name: {
+                    "hostport": ep.metadata.hostport
+                    if (ep := self._endpoints.get(name)) is not None
+                    else None,
                     "consistent": s.consistent,
                     "reason": s.reason,
                     "lastSeq": s.last_seq,
@@ -408,7 +445,10 @@ class KVEventSubscriber:
                     "restarts": s.restarts,
                     "replays": s.replays,
                     "clears": s.clears,
+                    "rebuilding": s.rebuilding,
                     "mismatches": s.mismatches,
+                    "hashChecks": {"passed": s.verified, "failed": s.verify_failures},
+                    "transitions": [{"consistent": c, "reason": r} for _, c, r in s.transitions[-4:]],
                 }
                 for name, s in sorted(index.states.items())
             },

@@ -15,6 +15,7 @@ has the measured cost of each.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -95,9 +96,13 @@ def given_ids(request: InferenceRequest) -> list[int] | None:
     return None
 
 
+_THREAD_CHARS = 4096  # longer texts are encoded on a worker thread (tokenizers releases the GIL)
+
+
 class LocalTokenizer:
-    """``tokenizers.Tokenizer.from_file(path)``; encodes on the event loop (microseconds to a
-    millisecond for long prompts: see docs/precise-prefix.md)."""
+    """``tokenizers.Tokenizer.from_file(path)``.  Short texts are encoded on the event loop; longer
+    ones (a 2,000-token prompt costs milliseconds, docs/precise-prefix.md) on a worker thread, so the
+    loop keeps serving while the Rust encoder runs without the GIL."""
 
     def __init__(self, path: str, *, add_special_tokens: bool = True) -> None:
         try:
@@ -120,20 +125,36 @@ class LocalTokenizer:
         if ids is not None:
             return ids
         messages = chat_messages(request)
+        special: bool | None = None
         if messages is not None:
             # the chat template carries its own special tokens: vLLM adds none (add_special_tokens=False)
-            return self.encode(render_chatml(messages), add_special_tokens=False)
-        text = prompt_text(request)
-        return None if text is None else self.encode(text)
+            text: str | None = render_chatml(messages)
+            special = False
+        else:
+            text = prompt_text(request)
+        if text is None:
+            return None
+        if len(text) > _THREAD_CHARS:
+            return await asyncio.to_thread(self.encode, text, add_special_tokens=special)
+        return self.encode(text, add_special_tokens=special)
+
+
+# Chat fields that change what the engine's template renders: passed through to /tokenize.
+_TEMPLATE_FIELDS = (
+    "tools", "documents", "chat_template", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message",
+)  # fmt: skip
 
 
 class ServerTokenizer:
-    """vLLM's ``POST /tokenize`` on the first candidate endpoint (all serve the same model)."""
+    """vLLM's ``POST /tokenize`` on one of the candidates (all serve the same model), taken in
+    turn so no engine carries every request's tokenisation."""
 
     def __init__(self, *, timeout: float = 1.0, scheme: str = "http") -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._scheme = scheme
         self._session: aiohttp.ClientSession | None = None
+        self._turn = 0
 
     async def close(self) -> None:
         if self._session is not None:
@@ -150,6 +171,10 @@ class ServerTokenizer:
         messages = chat_messages(request)
         if messages is not None:
             body = {"messages": messages, "add_generation_prompt": True}
+            doc = request.body.json if request.body is not None and request.body.json is not None else {}
+            for key in _TEMPLATE_FIELDS:
+                if key in doc:
+                    body[key] = doc[key]
         else:
             text = prompt_text(request)
             if text is None:
@@ -162,7 +187,8 @@ class ServerTokenizer:
             self._session = aiohttp.ClientSession(
                 timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode()
             )
-        url = f"{self._scheme}://{endpoints[0].metadata.hostport}/tokenize"
+        self._turn += 1
+        url = f"{self._scheme}://{endpoints[self._turn % len(endpoints)].metadata.hostport}/tokenize"
         async with self._session.post(
             url, data=orjson.dumps(body), headers={"content-type": "application/json"}
         ) as r:

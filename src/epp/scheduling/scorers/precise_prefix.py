@@ -6,7 +6,8 @@ hashes them (``tokenProcessorConfig``), and each candidate scored by the longest
 blocks, from the first, that its engine has reported storing and not evicting (the
 ``kvEventsConfig`` subscriber feeds the index).  While an endpoint's event stream is not trusted
 (a gap, a restart mid-stream, a silent publisher, a configuration mismatch) its run is taken
-from the approximate index (``approx-prefix-cache-producer``, auto-created) instead.
+is the larger of what its events still say and the approximate index's (``approx-prefix-cache-producer``,
+auto-created) run.
 
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
 1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
@@ -27,9 +28,9 @@ from pydantic import Field
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents import metrics as m
-from epp.datalayer.kvevents.hashing import HASH_ALGOS, BlockHasher
-from epp.datalayer.kvevents.index import BlockIndex
-from epp.datalayer.kvevents.subscriber import KVEventSubscriber, SubscriberSettings
+from epp.datalayer.kvevents.config import KVEventsConfig, TokenProcessorConfig, build_subscriber
+from epp.datalayer.kvevents.hashing import BlockHasher
+from epp.datalayer.kvevents.subscriber import KVEventSubscriber
 from epp.datalayer.kvevents.tokens import LocalTokenizer, ServerTokenizer, TokenSource
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
@@ -43,32 +44,6 @@ log = structlog.get_logger(__name__)
 PRECISE_PREFIX_MATCH: AttributeKey[PrefixMatchInfo] = AttributeKey(
     "PrecisePrefixCacheMatchInfoKey", PrefixMatchInfo
 )
-
-
-class TokenProcessorConfig(PluginParams):
-    """llm-d's ``tokenProcessorConfig``; ``hashAlgo`` is ours (llm-d assumes sha256_cbor)."""
-
-    block_size: int = 16
-    hash_seed: str = ""  # the engines' PYTHONHASHSEED, verbatim
-    hash_algo: str = "sha256_cbor"  # the engines' --prefix-caching-hash-algo
-
-
-class PodDiscoveryConfig(PluginParams):
-    socket_port: int = 5557
-
-
-class KVEventsConfig(PluginParams):
-    """llm-d's ``kvEventsConfig`` (pod discovery mode) plus our replay and silence settings."""
-
-    topic_filter: str = "kv@"
-    discover_pods: bool = True
-    pod_discovery_config: PodDiscoveryConfig = Field(default_factory=PodDiscoveryConfig)
-    replay_port: int = 0  # the engines' replay_endpoint port; 0: no replay
-    endpoints: dict[str, str] = Field(default_factory=dict)  # endpoint name or host:port → tcp://…
-    replay_endpoints: dict[str, str] = Field(default_factory=dict)
-    silence_timeout_seconds: float = 10.0
-    replay_timeout_seconds: float = 2.0
-    verify_hashes: bool = True  # recompute sampled first blocks to catch an algorithm/seed mismatch
 
 
 class IndexerConfig(PluginParams):
@@ -91,6 +66,7 @@ class PrecisePrefixParams(PluginParams):
     indexer_config: IndexerConfig = Field(default_factory=IndexerConfig)
     tokenizer_config: TokenizerConfig = Field(default_factory=TokenizerConfig)
     score_normalization: Literal["minMax", "fraction"] = "minMax"
+    kv_events_source: str = ""  # a kv-events-source plugin to read instead of subscribing itself
 
 
 @dataclass(slots=True)
@@ -98,9 +74,11 @@ class _Prediction:
     """What PreRequest and ResponseComplete need: the predicted cached tokens per endpoint name."""
 
     prompt_tokens: int
-    tokens_by_name: dict[str, int]
+    blocks_by_name: dict[str, int]  # matched blocks per endpoint with a match
     fallback: frozenset[str]
-    predicted: int = -1  # for the picked endpoint, set in PreRequest
+    total_blocks: int  # the request's hashed full blocks (the approximate index's, untokenised)
+    cap: int  # most blocks the engine can reuse: it recomputes at least the last prompt token
+    predicted: int = -1  # cached tokens predicted for the picked endpoint, set in PreRequest
 
 
 class _Correlation:
@@ -158,43 +136,39 @@ class PrecisePrefixCacheScorer(PluginBase):
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
         tp = params.token_processor_config
-        if tp.block_size <= 0:
-            raise ConfigError(f"{self.TYPE}: tokenProcessorConfig.blockSize must be > 0, got {tp.block_size}")
-        if tp.hash_algo not in HASH_ALGOS:
-            raise ConfigError(
-                f"{self.TYPE}: tokenProcessorConfig.hashAlgo must be one of {', '.join(HASH_ALGOS)}, "
-                f"got {tp.hash_algo!r}"
-            )
         ic = params.indexer_config
-        if ic.lru_capacity_per_server <= 0 or ic.max_prefix_blocks_to_match < 0:
-            raise ConfigError(
-                f"{self.TYPE}: indexerConfig needs lruCapacityPerServer > 0, maxPrefixBlocksToMatch >= 0"
+        if ic.max_prefix_blocks_to_match < 0:
+            raise ConfigError(f"{self.TYPE}: indexerConfig.maxPrefixBlocksToMatch must be >= 0")
+        # The subscriber: this plugin's own, or that of a kv-events-source in the data layer.
+        self._owns_subscriber = not params.kv_events_source
+        if params.kv_events_source:
+            try:
+                source = handle.plugin(params.kv_events_source)
+            except KeyError:
+                raise ConfigError(
+                    f"{self.TYPE}: kvEventsSource {params.kv_events_source!r} is not a plugin declared "
+                    "before it"
+                ) from None
+            subscriber = getattr(source, "subscriber", None)
+            if not isinstance(subscriber, KVEventSubscriber):
+                raise ConfigError(
+                    f"{self.TYPE}: kvEventsSource {params.kv_events_source!r} is not a kv-events-source"
+                )
+            if subscriber.settings.block_size != tp.block_size:
+                raise ConfigError(
+                    f"{self.TYPE}: blockSize {tp.block_size} differs from {params.kv_events_source!r}'s "
+                    f"{subscriber.settings.block_size}"
+                )
+            self.hasher = BlockHasher(tp.hash_algo, tp.block_size, tp.hash_seed)
+            self.subscriber = subscriber
+        else:
+            self.hasher, self.subscriber = build_subscriber(
+                self.TYPE, tp, params.kv_events_config, ic.lru_capacity_per_server
             )
-        ke = params.kv_events_config
-        if not ke.discover_pods and not ke.endpoints:
-            raise ConfigError(
-                f"{self.TYPE}: kvEventsConfig: only per-endpoint subscription is supported: set discoverPods "
-                "(podDiscoveryConfig.socketPort) or endpoints"
-            )
-        self.hasher = BlockHasher(tp.hash_algo, tp.block_size, tp.hash_seed)
+        self.index = self.subscriber.index
         self.block_size = tp.block_size
         self.max_blocks = ic.max_prefix_blocks_to_match
         self.normalization = params.score_normalization
-        self.index = BlockIndex(ic.lru_capacity_per_server)
-        self.subscriber = KVEventSubscriber(
-            SubscriberSettings(
-                topic_filter=ke.topic_filter,
-                socket_port=ke.pod_discovery_config.socket_port,
-                replay_port=ke.replay_port,
-                endpoints=dict(ke.endpoints),
-                replay_endpoints=dict(ke.replay_endpoints),
-                block_size=tp.block_size,
-                hasher=self.hasher if ke.verify_hashes else None,
-                silence_timeout=ke.silence_timeout_seconds,
-                replay_timeout=ke.replay_timeout_seconds,
-            ),
-            self.index,
-        )
         tc = params.tokenizer_config
         self.tokens: TokenSource
         if tc.mode == "local":
@@ -211,20 +185,24 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.unreported = 0  # responses without cached_tokens
         self.tokenize_failures = 0
 
-    # Lifecycle and endpoints ------------------------------------------------------------------
+    # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
     async def start(self) -> None:
-        await self.subscriber.start()
+        if self._owns_subscriber:
+            await self.subscriber.start()
 
     async def stop(self) -> None:
-        await self.subscriber.stop()
+        if self._owns_subscriber:
+            await self.subscriber.stop()
         if isinstance(self.tokens, ServerTokenizer):
             await self.tokens.close()
 
     def endpoint_added(self, endpoint: Endpoint) -> None:
-        self.subscriber.add(endpoint)
+        if self._owns_subscriber:
+            self.subscriber.add(endpoint)
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
-        self.subscriber.remove(endpoint)
+        if self._owns_subscriber:
+            self.subscriber.remove(endpoint)
 
     # DataProducer -----------------------------------------------------------------------------
     async def prepare_request_data(
@@ -270,47 +248,59 @@ class PrecisePrefixCacheScorer(PluginBase):
         index = self.index
         states = index.states
         mask = 0
-        slots: list[int | None] = []
+        slots: list[int] = []  # -1: not indexed
+        untrusted = 0
         for ep in endpoints:
             st = states.get(ep.metadata.name)
-            if trusted and st is not None and st.consistent:
+            if trusted and st is not None:
                 slots.append(st.slot)
                 mask |= 1 << st.slot
+                if not st.consistent:
+                    slots[-1] = -2 - st.slot  # indexed, but not trusted on its own
+                    untrusted += 1
             else:
-                slots.append(None)
+                slots.append(-1)
+                untrusted += 1
         counts = index.match(hashes, mask) if mask and hashes else {}
-        approx = state.attributes(PREFIX_MATCH) if len(slots) != mask.bit_count() else {}
+        approx = state.attributes(PREFIX_MATCH) if untrusted else {}
         zero = PrefixMatchInfo(0, total, bs)
         values: dict[Hashable, PrefixMatchInfo] = {}
         by_name: dict[str, int] = {}
         fallback: list[str] = []
         for ep, slot in zip(endpoints, slots, strict=True):
-            if slot is not None:
+            if slot >= 0:
                 n = counts.get(slot, 0)
-            else:
-                name = ep.metadata.name
-                fallback.append(name)
-                m.PRECISE_FALLBACKS.labels(name).inc()
-                info = approx.get(ep)
-                if info is not None and info.match_blocks:
-                    # the approximate index's blocks, in engine blocks; its total when ours is unknown
-                    approx_total = (info.total_blocks * info.block_size_tokens) // bs
-                    n = min(
-                        (info.match_blocks * info.block_size_tokens) // bs, total if trusted else approx_total
-                    )
-                    if n:
-                        values[ep] = PrefixMatchInfo(n, total if trusted else approx_total, bs)
-                        by_name[name] = min(n, cap if trusted else approx_total) * bs
-                        continue
-                values[ep] = zero
+                if n:
+                    values[ep] = PrefixMatchInfo(n, total, bs)
+                    by_name[ep.metadata.name] = n
+                else:
+                    values[ep] = zero
                 continue
+            # untrusted: the larger of what the events still say and the approximate index's run
+            name = ep.metadata.name
+            fallback.append(name)
+            m.PRECISE_FALLBACKS.labels(name).inc()
+            n = counts.get(-2 - slot, 0) if slot < -1 else 0
+            of = total
+            info = approx.get(ep)
+            if info is not None and info.match_blocks:
+                # the approximate index's blocks, in engine blocks; its total when ours is unknown
+                approx_total = (info.total_blocks * info.block_size_tokens) // bs
+                if not trusted:
+                    of = approx_total
+                n = max(n, min((info.match_blocks * info.block_size_tokens) // bs, of))
             if n:
-                values[ep] = PrefixMatchInfo(n, total, bs)
-                by_name[ep.metadata.name] = min(n, cap) * bs
+                values[ep] = PrefixMatchInfo(n, of, bs)
+                by_name[name] = n
             else:
                 values[ep] = zero
         state.set_attributes(PRECISE_PREFIX_MATCH, values)
-        state.put(self._key, _Prediction(len(ids), by_name, frozenset(fallback)))
+        top = (
+            total if trusted else max((v.total_blocks for v in values.values()), default=0)
+        )  # untokenised: the approximate index's length is all there is
+        state.put(
+            self._key, _Prediction(len(ids), by_name, frozenset(fallback), top, cap if trusted else top)
+        )
 
     # Scorer -----------------------------------------------------------------------------------
     def score(
@@ -341,9 +331,12 @@ class PrecisePrefixCacheScorer(PluginBase):
         if primary is None or not primary.target_endpoints or prediction is None:
             return
         name = primary.target_endpoints[0].metadata.name
-        prediction.predicted = prediction.tokens_by_name.get(name, 0)
+        matched = prediction.blocks_by_name.get(name, 0)
+        prediction.predicted = min(matched, prediction.cap) * self.block_size
         m.PRECISE_PREDICTED_TOKENS.observe(prediction.predicted)
-        if prediction.prompt_tokens >= self.block_size:
+        # events are due only if the engine will store a block it does not hold yet: a request it
+        # has fully cached publishes nothing, and that silence is not a silent publisher
+        if matched < prediction.total_blocks:
             self.subscriber.note_routed(name, time.monotonic())
 
     def response_complete(
