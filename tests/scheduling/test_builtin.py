@@ -85,14 +85,6 @@ EXPECTED: dict[str, set[str]] = {
         "maxSessions",
         "skipWhenSaturated",
     },
-    # llm-d's (merged from the precise-prefix branch, which did not list it here)
-    "precise-prefix-cache-scorer": {
-        "tokenProcessorConfig",
-        "kvEventsConfig",
-        "indexerConfig",
-        "tokenizerConfig",
-        "scoreNormalization",
-    },
 }
 
 # Other concepts' plugins share the flow-control and director tuples; keep only these.
