@@ -67,7 +67,7 @@ EXPECTED: dict[str, set[str]] = {
         "predictInPrepareData",
     },
     "latency-slo-admitter": set(),
-    # llm-d's names, plus skipWhenSaturated and maxSessions (docs/session-affinity.md)
+    # llm-d's names, plus skipWhenSaturated and maxSessions (docs/precise-prefix.md, Session affinity)
     "session-affinity-filter": {
         "strategy",
         "profileName",
