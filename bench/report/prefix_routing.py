@@ -93,11 +93,32 @@ def _shared(sh: dict[str, Any]) -> list[str]:
             rows,
         ),
         "",
+        *_precise_vs_fallback(sh),
         "Peak output tokens/s over the rates: "
         + ", ".join(f"{sh['routers'].get(k, k)} {f(v, 0)}" for k, v in d["peak_output_tokens_per_s"].items())
         + ".",
         "",
     ]
+    return out
+
+
+def _precise_vs_fallback(sh: dict[str, Any]) -> list[str]:
+    """Flag a rate where the precise scorer did worse than its own approximate fallback (no events)."""
+    by = {(c["router"], c["rate"]): c for c in sh["cells"] if "failed" not in c}
+    out = []
+    for (router, rate), off in by.items():
+        on = by.get(("epp-precise", rate))
+        if router != "epp-precise-no-events" or on is None:
+            continue
+        if on["fleet"]["prefix_hit_rate"] < off["fleet"]["prefix_hit_rate"]:
+            out += [
+                f"At {rate:g} req/s the precise scorer hit the cache less than the same config "
+                "without events "
+                f"(falling back to the approximate index): {_pct(on['fleet']['prefix_hit_rate'])} vs "
+                f"{_pct(off['fleet']['prefix_hit_rate'])}, TTFT p90 {f(on['ttft_ms']['p90'], 0)} vs "
+                f"{f(off['ttft_ms']['p90'], 0)} ms.",
+                "",
+            ]
     return out
 
 
@@ -117,7 +138,8 @@ def _conversation(cv: dict[str, Any]) -> list[str]:
         "",
     ]
     rows = []
-    for c in cv["cells"]:
+    order = list(cv["routers"])
+    for c in sorted(cv["cells"], key=lambda c: order.index(c["router"]) if c["router"] in order else 99):
         label = cv["routers"].get(c["router"], c["router"])
         if "failed" in c:
             rows.append([label, "failed", *[""] * 7])
@@ -135,6 +157,19 @@ def _conversation(cv: dict[str, Any]) -> list[str]:
                 f(c["fleet"]["load_imbalance_max_over_mean"], 2),
             ]
         )
+    stacked = [
+        f"{cv['routers'].get(c['router'], c['router'])} ({max(c['fleet']['requests_per_replica'])} of "
+        f"{sum(c['fleet']['requests_per_replica'])} requests on one replica)"
+        for c in cv["cells"]
+        if "failed" not in c and (c["fleet"]["load_imbalance_max_over_mean"] or 0) >= 4
+    ]
+    if stacked:
+        out += [
+            "Conversations that share a system prompt stacked on one replica under: "
+            + ", ".join(stacked)
+            + ".",
+            "",
+        ]
     out += [
         table(
             [
