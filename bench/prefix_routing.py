@@ -194,7 +194,7 @@ QUICK = Settings(
     (12.0,),
     10,
     Conversations(slots=6, turns=3, rounds=1),  # slots and replicas coprime-ish: RR does not align turns
-    ("round-robin", "epp-approx", "epp-precise", "epp-session"),
+    ("round-robin", "epp-approx", "epp-precise", NO_EVENTS, "epp-session"),
 )
 
 
