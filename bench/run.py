@@ -23,6 +23,7 @@ from bench.common import ROOT, log, machine_info, read_result, versions, write_r
 # (name, module, takes --quick): the order runs the heavy end-to-end comparisons first.
 STEPS: tuple[tuple[str, str, bool], ...] = (
     ("routing", "bench.routing", True),
+    ("prefix_routing", "bench.prefix_routing", True),
     ("overhead", "bench.overhead", True),
     ("long_prompts", "bench.long_prompts", True),
     ("streaming", "bench.streaming", True),

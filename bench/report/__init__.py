@@ -19,6 +19,7 @@ from bench.report.long_prompts import long_prompts_section
 from bench.report.micro import micro_section
 from bench.report.overhead import overhead_section
 from bench.report.pd import pd_section
+from bench.report.prefix_routing import prefix_routing_section
 from bench.report.routing import routing_section
 from bench.report.streaming import streaming_section
 from bench.report.summary import header
@@ -28,6 +29,7 @@ REPORT = BENCH / "REPORT.md"
 
 SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], list[str]]], ...] = (
     ("routing", routing_section),
+    ("prefix_routing", prefix_routing_section),
     ("overhead", overhead_section),
     ("long_prompts", long_prompts_section),
     ("streaming", streaming_section),

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.report.findings import findings
 from bench.report.fmt import f, met, ratio, table
+from bench.report.prefix_routing import prefix_routing_goal_rows
 
 
 def header(res: dict[str, dict[str, Any] | None], run: dict[str, Any] | None) -> list[str]:
@@ -94,6 +95,7 @@ def summary_rows(res: dict[str, dict[str, Any] | None]) -> list[list[str]]:
                     met(g["ttft_p90_vs_best_peer"]["met"]),
                 ]
             )
+    rows += prefix_routing_goal_rows(res.get("prefix_routing"))
     o = res.get("overhead")
     if o:
         g = o["derived"]["goals"]

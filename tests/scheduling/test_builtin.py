@@ -96,6 +96,24 @@ EXPECTED: dict[str, set[str]] = {
     "by-label-selector": {"matchLabels", "matchExpressions"},
     "by-label": {"label", "validValues", "allowsNoLabel"},
     "active-request-scorer": {"idleThreshold", "maxBusyScore", "requestTimeout"},
+    # llm-d's names, plus skipWhenSaturated and maxSessions (docs/precise-prefix.md, Session affinity)
+    "session-affinity-filter": {
+        "strategy",
+        "profileName",
+        "encodedEndpointHeaderConfig",
+        "sessionIdConfig",
+        "skipWhenSaturated",
+    },
+    "session-affinity-scorer": {
+        "algorithm",
+        "headerName",
+        "profileName",
+        "evictionTtlSeconds",
+        "evictionSweepSeconds",
+        "missThreshold",
+        "maxSessions",
+        "skipWhenSaturated",
+    },
 }
 
 # Types whose parameters have no valid empty form (llm-d rejects them empty too).

@@ -15,6 +15,7 @@ from epp.scheduling.filters.by_label import (
 )
 from epp.scheduling.filters.header_testing import HeaderBasedTestingFilter
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
+from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.filters.slo_headroom_tier import SloHeadroomTierFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.random import RandomPicker
@@ -40,6 +41,7 @@ from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
+from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
 
 BUILTINS: Final[tuple[type[Plugin], ...]] = (
@@ -74,4 +76,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     ByLabelSelectorFilter,
     ByLabelFilter,
     ActiveRequestScorer,
+    SessionAffinityFilter,
+    SessionAffinityScorer,
 )

@@ -1,0 +1,772 @@
+"""Comparison 1b, cache-aware routing: llm-d's shared-prefix profile and a multi-turn conversation replay.
+
+    python -m bench.prefix_routing [--quick] [--part shared,conversation] [--rates 8,16] [--routers ...]
+
+Part ``shared``: llm-d's shared-prefix benchmark profile (guides/optimized-baseline: 150 groups
+x 5 prompts, a 6,000-token system prompt, a 1,200-token question, 1,000 output tokens, rising
+Poisson rates), scaled to this 2-core machine: prompt lengths as llm-d's (the simulator's
+prefill is modelled time, not CPU), output cut to 100 tokens (every streamed token costs the
+load generator, Envoy and the routers real CPU here) and the fleet's KV cache sized below the
+working set, so a router that spreads a group over the fleet thrashes.  Routers: Envoy round
+robin (the in-run baseline), the EPP with the approximate prefix index (prefix-heavy.yaml), the
+EPP with the precise KV-event scorer (when the plugin is registered), sglang-router and
+vllm-router cache_aware (when installed).  Rates rise per cell, each on a fresh fleet.
+
+Part ``conversation``: inference-perf's ``conversation_replay`` (closed loop: each slot runs a
+conversation turn by turn, the next turn's prompt being the whole history), the session id sent
+as ``x-session-token``.  Reported per router: the follow-up turns' cache hit rate from the
+replicas' own ``usage.prompt_tokens_details.cached_tokens`` (cached / prompt tokens, turns 2+),
+the share of the previous turn's context found cached, and follow-up TTFT.  Routers as above
+plus the EPP with session affinity (session-affinity.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import (
+    CONFIGS,
+    CpuMeter,
+    PeerRouter,
+    PeerSpec,
+    idle_cores,
+    log,
+    peer_installed,
+    read_result,
+    versions,
+)
+from bench.common import write_result as _write
+from bench.routing import (
+    MODEL,
+    Workload,
+    _ratio,
+    builtin_load,
+    fleet_counters,
+    iperf_load,
+    reduce_iperf,
+    sim_args,
+)
+from bench.setup import tokenizer_dir, venv_bin
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess, SimFleet
+
+SEEDS = {"sim": 1, "workload": 42, "arrivals": 7}
+GOALS = {
+    "ttft_p90_vs_rr": 0.1,
+    "throughput_vs_rr": 2.0,
+    "ttft_p90_vs_sglang": 0.8,
+    "followup_hit": 0.85,
+    "reuse_correlation": 0.9,
+    "event_cpu_cores": 0.05,
+}
+PRECISE_TYPE = "precise-prefix-cache-scorer"
+# Every EPP cell's replicas hash as the precise config expects and report cached tokens (the precise
+# scorer's observed reuse); only the precise cells also publish KV events.
+KV_EVENT_SIM_ARGS = (
+    "--hash-seed",
+    "42",
+    "--prefix-caching-hash-algo",
+    "sha256_cbor",
+    "--enable-prompt-tokens-details",
+)
+KV_EVENTS_ON = ("--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0")
+SESSION_HEADER = "x-session-token"
+
+
+@dataclass(frozen=True, slots=True)
+class Conversations:
+    replicas: int = 8
+    # concurrent conversations (inference-perf: num_conversations = concurrency); not a multiple of
+    # the replicas, or round robin would keep every turn of a conversation on one replica by accident
+    slots: int = 30
+    turns: int = 5
+    rounds: int = 2  # conversations per slot, one after the other
+    shared_system_tokens: int = 2000  # one system prompt for every conversation
+    dynamic_system_tokens: int = 500  # per conversation
+    input_tokens: int = 300  # per turn
+    output_tokens: int = 100  # per turn
+    kv_blocks: int = 800  # per replica (12,800 tokens): a few conversations each, not every one
+    block_size: int = 16
+    time_scale: float = 1.0
+
+    @property
+    def working_set_tokens(self) -> int:
+        per = self.dynamic_system_tokens + self.turns * (self.input_tokens + self.output_tokens)
+        return self.shared_system_tokens + self.slots * per
+
+    @property
+    def fleet_kv_tokens(self) -> int:
+        return self.replicas * self.kv_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class Router:
+    name: str
+    label: str
+    kind: str  # "epp" | "rr" | "peer"
+    epp_config: str = ""
+    peer: PeerSpec | None = None
+    kv_events: bool = False  # the replicas publish KV events to the EPP
+    parts: tuple[str, ...] = ("shared", "conversation")
+
+
+ROUTERS = (
+    Router("round-robin", "Envoy round robin (no EPP)", "rr"),
+    Router("epp-approx", "Envoy + EPP, approximate prefix index", "epp", epp_config="prefix-heavy.yaml"),
+    Router(
+        "epp-precise",
+        "Envoy + EPP, precise prefix scorer (KV events)",
+        "epp",
+        epp_config="precise-prefix.yaml",
+        kv_events=True,
+    ),
+    Router(
+        "epp-precise-no-events",
+        "Envoy + EPP, precise scorer config, no KV events (CPU baseline)",
+        "epp",
+        epp_config="precise-prefix.yaml",
+        parts=("shared",),
+    ),
+    Router(
+        "epp-session",
+        "Envoy + EPP, session affinity + approximate index",
+        "epp",
+        epp_config="session-affinity.yaml",
+        parts=("conversation",),
+    ),
+    Router(
+        "sglang-cache-aware",
+        "sglang-router cache_aware",
+        "peer",
+        peer=PeerSpec("sglang-router", "cache_aware"),
+    ),
+    Router(
+        "vllm-cache-aware", "vllm-router cache_aware", "peer", peer=PeerSpec("vllm-router", "cache_aware")
+    ),
+)
+BASELINE = "round-robin"
+NO_EVENTS = "epp-precise-no-events"
+SGLANG = "sglang-cache-aware"
+EPP_ROUTERS = ("epp-approx", "epp-precise")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    shared: Workload
+    rates: tuple[float, ...]
+    duration_s: int
+    conversations: Conversations
+    routers: tuple[str, ...]  # empty: all
+
+
+SHARED = Workload(
+    groups=150,
+    prompts_per_group=5,
+    system_tokens=6000,
+    question_tokens=1200,
+    output_tokens=100,
+    kv_blocks=6000,  # 8 x 96,000 tokens = 768,000 < 150 x 6,000 = 900,000
+)
+FULL = Settings(SHARED, (8.0, 16.0, 24.0, 32.0), 30, Conversations(), ())
+QUICK = Settings(
+    # 24 groups, so that a 10 s run sees each group several times (8 x 16,000 < 24 x 6,000 tokens)
+    Workload(
+        groups=24,
+        prompts_per_group=5,
+        system_tokens=6000,
+        question_tokens=1200,
+        output_tokens=100,
+        kv_blocks=1000,
+    ),
+    (12.0,),
+    10,
+    Conversations(slots=6, turns=3, rounds=1),  # slots and replicas coprime-ish: RR does not align turns
+    ("round-robin", "epp-approx", "epp-precise", NO_EVENTS, "epp-session"),
+)
+
+
+def precise_available() -> bool:
+    from epp.config.registry import default_registry
+
+    return (
+        PRECISE_TYPE in set(default_registry(entry_points=False).types())
+        and (CONFIGS / "precise-prefix.yaml").exists()
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the stack of one cell
+
+
+class Stack:
+    """A fresh fleet and one router in front of it; ``url`` takes the load, ``cpu`` is metered."""
+
+    def __init__(self, router: Router, replicas: int, sim: Sequence[str]) -> None:
+        self.router = router
+        self.replicas = replicas
+        self.sim = list(sim)
+        self.url = ""
+        self.epp_metrics_url = ""
+        self.meter: CpuMeter | None = None
+        self.idle: dict[str, float] = {}
+        self._stack: Any = None
+
+    async def __aenter__(self) -> Stack:
+        import contextlib
+
+        self._stack = contextlib.AsyncExitStack()
+        st = self._stack
+        r = self.router
+        extra = [*KV_EVENT_SIM_ARGS, *(KV_EVENTS_ON if r.kv_events else ())]
+        self.fleet = await st.enter_async_context(SimFleet(self.replicas, *self.sim, *extra))
+        if r.kind == "epp":
+            args = [f"--endpoints={','.join(self.fleet.hostports)}", "--bind-address=127.0.0.1"]
+            args.append(f"--config-file={self.epp_config(st)}")
+            epp = await st.enter_async_context(EppProcess(*args))
+            envoy = await st.enter_async_context(Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)))
+            self.idle = (await idle_cores({"epp": {"epp": epp.pid}}, 2.0))["epp"]
+            self.meter = CpuMeter({"epp": epp.pid, "envoy": envoy.pid}, self.idle)
+            self.url = envoy.url
+            self.epp_metrics_url = f"http://127.0.0.1:{epp.metrics_port}/metrics"
+        elif r.kind == "rr":
+            envoy = await st.enter_async_context(Envoy(EnvoyConfig(upstreams=self.fleet.hostports)))
+            self.meter = CpuMeter({"envoy": envoy.pid})
+            self.url = envoy.url
+        else:
+            assert r.peer is not None
+            peer = await st.enter_async_context(PeerRouter(r.peer, self.fleet.hostports))
+            self.meter = CpuMeter({"router": peer.pid})
+            self.url = peer.url
+        self.meter.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.__aexit__(*exc)
+
+    def epp_config(self, st: Any) -> Path:
+        """The router's config; for the precise scorer, with the replicas' KV-event sockets filled in."""
+        path = CONFIGS / self.router.epp_config
+        doc = yaml.safe_load(path.read_text())
+        precise = [p for p in doc["plugins"] if p["type"] == PRECISE_TYPE]
+        if not precise:
+            return path
+        ke = precise[0]["parameters"]["kvEventsConfig"]
+        # Without events (the CPU baseline) each endpoint points at a port nobody publishes on: the
+        # subscriber connects, hears nothing and the scorer serves from the approximate index.
+        ke["endpoints"] = {
+            f"{x['host']}:{x['port']}": x.get("kv_events") or "tcp://127.0.0.1:9"
+            for x in self.fleet.listeners
+        }
+        ke["replayEndpoints"] = {
+            f"{x['host']}:{x['port']}": x["kv_replay"] for x in self.fleet.listeners if x.get("kv_replay")
+        }
+        d = Path(st.enter_context(tempfile.TemporaryDirectory(prefix="bench-precise-")))
+        (d / "config.yaml").write_text(yaml.safe_dump(doc))
+        return d / "config.yaml"
+
+    async def debug_state(self) -> dict[str, Any]:
+        """The EPP's /debug/plugins/state (the precise scorer's running predicted/observed correlation)."""
+        if not self.epp_metrics_url:
+            return {}
+        text = await epp_metrics(self.epp_metrics_url.replace("/metrics", "/debug/plugins/state"))
+        try:
+            doc: dict[str, Any] = json.loads(text)
+        except ValueError:
+            return {}
+        return doc
+
+    def cpu(self) -> dict[str, float]:
+        assert self.meter is not None
+        return {k: round(v, 2) for k, v in self.meter.stop().items()}
+
+
+async def epp_metrics(url: str) -> str:
+    import aiohttp
+
+    if not url:
+        return ""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http, http.get(url) as r:
+        return await r.text()
+
+
+# ---------------------------------------------------------------------------------------------
+# part 1: the shared-prefix profile
+
+
+async def shared_cell(router: Router, rate: float, st: Settings, loadgen: str) -> dict[str, Any]:
+    wl = st.shared
+    cell: dict[str, Any] = {"router": router.name, "rate": rate}
+    async with Stack(router, wl.replicas, sim_args(wl)) as s:
+        load = iperf_load if loadgen == "inference-perf" else builtin_load
+        res = await load(s.url, wl, rate, st.duration_s)
+        cell["router_cpu_s"] = s.cpu()
+        if s.idle:
+            cell["epp_idle_cores"] = s.idle.get("epp")
+        cell.update(res)
+        cell["fleet"] = await fleet_counters(s.fleet.ports)
+        cell["epp_metrics"] = reuse_metrics(await epp_metrics(s.epp_metrics_url))
+        cell["reuse_correlation"] = find_key(await s.debug_state(), "pearson")
+    return cell
+
+
+def find_key(doc: Any, key: str) -> Any:
+    """The first value under ``key`` anywhere in a JSON document (the precise scorer's debug state)."""
+    if isinstance(doc, dict):
+        if key in doc:
+            return doc[key]
+        items = list(doc.values())
+    elif isinstance(doc, list):
+        items = doc
+    else:
+        return None
+    for v in items:
+        found = find_key(v, key)
+        if found is not None:
+            return found
+    return None
+
+
+def reuse_metrics(text: str) -> dict[str, float]:
+    """The precise scorer's predicted/observed reuse and event-processing samples, if it exports them."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if any(k in name for k in ("kv_event", "kvevent", "predicted", "observed", "reuse")):
+            try:
+                out[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out
+
+
+def derive_shared(cells: list[dict[str, Any]], routers: Sequence[str]) -> dict[str, Any]:
+    """Ratios to round robin and sglang-router per rate; the goals at the highest rate RR completes."""
+    by = {(c["router"], c["rate"]): c for c in cells if "failed" not in c}
+    rates = sorted({c["rate"] for c in cells})
+    completes = [r for r in rates if (c := by.get((BASELINE, r))) and c["success_rate"] >= 0.99]
+    at = max(completes) if completes else None
+
+    def p90(c: dict[str, Any] | None) -> float | None:
+        return None if c is None else c["ttft_ms"]["p90"]
+
+    def tput(c: dict[str, Any] | None) -> float | None:
+        return None if c is None else c["output_tokens_per_s"]
+
+    ratios: dict[str, dict[str, dict[str, float | None]]] = {}
+    for r in routers:
+        ratios[r] = {}
+        for rate in rates:
+            c = by.get((r, rate))
+            ratios[r][str(rate)] = {
+                "ttft_p90_vs_rr": _ratio(p90(c), p90(by.get((BASELINE, rate)))),
+                "throughput_vs_rr": _ratio(tput(c), tput(by.get((BASELINE, rate)))),
+                "ttft_p90_vs_sglang": _ratio(p90(c), p90(by.get((SGLANG, rate)))),
+            }
+    peak = {r: max(((tput(by.get((r, rate))) or 0.0) for rate in rates), default=0.0) for r in routers}
+    goals: dict[str, Any] = {}
+    for r in EPP_ROUTERS:
+        if r not in routers or at is None or (r, at) not in by:
+            continue
+        rt = ratios[r][str(at)]
+        goals[r] = {
+            "at_rate": at,
+            "ttft_p90_vs_rr": _goal(rt["ttft_p90_vs_rr"], GOALS["ttft_p90_vs_rr"], lower=True),
+            "throughput_vs_rr": _goal(rt["throughput_vs_rr"], GOALS["throughput_vs_rr"], lower=False),
+            "peak_throughput_vs_rr": _goal(
+                _ratio(peak[r], peak.get(BASELINE)), GOALS["throughput_vs_rr"], lower=False
+            ),
+            "ttft_p90_vs_sglang": _goal(rt["ttft_p90_vs_sglang"], GOALS["ttft_p90_vs_sglang"], lower=True),
+        }
+    return {
+        "highest_rate_rr_completes": at,
+        "ratios": ratios,
+        "peak_output_tokens_per_s": peak,
+        "goals": goals,
+    }
+
+
+def _goal(value: float | None, goal: float, *, lower: bool) -> dict[str, Any]:
+    met = value is not None and (value <= goal if lower else value >= goal)
+    return {"goal": goal, "value": value, "met": met}
+
+
+def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """Predicted/observed reuse correlation (the scorer's running Pearson over every routed request
+    whose response reported cached tokens) and the CPU the KV events cost the EPP (precise cell
+    minus the same config without events, at the top rate, over the cell's wall time)."""
+    cells = [c for c in (doc.get("shared") or {}).get("cells", []) if "failed" not in c]
+    cells += [{**c, "rate": "conversation"} for c in (doc.get("conversation") or {}).get("cells", [])]
+    precise = [c for c in cells if c["router"] == "epp-precise" and "failed" not in c]
+    if not precise:
+        return None
+    lines: list[str] = []
+    goals: list[dict[str, Any]] = []
+    corr = [(c["rate"], c.get("reuse_correlation")) for c in precise]
+    for rate, r in corr:
+        where = "conversation replay" if rate == "conversation" else f"shared prefix, {rate:g} req/s"
+        lines.append(f"predicted vs observed cached tokens, Pearson r ({where}): {_num(r)}")
+    worst = min((r for _, r in corr if r is not None), default=None)
+    goals.append(
+        {
+            "what": "predicted/observed reuse, lowest r over the cells",
+            "goal_text": "correlation ≥ 0.9",
+            "value": worst,
+            "met": worst is not None and worst >= GOALS["reuse_correlation"],
+        }
+    )
+    by = {(c["router"], c["rate"]): c for c in cells}
+    rates = [c["rate"] for c in cells if c["router"] == NO_EVENTS]
+    if rates:
+        rate = rates[0]
+        on, off = by.get(("epp-precise", rate)), by[(NO_EVENTS, rate)]
+        if on is not None:
+            cpu_on, cpu_off = on["router_cpu_s"].get("epp", 0.0), off["router_cpu_s"].get("epp", 0.0)
+            wall = on["wall_s"]
+            cores = (cpu_on - cpu_off) / wall if wall else None
+            batches = sum(v for k, v in on.get("epp_metrics", {}).items() if "batches_total" in k)
+            lines.append(
+                f"EPP CPU at {rate:g} req/s: {cpu_on:.1f} s with KV events, {cpu_off:.1f} s without "
+                f"(same config; {wall:.0f} s): {_num(cores)} cores for {batches / wall:.0f} event batches/s"
+            )
+            goals.append(
+                {
+                    "what": f"event processing at {rate:g} req/s",
+                    "goal_text": "≤ 5% of one core",
+                    "value": cores,
+                    "met": cores is not None and cores <= GOALS["event_cpu_cores"],
+                }
+            )
+    return {"lines": lines, "goals": goals}
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# part 2: the conversation replay
+
+
+def conversation_config(cv: Conversations, url: str, out: Path) -> dict[str, Any]:
+    def fixed(n: int) -> dict[str, Any]:
+        return {"type": "fixed", "mean": n, "min": n, "max": n, "std_dev": 0}
+
+    tok = tokenizer_dir()
+    assert tok is not None
+    return {
+        "load": {
+            "type": "concurrent",
+            "stages": [{"num_requests": cv.slots * cv.turns * cv.rounds, "concurrency_level": cv.slots}],
+            "num_workers": 1,
+            "worker_max_concurrency": 4096,
+            "base_seed": SEEDS["arrivals"],
+        },
+        "api": {"type": "completion", "streaming": True, "session_id_header_key": SESSION_HEADER},
+        "server": {"type": "vllm", "model_name": MODEL, "base_url": url, "ignore_eos": True},
+        "tokenizer": {"pretrained_model_name_or_path": str(tok)},
+        "data": {
+            "type": "conversation_replay",
+            "conversation_replay": {
+                "seed": SEEDS["workload"],
+                "num_conversations": cv.slots,
+                "shared_system_prompt_len": cv.shared_system_tokens,
+                "dynamic_system_prompt_len": fixed(cv.dynamic_system_tokens),
+                "turns_per_conversation": fixed(cv.turns),
+                "input_tokens_per_turn": fixed(cv.input_tokens),
+                "output_tokens_per_turn": fixed(cv.output_tokens),
+            },
+        },
+        "report": {"request_lifecycle": {"summary": True, "per_stage": False, "per_request": True}},
+        "storage": {"local_storage": {"path": str(out)}},
+    }
+
+
+async def run_iperf(cfg: dict[str, Any], d: Path, timeout: float) -> tuple[dict[str, Any], list[Any]]:
+    exe = venv_bin("inference-perf", "inference-perf")
+    assert exe is not None
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = await asyncio.create_subprocess_exec(
+        str(exe),
+        "-c",
+        str(d / "config.yaml"),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"},
+        cwd=d,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), timeout)
+    out = Path(cfg["storage"]["local_storage"]["path"])
+    summary, per = out / "summary_lifecycle_metrics.json", out / "per_request_lifecycle_metrics.json"
+    if proc.returncode != 0 or not summary.exists() or not per.exists():
+        raise RuntimeError(
+            f"inference-perf failed ({proc.returncode}): {err.decode(errors='replace')[-1500:]}"
+        )
+    return json.loads(summary.read_text()), json.loads(per.read_text())
+
+
+def followups(per_request: list[Any]) -> dict[str, Any]:
+    """Follow-up turns' cache use from the replicas' usage: token hit rate and context reuse."""
+    turns: dict[str, list[tuple[int, int, int, int, float | None]]] = {}
+    for r in per_request:
+        info = r.get("info") or {}
+        extra = info.get("extra_info") or {}
+        usage = (info.get("response_metrics") or {}).get("server_usage") or {}
+        session, rnd = extra.get("user_session"), extra.get("chat_round")
+        if not session or rnd is None or r.get("error") or not usage:
+            continue
+        cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+        times = (info.get("response_metrics") or {}).get("output_token_times") or []
+        ttft = (times[0] - r["start_time"]) * 1000 if times else None
+        row = (
+            int(rnd),
+            int(usage.get("prompt_tokens", 0)),
+            cached,
+            int(usage.get("completion_tokens", 0)),
+            ttft,
+        )
+        turns.setdefault(session, []).append(row)
+    prompt = cached = context = reused = 0
+    first_ttft: list[float] = []
+    follow_ttft: list[float] = []
+    n_follow = 0
+    for rows in turns.values():
+        rows.sort()
+        for i, (rnd, p, c, _out, ttft) in enumerate(rows):
+            if rnd <= 1 or i == 0:
+                if ttft is not None:
+                    first_ttft.append(ttft)
+                continue
+            n_follow += 1
+            prompt += p
+            cached += c
+            prev = rows[i - 1]
+            ctx = min(p, prev[1] + prev[3])  # what the previous turn left in some cache
+            context += ctx
+            reused += min(c, ctx)
+            if ttft is not None:
+                follow_ttft.append(ttft)
+    return {
+        "sessions": len(turns),
+        "followup_turns": n_follow,
+        "followup_hit_rate": round(cached / prompt, 4) if prompt else None,
+        "followup_context_reuse": round(reused / context, 4) if context else None,
+        "first_turn_ttft_ms": _pcts(first_ttft),
+        "followup_ttft_ms": _pcts(follow_ttft),
+    }
+
+
+def _pcts(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"p50": None, "p90": None}
+    xs = sorted(xs)
+    return {
+        "p50": round(statistics.median(xs), 1),
+        "p90": round(xs[min(len(xs) - 1, int(0.9 * len(xs)))], 1),
+    }
+
+
+async def conversation_cell(router: Router, st: Settings) -> dict[str, Any]:
+    cv = st.conversations
+    wl = Workload(
+        replicas=cv.replicas, kv_blocks=cv.kv_blocks, block_size=cv.block_size, time_scale=cv.time_scale
+    )
+    sim = [*sim_args(wl), "--enable-prompt-tokens-details"]
+    cell: dict[str, Any] = {"router": router.name}
+    async with Stack(router, cv.replicas, sim) as s:
+        with tempfile.TemporaryDirectory(prefix="bench-conv-") as d:
+            started = time.monotonic()
+            summary, per = await run_iperf(conversation_config(cv, s.url, Path(d) / "out"), Path(d), 1800)
+            wall = time.monotonic() - started
+        cell["router_cpu_s"] = s.cpu()
+        cell.update(reduce_iperf(summary, wall))
+        cell.update(followups(per))
+        cell["fleet"] = await fleet_counters(s.fleet.ports)
+        cell["epp_metrics"] = reuse_metrics(await epp_metrics(s.epp_metrics_url))
+        cell["reuse_correlation"] = find_key(await s.debug_state(), "pearson")
+    return cell
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole comparison
+
+
+def choose(st: Settings, part: str, notes: list[str]) -> list[Router]:
+    out = []
+    for r in ROUTERS:
+        if part not in r.parts or (st.routers and r.name not in st.routers):
+            continue
+        if r.peer is not None and not peer_installed(r.peer.tool):
+            notes.append(f"{r.label}: not installed (python -m bench.setup), skipped")
+            continue
+        if r.name in ("epp-precise", NO_EVENTS) and not precise_available():
+            notes.append(f"{r.label}: the {PRECISE_TYPE} plugin is not in this build, skipped")
+            continue
+        out.append(r)
+    return out
+
+
+async def run(mode: str, parts: Sequence[str], rates: Sequence[float], only: Sequence[str]) -> dict[str, Any]:
+    st = QUICK if mode == "quick" else FULL
+    if rates:
+        st = Settings(st.shared, tuple(rates), st.duration_s, st.conversations, st.routers)
+    if only:
+        st = Settings(st.shared, st.rates, st.duration_s, st.conversations, tuple(only))
+    iperf = venv_bin("inference-perf", "inference-perf") is not None and tokenizer_dir() is not None
+    notes: list[str] = []
+    doc: dict[str, Any] = {"settings": asdict(st), "notes": notes, "goals": GOALS}
+    if "shared" in parts:
+        loadgen = "inference-perf" if iperf and mode == "full" else "builtin"
+        routers = choose(st, "shared", notes)
+        wl = st.shared
+        log(
+            f"prefix_routing: shared prefix: working set {wl.working_set_tokens:,} tokens vs fleet KV "
+            f"{wl.fleet_kv_tokens:,} ({wl.working_set_tokens / wl.fleet_kv_tokens:.2f}x); load: {loadgen}"
+        )
+        cells: list[dict[str, Any]] = []
+        for rate in st.rates:
+            for router in routers:
+                if router.name == NO_EVENTS and rate != max(st.rates):
+                    continue  # the event-processing CPU baseline: one cell, at the top rate
+                log(f"prefix_routing: {router.label} at {rate:g} req/s for {st.duration_s} s ...")
+                try:
+                    cell = await shared_cell(router, rate, st, loadgen)
+                except (RuntimeError, OSError, TimeoutError) as e:
+                    log(f"prefix_routing: {router.name} at {rate:g} req/s FAILED: {e}")
+                    cells.append({"router": router.name, "rate": rate, "failed": str(e)[-800:]})
+                    continue
+                cells.append(cell)
+                log(
+                    f"prefix_routing: {router.name:<18} {rate:>4g} req/s  "
+                    f"TTFT p50/p90 {cell['ttft_ms']['p50']}/"
+                    f"{cell['ttft_ms']['p90']} ms  {cell['output_tokens_per_s']} tok/s  ok {cell['ok']}/"
+                    f"{cell['requests']}  cache hits {cell['fleet']['prefix_hit_rate']:.0%}"
+                )
+        doc["shared"] = {
+            "loadgen": loadgen,
+            "workload": {
+                **asdict(wl),
+                "working_set_tokens": wl.working_set_tokens,
+                "fleet_kv_tokens": wl.fleet_kv_tokens,
+                "working_set_over_fleet_kv": round(wl.working_set_tokens / wl.fleet_kv_tokens, 3),
+            },
+            "routers": {r.name: r.label for r in routers},
+            "cells": cells,
+            "derived": derive_shared(cells, [r.name for r in routers]),
+        }
+    if "conversation" in parts:
+        if not iperf:
+            notes.append("conversation replay: inference-perf not installed (python -m bench.setup), skipped")
+        else:
+            routers = choose(st, "conversation", notes)
+            cv = st.conversations
+            log(
+                f"prefix_routing: conversations: {cv.slots} slots x {cv.turns} turns x {cv.rounds} rounds; "
+                f"working set {cv.working_set_tokens:,} tokens vs fleet KV {cv.fleet_kv_tokens:,}"
+            )
+            convs: list[dict[str, Any]] = []
+            for router in routers:
+                log(f"prefix_routing: conversation replay through {router.label} ...")
+                try:
+                    cell = await conversation_cell(router, st)
+                except (RuntimeError, OSError, TimeoutError) as e:
+                    log(f"prefix_routing: {router.name} conversation FAILED: {e}")
+                    convs.append({"router": router.name, "failed": str(e)[-800:]})
+                    continue
+                convs.append(cell)
+                log(
+                    f"prefix_routing: {router.name:<18} follow-up hit {cell['followup_hit_rate']}  "
+                    f"context reuse {cell['followup_context_reuse']}  "
+                    f"follow-up TTFT p50/p90 {cell['followup_ttft_ms']['p50']}/"
+                    f"{cell['followup_ttft_ms']['p90']} ms  ok {cell['ok']}/{cell['requests']}"
+                )
+            doc["conversation"] = {
+                "workload": {
+                    **asdict(cv),
+                    "working_set_tokens": cv.working_set_tokens,
+                    "fleet_kv_tokens": cv.fleet_kv_tokens,
+                },
+                "routers": {r.name: r.label for r in routers},
+                "cells": convs,
+                "goals": {
+                    c["router"]: _goal(c.get("followup_hit_rate"), GOALS["followup_hit"], lower=False)
+                    for c in convs
+                    if c["router"].startswith("epp") and "failed" not in c
+                },
+            }
+    for n in notes:
+        log(f"prefix_routing: {n}")
+    doc["precise"] = derive_precise(doc)
+    return doc
+
+
+def merge(result: dict[str, Any], previous: dict[str, Any], only: Sequence[str]) -> None:
+    """A partial run (one part, or ``--routers``) keeps the last results of what it did not run."""
+    labels = [
+        lbl for p in ("shared", "conversation") for lbl in result.get(p, {}).get("routers", {}).values()
+    ]
+    stale = [n for n in previous.get("notes", []) if not any(lbl in n for lbl in labels)]
+    result["notes"] = list(dict.fromkeys([*result.get("notes", []), *stale]))
+    for part in ("shared", "conversation"):
+        old = previous.get(part)
+        if old is None:
+            continue
+        new = result.get(part)
+        if new is None:
+            result[part] = old
+            continue
+        if not only:
+            continue
+        done = {(c["router"], c.get("rate")) for c in new["cells"]}
+        kept = [c for c in old["cells"] if (c["router"], c.get("rate")) not in done]
+        new["cells"] = kept + new["cells"]
+        new["routers"] = {**old.get("routers", {}), **new["routers"]}
+        order = [r.name for r in ROUTERS]
+        new["routers"] = dict(sorted(new["routers"].items(), key=lambda kv: order.index(kv[0])))
+        if part == "shared":
+            new["derived"] = derive_shared(new["cells"], list(new["routers"]))
+        else:
+            new["goals"] = {**old.get("goals", {}), **new.get("goals", {})}
+    result["precise"] = derive_precise(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.prefix_routing", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--part", default="shared,conversation", help="comma-separated: shared, conversation")
+    ap.add_argument("--rates", default="", help="comma-separated request rates (overrides the mode's)")
+    ap.add_argument(
+        "--routers", default="", help="comma-separated subset: " + ", ".join(r.name for r in ROUTERS)
+    )
+    args = ap.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    parts = [p.strip() for p in args.part.split(",") if p.strip()]
+    rates = [float(x) for x in args.rates.split(",") if x.strip()]
+    only = [x.strip() for x in args.routers.split(",") if x.strip()]
+    import uvloop
+
+    result = uvloop.run(run(mode, parts, rates, only))
+    previous = read_result("prefix_routing")
+    if previous and previous.get("mode") == mode:
+        merge(result, previous, only)
+    result["versions"] = versions()
+    log(f"prefix_routing: wrote {_write('prefix_routing', result, mode=mode, seeds=SEEDS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Section 1b: cache-aware routing (llm-d's shared-prefix profile, a conversation replay) and its goals."""
+
+# The report is typeset markdown: the multiplication sign, en dash and minus sign are meant.
+# ruff: noqa: RUF001
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.report.fmt import f, met, ratio, table
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+def prefix_routing_section(r: dict[str, Any]) -> list[str]:
+    out = ["## 1b. Cache-aware routing: llm-d's shared-prefix profile and a conversation replay", ""]
+    out += [f"- {n}" for n in r.get("notes", [])]
+    if r.get("notes"):
+        out.append("")
+    sh = r.get("shared")
+    if sh:
+        out += _shared(sh)
+    cv = r.get("conversation")
+    if cv:
+        out += _conversation(cv)
+    pr = r.get("precise")
+    if pr:
+        out += _precise(pr)
+    return out
+
+
+def _shared(sh: dict[str, Any]) -> list[str]:
+    wl = sh["workload"]
+    d = sh["derived"]
+    at = d.get("highest_rate_rr_completes")
+    out = [
+        "### Shared-prefix profile",
+        "",
+        f"llm-d's benchmark profile scaled to this machine: {wl['groups']} groups × "
+        f"{wl['prompts_per_group']} prompts, a {wl['system_tokens']:,}-token system prompt shared within a "
+        f"group, a {wl['question_tokens']:,}-token question, {wl['output_tokens']} output tokens (llm-d: "
+        "1,000; every streamed token costs real CPU here), Poisson arrivals at rising rates, each cell on a "
+        f"fresh fleet of {wl['replicas']} simulated replicas. Working set "
+        f"{wl['working_set_tokens']:,} tokens "
+        f"= **{wl['working_set_over_fleet_kv']:.2f}× the fleet's KV cache** ({wl['kv_blocks']:,} blocks × "
+        f"{wl['block_size']} per replica). Load generator: **{sh['loadgen']}**. Goals are judged at the "
+        f"highest rate round robin still completes (≥ 99% success): **{f(at, 0)} req/s**.",
+        "",
+    ]
+    rows = []
+    order = list(sh["routers"])
+    for c in sorted(
+        sh["cells"], key=lambda c: (c["rate"], order.index(c["router"]) if c["router"] in order else 99)
+    ):
+        if "failed" in c:
+            rows.append([f"{c['rate']:g}", sh["routers"].get(c["router"], c["router"]), "failed", *[""] * 9])
+            continue
+        rt = d["ratios"].get(c["router"], {}).get(str(c["rate"]), {})
+        rows.append(
+            [
+                f"{c['rate']:g}",
+                sh["routers"].get(c["router"], c["router"]),
+                f(c["ttft_ms"]["p50"], 0),
+                f(c["ttft_ms"]["p90"], 0),
+                f(c["output_tokens_per_s"], 0),
+                f"{c['success_rate']:.1%}",
+                _pct(c["fleet"]["prefix_hit_rate"]),
+                f(c["fleet"]["load_imbalance_max_over_mean"], 2),
+                ratio(rt.get("ttft_p90_vs_rr")),
+                ratio(rt.get("throughput_vs_rr")),
+                ratio(rt.get("ttft_p90_vs_sglang")),
+                f(c.get("router_cpu_s", {}).get("epp"), 1),
+            ]
+        )
+    out += [
+        table(
+            [
+                "req/s",
+                "router",
+                "TTFT p50 ms",
+                "TTFT p90 ms",
+                "output tok/s",
+                "success",
+                "cache hits",
+                "load max/mean",
+                "TTFT p90 / RR",
+                "tok/s / RR",
+                "TTFT p90 / sglang",
+                "EPP CPU s",
+            ],
+            rows,
+        ),
+        "",
+        *_precise_vs_fallback(sh),
+        "Peak output tokens/s over the rates: "
+        + ", ".join(f"{sh['routers'].get(k, k)} {f(v, 0)}" for k, v in d["peak_output_tokens_per_s"].items())
+        + ".",
+        "",
+    ]
+    return out
+
+
+def _precise_vs_fallback(sh: dict[str, Any]) -> list[str]:
+    """Flag a rate where the precise scorer did worse than its own approximate fallback (no events)."""
+    by = {(c["router"], c["rate"]): c for c in sh["cells"] if "failed" not in c}
+    out = []
+    for (router, rate), off in by.items():
+        on = by.get(("epp-precise", rate))
+        if router != "epp-precise-no-events" or on is None:
+            continue
+        if on["fleet"]["prefix_hit_rate"] < off["fleet"]["prefix_hit_rate"]:
+            out += [
+                f"At {rate:g} req/s the precise scorer hit the cache less than the same config "
+                "without events "
+                f"(falling back to the approximate index): {_pct(on['fleet']['prefix_hit_rate'])} vs "
+                f"{_pct(off['fleet']['prefix_hit_rate'])}, TTFT p90 {f(on['ttft_ms']['p90'], 0)} vs "
+                f"{f(off['ttft_ms']['p90'], 0)} ms.",
+                "",
+            ]
+    return out
+
+
+def _conversation(cv: dict[str, Any]) -> list[str]:
+    wl = cv["workload"]
+    out = [
+        "### Conversation replay (session affinity)",
+        "",
+        f"inference-perf `conversation_replay`: {wl['slots']} conversations at a time, {wl['turns']} "
+        f"turns each, {wl['rounds']} after one another per slot; every prompt is the whole history (a "
+        f"{wl['shared_system_tokens']:,}-token system prompt shared by all, {wl['dynamic_system_tokens']} "
+        f"per conversation, {wl['input_tokens']} new tokens and {wl['output_tokens']} output tokens per "
+        f"turn); the session id rides in `x-session-token`. {wl['replicas']} replicas with "
+        f"{wl['kv_blocks']:,} KV blocks each. **Follow-up hit** = cached / prompt tokens over turns 2+, "
+        "from the replicas' `usage.prompt_tokens_details.cached_tokens`; **context reuse** = the share of "
+        "what the previous turn left (its prompt and output) that was found cached.",
+        "",
+    ]
+    rows = []
+    order = list(cv["routers"])
+    for c in sorted(cv["cells"], key=lambda c: order.index(c["router"]) if c["router"] in order else 99):
+        label = cv["routers"].get(c["router"], c["router"])
+        if "failed" in c:
+            rows.append([label, "failed", *[""] * 7])
+            continue
+        rows.append(
+            [
+                label,
+                _pct(c.get("followup_hit_rate")),
+                _pct(c.get("followup_context_reuse")),
+                f(c["followup_ttft_ms"]["p50"], 0),
+                f(c["followup_ttft_ms"]["p90"], 0),
+                f(c["first_turn_ttft_ms"]["p50"], 0),
+                f(c["output_tokens_per_s"], 0),
+                f"{c['ok']}/{c['requests']}",
+                f(c["fleet"]["load_imbalance_max_over_mean"], 2),
+            ]
+        )
+    stacked = [
+        f"{cv['routers'].get(c['router'], c['router'])} ({max(c['fleet']['requests_per_replica'])} of "
+        f"{sum(c['fleet']['requests_per_replica'])} requests on one replica)"
+        for c in cv["cells"]
+        if "failed" not in c and (c["fleet"]["load_imbalance_max_over_mean"] or 0) >= 4
+    ]
+    if stacked:
+        out += [
+            "Conversations that share a system prompt stacked on one replica under: "
+            + ", ".join(stacked)
+            + ".",
+            "",
+        ]
+    out += [
+        table(
+            [
+                "router",
+                "follow-up hit",
+                "context reuse",
+                "follow-up TTFT p50 ms",
+                "p90",
+                "first-turn TTFT p50 ms",
+                "output tok/s",
+                "ok",
+                "load max/mean",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    return out
+
+
+def _precise(pr: dict[str, Any]) -> list[str]:
+    out = ["### Precise scorer: predicted vs observed reuse, event-processing cost", ""]
+    out += [f"- {line}" for line in pr.get("lines", [])]
+    out.append("")
+    return out
+
+
+def prefix_routing_goal_rows(r: dict[str, Any] | None) -> list[list[str]]:
+    if not r:
+        return []
+    rows: list[list[str]] = []
+    sh = r.get("shared") or {}
+    for name, g in (sh.get("derived") or {}).get("goals", {}).items():
+        label = sh["routers"].get(name, name)
+        at = f"{g['at_rate']:g} req/s"
+        where = f"1b shared prefix ({label}, {at})"
+        rows += [
+            [where, "TTFT p90 ≤ 0.1× round robin", ratio(g["ttft_p90_vs_rr"]["value"]),
+             met(g["ttft_p90_vs_rr"]["met"])],
+            [where, "output tok/s ≥ 2× round robin", ratio(g["throughput_vs_rr"]["value"]),
+             met(g["throughput_vs_rr"]["met"])],
+            [where, "TTFT p90 ≤ 0.8× sglang-router cache_aware", ratio(g["ttft_p90_vs_sglang"]["value"]),
+             met(g["ttft_p90_vs_sglang"]["met"])],
+        ]  # fmt: skip
+    cv = r.get("conversation") or {}
+    for name, g in cv.get("goals", {}).items():
+        label = cv["routers"].get(name, name)
+        rows.append(
+            [
+                f"1b conversations ({label})",
+                "follow-up-turn cache hit ≥ 0.85",
+                f(g["value"], 3),
+                met(g["met"]),
+            ]
+        )
+    for g in (r.get("precise") or {}).get("goals", []):
+        rows.append([f"1b precise scorer ({g['what']})", g["goal_text"], f(g["value"], 3), met(g["met"])])
+    return rows

@@ -1,0 +1,112 @@
+"""``session-affinity-filter``: pin a conversation to the endpoint that served its last turn."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from epp.datalayer.api import Endpoint
+from epp.errors import ConfigError
+from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, ResponseInfo
+from epp.scheduling.api import SchedulingResult
+from epp.scheduling.sessions import ENCODED, SessionAffinity
+
+
+class HeaderSource(PluginParams):
+    """One place to read the session id from (llm-d: exactly one of ``header``/``attribute``)."""
+
+    header: str = ""
+    attribute: str = ""
+
+    @model_validator(mode="after")
+    def _one(self) -> HeaderSource:
+        if self.attribute:
+            raise ConfigError("sessionIdConfig.sources: attribute sources are not supported here; use header")
+        if not self.header:
+            raise ConfigError("sessionIdConfig.sources: each source needs a header")
+        return self
+
+
+class EncodedEndpointHeaderConfig(PluginParams):
+    header: str = "x-session-token"
+
+
+class SessionIdConfig(PluginParams):
+    sources: tuple[HeaderSource, ...] = (HeaderSource(header="x-session-id"),)
+    eviction_ttl_seconds: float = Field(300.0, ge=0)
+    eviction_sweep_seconds: float = Field(10.0, gt=0)  # accepted; expiry is lazy (sessions.py)
+    max_sessions: int = Field(100_000, gt=0)  # this EPP's bound on the store (LRU beyond it)
+
+
+class SessionAffinityFilterParams(PluginParams):
+    """llm-d's names and defaults, plus ``skipWhenSaturated`` and ``sessionIdConfig.maxSessions``."""
+
+    strategy: Literal["encoded_endpoint_header", "session_id"] = ENCODED
+    profile_name: str = ""
+    encoded_endpoint_header_config: EncodedEndpointHeaderConfig = Field(
+        default_factory=EncodedEndpointHeaderConfig
+    )
+    session_id_config: SessionIdConfig = SessionIdConfig.model_validate({})
+    skip_when_saturated: bool = True
+
+
+class SessionAffinityFilter(PluginBase):
+    """Keep only the session's endpoint, unless gone or saturated.  Type ``session-affinity-filter``.
+
+    With no session, an unknown or expired one, a session whose endpoint is no longer a
+    candidate (gone from the pool, or filtered out before), or whose endpoint is saturated
+    by the EPP's saturation detector (``skipWhenSaturated``), the candidates pass through
+    unchanged and the other plugins place the request; the session then follows it.  Never
+    returns an empty set.
+    Strategies (llm-d's): ``encoded_endpoint_header`` (default) reads the endpoint from the
+    base64 token in ``encodedEndpointHeaderConfig.header`` (``x-session-token``) and writes
+    the chosen endpoint's token on the response; ``session_id`` reads an opaque id from the
+    first non-empty header of ``sessionIdConfig.sources`` and keeps session -> endpoint in a
+    store bounded by ``maxSessions`` (LRU) and ``evictionTtlSeconds`` of idleness.
+    Also a PreRequest (binds the session), ResponseHeaderProcessor (writes the token) and
+    EndpointObserver (drops the bindings of a removed endpoint).
+    """
+
+    TYPE: ClassVar[str] = "session-affinity-filter"
+    PARAMS: ClassVar[type[PluginParams]] = SessionAffinityFilterParams
+
+    def __init__(self, name: str, params: SessionAffinityFilterParams, handle: Handle) -> None:
+        super().__init__(name, params, handle)
+        stateful = params.strategy == "session_id"
+        token = params.encoded_endpoint_header_config.header
+        sid = params.session_id_config
+        self.affinity = SessionAffinity(
+            handle,
+            self,
+            stateful=stateful,
+            headers=[s.header for s in sid.sources] if stateful else [token],
+            response_header=token,
+            profile_name=params.profile_name,
+            skip_when_saturated=params.skip_when_saturated,
+            max_sessions=sid.max_sessions,
+            ttl=sid.eviction_ttl_seconds,
+        )
+
+    def filter(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        ep = self.affinity.bound(request, endpoints)
+        return endpoints if ep is None else [ep]
+
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        self.affinity.after_pick(state, request, result)
+
+    def response_header(
+        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
+    ) -> None:
+        self.affinity.response_header(state, response, target)
+
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        pass
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.affinity.endpoint_removed(endpoint)

@@ -1,0 +1,102 @@
+"""``session-affinity-scorer``: prefer the endpoint that served the session's last turn."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from epp.datalayer.api import Endpoint
+from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, ResponseInfo
+from epp.scheduling.api import SchedulingResult, ScorerCategory
+from epp.scheduling.sessions import ENCODED, SessionAffinity, find
+
+
+class SessionAffinityScorerParams(PluginParams):
+    """llm-d's names and defaults, plus ``maxSessions`` and ``skipWhenSaturated``."""
+
+    algorithm: Literal["encoded_endpoint_header", "session_id_header"] = ENCODED
+    header_name: str = "x-session-token"
+    profile_name: str = ""
+    eviction_ttl_seconds: float = Field(600.0, ge=0)
+    eviction_sweep_seconds: float = Field(30.0, gt=0)  # accepted; expiry is lazy (sessions.py)
+    miss_threshold: int = Field(3, ge=1)  # accepted; a session rebinds on its first miss
+    max_sessions: int = Field(100_000, gt=0)
+    skip_when_saturated: bool = True
+
+
+class SessionAffinityScorer(PluginBase):
+    """1.0 for the session's endpoint, 0.0 for the others.  Type ``session-affinity-scorer``, Affinity.
+
+    A soft pin: the weight decides how much it outweighs load and prefix scorers.  The
+    session's endpoint scores 0.0 like the rest when it is not a candidate or is saturated
+    by the EPP's saturation detector (``skipWhenSaturated``).  Under ``session_id_header``
+    a session with no usable endpoint scores 1.0 on the candidate bound by the fewest
+    sessions (ties rotate), as llm-d does, so new conversations spread; under
+    ``encoded_endpoint_header`` it scores all 0.0.  The session is bound to (or its token
+    names) the endpoint finally picked.  Parameters: ``algorithm``
+    (``encoded_endpoint_header`` | ``session_id_header``), ``headerName``
+    (``x-session-token``), ``profileName``, ``evictionTtlSeconds`` (600), ``maxSessions``
+    (100000), ``skipWhenSaturated`` (true); ``evictionSweepSeconds`` and
+    ``missThreshold`` are accepted for llm-d configs and have no effect.
+    """
+
+    TYPE: ClassVar[str] = "session-affinity-scorer"
+    PARAMS: ClassVar[type[PluginParams]] = SessionAffinityScorerParams
+    CATEGORY: ClassVar[ScorerCategory] = ScorerCategory.AFFINITY
+    BOUNDED: ClassVar[bool] = True
+
+    def __init__(self, name: str, params: SessionAffinityScorerParams, handle: Handle) -> None:
+        super().__init__(name, params, handle)
+        self.affinity = SessionAffinity(
+            handle,
+            self,
+            stateful=params.algorithm == "session_id_header",
+            headers=[params.header_name],
+            response_header=params.header_name,
+            profile_name=params.profile_name,
+            skip_when_saturated=params.skip_when_saturated,
+            max_sessions=params.max_sessions,
+            ttl=params.eviction_ttl_seconds,
+        )
+        self._cursor = itertools.count()
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> Sequence[float]:
+        out = [0.0] * len(endpoints)
+        if not endpoints:
+            return out
+        a = self.affinity
+        target = a.bound(request, endpoints)
+        if target is None and a.stateful and a.session(request):
+            busy = find(endpoints, a.bound_name(request))  # present but saturated, if not None
+            others = [ep for ep in endpoints if ep is not busy]
+            target = self._least_bound(others or endpoints)
+        if target is not None:
+            out[endpoints.index(target)] = 1.0
+        return out
+
+    def _least_bound(self, endpoints: Sequence[Endpoint]) -> Endpoint:
+        counts = self.affinity.bindings.sessions_on
+        fewest = min(counts(ep.name) for ep in endpoints)
+        tied = sorted((ep for ep in endpoints if counts(ep.name) == fewest), key=lambda ep: ep.name)
+        return tied[next(self._cursor) % len(tied)]
+
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        self.affinity.after_pick(state, request, result)
+
+    def response_header(
+        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
+    ) -> None:
+        self.affinity.response_header(state, response, target)
+
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        pass
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.affinity.endpoint_removed(endpoint)

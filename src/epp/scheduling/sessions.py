@@ -1,0 +1,247 @@
+"""What the session-affinity filter and scorer share: the session store, the token codec, saturation.
+
+A multi-turn conversation's context lives in the KV cache of the replica that served its
+last turn; sending the next turn there turns a full prefill into a cache hit.  Two ways to
+remember where that is, both llm-d's:
+
+* ``encoded_endpoint_header``: stateless.  The response carries the serving endpoint's name,
+  base64-encoded, in a header the client echoes back (inference-perf's
+  ``session_token_header_key: x-session-token``).
+* ``session_id``: stateful.  The client sends an opaque session id; the EPP keeps
+  session -> endpoint name in a ``SessionBindings`` store bounded by size (LRU) and idle
+  time (TTL), so memory does not grow with the number of conversations ever seen.
+
+Endpoints are remembered by name, not by object: a binding to an endpoint that left the
+pool matches no candidate and the request falls through to normal scoring, after which the
+session is rebound to wherever it was served.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Final, Protocol, runtime_checkable
+
+from epp.datalayer.api import Endpoint
+from epp.plugin.base import Handle
+from epp.plugin.keys import StateKey
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, ResponseInfo
+from epp.scheduling.api import SchedulingResult
+
+
+def encode_token(endpoint: Endpoint) -> str:
+    """The ``encoded_endpoint_header`` value that names ``endpoint`` (base64 of its name)."""
+    return base64.b64encode(endpoint.name.encode()).decode("ascii")
+
+
+def decode_token(token: str) -> str | None:
+    """The endpoint name in a token, or None when the token is not one of ours."""
+    try:
+        return base64.b64decode(token.encode("ascii"), validate=True).decode()
+    except (binascii.Error, UnicodeError, ValueError):
+        return None
+
+
+def find(endpoints: Sequence[Endpoint], name: str | None) -> Endpoint | None:
+    if not name:
+        return None
+    for ep in endpoints:
+        if ep.name == name:
+            return ep
+    return None
+
+
+def header_value(request: InferenceRequest, names: Sequence[str]) -> str:
+    """The first non-empty value among the request headers ``names`` (lower-cased)."""
+    for name in names:
+        value = request.headers.get(name)
+        if value:
+            return value
+    return ""
+
+
+class SessionBindings:
+    """session id -> endpoint name, least recently used first; bounded by ``max_sessions`` and ``ttl``.
+
+    Expiry is lazy: a lookup ignores (and drops) an idle binding, and every ``bind`` drops
+    expired bindings from the cold end, which is the LRU end because the TTL counts from
+    last use.  So no sweeper task is needed and the store never holds more than
+    ``max_sessions``.  Per-endpoint counts of bound sessions place new sessions evenly.
+    """
+
+    def __init__(self, *, max_sessions: int, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_sessions = max_sessions
+        self.ttl = ttl
+        self.clock = clock
+        self._bindings: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._counts: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._bindings)
+
+    def get(self, session: str) -> str | None:
+        entry = self._bindings.get(session)
+        if entry is None:
+            return None
+        name, used = entry
+        if self.ttl > 0 and self.clock() - used > self.ttl:
+            self._drop(session)
+            return None
+        return name
+
+    def bind(self, session: str, name: str) -> None:
+        now = self.clock()
+        old = self._bindings.pop(session, None)
+        if old is not None:
+            self._uncount(old[0])
+        self._bindings[session] = (name, now)
+        self._counts[name] = self._counts.get(name, 0) + 1
+        self._evict(now)
+
+    def sessions_on(self, name: str) -> int:
+        return self._counts.get(name, 0)
+
+    def forget_endpoint(self, name: str) -> int:
+        """Drop every binding to ``name`` (the endpoint left the pool); returns how many."""
+        gone = [s for s, (n, _) in self._bindings.items() if n == name]
+        for s in gone:
+            self._drop(s)
+        return len(gone)
+
+    def _evict(self, now: float) -> None:
+        b = self._bindings
+        while len(b) > self.max_sessions:
+            self._drop(next(iter(b)))
+        if self.ttl > 0:
+            while b:
+                session, (_, used) = next(iter(b.items()))
+                if now - used <= self.ttl:
+                    break
+                self._drop(session)
+
+    def _drop(self, session: str) -> None:
+        entry = self._bindings.pop(session, None)
+        if entry is not None:
+            self._uncount(entry[0])
+
+    def _uncount(self, name: str) -> None:
+        left = self._counts.get(name, 0) - 1
+        if left > 0:
+            self._counts[name] = left
+        else:
+            self._counts.pop(name, None)
+
+
+@runtime_checkable
+class _Detector(Protocol):
+    """A flow-control saturation detector, structurally (scheduling may not import flowcontrol)."""
+
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
+
+
+class SaturationProbe:
+    """Whether one endpoint is saturated, by the EPP's own saturation detector.
+
+    The detector is the configured plugin that implements ``saturation(endpoints)`` (the
+    ``utilization-detector`` admission adds by default, or a ``concurrency-detector``):
+    ``saturation([endpoint]) >= 1.0`` is exactly when that detector's filter would drop the
+    endpoint (queue or KV cache at its threshold, or in-flight load at capacity), and stale
+    metrics count as not saturated, as everywhere else in the EPP.  Looked up once, on first
+    use, because the admission concept adds its default detector after the plugins are built.
+    """
+
+    def __init__(self, handle: Handle, owner: object) -> None:
+        self._handle = handle
+        self._owner = owner
+        self._detector: _Detector | None = None
+        self._looked = False
+
+    def detector(self) -> _Detector | None:
+        if not self._looked:
+            self._looked = True
+            self._detector = next(
+                (p for p in self._handle.plugins() if p is not self._owner and isinstance(p, _Detector)),
+                None,
+            )
+        return self._detector
+
+    def saturated(self, endpoint: Endpoint) -> bool:
+        d = self.detector()
+        return d is not None and d.saturation([endpoint]) >= 1.0
+
+
+ENCODED: Final = "encoded_endpoint_header"
+
+
+class SessionAffinity:
+    """The behaviour both plugins share; each plugin owns one (and so one store).
+
+    ``stateful`` picks the ``session_id`` strategy (a ``SessionBindings`` store), otherwise
+    the endpoint is named by the token the client echoes.  ``bound`` is the endpoint the
+    session should return to, or None when there is none among the candidates or it is
+    saturated; ``after_pick`` (re)binds the session to the endpoint that was chosen, which
+    holds the newest context once it has served this turn; ``response_header`` hands the
+    client its token.
+    """
+
+    def __init__(
+        self,
+        handle: Handle,
+        owner: object,
+        *,
+        stateful: bool,
+        headers: Sequence[str],
+        response_header: str,
+        profile_name: str,
+        skip_when_saturated: bool,
+        max_sessions: int,
+        ttl: float,
+    ) -> None:
+        self.stateful = stateful
+        self.headers = tuple(h.lower() for h in headers)
+        self.response_header_name = response_header.lower()
+        self.profile_name = profile_name
+        self.skip_when_saturated = skip_when_saturated
+        self.bindings = SessionBindings(max_sessions=max_sessions, ttl=ttl)
+        self.probe = SaturationProbe(handle, owner)
+        self._picked = StateKey[Endpoint](f"session-affinity/picked/{id(self)}")  # this instance's
+
+    def session(self, request: InferenceRequest) -> str:
+        return header_value(request, self.headers)
+
+    def bound_name(self, request: InferenceRequest) -> str | None:
+        value = self.session(request)
+        if not value:
+            return None
+        return self.bindings.get(value) if self.stateful else decode_token(value)
+
+    def bound(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Endpoint | None:
+        ep = find(endpoints, self.bound_name(request))
+        if ep is not None and self.skip_when_saturated and self.probe.saturated(ep):
+            return None
+        return ep
+
+    def after_pick(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        run = result.profile_results.get(self.profile_name or result.primary_profile_name)
+        if run is None or not run.target_endpoints:
+            return
+        target = run.target_endpoints[0]
+        state.put(self._picked, target)
+        if self.stateful:
+            session = self.session(request)
+            if session:
+                self.bindings.bind(session, target.name)
+
+    def response_header(self, state: CycleState, response: ResponseInfo, target: Endpoint | None) -> None:
+        if self.stateful:
+            return  # the client owns its session id
+        picked = state.get(self._picked) or target
+        if picked is not None:
+            response.headers[self.response_header_name] = encode_token(picked)
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.bindings.forget_endpoint(endpoint.name)

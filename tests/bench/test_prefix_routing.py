@@ -1,0 +1,83 @@
+"""The cache-routing comparison's reductions: follow-up turns' cache use, the goals' rate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.prefix_routing import derive_shared, followups
+
+
+def _req(
+    session: str, rnd: int, prompt: int, cached: int, out: int = 10, start: float = 0.0
+) -> dict[str, Any]:
+    return {
+        "start_time": start,
+        "error": None,
+        "info": {
+            "extra_info": {"user_session": session, "chat_round": rnd},
+            "response_metrics": {
+                "server_usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": out,
+                    "prompt_tokens_details": {"cached_tokens": cached},
+                },
+                "output_token_times": [start + 0.05],
+            },
+        },
+    }
+
+
+def test_followups_count_turns_after_the_first_only() -> None:
+    per = [
+        _req("a", 2, 200, 100),  # out of order on purpose
+        _req("a", 1, 100, 0),
+        _req("b", 1, 100, 50),
+        _req("b", 2, 200, 0),
+        _req("a", 3, 300, 200),
+    ]
+    r = followups(per)
+    assert r["sessions"] == 2
+    assert r["followup_turns"] == 3
+    assert r["followup_hit_rate"] == round(300 / 700, 4)
+    # context left by the previous turn: a2 110, b2 110, a3 210; found cached: 100, 0, 200
+    assert r["followup_context_reuse"] == round(300 / 430, 4)
+    assert r["followup_ttft_ms"]["p50"] == 50.0
+
+
+def test_failed_turns_and_missing_usage_are_skipped() -> None:
+    bad = _req("a", 2, 200, 200)
+    bad["error"] = {"message": "boom"}
+    r = followups([_req("a", 1, 100, 0), bad])
+    assert r["followup_turns"] == 0
+    assert r["followup_hit_rate"] is None
+
+
+def _cell(router: str, rate: float, p90: float, tput: float, ok: float = 1.0) -> dict[str, Any]:
+    return {
+        "router": router,
+        "rate": rate,
+        "ttft_ms": {"p90": p90},
+        "output_tokens_per_s": tput,
+        "success_rate": ok,
+    }
+
+
+def test_goals_are_judged_at_the_highest_rate_round_robin_completes() -> None:
+    cells = [
+        _cell("round-robin", 10, 1000, 100),
+        _cell("round-robin", 20, 5000, 150),
+        _cell("round-robin", 30, 9000, 100, ok=0.5),
+        _cell("epp-precise", 10, 100, 100),
+        _cell("epp-precise", 20, 400, 320),
+        _cell("epp-precise", 30, 500, 400),
+        _cell("sglang-cache-aware", 20, 600, 300),
+    ]
+    d = derive_shared(cells, ["round-robin", "epp-precise", "sglang-cache-aware"])
+    assert d["highest_rate_rr_completes"] == 20
+    g = d["goals"]["epp-precise"]
+    assert g["at_rate"] == 20
+    assert g["ttft_p90_vs_rr"] == {"goal": 0.1, "value": 0.08, "met": True}
+    assert g["throughput_vs_rr"]["value"] == round(320 / 150, 3)
+    assert g["throughput_vs_rr"]["met"]
+    assert g["ttft_p90_vs_sglang"] == {"goal": 0.8, "value": round(400 / 600, 3), "met": True}
+    assert g["peak_throughput_vs_rr"]["value"] == round(400 / 150, 3)
