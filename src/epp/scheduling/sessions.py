@@ -245,3 +245,24 @@ class SessionAffinity:
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self.bindings.forget_endpoint(endpoint.name)
+
+
+class SessionHooks:
+    """The request-lifecycle hooks the filter and the scorer share: both own a ``SessionAffinity``
+    and (re)bind the session after the pick, hand out the token, and forget removed endpoints."""
+
+    affinity: SessionAffinity
+
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        self.affinity.after_pick(state, request, result)
+
+    def response_header(
+        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
+    ) -> None:
+        self.affinity.response_header(state, response, target)
+
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        pass
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.affinity.endpoint_removed(endpoint)

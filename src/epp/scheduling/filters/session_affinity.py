@@ -11,9 +11,8 @@ from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo
-from epp.scheduling.api import SchedulingResult
-from epp.scheduling.sessions import ENCODED, SessionAffinity
+from epp.request import InferenceRequest
+from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks
 
 
 class HeaderSource(PluginParams):
@@ -54,7 +53,7 @@ class SessionAffinityFilterParams(PluginParams):
     skip_when_saturated: bool = True
 
 
-class SessionAffinityFilter(PluginBase):
+class SessionAffinityFilter(SessionHooks, PluginBase):
     """Keep only the session's endpoint, unless gone or saturated.  Type ``session-affinity-filter``.
 
     With no session, an unknown or expired one, a session whose endpoint is no longer a
@@ -96,17 +95,3 @@ class SessionAffinityFilter(PluginBase):
     ) -> Sequence[Endpoint]:
         ep = self.affinity.bound(request, endpoints)
         return endpoints if ep is None else [ep]
-
-    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
-        self.affinity.after_pick(state, request, result)
-
-    def response_header(
-        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
-    ) -> None:
-        self.affinity.response_header(state, response, target)
-
-    def endpoint_added(self, endpoint: Endpoint) -> None:
-        pass
-
-    def endpoint_removed(self, endpoint: Endpoint) -> None:
-        self.affinity.endpoint_removed(endpoint)

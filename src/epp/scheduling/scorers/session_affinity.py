@@ -11,9 +11,9 @@ from pydantic import Field
 from epp.datalayer.api import Endpoint
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo
-from epp.scheduling.api import SchedulingResult, ScorerCategory
-from epp.scheduling.sessions import ENCODED, SessionAffinity, find
+from epp.request import InferenceRequest
+from epp.scheduling.api import ScorerCategory
+from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks, find
 
 
 class SessionAffinityScorerParams(PluginParams):
@@ -29,7 +29,7 @@ class SessionAffinityScorerParams(PluginParams):
     skip_when_saturated: bool = True
 
 
-class SessionAffinityScorer(PluginBase):
+class SessionAffinityScorer(SessionHooks, PluginBase):
     """1.0 for the session's endpoint, 0.0 for the others.  Type ``session-affinity-scorer``, Affinity.
 
     A soft pin: the weight decides how much it outweighs load and prefix scorers.  The
@@ -86,17 +86,3 @@ class SessionAffinityScorer(PluginBase):
         fewest = min(counts(ep.name) for ep in endpoints)
         tied = sorted((ep for ep in endpoints if counts(ep.name) == fewest), key=lambda ep: ep.name)
         return tied[next(self._cursor) % len(tied)]
-
-    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
-        self.affinity.after_pick(state, request, result)
-
-    def response_header(
-        self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
-    ) -> None:
-        self.affinity.response_header(state, response, target)
-
-    def endpoint_added(self, endpoint: Endpoint) -> None:
-        pass
-
-    def endpoint_removed(self, endpoint: Endpoint) -> None:
-        self.affinity.endpoint_removed(endpoint)
