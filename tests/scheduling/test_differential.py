@@ -443,3 +443,43 @@ def test_metrics_scorers_agree_with_their_per_endpoint_scores() -> None:
         values = s.metric_values(ms)
         assert s.scores_for(values, s.summarize(values)) == expected
         assert s.scores_for(values[10:13], s.summarize(values)) == expected[10:13]
+
+
+def _live(profile: SchedulerProfile) -> bool:
+    """Whether the profile applies samples on arrival (a call, so mypy does not narrow it)."""
+    return profile._live
+
+
+class _FlakyQueueScorer(QueueScorer):
+    """The queue scorer, failing on the per-sample path while ``broken`` is set."""
+
+    broken = False
+
+    def metric_values(self, metrics: Sequence[Metrics]) -> list[int]:
+        if self.broken and len(metrics) == 1:
+            raise RuntimeError("scorer bug")
+        return super().metric_values(metrics)
+
+
+def test_a_failing_update_on_arrival_stays_off_the_data_layer_and_the_next_request_rebuilds() -> None:
+    """The assignment that stored the sample succeeds; the profile drops its snapshot, so the next
+    request recomputes it from the readings and picks as if nothing had happened."""
+    world = random.Random(8)
+    fleet = [_new_endpoint(world, i) for i in range(20)]
+    scorer = build(_FlakyQueueScorer)
+    picker = RecordingMaxScore(1)
+    profile = SchedulerProfile("p", filters=[], scorers=[(scorer, 1.0)], picker=picker)
+    candidates = tuple(fleet)
+    for _ in range(2):
+        profile.run(CycleState(), request(), candidates)
+    assert _live(profile)
+    scorer.broken = True
+    fleet[3].metrics = Metrics(waiting_queue_size=0)
+    fleet[7].metrics = Metrics(waiting_queue_size=0)
+    assert fleet[3].metrics.waiting_queue_size == 0
+    assert not _live(profile)
+    scorer.broken = False
+    profile.run(CycleState(), request(), candidates)
+    queues = [ep.metrics.waiting_queue_size for ep in candidates]
+    lo, hi = min(queues), max(queues)
+    assert picker.seen == [(hi - q) / (hi - lo) for q in queues]
