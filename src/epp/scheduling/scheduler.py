@@ -143,9 +143,13 @@ class SchedulerProfile:
     with the list of ``Metrics`` objects they were computed from, and reuses them while
     the candidates carry the same readings.  When a few readings changed and every such
     scorer is an ``IncrementalMetricsScorer``, only those endpoints are rescored (and all
-    of them for a scorer whose min or max moved).  Only request-dependent scorers (prefix,
-    LoRA, load) run per request.  The totals are bit-identical to scoring every scorer
-    per request (tests/scheduling/test_differential.py holds the reference).
+    of them for a scorer whose min or max moved).  Better still, once the same candidates
+    come twice the profile listens to them (``Endpoint.add_metrics_listener``) and applies
+    each sample as it is stored (``metrics_stored``), off the request path, while samples
+    are few per request; a request on that very tuple then reads no metrics at all.  Only
+    request-dependent scorers (prefix, LoRA, load) run per request.  The totals are
+    bit-identical to scoring every scorer per request (tests/scheduling/test_differential.py
+    holds the reference).
     """
 
     __slots__ = (
