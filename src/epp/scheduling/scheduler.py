@@ -391,7 +391,7 @@ class SchedulerProfile:
             # reading saves a Metrics.__eq__ call when every endpoint was rescraped.
             if metrics[0] is snap[0] and metrics == snap:
                 self._observe_metrics(t0)
-                if not self._live:
+                if not self._live or (type(eps) is tuple and eps is not self._cand):
                     self._track(eps)
                 return
             # Both ends changed: most likely a new candidate list or every endpoint rescraped,
@@ -424,6 +424,8 @@ class SchedulerProfile:
             return
         cand = eps if type(eps) is tuple else tuple(eps)
         if cand is self._cand or cand == self._cand:
+            if type(eps) is tuple:  # the same endpoints in a new tuple: the shortcut follows it
+                self._cand = cand
             self._live = True
             return
         self._live = False  # the snapshot's positions are ``cand``'s, not ``_cand``'s
