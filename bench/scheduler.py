@@ -146,6 +146,7 @@ def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int, *, fres
     """
     rng = random.Random(seed)
     eps = _endpoints(n_endpoints, rng)
+    candidates = tuple(eps)  # as the director hands them over: the datastore's snapshot tuple
     producer = ApproxPrefixCacheProducer(
         "approx-prefix-cache-producer", ApproxPrefixCacheParams(), FakeHandle()
     )
@@ -158,20 +159,26 @@ def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int, *, fres
     pre: list[float] = []
     total: list[float] = []
     cpu: list[float] = []
+    store: list[float] = []  # wall time per stored sample (making the Metrics, assigning it)
+    store_cpu: list[float] = []  # thread CPU time of the request's samples, all of them
     gc.collect()
     perf = time.perf_counter
     thread_time = time.thread_time
     start = 0
     for i in range(warmup + iterations):
         req = requests[i % len(requests)]
+        s0 = thread_time()
+        w0 = perf()
         if fresh:
             start = _rescrape(eps, start, fresh, rng)
+        w1 = perf()
+        s1 = thread_time()
         state = CycleState()
         c0 = thread_time()
         t0 = perf()
-        producer.prepare(state, req, eps)
+        producer.prepare(state, req, candidates)
         t1 = perf()
-        result = scheduler.schedule(state, req, eps)
+        result = scheduler.schedule(state, req, candidates)
         t2 = perf()
         c1 = thread_time()
         producer.pre_request(state, req, result)
@@ -182,7 +189,10 @@ def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int, *, fres
             pre.append(t3 - t2)
             total.append(t2 - t0)
             cpu.append(c1 - c0)
-    return {
+            if fresh:
+                store.append((w1 - w0) / fresh)
+                store_cpu.append(s1 - s0)
+    out: dict[str, Any] = {
         "endpoints": n_endpoints,
         "prompt_chars": chars,
         "fresh_endpoints_per_request": fresh,
@@ -194,6 +204,18 @@ def bench_cell(n_endpoints: int, chars: int, iterations: int, seed: int, *, fres
         "pre_request_us": _stats(pre),
         "index_entries": len(producer.index),
     }
+    if fresh:
+        # What storing samples costs the scrape side (a new Metrics, the assignment, and what
+        # the scheduler does on arrival), and the thread CPU of samples + prepare + schedule
+        # per request: times the request rate, the event loop's CPU per second for both.
+        out["store_us_per_sample"] = _stats(store)
+        out["store_us_per_sample"]["mean"] = round(statistics.fmean(store) * 1e6, 2)
+        per_request = [a + b for a, b in zip(store_cpu, cpu, strict=True)]
+        out["cpu_us_per_request_with_samples"] = {
+            **_stats(per_request),
+            "mean": round(statistics.fmean(per_request) * 1e6, 1),
+        }
+    return out
 
 
 def bench_hashing(iterations: int) -> dict[str, Any]:
@@ -245,12 +267,37 @@ def bench_memory(n_endpoints: int, capacity: int) -> dict[str, Any]:
     }
 
 
+def fresh_only(iterations: int) -> dict[str, Any]:
+    """Schedule p50 at 100 endpoints with unchanged readings, then each fresh churn; store cost."""
+    out: dict[str, Any] = {}
+    for label, count in [
+        ("unchanged", 0),
+        *((f"{rps} rps", churn(100, rps)) for rps in FRESH_RPS),
+        ("all", 100),
+    ]:
+        c = bench_cell(100, 1_000, iterations, seed=100 * 31 + 7, fresh=count)
+        out[label] = {"schedule_p50": c["schedule_us"]["p50"]}
+        if count:
+            out[label]["store_us_per_sample_mean"] = c["store_us_per_sample"]["mean"]
+            out[label]["cpu_us_per_request_mean"] = c["cpu_us_per_request_with_samples"]["mean"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scheduler", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations and a 1/10 memory fill")
     ap.add_argument("--output", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--fresh-only",
+        action="store_true",
+        help="only the 100-endpoint 1k-prompt cells (unchanged and fresh) as one JSON line: for"
+        " alternating runs against a base commit's source (PYTHONPATH=<base>/src)",
+    )
     args = ap.parse_args(argv)
     iterations = 200 if args.quick else 2000
+    if args.fresh_only:
+        print(json.dumps(fresh_only(iterations)))
+        return 0
     capacity = 3125 if args.quick else 31250
 
     cells = []
@@ -277,9 +324,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             c["fresh_label"] = label
             fresh_cells.append(c)
-            sched = c["schedule_us"]
+            sched, store = c["schedule_us"], c["store_us_per_sample"]
             print(f"{n:>9} {1000:>7} | fresh metrics, {count:>4} endpoints/request ({label:>8}):"
-                  f" schedule p50/p99 {sched['p50']:.1f}/{sched['p99']:.1f}")  # fmt: skip
+                  f" schedule p50/p99 {sched['p50']:.1f}/{sched['p99']:.1f}"
+                  f" | store/sample p50 {store['p50']:.1f} mean {store['mean']:.1f}"
+                  f" | cpu/request incl. samples mean"
+                  f" {c['cpu_us_per_request_with_samples']['mean']:.1f}")  # fmt: skip
     hashing = bench_hashing(100 if args.quick else 500)
     print(f"hash 100k chars: {json.dumps(hashing)}")
     memory = bench_memory(100, capacity)
@@ -301,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
             "fresh_200rps": fresh_cell(100, "200 rps")["schedule_us"]["p50"],
             "fresh_all": fresh_cell(100, "all")["schedule_us"]["p50"],
             "unchanged": cell(100, 1_000)["schedule_us"]["p50"],
+            "store_us_per_sample_1000rps": fresh_cell(100, "1000 rps")["store_us_per_sample"]["mean"],
+            # 100 endpoints scraped 20 times a second (2 samples per request) and 1000 requests/s
+            # (µs of CPU per request, samples included, x 1000 requests/s = that many ms per s)
+            "cpu_ms_per_s_1000rps": fresh_cell(100, "1000 rps")["cpu_us_per_request_with_samples"]["mean"],
         },
         "p50_us_100_endpoints_10k_prompt": {
             "goal": GOALS["p50_us_100_endpoints_10k_prompt"],

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -213,6 +214,23 @@ def _same(a: Sequence[float], b: Sequence[float]) -> bool:
 @given(scenarios())
 def test_fast_paths_pick_exactly_like_the_reference(sc: dict[str, Any]) -> None:
     eps: list[Endpoint] = sc["endpoints"]
+    _profile, check = _pair(sc, eps)
+    world = random.Random(sc["seed"] ^ 0x5EED)
+    candidates: Sequence[Endpoint] = tuple(eps)
+    for rnd in range(sc["rounds"] * 2):
+        if rnd:
+            _mutate(world, eps, sc["churn"])
+            if world.random() < 0.3:  # the candidate list changes (subset, or a new tuple)
+                candidates = tuple(ep for ep in eps if world.random() < 0.8) or tuple(eps)
+        check(world, candidates)
+
+
+Check = Callable[[random.Random, Sequence[Endpoint]], None]
+
+
+def _pair(sc: dict[str, Any], eps: Sequence[Endpoint]) -> tuple[SchedulerProfile, Check]:
+    """The profile under test for the scenario, and a check that runs one request on it and on the
+    reference and asserts the same totals (bit for bit), picks and, when explained, trace."""
     seed: int = sc["seed"]
     k: int = sc["k"]
     plugins = []
@@ -244,13 +262,7 @@ def test_fast_paths_pick_exactly_like_the_reference(sc: dict[str, Any]) -> None:
         filters, ref_filters = [f_new], [f_ref.filter]
     profile = SchedulerProfile("p", filters=filters, scorers=plugins, picker=picker)
 
-    world = random.Random(seed ^ 0x5EED)
-    candidates: Sequence[Endpoint] = tuple(eps)
-    for rnd in range(sc["rounds"] * 2):
-        if rnd:
-            _mutate(world, eps, sc["churn"])
-            if world.random() < 0.3:  # the candidate list changes (subset, or a new tuple)
-                candidates = tuple(ep for ep in eps if world.random() < 0.8) or tuple(eps)
+    def check(world: random.Random, candidates: Sequence[Endpoint]) -> None:
         state = _round_state(world, candidates)
         req = request(model=world.choice(MODELS))
         req.explain = world.random() < 0.4  # the explained path must give the same floats and picks
@@ -269,7 +281,7 @@ def test_fast_paths_pick_exactly_like_the_reference(sc: dict[str, Any]) -> None:
             if req.explain:
                 [trace] = state.get(PROFILE_TRACES) or []
                 assert trace.error and not trace.scored
-            continue
+            return
         assert expected is not None
         want_pick, want_totals = expected
         assert _same(picker.seen, want_totals), (picker.seen, want_totals)
@@ -278,6 +290,126 @@ def test_fast_paths_pick_exactly_like_the_reference(sc: dict[str, Any]) -> None:
             _check_trace(state, got, want_totals, [w for _, w in plugins])
         else:
             assert state.get(PROFILE_TRACES) is None
+
+    return profile, check
+
+
+def _sample(world: random.Random, ep: Endpoint) -> None:
+    """One stored sample, as a scrape stores it: new values (some moving the fleet's min or max,
+    some out of range or NaN), or an equal reading in a new object."""
+    m = ep.metrics
+    if world.random() < 0.2:
+        ep.metrics = replace(m)
+        return
+    ep.metrics = replace(
+        m,
+        waiting_queue_size=world.choice([0, 60, max(m.waiting_queue_size + world.choice([-1, 1]), 0)]),
+        running_requests_size=world.choice([m.running_requests_size, 0, 2, 60]),
+        kv_cache_usage_percent=world.choice([m.kv_cache_usage_percent, world.random(), 1.0, 1.5, math.nan]),
+        update_time=m.update_time + 0.05,
+    )
+
+
+def _new_endpoint(world: random.Random, i: int) -> Endpoint:
+    md = EndpointMetadata(name=f"ns/new-{i}", address="10.9.0.1", port=9000 + i, pod_name=str(1000 + i))
+    return Endpoint(
+        md, Metrics(waiting_queue_size=world.randint(0, 60), kv_cache_usage_percent=world.random())
+    )
+
+
+def _next_candidates(
+    world: random.Random, fleet: list[Endpoint], cur: Sequence[Endpoint]
+) -> Sequence[Endpoint]:
+    """Mostly the very same tuple (what the datastore hands out while membership holds); sometimes
+    an endpoint added or removed, a subset, the same endpoints in a new tuple or a list."""
+    r = world.random()
+    if r < 0.75:
+        return cur
+    if r < 0.82:  # an endpoint joins
+        ep = _new_endpoint(world, len(fleet))
+        fleet.append(ep)
+        return (*cur, ep)
+    if r < 0.88 and len(cur) > 1:  # an endpoint leaves (it may still be scraped once more)
+        gone = world.randrange(len(cur))
+        return tuple(ep for i, ep in enumerate(cur) if i != gone)
+    if r < 0.93:
+        return tuple(ep for ep in cur if world.random() < 0.7) or tuple(cur)
+    return list(cur) if world.random() < 0.5 else tuple(list(cur))
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(scenarios(), st.integers(4, 30))
+def test_samples_applied_on_arrival_pick_exactly_like_the_reference(
+    sc: dict[str, Any], requests: int
+) -> None:
+    """Samples stored between requests (to candidates, to endpoints outside them, to endpoints that
+    left) are applied by the profile as they arrive; every request still sees the reference's picks."""
+    fleet: list[Endpoint] = list(sc["endpoints"])
+    _profile, check = _pair(sc, fleet)
+    world = random.Random(sc["seed"] ^ 0xA221)
+    candidates: Sequence[Endpoint] = tuple(fleet)
+    for _ in range(requests):
+        for _ in range(world.choice([0, 1, 1, 2, 3, 5, 40])):
+            _sample(world, world.choice(fleet))
+        candidates = _next_candidates(world, fleet, candidates)
+        check(world, candidates)
+
+
+def test_samples_applied_on_arrival_serve_requests_without_a_rescan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a steady candidate tuple and a few samples per request, samples are applied at arrival
+    (``_update_one``) and requests neither rescan nor rebuild; the picks are the reference's."""
+    calls = {"arrival": 0, "rescan": 0}
+    update_one, rebuild, update = (
+        SchedulerProfile._update_one,
+        SchedulerProfile._rebuild,
+        SchedulerProfile._update,
+    )
+
+    def counting(name: str, fn: Any) -> Any:
+        def wrapped(self: SchedulerProfile, *args: Any) -> Any:
+            calls[name] += 1
+            return fn(self, *args)
+
+        return wrapped
+
+    monkeypatch.setattr(SchedulerProfile, "_update_one", counting("arrival", update_one))
+    monkeypatch.setattr(SchedulerProfile, "_rebuild", counting("rescan", rebuild))
+    monkeypatch.setattr(SchedulerProfile, "_update", counting("rescan", update))
+    world = random.Random(5)
+    fleet = [_new_endpoint(world, i) for i in range(100)]
+    sc = {
+        "scorers": [
+            ("queue-scorer", 2.0),
+            ("kv-cache-utilization-scorer", 2.0),
+            ("prefix-cache-scorer", 3.0),
+        ],
+        "k": 1,
+        "filter": "none",
+        "threshold": 0.0,
+        "cap": 0,
+        "seed": 9,
+    }
+    profile, check = _pair(sc, fleet)
+    candidates = tuple(fleet)
+    check(world, candidates)
+    check(world, candidates)  # the second request with these candidates adopts them
+    assert profile._live
+    before = dict(calls)
+    for _ in range(200):
+        for _ in range(2):
+            _sample(world, world.choice(fleet))
+        check(world, candidates)
+    assert calls["rescan"] == before["rescan"]
+    assert calls["arrival"] - before["arrival"] > 300  # some samples were equal readings: nothing to do
+    # The datastore rebuilds its tuple with the same endpoints: the shortcut follows the new tuple.
+    candidates = tuple(list(candidates))
+    check(world, candidates)
+    assert profile._cand is candidates
+    _sample(world, fleet[0])
+    check(world, candidates)
+    assert calls["rescan"] == before["rescan"]
 
 
 def _check_trace(
@@ -318,3 +450,43 @@ def test_metrics_scorers_agree_with_their_per_endpoint_scores() -> None:
         values = s.metric_values(ms)
         assert s.scores_for(values, s.summarize(values)) == expected
         assert s.scores_for(values[10:13], s.summarize(values)) == expected[10:13]
+
+
+def _live(profile: SchedulerProfile) -> bool:
+    """Whether the profile applies samples on arrival (a call, so mypy does not narrow it)."""
+    return profile._live
+
+
+class _FlakyQueueScorer(QueueScorer):
+    """The queue scorer, failing on the per-sample path while ``broken`` is set."""
+
+    broken = False
+
+    def metric_values(self, metrics: Sequence[Metrics]) -> list[int]:
+        if self.broken and len(metrics) == 1:
+            raise RuntimeError("scorer bug")
+        return super().metric_values(metrics)
+
+
+def test_a_failing_update_on_arrival_stays_off_the_data_layer_and_the_next_request_rebuilds() -> None:
+    """The assignment that stored the sample succeeds; the profile drops its snapshot, so the next
+    request recomputes it from the readings and picks as if nothing had happened."""
+    world = random.Random(8)
+    fleet = [_new_endpoint(world, i) for i in range(20)]
+    scorer = build(_FlakyQueueScorer)
+    picker = RecordingMaxScore(1)
+    profile = SchedulerProfile("p", filters=[], scorers=[(scorer, 1.0)], picker=picker)
+    candidates = tuple(fleet)
+    for _ in range(2):
+        profile.run(CycleState(), request(), candidates)
+    assert _live(profile)
+    scorer.broken = True
+    fleet[3].metrics = Metrics(waiting_queue_size=0)
+    fleet[7].metrics = Metrics(waiting_queue_size=0)
+    assert fleet[3].metrics.waiting_queue_size == 0
+    assert not _live(profile)
+    scorer.broken = False
+    profile.run(CycleState(), request(), candidates)
+    queues = [ep.metrics.waiting_queue_size for ep in candidates]
+    lo, hi = min(queues), max(queues)
+    assert picker.seen == [(hi - q) / (hi - lo) for q in queues]

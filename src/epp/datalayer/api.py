@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from epp.datalayer.health import EndpointHealth
 from epp.plugin.base import Plugin
@@ -56,19 +57,68 @@ class Metrics:
 EMPTY_METRICS = Metrics()
 
 
+class MetricsListener(Protocol):
+    """Told, synchronously, each time an endpoint it listens to stores a new ``Metrics``.
+
+    For state derived from readings that is cheaper to keep up to date one sample at a
+    time than to recompute per request (the scheduler's metric scores).  Called inside
+    whoever assigned ``endpoint.metrics`` (an extractor, on the event loop): it must be
+    quick and must not raise.
+    """
+
+    def metrics_stored(self, endpoint: Endpoint) -> None: ...
+
+
+_set = object.__setattr__
+
+
 class Endpoint:
     """A model-server endpoint.  Identity (hash/eq) is the object: one per live endpoint.
 
     ``metrics`` is swapped whole by the data layer, so a reader that takes
-    ``m = ep.metrics`` once sees a consistent reading.
+    ``m = ep.metrics`` once sees a consistent reading.  Every assignment to ``metrics``
+    tells the endpoint's ``MetricsListener``s (held weakly: a listener that is gone, e.g.
+    a scheduler profile replaced by a config reload, is dropped).  The hook sits in
+    ``__setattr__`` rather than a property so that reading ``ep.metrics`` stays a plain
+    slot read (the request path reads it for every candidate) and no writer, however it
+    assigns, can bypass it.
     """
 
-    __slots__ = ("health", "metadata", "metrics")
+    __slots__ = ("_listeners", "health", "metadata", "metrics")
+
+    _listeners: tuple[weakref.ref[MetricsListener], ...]
 
     def __init__(self, metadata: EndpointMetadata, metrics: Metrics = EMPTY_METRICS) -> None:
+        _set(self, "_listeners", ())
         self.metadata = metadata
         self.metrics = metrics
         self.health = EndpointHealth()  # passive health: scrape reachability, 5xx ejections
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            _set(self, name, value)
+            if name == "metrics" and self._listeners:
+                self._notify()
+
+    def _notify(self) -> None:
+        dead = False
+        for ref in self._listeners:
+            listener = ref()
+            if listener is None:
+                dead = True
+            else:
+                listener.metrics_stored(self)
+        if dead:
+            _set(self, "_listeners", tuple(r for r in self._listeners if r() is not None))
+
+    def add_metrics_listener(self, listener: MetricsListener) -> None:
+        """Tell ``listener`` of every new ``metrics`` from now on (once, however often added)."""
+        if not any(r() is listener for r in self._listeners):
+            _set(self, "_listeners", (*self._listeners, weakref.ref(listener)))
+
+    def remove_metrics_listener(self, listener: MetricsListener) -> None:
+        _set(self, "_listeners", tuple(r for r in self._listeners if r() not in (None, listener)))
 
     @property
     def name(self) -> str:

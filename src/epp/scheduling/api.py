@@ -154,11 +154,12 @@ class IncrementalMetricsScorer(MetricsScorer, Protocol):
     (then always None: ``update_summary`` is not called).
 
     It lets the profile recompute only the endpoints whose ``Metrics`` object changed since
-    the last request (the data layer stores each sample as a new object, so the object is
-    the reading's version): it refreshes those values, updates the summary (from the old
-    and new values when ``update_summary`` can, else ``summarize`` over all of them: a
-    changed endpoint may have been the min or the max), and rescores only the changed
-    endpoints when the summary is unchanged, every endpoint when it moved.
+    the last request, or each endpoint as its sample is stored (the data layer stores each
+    sample as a new object, so the object is the reading's version): it refreshes those
+    values, updates the summary (from the old and new values when ``update_summary`` can,
+    else ``summarize`` over all of them: a changed endpoint may have been the min or the
+    max), and rescores only the changed endpoints when the summary is unchanged, every
+    endpoint when it moved.
     """
 
     def metric_values(self, metrics: Sequence[Metrics]) -> list[Any]: ...
