@@ -12,7 +12,8 @@ inconsistent (a sequence gap, a restart seen mid-stream, a silent publisher, a b
 hash mismatch) the scorer does not trust this index for it and falls back to the approximate one.
 
 ``pending`` holds the blocks of requests routed but not yet reported (``pending.PendingBlocks``);
-the engine's own events replace them: a stored, removed or cleared block is no longer pending.
+they count while their requests are in flight (a block the events report counts once), and a
+cleared cache drops them.
 """
 
 from __future__ import annotations
@@ -102,9 +103,6 @@ class BlockIndex:
 
     # events -------------------------------------------------------------------------------
     def stored(self, slot: int, hashes: Iterable[int]) -> None:
-        if self.pending.bits:
-            hashes = list(hashes)
-            self.pending.confirm(slot, hashes)
         lru = self._lru[slot]
         owners = self._owners
         bit = 1 << slot
@@ -125,9 +123,6 @@ class BlockIndex:
                     del owners[old]
 
     def removed(self, slot: int, hashes: Iterable[int]) -> None:
-        if self.pending.bits:
-            hashes = list(hashes)
-            self.pending.confirm(slot, hashes)
         lru = self._lru[slot]
         owners = self._owners
         clear = ~(1 << slot)

@@ -7,19 +7,22 @@ spread over the fleet, each paying the full prefill (SGLang's router inserts int
 routing time, Dynamo's KV router counts the blocks of in-flight requests, for the same reason).
 
 So at routing time the request's blocks that the picked endpoint has not reported are recorded
-here as pending on it.  An entry ends when the engine reports the block (BlockStored: confirmed, the
-event index holds it from then on; BlockRemoved and AllBlocksCleared also drop it), when the
-request ends without the block being reported (after ``grace`` seconds, for events still in
-flight), or ``ttl`` seconds after routing at the latest (a request whose end is never seen).  Each
-endpoint holds at most ``capacity`` pending blocks; past that the oldest routed requests' entries
-go first.  One routed request is one ``PendingRecord``; blocks shared by several in-flight
-requests are reference-counted per endpoint.
+here as pending on it, for as long as the request is in flight: one routed request is one
+``PendingRecord``, and a block several in-flight requests wait for on one endpoint is
+reference-counted there.  Once the engine reports the block (BlockStored) the event index holds it
+and the pending entry adds nothing to a match; it matters again only if the engine evicts the
+block (BlockRemoved) while a request still queued there needs it, and that request will compute
+and store it again, so the next request of the prefix belongs there too.  A record ends with its
+request (``grace`` seconds later, for events still on the wire) or ``ttl`` seconds after routing
+at the latest (a request whose end is never seen); AllBlocksCleared (a reset, a restart) drops
+every entry of the endpoint.  Each endpoint holds at most ``capacity`` pending blocks; past that
+the oldest routed requests' entries go first.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -90,49 +93,34 @@ class PendingBlocks:
             while queue and (not queue[0].live or queue[0].deadline <= now):
                 self._release(queue.popleft())
 
-    def confirm(self, slot: int, hashes: Iterable[int]) -> None:
-        """The engine reported these blocks (stored or removed): the events say the rest."""
-        if slot >= len(self._refs):
-            return
-        refs = self._refs[slot]
-        if not refs:
-            return
-        clear = ~(1 << slot)
-        bits = self.bits
-        for h in hashes:
-            if refs.pop(h, None) is not None:
-                left = bits[h] & clear
-                if left:
-                    bits[h] = left
-                else:
-                    del bits[h]
-
     def clear(self, slot: int) -> None:
         """Drop every pending entry of ``slot`` (its cache was cleared, or the endpoint went)."""
         if slot < len(self._refs):
             refs = self._refs[slot]
-            self.confirm(slot, list(refs))
+            for h in list(refs):
+                self._drop(slot, refs, h)
+
+    def _drop(self, slot: int, refs: dict[int, int], h: int) -> None:
+        del refs[h]
+        left = self.bits[h] & ~(1 << slot)
+        if left:
+            self.bits[h] = left
+        else:
+            del self.bits[h]
 
     def _release(self, record: PendingRecord) -> None:
         if not record.live:
             return
         record.live = False
         refs = self._refs[record.slot]
-        clear = ~(1 << record.slot)
-        bits = self.bits
         for h in record.hashes:
             n = refs.get(h)
-            if n is None:  # confirmed already
+            if n is None:  # the slot's entries were cleared
                 continue
             if n > 1:
                 refs[h] = n - 1
-                continue
-            del refs[h]
-            left = bits[h] & clear
-            if left:
-                bits[h] = left
             else:
-                del bits[h]
+                self._drop(record.slot, refs, h)
 
     # queries ------------------------------------------------------------------------------
     def blocks(self, slot: int) -> int:

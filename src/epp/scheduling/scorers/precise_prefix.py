@@ -12,8 +12,10 @@ auto-created) run.
 Speculative entries (``speculativeIndexing``, on by default): events arrive only after the engine
 has prefilled a request, so at routing time the request's blocks the picked endpoint has not
 reported are recorded as pending on it (``kvevents.pending``) and count as held, weighted by
-``speculativeWeight``, until the engine's BlockStored confirms them, the request ends without
-them (plus a grace for late events) or ``speculativeTtlSeconds`` pass.  Without them, a burst of
+``speculativeWeight``, while the request is in flight (a block the engine has reported counts
+once; an eviction while the request still waits there does not take it away, since the request
+will store it again), ending ``speculativeGraceSeconds`` after the request or
+``speculativeTtlSeconds`` after routing.  Without them, a burst of
 one prefix spreads over the fleet while its first request is still queued.
 
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
