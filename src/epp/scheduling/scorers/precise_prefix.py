@@ -417,6 +417,7 @@ class PrecisePrefixCacheScorer(PluginBase):
 
     # DebugState -------------------------------------------------------------------------------
     def debug_state(self) -> dict[str, Any]:
+        self.index.pending.expire(time.monotonic())  # expiry is lazy: settle it before reporting
         return {
             "hashAlgo": self.hasher.algo,
             "blockSize": self.block_size,
