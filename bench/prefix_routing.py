@@ -181,7 +181,9 @@ SHARED = Workload(
     output_tokens=100,
     kv_blocks=6000,  # 8 x 96,000 tokens = 768,000 < 150 x 6,000 = 900,000
 )
-FULL = Settings(SHARED, (8.0, 16.0, 24.0, 32.0), 30, Conversations(), ())
+# 40 req/s: round robin still completes there (every request served, TTFT p90 ~30 s), so the goals
+# are judged at it; the EPP is past the fleet's capacity too (offered 4,000 output tok/s)
+FULL = Settings(SHARED, (8.0, 16.0, 24.0, 32.0, 40.0), 30, Conversations(), ())
 QUICK = Settings(
     # 24 groups, so that a 10 s run sees each group several times (8 x 16,000 < 24 x 6,000 tokens)
     Workload(
