@@ -94,12 +94,44 @@ def _shared(sh: dict[str, Any]) -> list[str]:
         ),
         "",
         *_precise_vs_fallback(sh),
+        *_ceilings(sh),
         "Peak output tokens/s over the rates: "
         + ", ".join(f"{sh['routers'].get(k, k)} {f(v, 0)}" for k, v in d["peak_output_tokens_per_s"].items())
         + ".",
         "",
     ]
     return out
+
+
+def _ceilings(sh: dict[str, Any]) -> list[str]:
+    """What any router could reach: the hit-rate ceilings and the offered output rate."""
+    d = sh["derived"]
+    ce = d.get("hit_ceilings") or {}
+    if not ce:
+        return []
+    wl = sh["workload"]
+    best: dict[str, float] = {}
+    for c in sh["cells"]:
+        if "failed" not in c:
+            key = str(c["rate"])
+            best[key] = max(best.get(key, 0.0), c["fleet"]["prefix_hit_rate"])
+    parts = [
+        f"{float(rate):g} req/s: {_pct(v['unbounded'])} with unbounded KV, "
+        f"{_pct(v['perfect_placement'])} with perfect placement (best measured {_pct(best.get(rate))})"
+        for rate, v in sorted(ce.items(), key=lambda kv: float(kv[0]))
+    ]
+    return [
+        "**Hit-rate ceilings** (bench/hit_ceiling.py: the workload's prompt order replayed against the "
+        'fleet\'s caches; "perfect placement" pins each group to one replica and evicts as vLLM does, '
+        "a finished request's blocks joining the LRU free queue tail-first): " + "; ".join(parts) + ". "
+        f"Every group that is cold once costs a miss, each prompt's {wl['question_tokens']:,}-token "
+        f"question is new, and {wl['groups'] // wl['replicas']}–{-(-wl['groups'] // wl['replicas'])} "
+        f"groups of {wl['system_tokens']:,} tokens per replica do not fit its "
+        f"{wl['kv_blocks'] * wl['block_size']:,} tokens of KV, so an LRU cache loses prefixes even "
+        "under perfect routing. Output tokens/s cannot exceed the offered rate × "
+        f"{wl['output_tokens']} tokens, which bounds the throughput ratio to round robin.",
+        "",
+    ]
 
 
 def _precise_vs_fallback(sh: dict[str, Any]) -> list[str]:

@@ -131,3 +131,70 @@ def test_events_are_expected_only_when_the_engine_stores_new_blocks() -> None:
             state, request(), SchedulingResult({"default": ProfileRunResult((eps[picked],))}, "default")
         )
     assert set(s.subscriber._expect) == {eps[1].metadata.name}
+
+
+def route(s: PrecisePrefixCacheScorer, eps: list[Any], picked: int) -> tuple[CycleState, list[float]]:
+    """Prepare, score and route one request for TOKENS to eps[picked]."""
+    state = CycleState()
+    s.prepare(state, request(), eps, TOKENS)
+    scores = list(s.score(state, request(), eps))
+    s.pre_request(
+        state, request(), SchedulingResult({"default": ProfileRunResult((eps[picked],))}, "default")
+    )
+    return state, scores
+
+
+def test_a_routed_request_makes_its_blocks_pending_on_the_pick() -> None:
+    """Events come after prefill: the request routed to endpoint 1 holds its prefix there for the
+    scorer at once; once the engine reports it, a request adds no pending blocks."""
+    s = scorer()
+    eps = seed(s, [0, 0, 0])
+    _, first = route(s, eps, 1)
+    assert first == [0.0, 0.0, 0.0]
+    _, second = route(s, eps, 1)
+    assert second == [0.0, 1.0, 0.0]
+    hashes = BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS)
+    s.index.stored(s.index.states[eps[1].metadata.name].slot, hashes)
+    pending = len(s.index.pending)
+    _, third = route(s, eps, 1)
+    assert third == [0.0, 1.0, 0.0]
+    assert len(s.index.pending) == pending  # fully reported: nothing new to be pending
+
+
+def test_pending_entries_end_with_the_request_and_are_off_when_disabled() -> None:
+    s = scorer(speculativeGraceSeconds=0)
+    eps = seed(s, [0, 0])
+    state, _ = route(s, eps, 0)
+    response = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=0))
+    s.response_complete(state, request(), response, eps[0])
+    _, after = route(s, eps, 1)
+    assert after == [0.0, 0.0]  # the request ended unreported: no claim left on endpoint 0
+    off = scorer(speculativeIndexing=False)
+    eps = seed(off, [0, 0])
+    route(off, eps, 0)
+    assert route(off, eps, 0)[1] == [0.0, 0.0]
+
+
+def test_a_pending_block_weighs_less_than_a_reported_one() -> None:
+    """Endpoint 0 reports 4 blocks; endpoint 1 has all 8 pending: at weight 0.25 it counts
+    0 + 0.25 x 8 = 2 blocks, less than endpoint 0's 4."""
+    s = scorer(speculativeWeight=0.25, scoreNormalization="fraction")
+    eps = seed(s, [4, 0])
+    route(s, eps, 1)
+    _, scores = route(s, eps, 1)
+    assert scores == pytest.approx([4 / 8, 2 / 8])
+
+
+def test_prediction_with_and_without_pending_blocks() -> None:
+    """predictedVsObserved is what the scorer used (pending included); confirmedOnlyVsObserved is
+    the reported blocks alone, both against the engine's cached tokens."""
+    s = scorer()
+    eps = seed(s, [0, 3])
+    for picked, observed in [(0, 0), (0, 112), (1, 48), (1, 112)]:
+        state, _ = route(s, eps, picked)
+        response = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=observed))
+        s.response_complete(state, request(), response, eps[picked])
+    debug = s.debug_state()
+    # 0: nothing anywhere; 0 again: 8 pending -> 7 usable; 1: 3 reported; 1 again: 8 (5 pending)
+    assert debug["predictedVsObserved"]["meanPredictedTokens"] == pytest.approx((0 + 112 + 48 + 112) / 4)
+    assert debug["confirmedOnlyVsObserved"]["meanPredictedTokens"] == pytest.approx((0 + 0 + 48 + 48) / 4)

@@ -10,6 +10,10 @@ they do not (lost events, a wrong capacity).
 Each endpoint has a consistency state kept by the subscriber (``EndpointState``): while it is
 inconsistent (a sequence gap, a restart seen mid-stream, a silent publisher, a block-size or
 hash mismatch) the scorer does not trust this index for it and falls back to the approximate one.
+
+``pending`` holds the blocks of requests routed but not yet reported (``pending.PendingBlocks``);
+they count while their requests are in flight (a block the events report counts once), and a
+cleared cache drops them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from epp.datalayer.kvevents.pending import PendingBlocks
 
 
 @dataclass(slots=True)
@@ -57,7 +63,7 @@ class EndpointState:
 class BlockIndex:
     """Block hash → endpoints holding it, with a per-endpoint LRU capped at ``capacity`` blocks."""
 
-    __slots__ = ("_free", "_lru", "_owners", "_slots", "capacity", "states")
+    __slots__ = ("_free", "_lru", "_owners", "_slots", "capacity", "pending", "states")
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
@@ -68,6 +74,7 @@ class BlockIndex:
         self._lru: list[OrderedDict[int, None]] = []
         self._free: list[int] = []
         self.states: dict[str, EndpointState] = {}
+        self.pending = PendingBlocks(ttl=30.0, grace=2.0, capacity=capacity)
 
     # endpoints ----------------------------------------------------------------------------
     def add_endpoint(self, name: str) -> EndpointState:
@@ -131,6 +138,7 @@ class BlockIndex:
         self._clear_slot(slot)
 
     def _clear_slot(self, slot: int) -> None:
+        self.pending.clear(slot)
         lru = self._lru[slot]
         owners = self._owners
         clear = ~(1 << slot)
@@ -150,14 +158,41 @@ class BlockIndex:
         """Distinct block hashes held by any endpoint."""
         return len(self._owners)
 
-    def match(self, hashes: list[int], mask: int) -> dict[int, int]:
+    def match(self, hashes: list[int], mask: int, *, pending: bool = False) -> dict[int, int]:
         """Slot → length of the longest run of ``hashes`` from the start that the slot holds, for
-        the slots in ``mask`` with a run of at least one block."""
+        the slots in ``mask`` with a run of at least one block.  ``pending``: a block pending on a
+        slot counts as held (``PendingBlocks``)."""
         owners = self._owners
+        if pending and self.pending.bits:
+            return self._match_pending(hashes, mask)
         alive = mask
         counts: dict[int, int] = {}
         for i, h in enumerate(hashes):
             held = owners.get(h, 0) & alive
+            if held != alive:
+                if i:
+                    dropped = alive & ~held
+                    while dropped:
+                        low = dropped & -dropped
+                        counts[low.bit_length() - 1] = i
+                        dropped ^= low
+                alive = held
+                if not alive:
+                    return counts
+        n = len(hashes)
+        while alive and n:
+            low = alive & -alive
+            counts[low.bit_length() - 1] = n
+            alive ^= low
+        return counts
+
+    def _match_pending(self, hashes: list[int], mask: int) -> dict[int, int]:
+        owners = self._owners
+        extra = self.pending.bits
+        alive = mask
+        counts: dict[int, int] = {}
+        for i, h in enumerate(hashes):
+            held = (owners.get(h, 0) | extra.get(h, 0)) & alive
             if held != alive:
                 if i:
                     dropped = alive & ~held

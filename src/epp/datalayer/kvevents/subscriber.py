@@ -429,6 +429,7 @@ class KVEventSubscriber:
         index = self.index
         return {
             "indexedBlocks": len(index),
+            "pendingBlocks": len(index.pending),
             "capacityPerEndpoint": index.capacity,
             "endpoints": {
                 name: {
@@ -439,6 +440,7 @@ class KVEventSubscriber:
                     "reason": s.reason,
                     "lastSeq": s.last_seq,
                     "blocks": index.blocks(s.slot),
+                    "pendingBlocks": index.pending.blocks(s.slot),
                     "batches": s.batches,
                     "events": s.events,
                     "gaps": s.gaps,

@@ -9,6 +9,15 @@ blocks, from the first, that its engine has reported storing and not evicting (t
 is the larger of what its events still say and the approximate index's (``approx-prefix-cache-producer``,
 auto-created) run.
 
+Speculative entries (``speculativeIndexing``, on by default): events arrive only after the engine
+has prefilled a request, so at routing time the request's blocks the picked endpoint has not
+reported are recorded as pending on it (``kvevents.pending``) and count as held, weighted by
+``speculativeWeight``, while the request is in flight (a block the engine has reported counts
+once; an eviction while the request still waits there does not take it away, since the request
+will store it again), ending ``speculativeGraceSeconds`` after the request or
+``speculativeTtlSeconds`` after routing.  Without them, a burst of
+one prefix spreads over the fleet while its first request is still queued.
+
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
 1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
 approximate ``prefix-cache-scorer`` does.  docs/precise-prefix.md has the parameters.
@@ -30,6 +39,7 @@ from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents import metrics as m
 from epp.datalayer.kvevents.config import KVEventsConfig, TokenProcessorConfig, build_subscriber
 from epp.datalayer.kvevents.hashing import BlockHasher
+from epp.datalayer.kvevents.pending import PendingRecord
 from epp.datalayer.kvevents.subscriber import KVEventSubscriber
 from epp.datalayer.kvevents.tokens import LocalTokenizer, ServerTokenizer, TokenSource
 from epp.errors import ConfigError
@@ -67,6 +77,10 @@ class PrecisePrefixParams(PluginParams):
     tokenizer_config: TokenizerConfig = Field(default_factory=TokenizerConfig)
     score_normalization: Literal["minMax", "fraction"] = "minMax"
     kv_events_source: str = ""  # a kv-events-source plugin to read instead of subscribing itself
+    speculative_indexing: bool = True  # count routed, not yet reported blocks (kvevents.pending)
+    speculative_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # a pending block vs a reported one
+    speculative_ttl_seconds: float = Field(default=30.0, gt=0.0)  # the longest a pending entry lives
+    speculative_grace_seconds: float = Field(default=2.0, ge=0.0)  # after its request ends
 
 
 @dataclass(slots=True)
@@ -74,11 +88,15 @@ class _Prediction:
     """What PreRequest and ResponseComplete need: the predicted cached tokens per endpoint name."""
 
     prompt_tokens: int
-    blocks_by_name: dict[str, int]  # matched blocks per endpoint with a match
+    blocks_by_name: dict[str, int]  # matched blocks per endpoint with a match, pending included
+    confirmed_by_name: dict[str, int]  # the same from reported blocks only (and the fallback)
     fallback: frozenset[str]
     total_blocks: int  # the request's hashed full blocks (the approximate index's, untokenised)
     cap: int  # most blocks the engine can reuse: it recomputes at least the last prompt token
+    hashes: list[int]  # the request's block hashes (empty when untokenised)
     predicted: int = -1  # cached tokens predicted for the picked endpoint, set in PreRequest
+    predicted_confirmed: int = -1  # the same from reported blocks only
+    pending: PendingRecord | None = None  # what PreRequest recorded as pending on the pick
 
 
 class _Correlation:
@@ -166,6 +184,11 @@ class PrecisePrefixCacheScorer(PluginBase):
                 self.TYPE, tp, params.kv_events_config, ic.lru_capacity_per_server
             )
         self.index = self.subscriber.index
+        self.speculative = params.speculative_indexing
+        self.speculative_weight = params.speculative_weight
+        pending = self.index.pending
+        pending.ttl = params.speculative_ttl_seconds
+        pending.grace = params.speculative_grace_seconds
         self.block_size = tp.block_size
         self.max_blocks = ic.max_prefix_blocks_to_match
         self.normalization = params.score_normalization
@@ -181,7 +204,8 @@ class PrecisePrefixCacheScorer(PluginBase):
         else:
             self.tokens = ServerTokenizer(timeout=tc.timeout_seconds, scheme=tc.scheme)
         self._key: StateKey[_Prediction] = StateKey(f"{name}/{self.TYPE}")
-        self.correlation = _Correlation()
+        self.correlation = _Correlation()  # predicted = what the scorer used, pending included
+        self.correlation_confirmed = _Correlation()  # predicted from reported blocks only
         self.unreported = 0  # responses without cached_tokens
         self.tokenize_failures = 0
 
@@ -262,17 +286,23 @@ class PrecisePrefixCacheScorer(PluginBase):
                 slots.append(-1)
                 untrusted += 1
         counts = index.match(hashes, mask) if mask and hashes else {}
+        spec = self.speculative and mask and hashes and index.pending.bits
+        if spec:
+            index.pending.expire(time.monotonic())
+        spec_counts = index.match(hashes, mask, pending=True) if spec else counts
         approx = state.attributes(PREFIX_MATCH) if untrusted else {}
         zero = PrefixMatchInfo(0, total, bs)
         values: dict[Hashable, PrefixMatchInfo] = {}
         by_name: dict[str, int] = {}
+        confirmed: dict[str, int] = {}
         fallback: list[str] = []
         for ep, slot in zip(endpoints, slots, strict=True):
             if slot >= 0:
-                n = counts.get(slot, 0)
+                n = spec_counts.get(slot, 0)
                 if n:
                     values[ep] = PrefixMatchInfo(n, total, bs)
                     by_name[ep.metadata.name] = n
+                    confirmed[ep.metadata.name] = counts.get(slot, 0)
                 else:
                     values[ep] = zero
                 continue
@@ -280,7 +310,7 @@ class PrecisePrefixCacheScorer(PluginBase):
             name = ep.metadata.name
             fallback.append(name)
             m.PRECISE_FALLBACKS.labels(name).inc()
-            n = counts.get(-2 - slot, 0) if slot < -1 else 0
+            n = spec_counts.get(-2 - slot, 0) if slot < -1 else 0
             of = total
             info = approx.get(ep)
             if info is not None and info.match_blocks:
@@ -292,6 +322,7 @@ class PrecisePrefixCacheScorer(PluginBase):
             if n:
                 values[ep] = PrefixMatchInfo(n, of, bs)
                 by_name[name] = n
+                confirmed[name] = n
             else:
                 values[ep] = zero
         state.set_attributes(PRECISE_PREFIX_MATCH, values)
@@ -299,7 +330,16 @@ class PrecisePrefixCacheScorer(PluginBase):
             total if trusted else max((v.total_blocks for v in values.values()), default=0)
         )  # untokenised: the approximate index's length is all there is
         state.put(
-            self._key, _Prediction(len(ids), by_name, frozenset(fallback), top, cap if trusted else top)
+            self._key,
+            _Prediction(
+                len(ids),
+                by_name,
+                confirmed,
+                frozenset(fallback),
+                top,
+                cap if trusted else top,
+                hashes if trusted else [],
+            ),
         )
 
     # Scorer -----------------------------------------------------------------------------------
@@ -309,7 +349,18 @@ class PrecisePrefixCacheScorer(PluginBase):
         infos = state.attributes(PRECISE_PREFIX_MATCH)
         if not infos:
             return [0.0] * len(endpoints)
-        blocks = [info.match_blocks if info is not None else 0 for info in map(infos.get, endpoints)]
+        blocks: list[float] = [
+            info.match_blocks if info is not None else 0 for info in map(infos.get, endpoints)
+        ]
+        w = self.speculative_weight
+        prediction = state.get(self._key)
+        if w < 1.0 and prediction is not None:
+            # a pending block counts w of a reported one
+            held = prediction.confirmed_by_name
+            blocks = [
+                (c := held.get(ep.metadata.name, 0)) + w * (b - c) if b else 0.0
+                for b, ep in zip(blocks, endpoints, strict=True)
+            ]
         if self.normalization == "fraction":
             return [
                 b / info.total_blocks if info is not None and info.total_blocks > 0 else 0.0
@@ -332,12 +383,19 @@ class PrecisePrefixCacheScorer(PluginBase):
             return
         name = primary.target_endpoints[0].metadata.name
         matched = prediction.blocks_by_name.get(name, 0)
+        reported = prediction.confirmed_by_name.get(name, 0)
         prediction.predicted = min(matched, prediction.cap) * self.block_size
+        prediction.predicted_confirmed = min(reported, prediction.cap) * self.block_size
         m.PRECISE_PREDICTED_TOKENS.observe(prediction.predicted)
+        now = time.monotonic()
         # events are due only if the engine will store a block it does not hold yet: a request it
         # has fully cached publishes nothing, and that silence is not a silent publisher
-        if matched < prediction.total_blocks:
-            self.subscriber.note_routed(name, time.monotonic())
+        if reported < prediction.total_blocks:
+            self.subscriber.note_routed(name, now)
+        st = self.index.states.get(name)
+        if self.speculative and st is not None and len(prediction.hashes) > reported:
+            # the blocks this endpoint has not reported: pending on it until its events say
+            prediction.pending = self.index.pending.add(st.slot, prediction.hashes[reported:], now)
 
     def response_complete(
         self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
@@ -345,6 +403,8 @@ class PrecisePrefixCacheScorer(PluginBase):
         prediction = state.get(self._key)
         if prediction is None or prediction.predicted < 0 or not response.end_of_stream:
             return
+        if prediction.pending is not None:
+            self.index.pending.end(prediction.pending, time.monotonic())
         usage = response.usage
         if usage is None or usage.cached_tokens is None:
             self.unreported += 1
@@ -353,9 +413,11 @@ class PrecisePrefixCacheScorer(PluginBase):
         m.PRECISE_OBSERVED_TOKENS.observe(observed)
         m.PRECISE_PREDICTION_ERROR_TOKENS.observe(abs(prediction.predicted - observed))
         self.correlation.add(prediction.predicted, observed)
+        self.correlation_confirmed.add(prediction.predicted_confirmed, observed)
 
     # DebugState -------------------------------------------------------------------------------
     def debug_state(self) -> dict[str, Any]:
+        self.index.pending.expire(time.monotonic())  # expiry is lazy: settle it before reporting
         return {
             "hashAlgo": self.hasher.algo,
             "blockSize": self.block_size,
@@ -364,6 +426,16 @@ class PrecisePrefixCacheScorer(PluginBase):
             "predictedVsObserved": {
                 **self.correlation.state(),
                 "responsesWithoutCachedTokens": self.unreported,
+            },
+            # the same with the prediction from reported blocks only (no pending entries)
+            "confirmedOnlyVsObserved": self.correlation_confirmed.state(),
+            "speculative": {
+                "enabled": self.speculative,
+                "weight": self.speculative_weight,
+                "ttlSeconds": self.index.pending.ttl,
+                "graceSeconds": self.index.pending.grace,
+                "pendingBlocks": len(self.index.pending),
+                "pendingRequests": self.index.pending.records(),
             },
             **self.subscriber.debug_state(),
         }

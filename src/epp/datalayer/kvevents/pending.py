@@ -1,0 +1,133 @@
+"""Blocks routed to an endpoint whose engine has not reported storing them yet (speculative entries).
+
+An engine publishes BlockStored only after it has prefilled a request, so a request that is routed
+but still queued or prefilling is invisible to an index built from events alone.  Under load the
+queues are seconds long: the next requests of the same prefix find no endpoint holding it and
+spread over the fleet, each paying the full prefill (SGLang's router inserts into its tree at
+routing time, Dynamo's KV router counts the blocks of in-flight requests, for the same reason).
+
+So at routing time the request's blocks that the picked endpoint has not reported are recorded
+here as pending on it, for as long as the request is in flight: one routed request is one
+``PendingRecord``, and a block several in-flight requests wait for on one endpoint is
+reference-counted there.  Once the engine reports the block (BlockStored) the event index holds it
+and the pending entry adds nothing to a match; it matters again only if the engine evicts the
+block (BlockRemoved) while a request still queued there needs it, and that request will compute
+and store it again, so the next request of the prefix belongs there too.  A record ends with its
+request (``grace`` seconds later, for events still on the wire) or ``ttl`` seconds after routing
+at the latest (a request whose end is never seen); AllBlocksCleared (a reset, a restart) drops
+every entry of the endpoint.  Each endpoint holds at most ``capacity`` pending blocks; past that
+the oldest routed requests' entries go first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, eq=False)
+class PendingRecord:
+    """The pending blocks one routed request added on one endpoint slot."""
+
+    slot: int
+    hashes: tuple[int, ...]
+    deadline: float
+    live: bool = True
+
+
+class PendingBlocks:
+    """Hash → bitmask of the endpoint slots a routed request is expected to fill it on."""
+
+    __slots__ = ("_ending", "_records", "_refs", "bits", "capacity", "grace", "ttl")
+
+    def __init__(self, ttl: float, grace: float, capacity: int) -> None:
+        if ttl <= 0 or grace < 0 or capacity <= 0:
+            raise ValueError(f"need ttl > 0, grace >= 0, capacity > 0; got {ttl}, {grace}, {capacity}")
+        self.ttl = ttl
+        self.grace = grace
+        self.capacity = capacity
+        self.bits: dict[int, int] = {}  # read by BlockIndex.match
+        self._refs: list[dict[int, int]] = []  # per slot: hash -> live records holding it
+        self._records: deque[PendingRecord] = deque()  # by routing time (deadline = routed + ttl)
+        self._ending: deque[PendingRecord] = deque()  # ended requests, by end time (+ grace)
+
+    def _slot(self, slot: int) -> dict[int, int]:
+        while len(self._refs) <= slot:
+            self._refs.append({})
+        return self._refs[slot]
+
+    def add(self, slot: int, hashes: Sequence[int], now: float) -> PendingRecord | None:
+        """Record ``hashes`` as pending on ``slot`` for one routed request."""
+        self.expire(now)
+        if not hashes:
+            return None
+        refs = self._slot(slot)
+        bits = self.bits
+        bit = 1 << slot
+        for h in hashes:
+            n = refs.get(h)
+            if n is None:
+                refs[h] = 1
+                bits[h] = bits.get(h, 0) | bit
+            else:
+                refs[h] = n + 1
+        record = PendingRecord(slot, tuple(hashes), now + self.ttl)
+        self._records.append(record)
+        records = self._records
+        while len(refs) > self.capacity and records:
+            self._release(records.popleft())
+        return record
+
+    def end(self, record: PendingRecord, now: float) -> None:
+        """The request finished: what it left unreported goes after ``grace`` (events still coming)."""
+        if not record.live:
+            return
+        deadline = now + self.grace
+        if deadline < record.deadline:
+            record.deadline = deadline
+            self._ending.append(record)
+
+    def expire(self, now: float) -> None:
+        for queue in (self._ending, self._records):
+            while queue and (not queue[0].live or queue[0].deadline <= now):
+                self._release(queue.popleft())
+
+    def clear(self, slot: int) -> None:
+        """Drop every pending entry of ``slot`` (its cache was cleared, or the endpoint went)."""
+        if slot < len(self._refs):
+            refs = self._refs[slot]
+            for h in list(refs):
+                self._drop(slot, refs, h)
+
+    def _drop(self, slot: int, refs: dict[int, int], h: int) -> None:
+        del refs[h]
+        left = self.bits[h] & ~(1 << slot)
+        if left:
+            self.bits[h] = left
+        else:
+            del self.bits[h]
+
+    def _release(self, record: PendingRecord) -> None:
+        if not record.live:
+            return
+        record.live = False
+        refs = self._refs[record.slot]
+        for h in record.hashes:
+            n = refs.get(h)
+            if n is None:  # the slot's entries were cleared
+                continue
+            if n > 1:
+                refs[h] = n - 1
+            else:
+                self._drop(record.slot, refs, h)
+
+    # queries ------------------------------------------------------------------------------
+    def blocks(self, slot: int) -> int:
+        return len(self._refs[slot]) if slot < len(self._refs) else 0
+
+    def __len__(self) -> int:
+        return len(self.bits)
+
+    def records(self) -> int:
+        return sum(1 for r in self._records if r.live)
