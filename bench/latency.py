@@ -210,9 +210,16 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, out: list[
 
 
 async def run_levels(
-    config: Path, rates: Sequence[float], seconds: float, learner: str | None, quantile: float | None = None
+    config: Path,
+    rates: Sequence[float],
+    seconds: float,
+    learner: str | None,
+    quantile: float | None = None,
+    trace: Path | None = None,
 ) -> dict[str, Any]:
     env = {}
+    if trace:
+        env["EPP_LATENCY_TRACE"] = str(trace)
     if learner:
         env["EPP_LATENCY_LEARNER"] = learner
     if quantile:
@@ -233,8 +240,10 @@ async def run_levels(
             ) as session:
                 tasks = []
                 k = 0
+                starts = []
                 for level, rate in enumerate(rates):
                     start = time.perf_counter()
+                    starts.append(start)
                     at = start
                     while at - start < seconds:
                         at += rng.expovariate(rate)
@@ -259,6 +268,8 @@ async def run_levels(
             "ok": len(recs),
             "with_prediction": len(measured),
             "ttft_mdape_pct": round(100 * errs[len(errs) // 2], 1) if errs else None,
+            "ttft_median_signed_pct_error": round(100 * statistics.median(
+                (r["predicted_ttft_ms"] - r["ttft_ms"]) / r["ttft_ms"] for r in measured), 1) if measured else None,
             "ttft_p90_abs_pct_error": round(100 * errs[int(len(errs) * 0.9)], 1) if errs else None,
             "ttft_at_or_below_prediction_pct": round(
                 100 * sum(1 for r in measured if r["ttft_ms"] <= r["predicted_ttft_ms"]) / len(measured), 1
@@ -273,6 +284,7 @@ async def run_levels(
         "learner": learner,
         "quantile": quantile,
         "levels": per_level,
+        "level_starts": starts,
     }
 
 
