@@ -35,6 +35,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("failover", "bench.failover", True),
     ("reload", "bench.reload", True),
     ("precise_prefix", "bench.precise_prefix", True),
+    ("latency", "bench.latency", True),
 )
 
 
