@@ -59,6 +59,7 @@ ENDPOINTS = (10, 100, 1000)
 GOALS = {"predict_us_100_endpoints": 50.0}
 PREDICTOR_CONFIG = ROOT / "config" / "examples" / "predicted-latency.yaml"
 DEFAULT_CONFIG = ROOT / "config" / "default.yaml"
+MAX_SCORE_CONFIG = ROOT / "bench" / "configs" / "predicted-latency-max-score.yaml"
 GIE_LEAST_CONFIG = ROOT / "bench" / "configs" / "predicted-latency-least.yaml"  # GIE's strategy default
 SLO_TTFT_MS = 400.0
 SLO_TPOT_MS = 60.0
@@ -319,6 +320,7 @@ ROUTERS: dict[str, Path | None] = {
     "default": DEFAULT_CONFIG,  # queue + KV + prefix scorers, max-score picker
     "predictor": PREDICTOR_CONFIG,  # GIE's predictor-enabled config as shipped in config/examples
     "predictor-gie-least": GIE_LEAST_CONFIG,  # the same with GIE's default headroomSelectionStrategy
+    "predictor-max-score": MAX_SCORE_CONFIG,  # the predictor config with a max-score picker
     "round-robin": None,  # Envoy alone
 }
 GOODPUT_TIME_SCALE = 2.0
@@ -352,10 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--rates", default="5,15,25,35,50,65", help="accuracy: requests/s per level (4 replicas)")
     ap.add_argument("--seconds", type=float, default=0.0, help="accuracy: seconds per level (12, quick 8)")
-    ap.add_argument("--goodput-rates", default="", help="goodput: requests/s per level (45,60,75; quick 60)")
+    ap.add_argument("--goodput-rates", default="", help="goodput: requests/s per level (25,32,40; quick 32)")
     ap.add_argument("--goodput-seconds", type=float, default=0.0, help="goodput: s per level (30, quick 15)")
     ap.add_argument(
-        "--routers", default="", help="goodput: of " + ",".join(ROUTERS) + " (quick: no gie-least)"
+        "--routers", default="", help="goodput: of " + ",".join(ROUTERS) + " (quick: no predictor-* variants)"
     )
     ap.add_argument(
         "--goodput-time-scale",
@@ -371,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     seconds = args.seconds or (8.0 if args.quick else 12.0)
     rates = [float(r) for r in args.rates.split(",")]
-    g_rates = [float(r) for r in (args.goodput_rates or ("60" if args.quick else "45,60,75")).split(",")]
+    g_rates = [float(r) for r in (args.goodput_rates or ("32" if args.quick else "25,32,40")).split(",")]
     g_seconds = args.goodput_seconds or (15.0 if args.quick else 30.0)
     learners = (args.learners or DEFAULT_LEARNER).split(",")
 
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {lv}")
         accuracy.append(res)
     goodput_runs: dict[str, dict[str, Any]] = {}
-    routers = args.routers or ",".join(r for r in ROUTERS if not (args.quick and r == "predictor-gie-least"))
+    routers = args.routers or ",".join(r for r in ROUTERS if not (args.quick and r.startswith("predictor-")))
     for name in [] if args.no_goodput else routers.split(","):
         log(f"goodput, {name}: half the requests with a {SLO_TTFT_MS:.0f} ms TTFT SLO, rates {g_rates}")
         goodput_runs[name] = asyncio.run(
