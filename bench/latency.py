@@ -1,6 +1,6 @@
 """The in-process latency predictor: prediction cost, training CPU, accuracy and goodput on the simulator.
 
-    python -m bench.latency [--quick] [--learners ridge-rel,ridge,ridge-log] [--no-goodput]
+    python -m bench.latency [--quick] [--learners ridge-log,ridge,ridge-rel] [--no-accuracy] [--no-goodput]
 
 1. **Prediction cost** (in process): ``predicted-latency-producer``'s PrepareData (feature
    matrix, one matrix product, a ``LatencyPredictionInfo`` per candidate) and the bare model
@@ -8,18 +8,22 @@
 2. **Training CPU** (in process): thread CPU of one training on full rings (1000 rows per
    target, the default ``LATENCY_MAX_SAMPLE_SIZE``) and of appending one row; the share of one
    core at 100 requests/s (two rows per request, one training per second).
-3. **Accuracy** on a simulated fleet through Envoy (``epp-sim``, 4 replicas, real time): GIE's
+3. **Accuracy** on a simulated fleet through Envoy (``epp-sim``, 4 replicas, real time): the
    predictor config (config/examples/predicted-latency.yaml), streamed chat with SLO headers,
    Poisson arrivals at increasing rates on one EPP (the model keeps learning across levels).
    Each response carries the EPP's prediction for the chosen replica
    (``x-epp-predicted-ttft-ms``); the client measures TTFT (send to first content event).
-   Per level, the MdAPE of TTFT after the level's first quarter (warm-up); per learner
-   (``EPP_LATENCY_LEARNER``), predicting the median (``EPP_LATENCY_QUANTILE=0.5``).
-4. **Goodput**: the share of requests whose measured TTFT meets the SLO, predictor config with
-   its defaults (ridge-log predicting p90) vs the default config (config/default.yaml), same
-   workload and rates, and the same predictor config with ``headroomSelectionStrategy: most``
-   (bench/configs/predicted-latency-most.yaml); for the p90 model, how often the measured TTFT
-   was at or below it.
+   Per level, the MdAPE (and the median signed error) of TTFT after the level's first quarter
+   (warm-up); per learner (``EPP_LATENCY_LEARNER``), predicting the median
+   (``EPP_LATENCY_QUANTILE=0.5``).
+4. **Goodput**: half the requests (a seeded draw) carry a TTFT SLO; per rate, how many of them
+   met it, TTFT percentiles and output tokens, for the default config (config/default.yaml),
+   the predictor config (p90 model, ``most``), GIE's predictor config unchanged
+   (bench/configs/predicted-latency-least.yaml, full mode) and Envoy round robin, each on a
+   fresh fleet with the same arrivals, after an unmeasured warm-up level at half the first
+   rate.  The knee is the lowest rate at which the default
+   config misses the SLO for at least 5 % of the SLO requests; the goal is 1.3x its goodput
+   there with at least 95 % of its output tokens.
 
 Writes bench/results/latency.json.
 """
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import math
 import random
 import statistics
 import time
@@ -41,7 +47,7 @@ import orjson
 
 from bench.common import ROOT, log, write_result
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
-from epp.director.latency.model import LEARNERS, N_FEATURES, LatencyModel
+from epp.director.latency.model import DEFAULT_LEARNER, LEARNERS, N_FEATURES, LatencyModel
 from epp.director.producers.predicted_latency import PredictedLatencyParams, PredictedLatencyProducer
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
@@ -54,12 +60,13 @@ ENDPOINTS = (10, 100, 1000)
 GOALS = {"predict_us_100_endpoints": 50.0}
 PREDICTOR_CONFIG = ROOT / "config" / "examples" / "predicted-latency.yaml"
 DEFAULT_CONFIG = ROOT / "config" / "default.yaml"
-MOST_CONFIG = ROOT / "bench" / "configs" / "predicted-latency-most.yaml"  # headroomSelectionStrategy: most
+MAX_SCORE_CONFIG = ROOT / "bench" / "configs" / "predicted-latency-max-score.yaml"
+GIE_LEAST_CONFIG = ROOT / "bench" / "configs" / "predicted-latency-least.yaml"  # GIE's strategy default
 SLO_TTFT_MS = 400.0
 SLO_TPOT_MS = 60.0
 REPLICAS = 4
 # KV cache of 4000 blocks x 16 = 64k tokens per replica: at the top rate it fills and requests queue.
-SIM_ARGS = ("--time-scale", "1.0", "--seed", str(SEEDS["sim"]), "--num-gpu-blocks", "4000",
+SIM_ARGS = ("--seed", str(SEEDS["sim"]), "--num-gpu-blocks", "4000",
             "--model", MODEL, "--max-model-len", "32768")  # fmt: skip
 
 
@@ -188,105 +195,188 @@ def workload(n: int, seed: int) -> list[tuple[bytes, int]]:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes, out: list[dict[str, Any]], level: int,
-               t_level: float) -> None:  # fmt: skip
-    headers = {
-        "content-type": "application/json",
-        "x-slo-ttft-ms": str(SLO_TTFT_MS),
-        "x-slo-tpot-ms": str(SLO_TPOT_MS),
-    }
-    rec: dict[str, Any] = {"level": level, "at": time.perf_counter() - t_level}
-    t0 = time.perf_counter()
+               t_level: float, slo: bool) -> None:  # fmt: skip
+    headers = {"content-type": "application/json"}
+    if slo:
+        headers["x-slo-ttft-ms"] = str(SLO_TTFT_MS)
+        headers["x-slo-tpot-ms"] = str(SLO_TPOT_MS)
+    rec: dict[str, Any] = {"level": level, "at": time.perf_counter() - t_level, "slo": slo, "tokens": 0}
+    t0 = rec["sent"] = time.perf_counter()
     try:
         async with session.post(url + "/v1/chat/completions", data=body, headers=headers) as r:
             rec["status"] = r.status
             pred = r.headers.get("x-epp-predicted-ttft-ms")
             rec["predicted_ttft_ms"] = float(pred) if pred else None
             async for line in r.content:
-                if "ttft_ms" not in rec and line.startswith(b"data: ") and b'"content":"' in line:
-                    rec["ttft_ms"] = 1000 * (time.perf_counter() - t0)
+                if line.startswith(b"data: ") and b'"content":"' in line:
+                    rec["tokens"] += 1
+                    if "ttft_ms" not in rec:
+                        rec["ttft_ms"] = 1000 * (time.perf_counter() - t0)
     except (aiohttp.ClientError, TimeoutError) as e:
         rec["error"] = type(e).__name__
+    rec["end"] = time.perf_counter()
     out.append(rec)
 
 
+def _level_stats(records: list[dict[str, Any]], level: int, rate: float, seconds: float) -> dict[str, Any]:
+    """One level's accuracy (the EPP's predictions vs measured TTFT), SLO attainment and throughput."""
+    sent = [r for r in records if r["level"] == level]
+    recs = [r for r in sent if r.get("status") == 200 and "ttft_ms" in r]
+    measured = [r for r in recs if r["at"] >= seconds / 4 and r["predicted_ttft_ms"] is not None]
+    signed = sorted((r["predicted_ttft_ms"] - r["ttft_ms"]) / r["ttft_ms"] for r in measured)
+    errs = sorted(abs(e) for e in signed)
+    ttfts = sorted(r["ttft_ms"] for r in recs)
+    slo_sent = [r for r in sent if r["slo"]]
+    slo_met = sum(1 for r in slo_sent if r.get("status") == 200 and r.get("ttft_ms", math.inf) <= SLO_TTFT_MS)
+    span = (max(r["end"] for r in sent) - min(r["sent"] for r in sent)) if sent else 0.0
+    return {
+        "rate_rps": rate,
+        "requests": len(sent),
+        "ok": len(recs),
+        "with_prediction": len(measured),
+        "ttft_mdape_pct": round(100 * errs[len(errs) // 2], 1) if errs else None,
+        "ttft_median_signed_pct_error": round(100 * signed[len(signed) // 2], 1) if signed else None,
+        "ttft_p90_abs_pct_error": round(100 * errs[int(len(errs) * 0.9)], 1) if errs else None,
+        "ttft_at_or_below_prediction_pct": round(
+            100 * sum(1 for r in measured if r["ttft_ms"] <= r["predicted_ttft_ms"]) / len(measured), 1
+        ) if measured else None,
+        "ttft_p50_ms": round(ttfts[len(ttfts) // 2], 1) if ttfts else None,
+        "ttft_p90_ms": round(ttfts[int(len(ttfts) * 0.9)], 1) if ttfts else None,
+        "slo_requests": len(slo_sent),
+        "slo_met": slo_met,
+        "slo_met_pct": round(100 * slo_met / len(slo_sent), 1) if slo_sent else None,
+        "completed_rps": round(len(recs) / span, 2) if span > 0 else None,
+        "output_tokens": sum(r["tokens"] for r in recs),
+    }  # fmt: skip
+
+
 async def run_levels(
-    config: Path, rates: Sequence[float], seconds: float, learner: str | None, quantile: float | None = None
+    config: Path | None,
+    rates: Sequence[float],
+    seconds: float,
+    learner: str | None,
+    quantile: float | None = None,
+    trace: Path | None = None,
+    slo_share: float = 1.0,
+    time_scale: float = 1.0,
 ) -> dict[str, Any]:
+    """Poisson arrivals at each rate in turn on one fleet; ``config`` None is Envoy round robin (no EPP).
+
+    ``slo_share``: the fraction of requests carrying the SLO headers (chosen by a seeded draw, so
+    every router sees the same requests with the same headers).
+    """
     env = {}
+    if trace:
+        env["EPP_LATENCY_TRACE"] = str(trace)
     if learner:
         env["EPP_LATENCY_LEARNER"] = learner
     if quantile:
         env["EPP_LATENCY_QUANTILE"] = str(quantile)
     jobs = workload(int(sum(rates) * seconds * 1.3) + 100, SEEDS["workload"])
+    slo_rng = random.Random(SEEDS["workload"] + 1)
+    with_slo = [slo_rng.random() < slo_share for _ in jobs]
     records: list[dict[str, Any]] = []
-    async with SimFleet(REPLICAS, *SIM_ARGS) as fleet:
-        args = [f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1",
-                f"--config-file={config}"]  # fmt: skip
-        async with (
-            EppProcess(*args, env=env) as epp,
-            Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)) as envoy,
-        ):
-            rng = random.Random(SEEDS["arrivals"])
-            conn = aiohttp.TCPConnector(limit=0)
-            async with aiohttp.ClientSession(
-                connector=conn, timeout=aiohttp.ClientTimeout(total=120)
-            ) as session:
-                tasks = []
-                k = 0
-                for level, rate in enumerate(rates):
-                    start = time.perf_counter()
-                    at = start
-                    while at - start < seconds:
-                        at += rng.expovariate(rate)
-                        delay = at - time.perf_counter()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
-                        tasks.append(
-                            asyncio.create_task(_one(session, envoy.url, jobs[k][0], records, level, start))
-                        )
-                        k += 1
-                    log(f"  level {level}: {rate}/s sent")
-                await asyncio.gather(*tasks)
-    per_level = []
-    for level, rate in enumerate(rates):
-        recs = [r for r in records if r["level"] == level and r.get("status") == 200 and "ttft_ms" in r]
-        measured = [r for r in recs if r["at"] >= seconds / 4 and r["predicted_ttft_ms"] is not None]
-        errs = sorted(abs(r["predicted_ttft_ms"] - r["ttft_ms"]) / r["ttft_ms"] for r in measured)
-        ttfts = sorted(r["ttft_ms"] for r in recs)
-        per_level.append({
-            "rate_rps": rate,
-            "requests": sum(1 for r in records if r["level"] == level),
-            "ok": len(recs),
-            "with_prediction": len(measured),
-            "ttft_mdape_pct": round(100 * errs[len(errs) // 2], 1) if errs else None,
-            "ttft_p90_abs_pct_error": round(100 * errs[int(len(errs) * 0.9)], 1) if errs else None,
-            "ttft_at_or_below_prediction_pct": round(
-                100 * sum(1 for r in measured if r["ttft_ms"] <= r["predicted_ttft_ms"]) / len(measured), 1
-            ) if measured else None,
-            "ttft_p50_ms": round(ttfts[len(ttfts) // 2], 1) if ttfts else None,
-            "ttft_p90_ms": round(ttfts[int(len(ttfts) * 0.9)], 1) if ttfts else None,
-            "slo_met_pct": round(100 * sum(1 for t in ttfts if t <= SLO_TTFT_MS) / max(
-                1, sum(1 for r in records if r["level"] == level)), 1),
-        })  # fmt: skip
+    starts: list[float] = []
+    sim = ("--time-scale", str(time_scale), *SIM_ARGS)
+    async with SimFleet(REPLICAS, *sim) as fleet, contextlib.AsyncExitStack() as stack:
+        if config is None:
+            envoy = await stack.enter_async_context(Envoy(EnvoyConfig(upstreams=fleet.hostports)))
+        else:
+            args = [f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1",
+                    f"--config-file={config}"]  # fmt: skip
+            epp = await stack.enter_async_context(EppProcess(*args, env=env))
+            envoy = await stack.enter_async_context(Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)))
+        rng = random.Random(SEEDS["arrivals"])
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as session:
+            tasks = []
+            k = 0
+            for level, rate in enumerate(rates):
+                start = time.perf_counter()
+                starts.append(start)
+                at = start
+                while at - start < seconds:
+                    at += rng.expovariate(rate)
+                    delay = at - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    tasks.append(asyncio.create_task(
+                        _one(session, envoy.url, jobs[k][0], records, level, start, with_slo[k])
+                    ))  # fmt: skip
+                    k += 1
+                log(f"  level {level}: {rate}/s sent")
+            await asyncio.gather(*tasks)
     return {
-        "config": str(config.relative_to(ROOT)),
+        "config": str(config.relative_to(ROOT)) if config else "envoy round robin",
         "learner": learner,
         "quantile": quantile,
-        "levels": per_level,
+        "slo_share": slo_share,
+        "sim_time_scale": time_scale,
+        "levels": [_level_stats(records, level, rate, seconds) for level, rate in enumerate(rates)],
+        "level_starts": starts,
     }
+
+
+ROUTERS: dict[str, Path | None] = {
+    "default": DEFAULT_CONFIG,  # queue + KV + prefix scorers, max-score picker
+    "predictor": PREDICTOR_CONFIG,  # GIE's predictor-enabled config as shipped in config/examples
+    "predictor-gie-least": GIE_LEAST_CONFIG,  # the same with GIE's default headroomSelectionStrategy
+    "predictor-max-score": MAX_SCORE_CONFIG,  # the predictor config with a max-score picker
+    "round-robin": None,  # Envoy alone
+}
+GOODPUT_TIME_SCALE = 2.0
+KNEE_MISS_PCT = 5.0  # the knee: the lowest rate at which the default config misses the SLO this often
+
+
+def goodput_summary(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rate: each router's SLO attainment, TTFT p90 and output tokens; predictor vs default."""
+    rows = []
+    for i, lv in enumerate(runs["default"]["levels"]):
+        row: dict[str, Any] = {"rate_rps": lv["rate_rps"], "slo_requests": lv["slo_requests"]}
+        for name, run in runs.items():
+            cell = run["levels"][i]
+            row[name] = {k: cell[k] for k in ("slo_met", "slo_met_pct", "ttft_p50_ms", "ttft_p90_ms",
+                                              "ok", "output_tokens", "completed_rps")}  # fmt: skip
+        if "predictor" in runs:
+            d, p = lv, runs["predictor"]["levels"][i]
+            row["goodput_ratio_vs_default"] = round(p["slo_met"] / d["slo_met"], 3) if d["slo_met"] else None
+            row["output_tokens_ratio_vs_default"] = (
+                round(p["output_tokens"] / d["output_tokens"], 3) if d["output_tokens"] else None
+            )
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer iterations, shorter levels")
-    ap.add_argument("--learners", default=",".join(LEARNERS))
-    ap.add_argument("--rates", default="10,25,40,55", help="requests/s per level (4 replicas)")
-    ap.add_argument("--seconds", type=float, default=0.0, help="seconds per level (default 20, quick 10)")
+    ap.add_argument("--quick", action="store_true", help="fewer iterations, one learner, shorter levels")
+    ap.add_argument(
+        "--learners", default="", help=f"accuracy runs, of {','.join(LEARNERS)} (default ridge-log)"
+    )
+    ap.add_argument("--rates", default="5,15,25,35,50,65", help="accuracy: requests/s per level (4 replicas)")
+    ap.add_argument("--seconds", type=float, default=0.0, help="accuracy: seconds per level (12, quick 8)")
+    ap.add_argument("--goodput-rates", default="", help="goodput: requests/s per level (25,32,40; quick 32)")
+    ap.add_argument("--goodput-seconds", type=float, default=0.0, help="goodput: s per level (30, quick 15)")
+    ap.add_argument(
+        "--routers", default="", help="goodput: of " + ",".join(ROUTERS) + " (quick: no predictor-* variants)"
+    )
+    ap.add_argument(
+        "--goodput-time-scale",
+        type=float,
+        default=GOODPUT_TIME_SCALE,
+        help="goodput: the "
+        "simulator's wall seconds per modelled second (2: a GPU half as fast, so the knee comes "
+        "at half the request rate and the EPP process is not what saturates this machine)",
+    )
+    ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--no-goodput", action="store_true")
     ap.add_argument("--result-name", default="latency", help="bench/results/<name>.json")
     args = ap.parse_args(argv)
-    seconds = args.seconds or (10.0 if args.quick else 20.0)
+    seconds = args.seconds or (8.0 if args.quick else 12.0)
     rates = [float(r) for r in args.rates.split(",")]
+    g_rates = [float(r) for r in (args.goodput_rates or ("32" if args.quick else "25,32,40")).split(",")]
+    g_seconds = args.goodput_seconds or (15.0 if args.quick else 30.0)
+    learners = (args.learners or DEFAULT_LEARNER).split(",")
 
     prediction = bench_prediction(300 if args.quick else 3000)
     for c in prediction:
@@ -296,62 +386,78 @@ def main(argv: list[str] | None = None) -> int:
     log(f"training: {training}")
 
     accuracy = []
-    for learner in args.learners.split(","):  # the median (quantile 0.5) model: MdAPE is its metric
+    for learner in [] if args.no_accuracy else learners:  # the median model: MdAPE is its metric
         log(f"accuracy, learner {learner}, quantile 0.5, rates {rates}, {seconds}s each")
         res = asyncio.run(run_levels(PREDICTOR_CONFIG, rates, seconds, learner, 0.5))
         for lv in res["levels"]:
             log(f"  {lv}")
         accuracy.append(res)
-    goodput = None
-    if not args.no_goodput:
-        log("goodput, predictor config with its defaults (ridge-log, p90)")
-        chosen = asyncio.run(run_levels(PREDICTOR_CONFIG, rates, seconds, None))
-        for lv in chosen["levels"]:
+    goodput_runs: dict[str, dict[str, Any]] = {}
+    routers = args.routers or ",".join(r for r in ROUTERS if not (args.quick and r.startswith("predictor-")))
+    for name in [] if args.no_goodput else routers.split(","):
+        log(f"goodput, {name}: half the requests with a {SLO_TTFT_MS:.0f} ms TTFT SLO, rates {g_rates}")
+        # an unmeasured warm-up level at half the first rate: a learning router starts from nothing
+        run = asyncio.run(
+            run_levels(ROUTERS[name], [g_rates[0] / 2, *g_rates], g_seconds, None, slo_share=0.5,
+                       time_scale=args.goodput_time_scale)
+        )  # fmt: skip
+        run["warmup"], run["levels"] = run["levels"][0], run["levels"][1:]
+        goodput_runs[name] = run
+        for lv in run["levels"]:
             log(f"  {lv}")
-        accuracy.append(chosen)
-        log("goodput, predictor config with headroomSelectionStrategy: most")
-        most = asyncio.run(run_levels(MOST_CONFIG, rates, seconds, None))
-        for lv in most["levels"]:
-            log(f"  {lv}")
-        accuracy.append(most)
-        log("goodput, default config")
-        default = asyncio.run(run_levels(DEFAULT_CONFIG, rates, seconds, None))
-        for lv in default["levels"]:
-            log(f"  {lv}")
-        goodput = [
-            {
-                "rate_rps": d["rate_rps"],
-                "default_slo_met_pct": d["slo_met_pct"],
-                "predictor_slo_met_pct": p["slo_met_pct"],
-                "predictor_most_slo_met_pct": m["slo_met_pct"],
-                "default_ttft_p90_ms": d["ttft_p90_ms"],
-                "predictor_ttft_p90_ms": p["ttft_p90_ms"],
-                "predictor_most_ttft_p90_ms": m["ttft_p90_ms"],
-            }
-            for d, p, m in zip(default["levels"], chosen["levels"], most["levels"], strict=True)
-        ]
-        accuracy.append(default)
+    goodput = goodput_summary(goodput_runs) if "default" in goodput_runs else None
+    goals: dict[str, Any] = {}
     at100 = next(c for c in prediction if c["endpoints"] == 100)
+    goals["predict_us_100_endpoints"] = {
+        "goal": GOALS["predict_us_100_endpoints"],
+        "value": at100["predict_us"]["p50"],
+        "met": at100["predict_us"]["p50"] <= GOALS["predict_us_100_endpoints"],
+    }
+    goals["training_cpu_pct_at_100rps"] = {
+        "goal": 5.0,
+        "value": training["cpu_share_of_one_core_pct"],
+        "met": training["cpu_share_of_one_core_pct"] <= 5.0,
+    }
+    if accuracy:
+        worst = max(lv["ttft_mdape_pct"] or math.inf for lv in accuracy[0]["levels"])
+        goals["ttft_mdape_pct_worst_level"] = {"goal": 20.0, "value": worst, "met": worst <= 20.0}
+    if goodput and "predictor" in goodput_runs:
+        knee = next((g for g in goodput if 100 - g["default"]["slo_met_pct"] >= KNEE_MISS_PCT), None)
+        if knee is None:
+            log(f"goodput: the default config never missed the SLO for {KNEE_MISS_PCT}% of requests")
+        else:
+            ratio, tokens = knee["goodput_ratio_vs_default"], knee["output_tokens_ratio_vs_default"]
+            goals["goodput_ratio_at_knee"] = {
+                "goal": 1.3, "rate_rps": knee["rate_rps"], "value": ratio, "met": bool(ratio and ratio >= 1.3)
+            }  # fmt: skip
+            goals["output_tokens_ratio_at_knee"] = {
+                "goal": 0.95, "value": tokens, "met": bool(tokens and tokens >= 0.95)
+            }  # fmt: skip
+        for g in goodput:
+            log(f"goodput at {g['rate_rps']}/s: " + ", ".join(
+                f"{n} {g[n]['slo_met_pct']}% (p90 {g[n]['ttft_p90_ms']} ms)" for n in goodput_runs
+            ) + f"; predictor/default {g.get('goodput_ratio_vs_default')}")  # fmt: skip
+    for name, goal in goals.items():
+        log(f"goal {name}: {goal}")
     doc = {
         "settings": {
             "replicas": REPLICAS,
             "sim_args": list(SIM_ARGS),
-            "rates": rates,
-            "seconds_per_level": seconds,
+            "accuracy_rates": rates,
+            "accuracy_seconds_per_level": seconds,
+            "goodput_rates": g_rates,
+            "goodput_seconds_per_level": g_seconds,
             "slo_ttft_ms": SLO_TTFT_MS,
             "slo_tpot_ms": SLO_TPOT_MS,
+            "slo_share": 0.5,
+            "goodput_sim_time_scale": args.goodput_time_scale,
         },
         "prediction": prediction,
         "training": training,
-        "runs": accuracy,
+        "accuracy": accuracy,
+        "goodput_runs": goodput_runs,
         "goodput": goodput,
-        "goals": {
-            "predict_us_100_endpoints": {
-                "goal": GOALS["predict_us_100_endpoints"],
-                "value": at100["predict_us"]["p50"],
-                "met": at100["predict_us"]["p50"] <= GOALS["predict_us_100_endpoints"],
-            },
-        },
+        "goals": goals,
     }
     path = write_result(args.result_name, doc, mode="quick" if args.quick else "full", seeds=SEEDS)
     log(f"wrote {path}")

@@ -33,6 +33,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("parsers", "bench.parsers", True),
     ("flowcontrol", "bench.flowcontrol", True),
     ("sim_cost", "bench.sim_cost", True),
+    ("latency", "bench.latency", True),
     ("failover", "bench.failover", True),
     ("reload", "bench.reload", True),
     ("precise_prefix", "bench.precise_prefix", True),

@@ -66,6 +66,43 @@ def test_learns_a_known_function(learner: str, ttft_mdape: float) -> None:
     assert mdape(pred[:, 1].tolist(), t_tpot.tolist()) < 5.0
 
 
+def test_work_columns() -> None:
+    """work = own uncached + queued prefill (thousands of tokens); its log and its product with running."""
+    x = features(np.array([0.1, 0.2]), np.zeros(2), np.array([2.0, 4.0]), np.zeros(2), np.zeros(2),
+                 np.array([0.5, 0.0]), 1000.0, np.array([0.0, 3000.0]))  # fmt: skip
+    assert x.shape == (2, N_FEATURES)
+    assert x[:, 12].tolist() == pytest.approx([0.5, 4.0])
+    assert x[:, 13].tolist() == pytest.approx(np.log([0.55, 4.05]).tolist())
+    assert x[:, 14].tolist() == pytest.approx([1.0, 16.0])
+    # without a queued-prefill column, work is the request's own uncached tokens
+    alone = features(np.array([0.1]), np.zeros(1), np.ones(1), np.zeros(1), np.zeros(1), np.zeros(1), 2000.0)
+    assert alone[0, 12] == pytest.approx(2.0)
+
+
+def test_log_model_follows_queueing_through_the_work_feature() -> None:
+    """TTFT linear in the prefill queued ahead (a queue): the log model stays within 15 % over a 20x range."""
+    rng = np.random.default_rng(2)
+    n = 1500
+    queued = rng.exponential(3000.0, n)  # tokens ahead, long-tailed like a queue
+    x = np.array([
+        features(np.array([rng.uniform(0, 0.8)]), np.zeros(1), np.array([float(rng.integers(0, 32))]),
+                 np.zeros(1), np.zeros(1), np.array([rng.uniform(0, 1)]), float(rng.integers(100, 3000)),
+                 np.array([q]))[0]
+        for q in queued
+    ])  # fmt: skip
+    ttft = 10 + 50 * x[:, 12] + 0.2 * x[:, 14]  # step + prefill throughput + decodes riding along
+    model = LatencyModel(capacity=2000)
+    for row, y in zip(x, ttft * rng.normal(1.0, 0.03, n), strict=True):
+        model.add_ttft(row, float(y))
+        model.add_tpot(row, 10.0)
+    model.train()
+    pred = model.predict(x)
+    assert pred is not None
+    heavy = x[:, 12] > np.quantile(x[:, 12], 0.9)  # the tail, where a queue is nonlinear in the counts
+    assert mdape(pred[:, 0].tolist(), ttft.tolist()) < 15.0
+    assert mdape(pred[heavy, 0].tolist(), ttft[heavy].tolist()) < 15.0
+
+
 def test_needs_min_samples_and_memory_is_bounded() -> None:
     model = LatencyModel(capacity=50)
     row = np.ones(N_FEATURES)

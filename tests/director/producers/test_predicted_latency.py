@@ -139,6 +139,49 @@ def test_features_read_prefix_match_and_inflight() -> None:
     assert row[:10].tolist() == pytest.approx([1, 0.5, 0.25, 3, 7, 1, 2.0, 2.0, 0.5, 0.75])
 
 
+def test_queued_prefill_is_released_at_the_first_token() -> None:
+    """The work-ahead feature counts uncached prompt tokens until their first token comes back."""
+    p = build(PredictedLatencyProducer)
+    eps = [endpoint(0), endpoint(1)]
+    state = CycleState()
+    state.set_attributes(PREFIX_MATCH, {eps[1]: PrefixMatchInfo(1, 4, 16)})
+    r = req(8000)  # 2000 tokens, a quarter of them cached on eps[1]
+    p.prepare(state, r, eps)
+    p.pre_request(state, r, result(eps[1]))
+
+    def work_ahead(ep: int, size: int = 4000) -> float:
+        s = CycleState()
+        p.prepare(s, req(size), eps)
+        ctx = s.get(p._key)
+        assert ctx is not None and ctx.x is not None
+        return float(ctx.x[ep, 12] - ctx.x[ep, 8])  # work minus this request's own uncached tokens
+
+    assert work_ahead(1) == pytest.approx(1.5)  # 1500 uncached tokens queued ahead, in thousands
+    assert work_ahead(0) == 0.0
+    resp = ResponseInfo(request_id="r", streaming=True)
+    resp.first_chunk_at = r.received_at + 0.05
+    p.response_body(state, r, resp, b'data: {"x": 1}\n\n', eps[1])
+    assert work_ahead(1) == 0.0  # prefill done, still in flight
+    assert p.dispatched(eps[1]) == 1
+    p.response_complete(state, r, resp, eps[1])
+    assert work_ahead(1) == 0.0 and p.dispatched(eps[1]) == 0
+
+
+def test_queued_prefill_is_released_when_no_token_comes() -> None:
+    p = build(PredictedLatencyProducer)
+    eps = [endpoint(0)]
+    state = CycleState()
+    r = req(4000)
+    p.prepare(state, r, eps)
+    p.pre_request(state, r, result(eps[0]))
+    p.response_complete(state, r, ResponseInfo(request_id="r"), eps[0])  # failed before any body
+    s = CycleState()
+    p.prepare(s, req(4000), eps)
+    ctx = s.get(p._key)
+    assert ctx is not None and ctx.x is not None
+    assert ctx.x[0, 12] == pytest.approx(ctx.x[0, 8])
+
+
 def test_slo_violation_and_error_metrics() -> None:
     p = build(PredictedLatencyProducer)
     eps = [endpoint(0)]

@@ -7,7 +7,11 @@ the model lives in the EPP process:
   and running requests, the request's input tokens, its prefix-cache match fraction on that
   endpoint, and the requests / estimated tokens this EPP has dispatched there and not yet seen
   finish — the inputs of GIE's predictor — plus three products that make a linear model fit
-  the shape of an engine step (``running x uncached input``, ``kv²``, ``waiting x input``).
+  the shape of an engine step (``running x uncached input``, ``kv²``, ``waiting x input``),
+  and the **prefill work ahead**: the uncached prompt tokens this EPP sent to the endpoint
+  whose first token it has not seen yet, plus this request's own.  TTFT is roughly that work
+  divided by the endpoint's prefill throughput, so it is the feature that keeps queueing
+  linear for the learner (``work``, ``log work``, ``running x work``).
 * **Prediction** is one ``(n, d) @ (d, 2)`` product for all candidates of a request: column 0
   is TTFT, column 1 TPOT (ms).  The weights are one immutable ``Fit``; training replaces the
   reference atomically, so a prediction never sees half a model.
@@ -33,7 +37,7 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 
-N_FEATURES: Final = 12
+N_FEATURES: Final = 15
 FEATURE_NAMES: Final = (
     "bias",
     "kv",
@@ -47,11 +51,15 @@ FEATURE_NAMES: Final = (
     "prefix_fraction",
     "running_x_uncached_k",
     "waiting_x_input_k",
+    "work_k",
+    "log_work",
+    "running_x_work_k",
 )
 LEARNERS: Final = ("ridge-log", "ridge-rel", "ridge")
 DEFAULT_LEARNER: Final = "ridge-log"
 MIN_SAMPLES: Final = 16  # a dimension's prediction is valid once its model saw this many samples
 _FLOOR_MS: Final = 0.01  # targets are clamped here before the log
+_WORK_OFFSET_K: Final = 0.05  # 50 tokens: log(work) stays finite for a fully cached prompt
 
 
 def features(
@@ -62,8 +70,13 @@ def features(
     inflight_tokens: FloatArray,
     prefix_fraction: FloatArray,
     input_tokens: float,
+    queued_prefill_tokens: FloatArray | None = None,
 ) -> FloatArray:
-    """The ``(n, N_FEATURES)`` feature matrix of one request over ``n`` endpoints (vectorised)."""
+    """The ``(n, N_FEATURES)`` feature matrix of one request over ``n`` endpoints (vectorised).
+
+    ``queued_prefill_tokens``: per endpoint, the uncached prompt tokens of the requests this EPP
+    dispatched there that have not produced their first token yet (the prefill queued ahead).
+    """
     n = kv.shape[0]
     x = np.empty((n, N_FEATURES))
     input_k = input_tokens / 1000.0
@@ -80,6 +93,10 @@ def features(
     x[:, 9] = prefix_fraction
     x[:, 10] = running * uncached
     x[:, 11] = waiting * input_k
+    work = uncached if queued_prefill_tokens is None else uncached + queued_prefill_tokens / 1000.0
+    x[:, 12] = work
+    x[:, 13] = np.log(work + _WORK_OFFSET_K)
+    x[:, 14] = running * work
     return x
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import random
@@ -46,6 +47,7 @@ ENV_MAX_SAMPLE_SIZE: Final = "LATENCY_MAX_SAMPLE_SIZE"  # rows kept per target (
 ENV_FLUSH_INTERVAL: Final = "LATENCY_FLUSH_INTERVAL_SEC"  # seconds between trainings
 ENV_LEARNER: Final = "EPP_LATENCY_LEARNER"  # ours: ridge-log (default), ridge, ridge-rel
 ENV_QUANTILE: Final = "EPP_LATENCY_QUANTILE"  # ours: which quantile of the latency is predicted
+ENV_TRACE: Final = "EPP_LATENCY_TRACE"  # ours: append each TTFT row as a JSON line here (offline study)
 
 DEFAULT_QUANTILE: Final = 0.9  # GIE's predictors estimate p90 TTFT / TPOT; see docs/latency-prediction.md
 
@@ -104,11 +106,14 @@ def input_tokens(request: InferenceRequest) -> int:
 
 
 class _Counter:
-    __slots__ = ("requests", "tokens")
+    """What this EPP has in flight on one endpoint (requests, input tokens, prefill not yet done)."""
+
+    __slots__ = ("prefill", "requests", "tokens")
 
     def __init__(self) -> None:
         self.requests = 0
         self.tokens = 0
+        self.prefill = 0.0  # uncached input tokens of requests whose first token has not come back
 
 
 _IDLE: Final = _Counter()
@@ -161,10 +166,12 @@ class _Request:
         "last_sample_tokens",
         "next_sample",
         "predictions",
+        "prefill",
         "row",
         "samples",
         "slo_tpot",
         "slo_ttft",
+        "target",
         "target_tpot",
         "target_ttft",
         "tokens",
@@ -184,9 +191,11 @@ class _Request:
         self.slo_tpot = 0.0
         self.tokens_in = 0
         self.row: FloatArray | None = None  # the chosen endpoint's features
+        self.target = ""  # the chosen endpoint's name
         self.target_ttft = 0.0
         self.target_tpot = 0.0
         self.counter: _Counter | None = None
+        self.prefill = 0.0  # what this request added to its counter's queued prefill
         self.first_seen = False
         self.tokens = 0  # SSE events seen (≈ output tokens when streaming)
         self.last_sample_at = 0.0
@@ -233,6 +242,8 @@ class PredictedLatencyProducer(PluginBase):
         self._key: StateKey[_Request] = StateKey(f"{name}/{self.TYPE}")
         self._task: asyncio.Task[None] | None = None
         self.rng = random.Random()
+        trace = os.environ.get(ENV_TRACE, "")
+        self._trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115 (lives with the plugin)
 
     # Lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -240,6 +251,9 @@ class PredictedLatencyProducer(PluginBase):
             self._task = asyncio.get_running_loop().create_task(self._train_loop(), name="latency-trainer")
 
     async def stop(self) -> None:
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -288,10 +302,11 @@ class PredictedLatencyProducer(PluginBase):
                 [c.requests for c in load],
                 [c.tokens for c in load],
                 [_fraction(prefix.get(ep)) for ep in endpoints] if prefix else [0.0] * n,
+                [c.prefill for c in load],
             ],
             dtype=np.float64,
         )
-        x = features(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], float(ctx.tokens_in))
+        x = features(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], float(ctx.tokens_in), cols[6])
         ctx.x = x
         if not self.params.predict_in_prepare_data:
             return
@@ -343,12 +358,16 @@ class PredictedLatencyProducer(PluginBase):
             counter = self._counters[name] = _Counter()
         counter.requests += 1
         counter.tokens += ctx.tokens_in
+        ctx.target = name
         ctx.counter = counter
         try:
             i = ctx.endpoints.index(target)
         except ValueError:
-            return
-        if ctx.x is None:
+            i = -1
+        # queued prefill: the uncached tokens (prefix match on the target) until the first token
+        ctx.prefill = float(ctx.x[i, 8]) * 1000.0 if ctx.x is not None and i >= 0 else float(ctx.tokens_in)
+        counter.prefill += ctx.prefill
+        if ctx.x is None or i < 0:
             return
         ctx.row = ctx.x[i].copy()
         pred = ctx.predictions
@@ -405,7 +424,15 @@ class PredictedLatencyProducer(PluginBase):
             gap = max(1, round(self.rng.expovariate(1.0 / max(self.params.sampling_mean, 1.0))))
             ctx.next_sample = ctx.tokens + gap
 
+    @staticmethod
+    def _prefill_done(ctx: _Request) -> None:
+        """The request's prompt is computed: it no longer waits ahead of others (called once)."""
+        if ctx.counter is not None and ctx.prefill:
+            ctx.counter.prefill = max(ctx.counter.prefill - ctx.prefill, 0.0)
+        ctx.prefill = 0.0
+
     def _first_chunk(self, ctx: _Request, request: InferenceRequest, response: ResponseInfo) -> None:
+        self._prefill_done(ctx)
         first = response.first_chunk_at or time.monotonic()
         ctx.last_sample_at = first
         ctx.last_sample_tokens = 0
@@ -415,6 +442,9 @@ class PredictedLatencyProducer(PluginBase):
         labels = (request.incoming_model, request.target_model)
         if ctx.row is not None:
             self.model.add_ttft(ctx.row, ttft_ms)
+            if self._trace is not None:
+                self._trace.write(json.dumps({"at": first, "endpoint": ctx.target, "x": ctx.row.tolist(),
+                                              "ttft_ms": ttft_ms}) + "\n")  # fmt: skip
         series.INFERENCE_REQUEST_METRIC.labels(*labels, "ttft").set(ttft_ms / 1000.0)
         if ctx.predictions is not None and ctx.ttft_valid and ttft_ms > 0:
             series.LATENCY_PREDICTION_ERROR.labels(*labels, "ttft").observe(
@@ -430,6 +460,7 @@ class PredictedLatencyProducer(PluginBase):
         ctx = state.get(self._key)
         if ctx is None:
             return
+        self._prefill_done(ctx)
         counter, ctx.counter = ctx.counter, None
         if counter is not None:  # released exactly once
             counter.requests = max(counter.requests - 1, 0)
