@@ -199,7 +199,8 @@ async def test_emit_endpoint_scores_reaches_envoys_metadata(tmp_path: pathlib.Pa
 
 async def test_debug_plugins_state_shows_endpoints_and_plugin_state(stack: Stack) -> None:
     """/debug/plugins/state on the metrics port: every endpoint's metrics, age, health and scrape
-    loop, and the plugins' own state (the prefix index grows once a request went through)."""
+    loop, the plugins' own state (the prefix index grows once a request went through), the
+    saturation detectors' verdicts and (null without the flowControl gate) the queues."""
     r = await stack.post("/v1/completions", {"model": MODEL, "prompt": "state me " * 40, "max_tokens": 2})
     assert r.status == 200
     async with stack.http.get(f"http://127.0.0.1:{stack.epp.metrics_port}/debug/plugins/state") as resp:
@@ -211,4 +212,9 @@ async def test_debug_plugins_state_shows_endpoints_and_plugin_state(stack: Stack
         assert e["metricsAgeSeconds"] is not None and e["metricsAgeSeconds"] < 5
     prefix = [v for k, v in state["plugins"].items() if "prefix" in k]
     assert prefix and prefix[0]["entries"] > 0
+    assert prefix[0]["hitRate"]["requests"] > 0 and prefix[0]["hitRate"]["blocksLookedUp"] > 0
     assert state["pool"]["synced"] is True
+    saturation = state["saturation"]
+    assert saturation["detector"] in saturation["detectors"]
+    assert saturation["detectors"][saturation["detector"]]["saturated"] is False  # one request, idle fleet
+    assert state["flowControl"] is None  # the default config admits without flow control

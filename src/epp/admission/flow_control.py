@@ -71,6 +71,10 @@ class FlowControlAdmission:
             if error is not None:
                 raise error
 
+    def debug_state(self) -> dict[str, Any]:
+        """Queue depths per band and flow, and the saturation reading (``/debug/plugins/state``)."""
+        return self.controller.debug_state()
+
     def notify(self) -> None:
         """Capacity may have freed (a request finished): let waiting requests re-check now."""
         self.controller.notify()

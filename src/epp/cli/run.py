@@ -7,7 +7,7 @@ import contextlib
 import gc
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from epp.config.build import BuildOptions, Components, build, parser_supports
 from epp.config.load import load
 from epp.config.registry import default_registry
 from epp.config.reload import ConfigReloader
+from epp.datalayer.api import Endpoint
 from epp.datalayer.pool_metrics import PoolMetrics
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datastore.objects import apply_objects, load_objects
@@ -29,6 +30,8 @@ from epp.datastore.store import Datastore, PoolInfo
 from epp.datastore.watch import WatchedFile
 from epp.director.director import Director
 from epp.explain.record import DecisionRing
+from epp.flowcontrol.api import SaturationDetector
+from epp.flowcontrol.verdict import verdict
 from epp.k8s.cluster import Cluster
 from epp.k8s.discovery import DiscoverySpec
 from epp.k8s.leader import Timings
@@ -157,10 +160,16 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
 
 def debug_state(app: App, cluster: Cluster | None) -> dict[str, Any]:
     """``/debug/plugins/state``: every endpoint's metrics, staleness, health and scrape loop, the
-    pool, the Kubernetes watches and lease, and each plugin's own state (``DebugState``)."""
+    pool, the Kubernetes watches and lease, each plugin's own state (``DebugState``), every
+    saturation detector's verdict on the pool and, with the ``flowControl`` gate, the queues.
+
+    Everything is read from ``app`` at call time: a config reload replaces ``app.components``
+    and ``app.admission`` (``config.swap``), so the plugins and queues shown are the live ones.
+    """
     now = time.monotonic()
     endpoints = []
-    for ep in app.datastore.endpoints():
+    pool_endpoints = app.datastore.endpoints()
+    for ep in pool_endpoints:
         m, h, stats = ep.metrics, ep.health, app.data_layer.stats(ep)
         endpoints.append(
             {
@@ -211,6 +220,9 @@ def debug_state(app: App, cluster: Cluster | None) -> dict[str, Any]:
             for name, plugin in app.components.plugins.items()
             if isinstance(plugin, DebugState)
         },
+        "saturation": _saturation(app, pool_endpoints),
+        # None on the legacy admission path (no queues); FlowControlAdmission is a DebugState
+        "flowControl": app.admission.debug_state() if isinstance(app.admission, DebugState) else None,
     }
     if cluster is not None:
         out["kubernetes"] = {
@@ -219,6 +231,21 @@ def debug_state(app: App, cluster: Cluster | None) -> dict[str, Any]:
             "missingKinds": list(cluster.discovery.missing_kinds) if cluster.discovery is not None else [],
         }
     return out
+
+
+def _saturation(app: App, endpoints: Sequence[Endpoint]) -> dict[str, Any]:
+    """Each configured detector's verdict on the whole pool (``flowcontrol.verdict``), computed
+    now; ``detector`` names the one admission uses.  Legacy admission asks its detector about
+    each request's candidates, which may be a subset of the pool."""
+    used = app.components.admission.detector
+    return {
+        "detector": used.typed_name.name,
+        "detectors": {
+            name: verdict(plugin, endpoints)
+            for name, plugin in app.components.plugins.items()
+            if isinstance(plugin, SaturationDetector)
+        },
+    }
 
 
 def _cluster(app: App) -> Cluster | None:

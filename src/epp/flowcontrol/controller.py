@@ -17,6 +17,7 @@ from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.api import Outcome, SaturationDetector, UsageLimitPolicy
 from epp.flowcontrol.bands import Band, BandPolicies, BandSettings, Flow, Item
+from epp.flowcontrol.verdict import stage_saturation, verdict
 from epp.metrics import disagg as disagg_metrics
 from epp.metrics import series
 from epp.plugin.base import Plugin
@@ -28,6 +29,7 @@ DEFAULT_TICK: Final = 0.002  # re-check saturation this often while requests wai
 FLOW_GC_TIMEOUT: Final = 300.0  # GIE FlowGCTimeout
 BAND_GC_TIMEOUT: Final = 600.0  # GIE PriorityBandGCTimeout
 GC_INTERVAL: Final = 60.0
+DEBUG_MAX_FLOWS: Final = 50  # per band in debug_state: fairness ids come from a client header
 
 # GIE's error texts (flowcontrol/types/errors.go), by outcome.
 OUTCOME_MESSAGES: Final[Mapping[Outcome, str]] = {
@@ -290,6 +292,57 @@ class FlowController:
         """Requests waiting now, all bands."""
         return self._queued
 
+    def debug_state(self, max_flows: int = DEBUG_MAX_FLOWS) -> dict[str, Any]:
+        """``/debug/plugins/state``'s ``flowControl``: queue depths per band and flow, read-only.
+
+        ``saturation`` is the detector's reading now (``verdict.verdict``; not the cached value
+        the gauges hold); each band shows its ceiling from the usage-limit policy and whether it
+        may dispatch now (``open``: saturation below its ceiling and below every higher band's --
+        the head-of-line rule).  Per band, the ``max_flows`` flows with the most queued requests
+        (``flowsWithQueue`` counts them all), each with its oldest request's wait.
+        """
+        now = self._clock()
+        reading = verdict(self._detector, self._endpoints())
+        saturation = reading["saturation"]
+        limits = self._usage.compute_limits(saturation, self._priorities)
+        bands = []
+        open_ = True
+        for band, ceiling in zip(self._ordered, limits, strict=False):
+            open_ = open_ and saturation < ceiling
+            waiting = [f for f in band.flows.values() if len(f.queue)]
+            waiting.sort(key=len, reverse=True)
+            flows = {}
+            for flow in waiting[:max_flows]:
+                oldest = min(item.enqueued_at for item in flow.queue.items())
+                flows[flow.flow.id] = {
+                    "queued": len(flow.queue),
+                    "bytes": flow.bytes,
+                    "oldestWaitSeconds": round(now - oldest, 3),
+                }
+            bands.append(
+                {
+                    "priority": band.priority,
+                    "queued": band.count,
+                    "bytes": band.bytes,
+                    "maxRequests": band.max_requests or None,
+                    "maxBytes": band.max_bytes or None,
+                    "ceiling": ceiling,
+                    "open": open_,
+                    "flowsKnown": len(band.flows),
+                    "flowsWithQueue": len(waiting),
+                    "flows": flows,
+                }
+            )
+        return {
+            "running": self._running,
+            "queued": self._queued,
+            "bytes": self._bytes,
+            "maxRequests": self._max_requests or None,
+            "maxBytes": self._max_bytes or None,
+            "saturation": reading,
+            "bands": bands,
+        }
+
     def _has_capacity(self, band: Band, size: int) -> bool:
         if self._max_bytes and self._bytes + size > self._max_bytes:
             return False
@@ -337,20 +390,13 @@ class FlowController:
     def _stage_saturation(
         self, eps: Sequence[Endpoint], stages: tuple[list[Endpoint], list[Endpoint]]
     ) -> float:
-        """llm-d-router's P/D reading: saturation of the prefill and decode endpoints apart,
-        the effective one their maximum (the whole pool when both stages are empty)."""
-        saturation = -1.0
-        prefill, decode = stages
-        if prefill:
-            stage = self._detector.saturation(prefill)
-            disagg_metrics.FC_POOL_STAGE_SATURATION.labels(self._pool, "prefill").set(stage)
-            saturation = stage
-        if decode:
-            stage = self._detector.saturation(decode)
-            self._decode_gauge.set(stage)
-            saturation = max(saturation, stage)
-        if saturation < 0:
-            saturation = self._detector.saturation(eps)
+        """llm-d-router's P/D reading (``verdict.stage_saturation``), and its gauges."""
+        s = stage_saturation(self._detector, eps, stages)
+        if s.prefill is not None:
+            disagg_metrics.FC_POOL_STAGE_SATURATION.labels(self._pool, "prefill").set(s.prefill)
+        if s.decode is not None:
+            self._decode_gauge.set(s.decode)
+        saturation = s.effective
         self._effective_gauge.set(saturation)
         if saturation != self._last_saturation:
             self._last_saturation = saturation

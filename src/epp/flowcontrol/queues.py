@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterator
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from epp.errors import ConfigError
@@ -57,6 +58,10 @@ class ListQueue(Generic[E]):
         item.queued = False
         return was_head
 
+    def items(self) -> Iterator[E]:
+        """The queued items, head first (arrival order)."""
+        return iter(self._items)
+
     def drain(self) -> list[E]:
         items = list(self._items)
         self._items.clear()
@@ -108,6 +113,10 @@ class HeapQueue(Generic[E]):
             self._heap = [entry for entry in self._heap if entry[1].queued]
             heapq.heapify(self._heap)
         return was_head
+
+    def items(self) -> Iterator[E]:
+        """The queued items, in no particular order."""
+        return (entry[1] for entry in self._heap if entry[1].queued)
 
     def drain(self) -> list[E]:
         items = [entry[1] for entry in self._heap if entry[1].queued]

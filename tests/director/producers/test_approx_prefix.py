@@ -188,6 +188,34 @@ def test_match_walk_and_pre_request_learning() -> None:
     assert info == PrefixMatchInfo(2, 5, 16)
 
 
+def test_debug_state_hit_rate_counts_blocks_held_by_the_picked_endpoint() -> None:
+    """Cold, then a shared prefix routed to the endpoint that holds it, then elsewhere."""
+    p = _producer(autoTune=False)
+    eps = [endpoint(0), endpoint(1)]
+    assert p.debug_state()["hitRate"] == {
+        "requests": 0,
+        "requestsWithHit": 0,
+        "blocksLookedUp": 0,
+        "blocksHit": 0,
+        "ratio": None,
+    }
+    first = request(body=completions_body("A" * (BLOCK * 4)))
+    _schedule_to(p, _prepare(p, first, eps), first, eps[0])  # cold: 0 of 4
+    second = request(body=completions_body("A" * (BLOCK * 2) + "B" * (BLOCK * 2)))
+    _schedule_to(p, _prepare(p, second, eps), second, eps[0])  # 2 of 4 on the picked pod-0
+    third = request(body=completions_body("A" * (BLOCK * 4)))
+    _schedule_to(p, _prepare(p, third, eps), third, eps[1])  # pod-0 held 4, but pod-1 was picked
+
+    hits = p.debug_state()["hitRate"]
+    assert hits == {
+        "requests": 3,
+        "requestsWithHit": 1,
+        "blocksLookedUp": 12,
+        "blocksHit": 2,
+        "ratio": round(2 / 12, 4),
+    }
+
+
 def test_prefill_profile_target_recorded() -> None:
     """PreRequest records the hashes on the primary target and on the first target of profile 'prefill'."""
     p = _producer(autoTune=False)

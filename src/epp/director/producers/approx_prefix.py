@@ -61,7 +61,8 @@ class ApproxPrefixCacheProducer(PluginBase):
     with ``autoTune`` and a known ``cache_num_blocks``, that block count, else
     ``lruCapacityPerServer`` (GIE ignores the parameter and uses 31250; see
     docs/decisions-scheduling.md).  Metrics: ``prefix_indexer_size`` (updated on every
-    change), ``prefix_indexer_hit_ratio`` and ``prefix_indexer_hit_bytes`` (per request).
+    change), ``prefix_indexer_hit_ratio`` and ``prefix_indexer_hit_bytes`` (per request);
+    running totals of the same hits in ``debug_state`` (``/debug/plugins/state``).
     Produces: ``PREFIX_MATCH``.  Consumes: nothing.
     Parameters: ``autoTune`` (true), ``blockSizeTokens`` (16), ``blockSize`` (deprecated,
     characters), ``maxPrefixBlocksToMatch`` (256), ``maxPrefixTokensToMatch`` (0),
@@ -111,11 +112,31 @@ class ApproxPrefixCacheProducer(PluginBase):
         # removed between scheduling and PreRequest.
         self._live: set[str] | None = None
         self._state_key: StateKey[_RequestPrefix] = StateKey(f"{name}/{self.TYPE}")
+        # Hit-rate counters for /debug/plugins/state, three additions per routed request (PreRequest).
+        self.lookups = 0  # requests routed after a lookup
+        self.lookups_hit = 0  # of which the picked endpoint held at least the first block
+        self.blocks_looked_up = 0  # prompt blocks hashed and looked up
+        self.blocks_hit = 0  # of which the picked (primary) endpoint held
 
     def debug_state(self) -> dict[str, Any]:
-        """The prefix index's size: block hashes known and entries over all endpoints."""
+        """The prefix index's size (block hashes known, entries over all endpoints) and its hit
+        rate since start: of the prompt blocks looked up for routed requests, the share the
+        *picked* endpoint held (what ``prefix_indexer_hit_ratio`` observes per request; the best
+        endpoint may have held more when a load scorer outweighed the prefix scorer)."""
         index = self.index
-        return {"indexedHashes": index.reverse_size, "entries": len(index), "endpoints": len(index.servers())}
+        looked_up, hit = self.blocks_looked_up, self.blocks_hit
+        return {
+            "indexedHashes": index.reverse_size,
+            "entries": len(index),
+            "endpoints": len(index.servers()),
+            "hitRate": {
+                "requests": self.lookups,
+                "requestsWithHit": self.lookups_hit,
+                "blocksLookedUp": looked_up,
+                "blocksHit": hit,
+                "ratio": round(hit / looked_up, 4) if looked_up else None,
+            },
+        }
 
     # helpers ------------------------------------------------------------------------
     def block_size(self, endpoints: Sequence[Endpoint]) -> int:
@@ -197,6 +218,10 @@ class ApproxPrefixCacheProducer(PluginBase):
             PREFIX_INDEXER_SIZE.set(len(self.index))
         total = len(prefix.hashes)
         matched = prefix.matches.get(target.metadata.name, 0)
+        self.lookups += 1
+        self.lookups_hit += matched > 0
+        self.blocks_looked_up += total
+        self.blocks_hit += matched
         chars_per_block = self.block_size(primary.target_endpoints) * AVERAGE_CHARS_PER_TOKEN
         PREFIX_INDEXER_HIT_BYTES.observe(matched * chars_per_block)
         if total > 0:
