@@ -30,6 +30,11 @@ EXPECTED: dict[str, set[str]] = {
         "tokenizerConfig",
         "scoreNormalization",
         "kvEventsSource",
+        # ours: blocks of routed requests the engine has not reported yet (docs/precise-prefix.md)
+        "speculativeIndexing",
+        "speculativeWeight",
+        "speculativeGraceSeconds",
+        "speculativeTtlSeconds",
     },
     "prefix-cache-affinity-filter": {
         "affinityThreshold",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from epp.datalayer.api import Endpoint, Metrics
-from epp.scheduling.scorers.min_max import MinMaxMetricScorer
+from epp.scheduling.metric_scorer import MinMaxMetricScorer
 
 
 class QueueScorer(MinMaxMetricScorer):
