@@ -267,19 +267,19 @@ class PdFleet:
         """The pool as endpoints-file entries (address, port, name, labels)."""
         out = []
         pd = set(self.prefill_decode_hostports)
-        roles = (
-            ("prefill", self.prefill_hostports),
-            ("decode", [hp for hp in self.decode_hostports if hp not in pd]),
-            ("prefill-decode", self.prefill_decode_hostports),
+        roles = (  # (label, name prefix: the simulator's, so x-inference-pod names the entry)
+            ("prefill", "prefill", self.prefill_hostports),
+            ("decode", "decode", [hp for hp in self.decode_hostports if hp not in pd]),
+            ("prefill-decode", "pd", self.prefill_decode_hostports),
         )
-        for role, hostports in roles:
+        for role, prefix, hostports in roles:
             for i, hp in enumerate(hostports):
                 host, port = hp.rsplit(":", 1)
                 out.append(
                     {
                         "address": host,
                         "port": int(port),
-                        "name": f"{role}-{i}",
+                        "name": f"{prefix}-{i}",
                         "labels": {self.ROLE_LABEL: role},
                     }
                 )
