@@ -18,6 +18,7 @@ _COLUMNS = (
     ("e2e_p90_ms", "E2E p90"),
     ("output_tokens_per_s", "output tok/s"),
 )
+_ROUNDS_TO_ZERO = 0.005  # a margin printed as 0% is not called a loss
 _LOWER_IS_BETTER = {k for k, _ in _COLUMNS if k != "output_tokens_per_s"}
 
 
@@ -123,7 +124,13 @@ def _verdicts(pd: dict[str, Any]) -> list[str]:
                 text = "–" if m is None else f"{m * 100:+.0f}%".replace("-", "−")
                 text = "0%" if text in ("+0%", "−0%") else text
                 cells.append(f"**{text}**" if m is not None and m > tol else text)
-            ok = "yes" if v["never_worse_than_both"] else "**no**"
+            worst = v.get("worst_margin")
+            if worst is None or worst < _ROUNDS_TO_ZERO:
+                ok = "yes"
+            elif v["never_worse_than_both"]:  # worse than both, but within the tolerance: still said
+                ok = f"no, by {worst:.0%} (within {tol:.0%})"
+            else:
+                ok = "**no**"
             rows.append([wl, ok, *cells])
         out += [
             f"**{title}** against the worse of aggregated and always-disaggregate, per metric "
@@ -132,11 +139,14 @@ def _verdicts(pd: dict[str, Any]) -> list[str]:
             table(["workload", "never worse than both", *[t for _, t in _COLUMNS]], rows),
             "",
         ]
-    never = derived.get("never_worse_than_both", {})
-    if never:
-        said = "; ".join(
-            f"{pd['modes'].get(m, m)}: {'never worse than both' if ok else 'worse than both somewhere'}"
-            for m, ok in never.items()
+    said = []
+    for mode, wls in verdicts.items():
+        bad = [(wl, v) for wl, v in wls.items() if (v.get("worst_margin") or 0) >= _ROUNDS_TO_ZERO]
+        where = ", ".join(f"{wl} ({v['worst_metric']} +{v['worst_margin']:.0%})" for wl, v in bad)
+        said.append(
+            f"{pd['modes'].get(mode, mode)}: "
+            + (f"worse than both on {where}" if bad else "never worse than both on any workload")
         )
-        out += [f"Overall, beyond the tolerance — {said}.", ""]
+    if said:
+        out += ["Overall — " + "; ".join(said) + ".", ""]
     return out
