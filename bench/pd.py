@@ -5,16 +5,19 @@
 Four simulated pods either way (one H100-class 8B engine each, docs/simulator.md): aggregated =
 four ``--role both`` pods behind the EPP's default config; P/D = two prefill pods and two decode
 pods, each decode pod behind its ``epp-pd-proxy`` (llm-d's sidecar protocol; the KV transfer is
-modelled, docs/pd-disaggregation.md). Three modes: aggregated, always-disaggregate
-(bench/configs/pd-always.yaml, llm-d's guide) and the prefix-based decider
-(bench/configs/pd-prefix.yaml). Three workloads, open-loop Poisson arrivals: llm-d's guide shape
+modelled, docs/pd-disaggregation.md). Four modes: aggregated, always-disaggregate
+(bench/configs/pd-always.yaml, llm-d's guide), the prefix-based decider on the same 2 + 2 fleet
+(bench/configs/pd-prefix.yaml) and the prefix-based decider on a symmetric fleet of four
+``prefill-decode`` pods, each behind the proxy (bench/configs/pd-prefix-symmetric.yaml: a declined
+request is served whole by any pod, a disaggregated one is prefilled on another pod). Three
+workloads, open-loop Poisson arrivals: llm-d's guide shape
 (distinct 5,000-token prompts, 250 out; the guide's 45 QPS on 16 H200 scaled to 4 simulated pods
 of 20k prefill tokens/s, which keeps the guide's per-pod prefill load), 200 in / 200 out, where the
 guide advises against P/D, and the same long prompts sharing 4,500-token prefixes in 8
 conversations (multi-turn-like: the decode pod may already hold most of the prompt). Reported
 per workload x mode: TTFT, inter-token latency (per request), end-to-end latency (means and p90)
-and output tokens/s, as ratios to aggregated; and whether the prefix-based decider is worse than
-both other modes on any of them.
+and output tokens/s, as ratios to aggregated; and, for each prefix-based mode, where it is worse
+than both aggregated and always-disaggregate.
 """
 
 from __future__ import annotations
@@ -45,12 +48,19 @@ PREFILL_PODS = 2
 CHARS_PER_SIM_TOKEN = 4
 TOLERANCE = 0.10  # run-to-run noise on the loaded machine: smaller margins are reported, not failed
 PREFIX_THRESHOLD = 384  # bench/configs/pd-prefix.yaml; tuned from 1024, see docs/pd-simulator.md
+SYMMETRIC_THRESHOLD = 1024  # bench/configs/pd-prefix-symmetric.yaml; why there, see that file
 MODES = {
     "aggregated": "aggregated (4 pods, default EPP config)",
     "always": "always-disaggregate (2 prefill + 2 decode)",
     "prefix": f"prefix-based decider, nonCachedTokens {PREFIX_THRESHOLD} (2 + 2)",
+    "symmetric": f"prefix-based decider, nonCachedTokens {SYMMETRIC_THRESHOLD} (4 prefill-decode)",
 }
-CONFIG_FILES = {"always": "pd-always.yaml", "prefix": "pd-prefix.yaml"}
+PREFIX_MODES = ("prefix", "symmetric")  # the decider's modes, each checked against the other two
+CONFIG_FILES = {
+    "always": "pd-always.yaml",
+    "prefix": "pd-prefix.yaml",
+    "symmetric": "pd-prefix-symmetric.yaml",
+}
 METRICS = (  # (key, lower is better)
     ("ttft_mean_ms", True),
     ("ttft_p90_ms", True),
@@ -158,22 +168,23 @@ async def pd_evidence(fleet: PdFleet, epp: EppProcess) -> dict[str, Any]:
     """What the data path did: prefill legs at the proxies, transfers at the decode engines, the
     EPP's decisions."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        proxies = [await _json(http, f"http://{hp}/pdproxy/state") for hp in fleet.decode_hostports]
-        assert fleet.decode is not None
-        decode = [await _json(http, f"http://{hp}/sim/state") for hp in fleet.decode.hostports]
-        prefill = [await _json(http, f"http://{hp}/sim/state") for hp in fleet.prefill_hostports]
+        proxies = {hp: await _json(http, f"http://{hp}/pdproxy/state") for hp in fleet.decode_hostports}
+        engines = [(await _json(http, f"http://{hp}/sim/state"))["engine"] for hp in fleet.engines]
         async with http.get(f"http://127.0.0.1:{epp.metrics_port}/metrics") as r:
             metrics = await r.text()
     decisions: Counter[str] = Counter()
     for m in _DECISION.finditer(metrics):
         decisions[m.group(1)] += int(float(m.group(2)))
     return {
-        "proxy_prefill_legs": sum(p["prefill_legs"] for p in proxies),
-        "proxy_prefill_failures": sum(p["prefill_failures"] for p in proxies),
-        "proxy_plain": sum(p["plain"] for p in proxies),
-        "decode_kv_transfers": sum(d["engine"]["kv_transfers"] for d in decode),
-        "decode_kv_transfer_failures": sum(d["engine"]["kv_transfer_failures"] for d in decode),
-        "prefill_pod_legs": sum(p["engine"]["prefill_legs"] for p in prefill),
+        "proxy_prefill_legs": sum(p["prefill_legs"] for p in proxies.values()),
+        "proxy_prefill_failures": sum(p["prefill_failures"] for p in proxies.values()),
+        # declined requests, and (symmetric fleet) prefill legs passing through a pod's proxy
+        "proxy_plain": sum(p["plain"] for p in proxies.values()),
+        # a decode pod's proxy sending the prefill leg to itself (exclude-peer-filter prevents it)
+        "self_paired": sum(p["prefillers"].get(hp, 0) for hp, p in proxies.items()),
+        "decode_kv_transfers": sum(e["kv_transfers"] for e in engines),
+        "decode_kv_transfer_failures": sum(e["kv_transfer_failures"] for e in engines),
+        "prefill_pod_legs": sum(e["prefill_legs"] for e in engines),
         "epp_pd_decisions": dict(decisions),
     }
 
@@ -181,19 +192,20 @@ async def pd_evidence(fleet: PdFleet, epp: EppProcess) -> dict[str, Any]:
 def modes(non_cached_tokens: int | None) -> dict[str, str]:
     if non_cached_tokens is None:
         return dict(MODES)
-    return {**MODES, "prefix": MODES["prefix"].replace(str(PREFIX_THRESHOLD), str(non_cached_tokens))}
+    new = f"nonCachedTokens {non_cached_tokens}"
+    return {m: re.sub(r"nonCachedTokens \d+", new, t) if m in PREFIX_MODES else t for m, t in MODES.items()}
 
 
 def epp_config(mode: str, tmp: Path, non_cached_tokens: int | None) -> Path:
     """The mode's config file; for the prefix decider optionally with another threshold."""
     path = CONFIGS / CONFIG_FILES[mode]
-    if mode != "prefix" or non_cached_tokens is None:
+    if mode not in PREFIX_MODES or non_cached_tokens is None:
         return path
     doc = yaml.safe_load(path.read_text())
     for plugin in doc["plugins"]:
         if plugin["type"] == "prefix-based-pd-decider":
             plugin["parameters"]["nonCachedTokens"] = non_cached_tokens
-    out = tmp / f"pd-prefix-{non_cached_tokens}.yaml"
+    out = tmp / f"pd-{mode}-{non_cached_tokens}.yaml"
     out.write_text(yaml.safe_dump(doc))
     return out
 
@@ -211,7 +223,8 @@ async def run_cell(
                 results, wall = await run_open_loop(envoy.url, seq, rate=wl.rate, seed=SEEDS["arrivals"])
         cell.update(summarize(results, wall))
         return cell
-    async with PdFleet(PREFILL_PODS, PODS - PREFILL_PODS, *sim_args()) as fleet:
+    shape = (0, 0, PODS) if mode == "symmetric" else (PREFILL_PODS, PODS - PREFILL_PODS, 0)
+    async with PdFleet(shape[0], shape[1], *sim_args(), prefill_decode=shape[2]) as fleet:
         endpoints = fleet.write_endpoints_file(tmp / f"endpoints-{mode}-{wl.name}.yaml")
         args = [
             f"--endpoints-file={endpoints}",
@@ -225,11 +238,26 @@ async def run_cell(
     return cell
 
 
+def _margins(p: dict[str, Any], a: dict[str, Any], g: dict[str, Any]) -> dict[str, float]:
+    """Per metric, prefix mode ``p`` against always ``a`` and aggregated ``g``: the margin over the
+    worse of the two (> 0: worse than both; < 0: better than the worse one by that much)."""
+    out = {}
+    for key, lower in METRICS:
+        vals = [p.get(key), a.get(key), g.get(key)]
+        if any(v is None for v in vals):
+            continue
+        pv, av, gv = (float(v) for v in vals if v is not None)
+        out[key] = round(pv / max(av, gv) - 1 if lower else 1 - pv / min(av, gv), 3)
+    return out
+
+
 def derive(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Ratios to aggregated per workload and metric; where the prefix decider is worse than both."""
+    """Ratios to aggregated per workload and metric; where each prefix-based mode is worse than both
+    aggregated and always-disaggregate (every margin listed; beyond ``TOLERANCE`` counts)."""
     by = {(c["workload"], c["mode"]): c for c in cells if "failed" not in c}
     ratios: dict[str, dict[str, dict[str, float | None]]] = {}
     worse: list[dict[str, Any]] = []
+    verdicts: dict[str, dict[str, dict[str, Any]]] = {}
     for wl in sorted({c["workload"] for c in cells}):
         base = by.get((wl, "aggregated"), {})
         ratios[wl] = {}
@@ -241,55 +269,96 @@ def derive(cells: list[dict[str, Any]]) -> dict[str, Any]:
                 key: round(c[key] / base[key], 3) if c.get(key) and base.get(key) else None
                 for key, _ in METRICS
             }
-        p, a, g = by.get((wl, "prefix")), by.get((wl, "always")), base
-        if not (p and a and g):
-            continue
-        for key, lower in METRICS:
-            vals = [p.get(key), a.get(key), g.get(key)]
-            if any(v is None for v in vals):
+        a, g = by.get((wl, "always")), base
+        for mode in PREFIX_MODES:
+            p = by.get((wl, mode))
+            if not (p and a and g):
                 continue
-            pv, av, gv = (float(v) for v in vals if v is not None)
-            # the margin over the worse of the other two: > 0 means worse than both
-            margin = pv / max(av, gv) - 1 if lower else 1 - pv / min(av, gv)
-            if margin > 0:
-                row = {"workload": wl, "metric": key, "prefix": pv, "always": av, "aggregated": gv}
-                row["margin"] = round(margin, 3)
-                worse.append(row)
+            margins = _margins(p, a, g)
+            for key, margin in margins.items():
+                if margin > 0:
+                    row = {"workload": wl, "mode": mode, "metric": key, "margin": margin}
+                    row.update({"prefix": p[key], "always": a[key], "aggregated": g[key]})
+                    worse.append(row)
+            worst = max(margins, key=lambda k: margins[k]) if margins else ""
+            verdicts.setdefault(mode, {})[wl] = {
+                "never_worse_than_both": all(m <= TOLERANCE for m in margins.values()),
+                "worst_metric": worst,
+                "worst_margin": margins.get(worst),
+                "margins": margins,
+            }
     beyond = [w for w in worse if w["margin"] > TOLERANCE]
+    never = {m: all(v["never_worse_than_both"] for v in wls.values()) for m, wls in verdicts.items()}
     return {
         "ratios_to_aggregated": ratios,
-        "prefix_worse_than_both": worse,  # every metric, any margin
+        "prefix_worse_than_both": worse,  # every prefix mode and metric, any margin
         "prefix_worse_than_both_beyond_tolerance": beyond,
-        "prefix_never_worse_than_both": not beyond,
+        "prefix_never_worse_than_both": not [w for w in beyond if w["mode"] == "prefix"],
+        "never_worse_than_both": never,  # per prefix mode, every workload
+        "verdicts": verdicts,  # per prefix mode and workload: the margins over the worse of the other two
         "tolerance": TOLERANCE,
     }
 
 
-async def run(mode: str, only: Sequence[str] = (), non_cached_tokens: int | None = None) -> dict[str, Any]:
+def noise(first: dict[str, Any], again: dict[str, Any]) -> dict[str, float | None]:
+    """Run-to-run difference of one cell repeated: |again / first - 1| per metric."""
+    return {
+        key: round(abs(again[key] / first[key] - 1), 3) if first.get(key) and again.get(key) else None
+        for key, _ in METRICS
+    }
+
+
+def _log_cell(cell: dict[str, Any]) -> None:
+    log(
+        f"pd: {cell['workload']:<6} {cell['mode']:<10} "
+        f"TTFT mean/p90 {cell['ttft_mean_ms']}/{cell['ttft_p90_ms']} ms  "
+        f"ITL mean/p90 {cell['itl_mean_ms']}/{cell['itl_p90_ms']} ms  "
+        f"E2E mean {cell['e2e_mean_ms']} ms  {cell['output_tokens_per_s']} tok/s  "
+        f"ok {cell['ok']}/{cell['requests']}" + (f"  {cell['evidence']}" if "evidence" in cell else "")
+    )
+
+
+async def _cell(
+    m: str, wl: Workload, st: Settings, tmp: Path, non_cached_tokens: int | None
+) -> dict[str, Any]:
+    log(f"pd: {wl.title}, {modes(non_cached_tokens)[m]}, {wl.rate:g} req/s for {st.duration_s:g} s ...")
+    try:
+        cell = await run_cell(m, wl, st, tmp, non_cached_tokens)
+    except (RuntimeError, OSError, TimeoutError, AssertionError) as e:
+        log(f"pd: {wl.name} {m} FAILED: {e}")
+        return {"mode": m, "workload": wl.name, "failed": str(e)[-800:]}
+    _log_cell(cell)
+    return cell
+
+
+async def run(
+    mode: str,
+    only: Sequence[str] = (),
+    non_cached_tokens: int | None = None,
+    only_modes: Sequence[str] = (),
+    repeat: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """Every workload x mode once, then the ``repeat`` cells (workload, mode) again for the noise."""
     st = QUICK if mode == "quick" else FULL
     cells: list[dict[str, Any]] = []
+    repeats: list[dict[str, Any]] = []
+    workloads = {wl.name: wl for wl in st.workloads}
     with tempfile.TemporaryDirectory(prefix="bench-pd-") as d:
         for wl in st.workloads:
             if only and wl.name not in only:
                 continue
-            titles = modes(non_cached_tokens)
             for m in MODES:
-                log(f"pd: {wl.title}, {titles[m]}, {wl.rate:g} req/s for {st.duration_s:g} s ...")
-                try:
-                    cell = await run_cell(m, wl, st, Path(d), non_cached_tokens)
-                except (RuntimeError, OSError, TimeoutError, AssertionError) as e:
-                    log(f"pd: {wl.name} {m} FAILED: {e}")
-                    cells.append({"mode": m, "workload": wl.name, "failed": str(e)[-800:]})
-                    continue
-                cells.append(cell)
-                log(
-                    f"pd: {wl.name:<5} {m:<10} "
-                    f"TTFT mean/p90 {cell['ttft_mean_ms']}/{cell['ttft_p90_ms']} ms  "
-                    f"ITL mean/p90 {cell['itl_mean_ms']}/{cell['itl_p90_ms']} ms  "
-                    f"E2E mean {cell['e2e_mean_ms']} ms  {cell['output_tokens_per_s']} tok/s  "
-                    f"ok {cell['ok']}/{cell['requests']}"
-                    + (f"  {cell['evidence']}" if "evidence" in cell else "")
-                )
+                if not only_modes or m in only_modes:
+                    cells.append(await _cell(m, wl, st, Path(d), non_cached_tokens))
+        by = {(c["workload"], c["mode"]): c for c in cells if "failed" not in c}
+        for wl_name, m in repeat:
+            again = await _cell(m, workloads[wl_name], st, Path(d), non_cached_tokens)
+            first = by.get((wl_name, m))
+            entry: dict[str, Any] = {"workload": wl_name, "mode": m, "cell": again}
+            if first is not None and "failed" not in again:
+                entry["noise"] = noise(first, again)
+                log(f"pd: repeat {wl_name} {m}: |again/first - 1| = {entry['noise']}")
+            repeats.append(entry)
     return {
         "settings": asdict(st),
         "pods": PODS,
@@ -297,6 +366,7 @@ async def run(mode: str, only: Sequence[str] = (), non_cached_tokens: int | None
         "modes": modes(non_cached_tokens),
         "sim_args": sim_args(),
         "cells": cells,
+        "repeats": repeats,
         "derived": derive(cells),
         "note": "Measured on a shared 2-core machine under load; the simulator runs in real time "
         "(time_scale 1)",
@@ -307,21 +377,32 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pd", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--workloads", default="", help="comma-separated subset: long, short, shared")
+    ap.add_argument("--modes", default="", help=f"comma-separated subset of {', '.join(MODES)}")
+    ap.add_argument(
+        "--repeat",
+        default="",
+        help="cells run a second time to measure the noise, comma-separated workload:mode",
+    )
     ap.add_argument(
         "--non-cached-tokens",
         type=int,
         default=None,
-        help="the prefix decider's threshold (default: the config's)",
+        help="the prefix deciders' threshold (default: the configs')",
     )
+    ap.add_argument("--name", default="", help="result name (default pd, or pd-nct<N> with a threshold)")
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "full"
     import uvloop
 
     only = [x.strip() for x in args.workloads.split(",") if x.strip()]
-    result = uvloop.run(run(mode, only, args.non_cached_tokens))
+    only_modes = [x.strip() for x in args.modes.split(",") if x.strip()]
+    repeat = [tuple(x.strip().split(":", 1)) for x in args.repeat.split(",") if x.strip()]
+    pairs = [(w, m) for w, m in repeat]
+    result = uvloop.run(run(mode, only, args.non_cached_tokens, only_modes, pairs))
     result["versions"] = versions()
     result["prefix_non_cached_tokens"] = args.non_cached_tokens or PREFIX_THRESHOLD
-    name = "pd" if args.non_cached_tokens is None else f"pd-nct{args.non_cached_tokens}"  # a side experiment
+    result["symmetric_non_cached_tokens"] = args.non_cached_tokens or SYMMETRIC_THRESHOLD
+    name = args.name or ("pd" if args.non_cached_tokens is None else f"pd-nct{args.non_cached_tokens}")
     log(f"pd: wrote {write_result(name, result, mode=mode, seeds=SEEDS)}")
     return 0
 

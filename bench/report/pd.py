@@ -18,6 +18,7 @@ _COLUMNS = (
     ("e2e_p90_ms", "E2E p90"),
     ("output_tokens_per_s", "output tok/s"),
 )
+_ROUNDS_TO_ZERO = 0.005  # a margin printed as 0% is not called a loss
 _LOWER_IS_BETTER = {k for k, _ in _COLUMNS if k != "output_tokens_per_s"}
 
 
@@ -42,7 +43,10 @@ def pd_section(pd: dict[str, Any]) -> list[str]:
         f"EPP's default config) against {pd['prefill_pods']} prefill + "
         f"{pd['pods'] - pd['prefill_pods']} decode pods, each decode pod behind the project's decode "
         "proxy (llm-d's sidecar protocol; the KV transfer is modelled at ~10× prefill speed over a "
-        "link shared by concurrent transfers). Envoy + EPP in every mode; open-loop Poisson arrivals "
+        "link shared by concurrent transfers), and, for the prefix-based decider, also a symmetric "
+        f"fleet of {pd['pods']} `prefill-decode` pods, each behind the proxy (a declined request is "
+        "served whole by any pod; a disaggregated one is prefilled on another pod, "
+        "`exclude-peer-filter`). Envoy + EPP in every mode; open-loop Poisson arrivals "
         f"for {st['duration_s']:g} s per cell. {pd.get('note', '')}.",
         "",
     ]
@@ -74,23 +78,75 @@ def pd_section(pd: dict[str, Any]) -> list[str]:
             table(["mode", *[t for _, t in _COLUMNS]], rows),
             "",
         ]
-    worse = derived["prefix_worse_than_both"]
+    out += _noise(pd)
+    out += _verdicts(pd)
+    return out
+
+
+def _noise(pd: dict[str, Any]) -> list[str]:
+    """The repeated cells: how far a second run of the same cell moved each metric."""
+    rows = []
+    for r in pd.get("repeats", []):
+        n = r.get("noise")
+        if n is None:
+            continue
+        title = pd["modes"].get(r["mode"], r["mode"])
+        rows.append(
+            [
+                f"{r['workload']}: {title}",
+                *[f(None if n.get(k) is None else n[k] * 100, 1) for k, _ in _COLUMNS],
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "Noise: the same cell run twice (same prompts and arrival times), |second / first − 1| in %:",
+        "",
+        table(["cell", *[t for _, t in _COLUMNS]], rows),
+        "",
+    ]
+
+
+def _verdicts(pd: dict[str, Any]) -> list[str]:
+    """Per prefix-based mode and workload: its margin over the worse of aggregated and
+    always-disaggregate on every metric (positive: worse than both)."""
+    derived = pd["derived"]
     tol = derived["tolerance"]
-    if worse:
-        items = "; ".join(
-            (f"**{w['workload']} {w['metric']} +{w['margin']:.0%}**" if w["margin"] > tol else
-             f"{w['workload']} {w['metric']} +{w['margin']:.0%}")
-            for w in worse
-        )  # fmt: skip
-        beyond = sum(1 for w in worse if w["margin"] > tol)
+    verdicts = derived.get("verdicts", {})
+    out = []
+    for mode, wls in verdicts.items():
+        title = pd["modes"].get(mode, mode)
+        rows = []
+        for wl, v in wls.items():
+            cells = []
+            for k, _ in _COLUMNS:
+                m = v["margins"].get(k)
+                text = "–" if m is None else f"{m * 100:+.0f}%".replace("-", "−")
+                text = "0%" if text in ("+0%", "−0%") else text
+                cells.append(f"**{text}**" if m is not None and m > tol else text)
+            worst = v.get("worst_margin")
+            if worst is None or worst < _ROUNDS_TO_ZERO:
+                ok = "yes"
+            elif v["never_worse_than_both"]:  # worse than both, but within the tolerance: still said
+                ok = f"no, by {worst:.0%} (within {tol:.0%})"
+            else:
+                ok = "**no**"
+            rows.append([wl, ok, *cells])
         out += [
-            f"Where the prefix-based decider is worse than both other modes (margin over the worse of the "
-            f"two; in bold the {beyond} beyond the {tol:.0%} run-to-run tolerance): {items}.",
+            f"**{title}** against the worse of aggregated and always-disaggregate, per metric "
+            f"(positive = worse than both; bold beyond the {tol:.0%} tolerance):",
+            "",
+            table(["workload", "never worse than both", *[t for _, t in _COLUMNS]], rows),
             "",
         ]
-    else:
-        out += [
-            "The prefix-based decider is never worse than both other modes on any workload and metric.",
-            "",
-        ]
+    said = []
+    for mode, wls in verdicts.items():
+        bad = [(wl, v) for wl, v in wls.items() if (v.get("worst_margin") or 0) >= _ROUNDS_TO_ZERO]
+        where = ", ".join(f"{wl} ({v['worst_metric']} +{v['worst_margin']:.0%})" for wl, v in bad)
+        said.append(
+            f"{pd['modes'].get(mode, mode)}: "
+            + (f"worse than both on {where}" if bad else "never worse than both on any workload")
+        )
+    if said:
+        out += ["Overall — " + "; ".join(said) + ".", ""]
     return out

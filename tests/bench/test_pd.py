@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.pd import FULL, MODES, derive, summarize
+from bench.pd import FULL, MODES, derive, noise, summarize
 from bench.report.pd import pd_section
 from epp_sim.demo.loadgen import Result
 
@@ -82,4 +82,36 @@ def test_report_shows_losses_as_plainly_as_wins() -> None:
     cells[2] = _cell("long", "prefix", 1200.0, 8.0, 1600.0)  # TTFT and E2E now worse than both
     doc["derived"] = derive(cells)
     text = "\n".join(pd_section(doc))
-    assert "**long ttft_mean_ms +33%**" in text and "in bold the 4 beyond" in text
+    assert "| long | **no** | **+33%** |" in text  # TTFT mean: 1200 against the worse, 900
+    assert "worse than both on long (ttft_mean_ms +33%)" in text
+
+
+def test_each_prefix_mode_is_judged_against_the_other_two_and_noise_is_reported() -> None:
+    """The symmetric-fleet mode gets its own verdict; the 2 + 2 one keeps its key."""
+    cells = [
+        _cell("short", "aggregated", 20.0, 6.4, 1500.0),
+        _cell("short", "always", 40.0, 6.6, 1500.0),
+        _cell("short", "prefix", 30.0, 6.9, 1500.0),  # ITL worse than both by 4.5%: within tolerance
+        _cell("short", "symmetric", 21.0, 6.4, 1500.0),
+    ]
+    d = derive(cells)
+    assert d["never_worse_than_both"] == {"prefix": True, "symmetric": True}
+    assert d["verdicts"]["prefix"]["short"]["worst_metric"] == "itl_mean_ms"
+    assert d["verdicts"]["prefix"]["short"]["worst_margin"] == 0.045
+    assert d["verdicts"]["symmetric"]["short"]["margins"]["ttft_mean_ms"] == round(21 / 40 - 1, 3)
+    assert {w["mode"] for w in d["prefix_worse_than_both"]} == {"prefix"}
+    cells[3] = _cell("short", "symmetric", 50.0, 6.4, 1500.0)
+    d = derive(cells)
+    assert d["never_worse_than_both"] == {"prefix": True, "symmetric": False}
+    assert d["prefix_never_worse_than_both"] is True  # the 2 + 2 mode's verdict alone
+    assert noise(cells[0], _cell("short", "aggregated", 22.0, 6.4, 1500.0))["ttft_mean_ms"] == 0.1
+    doc = {
+        "settings": {"duration_s": 40.0, "workloads": [
+            {"name": "short", "title": "short", "rate": 8.0, "prompt_tokens": 200, "output_tokens": 200}]},
+        "pods": 4, "prefill_pods": 2, "modes": MODES, "cells": cells, "derived": d,
+        "repeats": [{"workload": "short", "mode": "aggregated", "noise": {"ttft_mean_ms": 0.1}}],
+    }  # fmt: skip
+    text = "\n".join(pd_section(doc))
+    assert "| short: aggregated (4 pods, default EPP config) | 10.0 |" in text
+    assert MODES["symmetric"] in text and "| short | **no** | **+25%** |" in text
+    assert "| short | no, by 4% (within 10%) |" in text  # the 2 + 2 decider's small ITL loss, still said

@@ -97,6 +97,7 @@ EXPECTED: dict[str, set[str]] = {
     "decode-filter": set(),
     "prefill-filter": set(),
     "encode-filter": set(),
+    "exclude-peer-filter": set(),  # ours: keeps prefill off the decode pick (docs/pd-disaggregation.md)
     "label-selector-filter": {"matchLabels", "matchExpressions"},
     "by-label-selector": {"matchLabels", "matchExpressions"},
     "by-label": {"label", "validValues", "allowsNoLabel"},

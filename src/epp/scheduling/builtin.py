@@ -14,6 +14,7 @@ from epp.scheduling.filters.by_label import (
     PrefillFilter,
 )
 from epp.scheduling.filters.header_testing import HeaderBasedTestingFilter
+from epp.scheduling.filters.peer import ExcludePeerFilter
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.filters.slo_headroom_tier import SloHeadroomTierFilter
@@ -72,6 +73,7 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     DecodeFilter,
     PrefillFilter,
     EncodeFilter,
+    ExcludePeerFilter,
     LabelSelectorFilter,
     ByLabelSelectorFilter,
     ByLabelFilter,

@@ -183,18 +183,34 @@ class PdFleet:
     """A P/D fleet: ``prefill`` pods (``epp-sim --role prefill``) and ``decode`` pods
     (``--role decode``), each decode pod behind its own ``epp-pd-proxy`` on the pool port, as llm-d
     deploys its sidecar. ``endpoints()`` lists the pool with ``llm-d.ai/role`` labels for an
-    ``--endpoints-file``; ``prefill`` may be 0 (a pool without prefill pods)."""
+    ``--endpoints-file``; ``prefill`` may be 0 (a pool without prefill pods).
+
+    ``prefill_decode`` adds pods that serve both roles (``llm-d.ai/role: prefill-decode``,
+    ``--role both``), each behind its own proxy like a decode pod: the EPP may pick one to decode
+    (with a prefill leg from elsewhere, or the whole request) or to prefill, the prefill leg then
+    passing through that pod's proxy unchanged (no ``x-prefiller-host-port``: a plain proxy). A
+    symmetric fleet is ``PdFleet(0, 0, ..., prefill_decode=4)``."""
 
     ROLE_LABEL = "llm-d.ai/role"
 
-    def __init__(self, prefill: int, decode: int, *sim_args: str, proxy_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        prefill: int,
+        decode: int,
+        *sim_args: str,
+        proxy_args: Sequence[str] = (),
+        prefill_decode: int = 0,
+    ) -> None:
         self.n_prefill = prefill
         self.n_decode = decode
+        self.n_prefill_decode = prefill_decode
         self.sim_args = sim_args
         self.proxy_args = tuple(proxy_args)
         self.prefill: SimFleet | None = None
         self.decode: SimFleet | None = None
-        self.proxies: list[PdProxyProcess] = []
+        self.prefill_decode: SimFleet | None = None
+        self.proxies: list[PdProxyProcess] = []  # decode pods' first, then prefill-decode pods'
+        self.pd_proxies: list[PdProxyProcess] = []
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> PdFleet:
@@ -203,12 +219,20 @@ class PdFleet:
                 self.prefill = await self._stack.enter_async_context(
                     SimFleet(self.n_prefill, *self.sim_args, "--role", "prefill", "--name-prefix", "prefill")
                 )
-            self.decode = await self._stack.enter_async_context(
-                SimFleet(self.n_decode, *self.sim_args, "--role", "decode", "--name-prefix", "decode")
-            )
-            for port in self.decode.ports:
-                proxy = PdProxyProcess(port, *self.proxy_args)
-                self.proxies.append(await self._stack.enter_async_context(proxy))
+            if self.n_decode:
+                self.decode = await self._stack.enter_async_context(
+                    SimFleet(self.n_decode, *self.sim_args, "--role", "decode", "--name-prefix", "decode")
+                )
+            if self.n_prefill_decode:
+                self.prefill_decode = await self._stack.enter_async_context(
+                    SimFleet(self.n_prefill_decode, *self.sim_args, "--role", "both", "--name-prefix", "pd")
+                )
+            for sims, extra in ((self.decode, None), (self.prefill_decode, self.pd_proxies)):
+                for port in sims.ports if sims is not None else ():
+                    proxy = await self._stack.enter_async_context(PdProxyProcess(port, *self.proxy_args))
+                    self.proxies.append(proxy)
+                    if extra is not None:
+                        extra.append(proxy)
         except BaseException:
             await self._stack.aclose()
             raise
@@ -223,8 +247,17 @@ class PdFleet:
 
     @property
     def decode_hostports(self) -> list[str]:
-        """The decode pods' pool ports: their proxies."""
+        """Every decode-capable pod's pool port: its proxy (decode, then prefill-decode pods)."""
         return [f"127.0.0.1:{p.port}" for p in self.proxies]
+
+    @property
+    def prefill_decode_hostports(self) -> list[str]:
+        return [f"127.0.0.1:{p.port}" for p in self.pd_proxies]
+
+    @property
+    def engines(self) -> list[str]:
+        """Every engine's own port (for /sim/state), prefill, decode, prefill-decode."""
+        return [hp for f in (self.prefill, self.decode, self.prefill_decode) if f for hp in f.hostports]
 
     @property
     def hostports(self) -> list[str]:
@@ -233,14 +266,20 @@ class PdFleet:
     def endpoints(self) -> list[dict[str, Any]]:
         """The pool as endpoints-file entries (address, port, name, labels)."""
         out = []
-        for role, hostports in (("prefill", self.prefill_hostports), ("decode", self.decode_hostports)):
+        pd = set(self.prefill_decode_hostports)
+        roles = (  # (label, name prefix: the simulator's, so x-inference-pod names the entry)
+            ("prefill", "prefill", self.prefill_hostports),
+            ("decode", "decode", [hp for hp in self.decode_hostports if hp not in pd]),
+            ("prefill-decode", "pd", self.prefill_decode_hostports),
+        )
+        for role, prefix, hostports in roles:
             for i, hp in enumerate(hostports):
                 host, port = hp.rsplit(":", 1)
                 out.append(
                     {
                         "address": host,
                         "port": int(port),
-                        "name": f"{role}-{i}",
+                        "name": f"{prefix}-{i}",
                         "labels": {self.ROLE_LABEL: role},
                     }
                 )
