@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from epp.datalayer.http_client import ScrapeClient, ScrapeError
@@ -451,9 +451,17 @@ def damage(draw: st.DrawFn, raw: bytes, framing: str, n: int) -> bytes:
     return raw[: max(end_of_head, len(raw) - 1)] if framing == "length" and n else raw
 
 
-def check_same(script: list[Response]) -> None:
+def failed(outcome: Outcome) -> Outcome:
+    """A timeout and an error are the same verdict on a malformed response: no body. aiohttp
+    waits out some framing errors (a chunk not followed by CRLF, then EOF) where ours fails fast."""
+    return ("error", None) if outcome[0] == "timeout" else outcome
+
+
+def check_same(script: list[Response], *, malformed_last: bool = False) -> None:
     ours, ours_conns = asyncio.run(fetch_ours(script))
     ref, ref_conns = asyncio.run(fetch_aiohttp(script))
+    if malformed_last and ours and ref:
+        ours[-1], ref[-1] = failed(ours[-1]), failed(ref[-1])
     assert ours == ref
     if all(kind == "body" for kind, _ in ours):
         assert ours_conns == ref_conns
@@ -470,8 +478,20 @@ def test_same_outcome_as_aiohttp(script: list[Response]) -> None:
 
 @DIFF
 @given(st.lists(responses(malformed=False), max_size=2), responses(malformed=True))
+@example(  # found by hypothesis: aiohttp times out where ours reports the framing error
+    script=[],
+    bad=Response(
+        (
+            b"H",
+            b"TTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nServer: raw\r\n"
+            b"Transfer-Encoding:chunked\r\n\r\n",
+            b"5\r\nhelloXX0\r\n\r\n",
+        ),
+        close=True,
+    ),
+)
 def test_malformed_framing_same_outcome_as_aiohttp(script: list[Response], bad: Response) -> None:
-    check_same([*script, bad])
+    check_same([*script, bad], malformed_last=True)
 
 
 @pytest.mark.fuzz
@@ -479,4 +499,7 @@ def test_malformed_framing_same_outcome_as_aiohttp(script: list[Response], bad: 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(responses(malformed=False), max_size=3), st.none() | responses(malformed=True))
 def test_same_outcome_as_aiohttp_at_length(script: list[Response], bad: Response | None) -> None:
-    check_same(script if bad is None else [*script, bad])
+    if bad is None:
+        check_same(script)
+    else:
+        check_same([*script, bad], malformed_last=True)
