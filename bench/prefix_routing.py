@@ -57,8 +57,10 @@ from bench.routing import (
     builtin_load,
     fleet_counters,
     iperf_load,
+    p90,
     reduce_iperf,
     sim_args,
+    tput,
 )
 from bench.setup import tokenizer_dir, venv_bin
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
@@ -378,12 +380,6 @@ def derive_shared(
             ceilings[str(rate)] = hit_ceilings(**workload, requests=n)
     completes = [r for r in rates if (c := by.get((BASELINE, r))) and c["success_rate"] >= 0.99]
     at = max(completes) if completes else None
-
-    def p90(c: dict[str, Any] | None) -> float | None:
-        return None if c is None else c["ttft_ms"]["p90"]
-
-    def tput(c: dict[str, Any] | None) -> float | None:
-        return None if c is None else c["output_tokens_per_s"]
 
     ratios: dict[str, dict[str, dict[str, float | None]]] = {}
     for r in routers:

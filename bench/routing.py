@@ -367,12 +367,6 @@ def derive(cells: list[dict[str, Any]], routers: Sequence[str]) -> dict[str, Any
     rates = sorted({c["rate"] for c in cells})
     peers = [r for r in routers if r not in (*EPP_ROUTERS, BASELINE)]
 
-    def p90(c: dict[str, Any] | None) -> float | None:
-        return None if c is None else c["ttft_ms"]["p90"]
-
-    def tput(c: dict[str, Any] | None) -> float | None:
-        return None if c is None else c["output_tokens_per_s"]
-
     ratios: dict[str, dict[str, dict[str, float | None]]] = {}
     for r in routers:
         ratios[r] = {}
@@ -401,6 +395,16 @@ def derive(cells: list[dict[str, Any]], routers: Sequence[str]) -> dict[str, Any
             ),
         }
     return {"ratios": ratios, "peak_output_tokens_per_s": peak, "goals": goals}
+
+
+def p90(c: dict[str, Any] | None) -> float | None:
+    """A cell's TTFT p90 (ms), None for a missing cell."""
+    return None if c is None else c["ttft_ms"]["p90"]
+
+
+def tput(c: dict[str, Any] | None) -> float | None:
+    """A cell's output tokens per second, None for a missing cell."""
+    return None if c is None else c["output_tokens_per_s"]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
