@@ -311,6 +311,22 @@ async def epp_metrics(url: str) -> str:
 # part 1: the shared-prefix profile
 
 
+async def observed(s: Stack) -> dict[str, Any]:
+    """What a finished cell reads back: the fleet's counters, the EPP's reuse metrics and the
+    precise scorer's predicted/observed correlation (pending blocks included, and without)."""
+    fleet = await fleet_counters(s.fleet.ports)
+    metrics = reuse_metrics(await epp_metrics(s.epp_metrics_url))
+    debug = await s.debug_state()
+    confirmed = find_key(debug, "confirmedOnlyVsObserved")
+    return {
+        "fleet": fleet,
+        "epp_metrics": metrics,
+        "reuse_correlation": find_key(debug, "pearson"),  # predicted as routed (pending included)
+        "reuse_correlation_confirmed": confirmed.get("pearson") if isinstance(confirmed, dict) else None,
+        "speculative": find_key(debug, "speculative"),
+    }
+
+
 async def shared_cell(router: Router, rate: float, st: Settings, loadgen: str) -> dict[str, Any]:
     wl = st.shared
     cell: dict[str, Any] = {"router": router.name, "rate": rate}
@@ -321,15 +337,7 @@ async def shared_cell(router: Router, rate: float, st: Settings, loadgen: str) -
         if s.idle:
             cell["epp_idle_cores"] = s.idle.get("epp")
         cell.update(res)
-        cell["fleet"] = await fleet_counters(s.fleet.ports)
-        cell["epp_metrics"] = reuse_metrics(await epp_metrics(s.epp_metrics_url))
-        debug = await s.debug_state()
-        cell["reuse_correlation"] = find_key(debug, "pearson")  # predicted as routed (pending included)
-        confirmed = find_key(debug, "confirmedOnlyVsObserved")
-        cell["reuse_correlation_confirmed"] = (
-            confirmed.get("pearson") if isinstance(confirmed, dict) else None
-        )
-        cell["speculative"] = find_key(debug, "speculative")
+        cell.update(await observed(s))
     return cell
 
 
@@ -615,15 +623,7 @@ async def conversation_cell(router: Router, st: Settings) -> dict[str, Any]:
         cell["router_cpu_s"] = s.cpu()
         cell.update(reduce_iperf(summary, wall))
         cell.update(followups(per))
-        cell["fleet"] = await fleet_counters(s.fleet.ports)
-        cell["epp_metrics"] = reuse_metrics(await epp_metrics(s.epp_metrics_url))
-        debug = await s.debug_state()
-        cell["reuse_correlation"] = find_key(debug, "pearson")  # predicted as routed (pending included)
-        confirmed = find_key(debug, "confirmedOnlyVsObserved")
-        cell["reuse_correlation_confirmed"] = (
-            confirmed.get("pearson") if isinstance(confirmed, dict) else None
-        )
-        cell["speculative"] = find_key(debug, "speculative")
+        cell.update(await observed(s))
     return cell
 
 
