@@ -500,6 +500,14 @@ class SchedulerProfile:
         self._snap_partial = partial
         self._snap_metrics = metrics
 
+    def _start_updates(self, j: int, inc: IncrementalMetricsScorer, snap_metrics: list[Metrics]) -> list[Any]:
+        """Scorer ``j``'s values and summary of the snapshot's (still old) readings, and its
+        scores as a private list to update in place: what the first update after a rebuild needs."""
+        values = self._snap_values[j] = inc.metric_values(snap_metrics)
+        self._snap_summaries[j] = inc.summarize(values)
+        self._snap_scores[j] = list(self._snap_scores[j])  # type: ignore[arg-type]
+        return values
+
     def _update_one(self, pos: int, m: Metrics) -> None:
         """``_update([pos], [m])`` without its lists and zips: the per-sample path, ~3x cheaper.
 
@@ -520,10 +528,8 @@ class SchedulerProfile:
             sc = scorers[j]
             inc: IncrementalMetricsScorer = sc.inc  # type: ignore[assignment]  # _incremental: all are
             values = snap_values[j]
-            if values is None:  # the first update since a rebuild: values of the snapshot's readings
-                values = snap_values[j] = inc.metric_values(snap_metrics)  # the old readings still
-                summaries[j] = inc.summarize(values)
-                snap_scores[j] = list(snap_scores[j])  # type: ignore[arg-type]  # ours to update in place
+            if values is None:  # the first update since a rebuild
+                values = self._start_updates(j, inc, snap_metrics)
             new = inc.metric_values(one)
             old = values[pos]
             if new[0] == old:
@@ -586,10 +592,8 @@ class SchedulerProfile:
             sc = scorers[j]
             inc: IncrementalMetricsScorer = sc.inc  # type: ignore[assignment]  # _incremental: all are
             values = snap_values[j]
-            if values is None:  # the first update since a rebuild: values of the snapshot's readings
-                values = snap_values[j] = inc.metric_values(snap_metrics)  # the old readings still
-                summaries[j] = inc.summarize(values)
-                snap_scores[j] = list(snap_scores[j])  # type: ignore[arg-type]  # ours to update in place
+            if values is None:  # the first update since a rebuild
+                values = self._start_updates(j, inc, snap_metrics)
             new = inc.metric_values(sub)
             old = [values[i] for i in changed]
             if new == old:
