@@ -46,6 +46,14 @@ def _bad(message: str, param: str | None = None) -> _BadRequest:
     return _BadRequest(error_response(400, message, "BadRequestError", param))
 
 
+def _messages(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's ``messages`` (chat completions and Anthropic messages alike), or a 400."""
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise _bad("messages must be a non-empty list of message objects.", "messages")
+    return messages
+
+
 class HttpApi:
     """Routes of one rank. Inference handlers queue a `Seq` in the rank's engine and stream its output."""
 
@@ -212,9 +220,7 @@ class HttpApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         data = await self._json(request)
         model, adapter = self._adapter(data)
-        messages = data.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise _bad("messages must be a non-empty list of message objects.", "messages")
+        messages = _messages(data)
         text = render_chat(messages)
         stream = bool(data.get("stream", False))
         seq = self._seq(
@@ -232,9 +238,7 @@ class HttpApi:
         """Anthropic's Messages API, as vLLM serves it at /v1/messages (non-streamed and SSE)."""
         data = await self._json(request)
         model, adapter = self._adapter(data)
-        messages = data.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise _bad("messages must be a non-empty list of message objects.", "messages")
+        messages = _messages(data)
         max_tokens = data.get("max_tokens")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise _bad("max_tokens is required and must be a positive integer.", "max_tokens")
