@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 
 class ApiKind(enum.StrEnum):
@@ -100,3 +100,20 @@ class ResponseInfo:
     body_bytes: int = 0
     # Dynamic metadata to attach to the final ext_proc message, by namespace.
     dynamic_metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+BYTES_PER_TOKEN: Final = 4  # GIE's SimpleTokenEstimator
+
+
+def prompt_tokens(request: InferenceRequest) -> int:
+    """The prompt length estimate of GIE's SimpleTokenEstimator: body bytes / 4 (at least 1 once
+    the size is known), else the token IDs of a pre-tokenized prompt, else prompt text / 4.
+    0 without a body."""
+    if request.request_size_bytes > 0:
+        return max(request.request_size_bytes // BYTES_PER_TOKEN, 1)
+    body = request.body
+    if body is None:
+        return 0
+    if body.token_ids:
+        return len(body.token_ids)
+    return len(body.prompt_text or "") // BYTES_PER_TOKEN

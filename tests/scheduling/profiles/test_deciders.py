@@ -8,13 +8,12 @@ from pydantic import ValidationError
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.plugin.state import CycleState
-from epp.request import ApiKind, InferenceRequest
+from epp.request import ApiKind, InferenceRequest, prompt_tokens
 from epp.scheduling.profiles.deciders import (
     AlwaysDisaggMultimodalDecider,
     AlwaysDisaggPDDecider,
     Decider,
     PrefixBasedPDDecider,
-    prompt_tokens,
 )
 from epp.testing.builders import chat_body, make_endpoint, make_request
 from epp.testing.plugins import build

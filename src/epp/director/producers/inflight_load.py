@@ -10,13 +10,12 @@ from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo
+from epp.request import BYTES_PER_TOKEN, InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
 
 # P/D: the prefill leg's endpoint is done once the response starts.  Its profile is the one the
 # disagg profile handler names (``SchedulingResult.disagg.prefill_profile``), else "prefill".
 PREFILL_PROFILE: Final = "prefill"
-BYTES_PER_TOKEN: Final = 4
 IDLE: Final = InFlightLoad(requests=0, tokens=0)
 
 

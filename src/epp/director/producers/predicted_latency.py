@@ -31,7 +31,7 @@ from epp.metrics import series
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo
+from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult
 from epp.units import parse_go_duration
 
@@ -39,7 +39,6 @@ log = structlog.get_logger(__name__)
 
 SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
 SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
-BYTES_PER_TOKEN: Final = 4
 _SSE_EVENT: Final = b"data:"
 
 # Environment variables of GIE's sidecar client (gie-inventory §1.2) that still mean something.
@@ -94,15 +93,9 @@ def slo_ms(headers: Mapping[str, str], name: str) -> float:
 
 
 def input_tokens(request: InferenceRequest) -> int:
-    """GIE's simple estimate: body bytes / 4 (token IDs when pre-tokenized)."""
-    if request.request_size_bytes > 0:
-        return max(request.request_size_bytes // BYTES_PER_TOKEN, 1)
-    body = request.body
-    if body is None:
-        return 0
-    if body.token_ids:
-        return len(body.token_ids)
-    return max(1, len(body.prompt_text or "") // BYTES_PER_TOKEN)
+    """GIE's simple estimate (``prompt_tokens``), at least 1 whenever there is a body."""
+    n = prompt_tokens(request)
+    return n if request.body is None else max(n, 1)
 
 
 class _Counter:

@@ -18,11 +18,10 @@ from epp.datalayer.attributes import PREFIX_MATCH
 from epp.plugin.base import Handle, Plugin, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
+from epp.request import InferenceRequest, prompt_tokens
 
 log = structlog.get_logger(__name__)
 
-BYTES_PER_TOKEN: Final = 4
 MULTIMODAL_PARTS: Final = frozenset({"image_url", "video_url", "input_audio", "audio_url"})
 
 
@@ -37,19 +36,6 @@ class Decider(Plugin, Protocol):
     def disaggregate(
         self, state: CycleState, request: InferenceRequest, endpoint: Endpoint | None
     ) -> bool: ...
-
-
-def prompt_tokens(request: InferenceRequest) -> int:
-    """The prompt length estimate every load-aware plugin here uses: body bytes / 4 (GIE's
-    SimpleTokenEstimator; token IDs when pre-tokenized).  0 without a body."""
-    if request.request_size_bytes > 0:
-        return max(request.request_size_bytes // BYTES_PER_TOKEN, 1)
-    body = request.body
-    if body is None:
-        return 0
-    if body.token_ids:
-        return len(body.token_ids)
-    return len(body.prompt_text or "") // BYTES_PER_TOKEN
 
 
 class PrefixBasedPDParams(PluginParams):

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo
+from epp.request import BYTES_PER_TOKEN, InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult, ScorerCategory
 from epp.scheduling.normalize import min_max_scores
-
-BYTES_PER_TOKEN: Final = 4
 
 
 class _Pending:
