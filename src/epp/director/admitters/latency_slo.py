@@ -7,25 +7,13 @@ from typing import Any, ClassVar, Final
 
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import LATENCY_PREDICTION
+from epp.director.latency.slo import SLO_TPOT_HEADER, SLO_TTFT_HEADER, slo_ms
 from epp.plugin.base import PluginBase
 from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 
-SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
-SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
 COLD_KV: Final = 0.02  # an endpoint below this KV-cache use is "cold": it can take anything
-
-
-def _slo(request: InferenceRequest, name: str) -> float:
-    raw = request.headers.get(name)
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        return 0.0
-    return value if value > 0 else 0.0
 
 
 class LatencySloAdmitter(PluginBase):
@@ -50,7 +38,8 @@ class LatencySloAdmitter(PluginBase):
     ) -> str | None:
         if request.priority >= 0:
             return None
-        slo_ttft, slo_tpot = _slo(request, SLO_TTFT_HEADER), _slo(request, SLO_TPOT_HEADER)
+        headers = request.headers
+        slo_ttft, slo_tpot = slo_ms(headers, SLO_TTFT_HEADER), slo_ms(headers, SLO_TPOT_HEADER)
         if slo_ttft <= 0 and slo_tpot <= 0:
             return None
         infos = state.attributes(LATENCY_PREDICTION)

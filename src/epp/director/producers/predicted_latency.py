@@ -6,11 +6,10 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Annotated, Any, ClassVar, Final
 
@@ -27,6 +26,7 @@ from epp.director.latency.model import (
     LatencyModel,
     features,
 )
+from epp.director.latency.slo import SLO_TPOT_HEADER, SLO_TTFT_HEADER, slo_ms
 from epp.metrics import series
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
@@ -37,8 +37,6 @@ from epp.units import parse_go_duration
 
 log = structlog.get_logger(__name__)
 
-SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
-SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
 _SSE_EVENT: Final = b"data:"
 
 # Environment variables of GIE's sidecar client (gie-inventory §1.2) that still mean something.
@@ -78,18 +76,6 @@ def _env_number(name: str, default: float) -> float:
         log.warning("invalid_env_var", name=name, value=raw, default=default)
         return default
     return value if value > 0 else default
-
-
-def slo_ms(headers: Mapping[str, str], name: str) -> float:
-    """An SLO header in ms; 0 when absent or not a positive number."""
-    raw = headers.get(name)
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        return 0.0
-    return value if value > 0 and math.isfinite(value) else 0.0
 
 
 def input_tokens(request: InferenceRequest) -> int:

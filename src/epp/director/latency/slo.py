@@ -1,0 +1,23 @@
+"""The per-request latency SLOs of GIE's predictor family, read once for the producer and the
+admitter so both see the same SLO for the same header."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Final
+
+SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
+SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
+
+
+def slo_ms(headers: Mapping[str, str], name: str) -> float:
+    """An SLO header in ms; 0 (no SLO) when absent or not a positive finite number."""
+    raw = headers.get(name)
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        return 0.0
+    return value if value > 0 and math.isfinite(value) else 0.0
