@@ -106,9 +106,12 @@ BYTES_PER_TOKEN: Final = 4  # GIE's SimpleTokenEstimator
 
 
 def prompt_tokens(request: InferenceRequest) -> int:
-    """The prompt length estimate of GIE's SimpleTokenEstimator: body bytes / 4 (at least 1 once
-    the size is known), else the token IDs of a pre-tokenized prompt, else prompt text / 4.
-    0 without a body."""
+    """The prompt length estimate of GIE's SimpleTokenEstimator, the one every plugin uses.
+
+    ``max(request_size_bytes // 4, 1)`` once the body size is known, else the token IDs of a
+    pre-tokenized prompt, else ``max(1, round(prompt bytes / 4))`` (half away from zero, as Go's
+    ``math.Round``); 0 without a body.
+    """
     if request.request_size_bytes > 0:
         return max(request.request_size_bytes // BYTES_PER_TOKEN, 1)
     body = request.body
@@ -116,4 +119,5 @@ def prompt_tokens(request: InferenceRequest) -> int:
         return 0
     if body.token_ids:
         return len(body.token_ids)
-    return len(body.prompt_text or "") // BYTES_PER_TOKEN
+    size = len(body.prompt_text.encode()) if body.prompt_text else 0
+    return max(1, (size + BYTES_PER_TOKEN // 2) // BYTES_PER_TOKEN)

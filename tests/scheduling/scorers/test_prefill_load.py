@@ -70,3 +70,14 @@ def test_only_uncached_tokens_join_the_backlog_and_removed_endpoints_are_forgott
     assert s.backlog(EPS[2]) == 360
     s.endpoint_removed(EPS[2])
     assert s.backlog(EPS[2]) == 0
+
+
+def test_pre_tokenized_prompt_counts_its_token_ids_when_the_body_size_is_unknown() -> None:
+    """A gRPC/pre-tokenized request has no JSON body size yet: its prefill is its token count."""
+    s: PrefillLoadScorer = build(PrefillLoadScorer)
+    req = make_request()
+    assert req.body is not None
+    req.body.token_ids = list(range(1200))
+    result = SchedulingResult({"default": ProfileRunResult((EPS[2],))}, "default")
+    s.pre_request(CycleState(), req, result)
+    assert s.backlog(EPS[2]) == 1200

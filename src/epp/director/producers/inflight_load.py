@@ -10,7 +10,7 @@ from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
-from epp.request import BYTES_PER_TOKEN, InferenceRequest, ResponseInfo
+from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult
 
 # P/D: the prefill leg's endpoint is done once the response starts.  Its profile is the one the
@@ -20,24 +20,8 @@ IDLE: Final = InFlightLoad(requests=0, tokens=0)
 
 
 def estimate_tokens(request: InferenceRequest) -> int:
-    """GIE's SimpleTokenEstimator: input ≈ body bytes / 4, output ≈ 1.5 * input.
-
-    Input is ``max(request_size_bytes // 4, 1)`` when the body size is known, else the
-    token-ID count of a pre-tokenized prompt, else ``max(1, round(prompt bytes / 4))``;
-    no body at all estimates 0.  Rounding is half away from zero, as Go's ``math.Round``.
-    """
-    size = request.request_size_bytes
-    if size > 0:
-        tokens_in = max(size // BYTES_PER_TOKEN, 1)
-    else:
-        body = request.body
-        if body is None:
-            return 0
-        if body.token_ids:
-            tokens_in = len(body.token_ids)
-        else:
-            chars = len(body.prompt_text.encode()) if body.prompt_text else 0
-            tokens_in = max(1, (chars + BYTES_PER_TOKEN // 2) // BYTES_PER_TOKEN)
+    """GIE's SimpleTokenEstimator: input as ``prompt_tokens``, output ≈ 1.5 * input."""
+    tokens_in = prompt_tokens(request)
     return tokens_in + (3 * tokens_in + 1) // 2  # + round(1.5 * in), half up
 
 

@@ -10,7 +10,7 @@ from epp.datalayer.attributes import PREFIX_MATCH
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
-from epp.request import BYTES_PER_TOKEN, InferenceRequest, ResponseInfo
+from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
 from epp.scheduling.normalize import min_max_scores
 
@@ -58,7 +58,7 @@ class PrefillLoadScorer(PluginBase):
 
     @staticmethod
     def _uncached(state: CycleState, request: InferenceRequest, endpoint: Endpoint) -> int:
-        prompt = max(request.request_size_bytes // BYTES_PER_TOKEN, 1)
+        prompt = prompt_tokens(request)
         info = state.attribute(PREFIX_MATCH, endpoint)
         cached = info.match_blocks * info.block_size_tokens if info is not None else 0
         return max(prompt - cached, 0)
@@ -68,7 +68,7 @@ class PrefillLoadScorer(PluginBase):
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[float]:
         backlog = self._backlog
-        prompt = max(request.request_size_bytes // BYTES_PER_TOKEN, 1)
+        prompt = prompt_tokens(request)
         infos = state.attributes(PREFIX_MATCH)
         estimates = []
         for ep in endpoints:
