@@ -103,6 +103,9 @@ class ResponseInfo:
 
 
 BYTES_PER_TOKEN: Final = 4  # GIE's SimpleTokenEstimator
+# The per-request latency SLO headers of GIE's predictor family and its SLO-deadline ordering.
+SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
+SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
 
 
 def prompt_tokens(request: InferenceRequest) -> int:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Final
 
-SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
-SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
+from epp.request import SLO_TPOT_HEADER, SLO_TTFT_HEADER
+
+__all__ = ["SLO_TPOT_HEADER", "SLO_TTFT_HEADER", "slo_ms"]
 
 
 def slo_ms(headers: Mapping[str, str], name: str) -> float:

@@ -8,8 +8,8 @@ from typing import ClassVar, Final
 
 from epp.flowcontrol.api import QueueCapability, QueuedItem
 from epp.plugin.base import PluginBase
+from epp.request import SLO_TTFT_HEADER
 
-SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
 _INT64_MAX: Final = (1 << 63) - 1
 _DECIMAL: Final = re.compile(r"[+-]?[0-9]+")
 
