@@ -5,11 +5,15 @@
 Four simulated pods either way (one H100-class 8B engine each, docs/simulator.md): aggregated =
 four ``--role both`` pods behind the EPP's default config; P/D = two prefill pods and two decode
 pods, each decode pod behind its ``epp-pd-proxy`` (llm-d's sidecar protocol; the KV transfer is
-modelled, docs/pd-disaggregation.md). Four modes: aggregated, always-disaggregate
+modelled, docs/pd-disaggregation.md). Six modes: aggregated, always-disaggregate
 (bench/configs/pd-always.yaml, llm-d's guide), the prefix-based decider on the same 2 + 2 fleet
-(bench/configs/pd-prefix.yaml) and the prefix-based decider on a symmetric fleet of four
+(bench/configs/pd-prefix.yaml), the same with the handler's ``declinedProfile``
+(bench/configs/pd-prefix-declined.yaml: a declined request is served whole by any of the four pods,
+the prefill pods included), the prefix-based decider on a symmetric fleet of four
 ``prefill-decode`` pods, each behind the proxy (bench/configs/pd-prefix-symmetric.yaml: a declined
-request is served whole by any pod, a disaggregated one is prefilled on another pod). Three
+request is served whole by any pod, a disaggregated one is prefilled on another pod), and the same
+with the decider's ``dedicatedDecodeOnly`` (bench/configs/pd-prefix-symmetric-dedicated.yaml: no
+pod there is a dedicated decode pod, so nothing is disaggregated). Three
 workloads, open-loop Poisson arrivals: llm-d's guide shape
 (distinct 5,000-token prompts, 250 out; the guide's 45 QPS on 16 H200 scaled to 4 simulated pods
 of 20k prefill tokens/s, which keeps the guide's per-pod prefill load), 200 in / 200 out, where the
