@@ -74,7 +74,7 @@ class PrefixBasedPDDecider(PluginBase):
     ``prefill-decode``, ``both``, ...).  Such a pod keeps mixing prefill chunks into its decode
     steps (other requests' prefill legs), so a prefill leg elsewhere removes no interference and
     only adds a KV transfer: on a fleet of four ``prefill-decode`` pods disaggregating distinct
-    5,000-token prompts cost +21% ITL and E2E against aggregated serving (docs/pd-simulator.md).
+    5,000-token prompts cost +20 to 22% ITL and E2E against aggregated serving (docs/pd-simulator.md).
     Consumes: ``PREFIX_MATCH`` (adds the ``approx-prefix-cache-producer`` when none is configured).
     """
 
