@@ -289,7 +289,7 @@ class DisaggProfileHandler(PluginBase):
                 return (pre,)
             else:
                 st.prefill, st.reason = False, DECIDER_DECLINED
-        if st.reason == DECIDER_DECLINED and self.declined_profile and not st.declined_ran:
+        if self.declined_profile and st.reason == DECIDER_DECLINED and not st.declined_ran:
             st.declined_ran = True
             return (self.declined_profile,)
         return ()
