@@ -5,11 +5,15 @@
 Four simulated pods either way (one H100-class 8B engine each, docs/simulator.md): aggregated =
 four ``--role both`` pods behind the EPP's default config; P/D = two prefill pods and two decode
 pods, each decode pod behind its ``epp-pd-proxy`` (llm-d's sidecar protocol; the KV transfer is
-modelled, docs/pd-disaggregation.md). Four modes: aggregated, always-disaggregate
+modelled, docs/pd-disaggregation.md). Six modes: aggregated, always-disaggregate
 (bench/configs/pd-always.yaml, llm-d's guide), the prefix-based decider on the same 2 + 2 fleet
-(bench/configs/pd-prefix.yaml) and the prefix-based decider on a symmetric fleet of four
+(bench/configs/pd-prefix.yaml), the same with the handler's ``declinedProfile``
+(bench/configs/pd-prefix-declined.yaml: a declined request is served whole by any of the four pods,
+the prefill pods included), the prefix-based decider on a symmetric fleet of four
 ``prefill-decode`` pods, each behind the proxy (bench/configs/pd-prefix-symmetric.yaml: a declined
-request is served whole by any pod, a disaggregated one is prefilled on another pod). Three
+request is served whole by any pod, a disaggregated one is prefilled on another pod), and the same
+with the decider's ``dedicatedDecodeOnly`` (bench/configs/pd-prefix-symmetric-dedicated.yaml: no
+pod there is a dedicated decode pod, so nothing is disaggregated). Three
 workloads, open-loop Poisson arrivals: llm-d's guide shape
 (distinct 5,000-token prompts, 250 out; the guide's 45 QPS on 16 H200 scaled to 4 simulated pods
 of 20k prefill tokens/s, which keeps the guide's per-pod prefill load), 200 in / 200 out, where the
@@ -49,17 +53,25 @@ CHARS_PER_SIM_TOKEN = 4
 TOLERANCE = 0.10  # run-to-run noise on the loaded machine: smaller margins are reported, not failed
 PREFIX_THRESHOLD = 384  # bench/configs/pd-prefix.yaml; tuned from 1024, see docs/pd-simulator.md
 SYMMETRIC_THRESHOLD = 1024  # bench/configs/pd-prefix-symmetric.yaml; why there, see that file
+DECLINED_THRESHOLD = 1024  # bench/configs/pd-prefix-declined.yaml; why there, see that file
 MODES = {
     "aggregated": "aggregated (4 pods, default EPP config)",
     "always": "always-disaggregate (2 prefill + 2 decode)",
     "prefix": f"prefix-based decider, nonCachedTokens {PREFIX_THRESHOLD} (2 + 2)",
+    "declined": f"prefix-based decider + declinedProfile, nonCachedTokens {DECLINED_THRESHOLD} (2 + 2)",
     "symmetric": f"prefix-based decider, nonCachedTokens {SYMMETRIC_THRESHOLD} (4 prefill-decode)",
+    "symmetric-dedicated": "prefix-based decider + dedicatedDecodeOnly, "
+    f"nonCachedTokens {SYMMETRIC_THRESHOLD} (4 prefill-decode)",
 }
-PREFIX_MODES = ("prefix", "symmetric")  # the decider's modes, each checked against the other two
+# the decider's modes, each checked against the other two
+PREFIX_MODES = ("prefix", "declined", "symmetric", "symmetric-dedicated")
+SYMMETRIC_MODES = ("symmetric", "symmetric-dedicated")  # four prefill-decode pods
 CONFIG_FILES = {
     "always": "pd-always.yaml",
     "prefix": "pd-prefix.yaml",
+    "declined": "pd-prefix-declined.yaml",
     "symmetric": "pd-prefix-symmetric.yaml",
+    "symmetric-dedicated": "pd-prefix-symmetric-dedicated.yaml",
 }
 METRICS = (  # (key, lower is better)
     ("ttft_mean_ms", True),
@@ -162,6 +174,7 @@ async def _json(http: aiohttp.ClientSession, url: str) -> Any:
 _DECISION = re.compile(
     r'^llm_d_epp_pd_decision_total\{[^}]*decision_type="([^"]+)"[^}]*\} ([0-9.eE+]+)$', re.M
 )
+_DECLINED = re.compile(r'^epp_pd_declined_total\{[^}]*profile="([^"]+)"[^}]*\} ([0-9.eE+]+)$', re.M)
 
 
 async def pd_evidence(fleet: PdFleet, epp: EppProcess) -> dict[str, Any]:
@@ -175,6 +188,9 @@ async def pd_evidence(fleet: PdFleet, epp: EppProcess) -> dict[str, Any]:
     decisions: Counter[str] = Counter()
     for m in _DECISION.finditer(metrics):
         decisions[m.group(1)] += int(float(m.group(2)))
+    declined: Counter[str] = Counter()  # declinedProfile configs: which profile served declined requests
+    for m in _DECLINED.finditer(metrics):
+        declined[m.group(1)] += int(float(m.group(2)))
     return {
         "proxy_prefill_legs": sum(p["prefill_legs"] for p in proxies.values()),
         "proxy_prefill_failures": sum(p["prefill_failures"] for p in proxies.values()),
@@ -186,6 +202,7 @@ async def pd_evidence(fleet: PdFleet, epp: EppProcess) -> dict[str, Any]:
         "decode_kv_transfer_failures": sum(e["kv_transfer_failures"] for e in engines),
         "prefill_pod_legs": sum(e["prefill_legs"] for e in engines),
         "epp_pd_decisions": dict(decisions),
+        "epp_pd_declined_by_profile": dict(declined),
     }
 
 
@@ -223,7 +240,7 @@ async def run_cell(
                 results, wall = await run_open_loop(envoy.url, seq, rate=wl.rate, seed=SEEDS["arrivals"])
         cell.update(summarize(results, wall))
         return cell
-    shape = (0, 0, PODS) if mode == "symmetric" else (PREFILL_PODS, PODS - PREFILL_PODS, 0)
+    shape = (0, 0, PODS) if mode in SYMMETRIC_MODES else (PREFILL_PODS, PODS - PREFILL_PODS, 0)
     async with PdFleet(shape[0], shape[1], *sim_args(), prefill_decode=shape[2]) as fleet:
         endpoints = fleet.write_endpoints_file(tmp / f"endpoints-{mode}-{wl.name}.yaml")
         args = [
@@ -402,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     result["versions"] = versions()
     result["prefix_non_cached_tokens"] = args.non_cached_tokens or PREFIX_THRESHOLD
     result["symmetric_non_cached_tokens"] = args.non_cached_tokens or SYMMETRIC_THRESHOLD
+    result["declined_non_cached_tokens"] = args.non_cached_tokens or DECLINED_THRESHOLD
     name = args.name or ("pd" if args.non_cached_tokens is None else f"pd-nct{args.non_cached_tokens}")
     log(f"pd: wrote {write_result(name, result, mode=mode, seeds=SEEDS)}")
     return 0

@@ -46,7 +46,10 @@ def pd_section(pd: dict[str, Any]) -> list[str]:
         "link shared by concurrent transfers), and, for the prefix-based decider, also a symmetric "
         f"fleet of {pd['pods']} `prefill-decode` pods, each behind the proxy (a declined request is "
         "served whole by any pod; a disaggregated one is prefilled on another pod, "
-        "`exclude-peer-filter`). Envoy + EPP in every mode; open-loop Poisson arrivals "
+        "`exclude-peer-filter`). `declinedProfile` (ours) serves a request the decider declined whole "
+        "on any of the 2 + 2 pods, prefill pods included; `dedicatedDecodeOnly` (ours) disaggregates "
+        "only for a decode pick that takes no prefill work, i.e. never on the symmetric fleet. "
+        "Envoy + EPP in every mode; open-loop Poisson arrivals "
         f"for {st['duration_s']:g} s per cell. {pd.get('note', '')}.",
         "",
     ]

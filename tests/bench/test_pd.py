@@ -115,3 +115,23 @@ def test_each_prefix_mode_is_judged_against_the_other_two_and_noise_is_reported(
     assert "| short: aggregated (4 pods, default EPP config) | 10.0 |" in text
     assert MODES["symmetric"] in text and "| short | **no** | **+25%** |" in text
     assert "| short | no, by 4% (within 10%) |" in text  # the 2 + 2 decider's small ITL loss, still said
+
+
+def test_the_declined_profile_and_dedicated_modes_get_their_own_verdicts() -> None:
+    """Every decider mode is judged against the same two references, whatever its fleet."""
+    cells = [
+        _cell("short", "aggregated", 20.0, 6.4, 1500.0),
+        _cell("short", "always", 40.0, 6.6, 1500.0),
+        _cell("short", "prefix", 30.0, 6.9, 1500.0),
+        _cell("short", "declined", 21.0, 6.4, 1500.0),
+        _cell("short", "symmetric-dedicated", 22.0, 7.0, 1500.0),  # ITL worse than both
+    ]
+    d = derive(cells)
+    assert d["never_worse_than_both"] == {
+        "prefix": True,
+        "declined": True,
+        "symmetric-dedicated": True,  # 6% is within the tolerance, but named below
+    }
+    assert d["verdicts"]["declined"]["short"]["worst_margin"] <= 0
+    assert {w["mode"] for w in d["prefix_worse_than_both"]} == {"prefix", "symmetric-dedicated"}
+    assert d["ratios_to_aggregated"]["short"]["declined"]["ttft_mean_ms"] == 1.05

@@ -79,7 +79,7 @@ EXPECTED: dict[str, set[str]] = {
     },
     "latency-slo-admitter": set(),
     # llm-d-router's P/D plugins (docs/pd-disaggregation.md)
-    "disagg-profile-handler": {"stageOrder", "profiles", "deciders"},
+    "disagg-profile-handler": {"stageOrder", "profiles", "deciders", "declinedProfile"},
     "pd-profile-handler": {
         "decodeProfile",
         "prefillProfile",
@@ -91,7 +91,7 @@ EXPECTED: dict[str, set[str]] = {
     },
     "disagg-headers-handler": {"prefillProfile", "encodeProfile"},
     "prefill-header-handler": {"prefillProfile", "encodeProfile"},
-    "prefix-based-pd-decider": {"nonCachedTokens", "promptTokens"},
+    "prefix-based-pd-decider": {"nonCachedTokens", "promptTokens", "dedicatedDecodeOnly"},
     "always-disagg-pd-decider": set(),
     "always-disagg-multimodal-decider": set(),
     "decode-filter": set(),

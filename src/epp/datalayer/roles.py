@@ -32,6 +32,11 @@ _DECODE_ONLY: Final = frozenset({DECODE, ""})
 _INTERLEAVED: Final = frozenset({PREFILL_DECODE, BOTH, ENCODE_PREFILL_DECODE})
 
 
+def serves_prefill(endpoint: Endpoint) -> bool:
+    """Whether ``prefill-filter`` keeps ``endpoint`` (a labelled prefill role; unlabelled pods do not)."""
+    return endpoint.metadata.labels.get(ROLE_LABEL, "") in PREFILL_VALUES
+
+
 def partition(endpoints: Sequence[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]] | None:
     """(prefill, decode) endpoints for per-stage saturation, or None when no endpoint has a
     prefill role (then the whole pool is the decode stage and nothing needs splitting).

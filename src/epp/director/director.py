@@ -474,6 +474,8 @@ def _disagg_attributes(d: DisaggDecision) -> dict[str, Any]:
         spans.ATTR_PD_REASON: d.reason,
         spans.ATTR_PROFILE_HANDLER_DECISION: f"complete_{d.decision_type}",
     }
+    if d.declined_profile:
+        attrs[spans.ATTR_PD_DECLINED_PROFILE] = d.declined_profile
     if d.prefill:
         host, _, port = d.prefill.rpartition(":")
         attrs[spans.ATTR_PD_PREFILL_ADDRESS] = host.strip("[]")

@@ -197,7 +197,12 @@ def to_json(d: Decision) -> dict[str, Any]:
         "primaryProfile": d.primary_profile,
         "disagg": None
         if d.disagg is None
-        else {"decisionType": d.disagg.decision_type, "reason": d.disagg.reason, "prefill": d.disagg.prefill},
+        else {
+            "decisionType": d.disagg.decision_type,
+            "reason": d.disagg.reason,
+            "prefill": d.disagg.prefill,
+            "declinedProfile": d.disagg.declined_profile,
+        },
         "destination": d.destination,
         "outcome": d.outcome,
         "reason": d.reason,

@@ -13,6 +13,10 @@ saturation per stage (``prefill``, ``decode``, ``effective``), set by the flow c
 Decision types are llm-d's four plus ``prefill-unavailable``: the decider asked for a
 prefill leg and the prefill profile found no endpoint, so the request failed (this EPP fails
 closed; llm-d-router before PR #2521 ran such requests decode-only).
+
+``epp_pd_declined_total{plugin_name, model_name, profile}`` is ours: it counts only handlers with
+a ``declinedProfile`` and says which profile's pick served each declined request (the declined
+profile, or the decode profile when the declined one found no endpoint).
 """
 
 from __future__ import annotations
@@ -49,6 +53,13 @@ SCHEDULER_PD_DECISION_TOTAL: Final = Counter(
     "[ALPHA] [Deprecated: Use llm_d_epp_pd_decision_total] Total number of P/D disaggregation decisions made",
     ("model_name", "decision_type"), registry=REGISTRY,
 )  # fmt: skip
+# ours (llm-d-router has no declinedProfile): which profile served the requests the decider declined
+DECLINED_TOTAL: Final = Counter(
+    "epp_pd_declined",
+    "Requests the prefill decider declined, by the scheduling profile whose pick served them whole "
+    "(the decode profile, or the handler's declinedProfile).",
+    ("plugin_name", "model_name", "profile"), registry=REGISTRY,
+)  # fmt: skip
 FC_POOL_STAGE_SATURATION: Final = Gauge(
     "llm_d_epp_flow_control_pool_saturation",
     "[ALPHA] Current saturation level of the inference pool as seen by flow control, per stage.",
@@ -75,3 +86,8 @@ def record_decision(plugin_name: str, plugin_type: str, model: str, decision: st
     if pd:
         PD_DECISION_TOTAL.labels(plugin_name, plugin_type, model, decision).inc()
         SCHEDULER_PD_DECISION_TOTAL.labels(model, decision).inc()
+
+
+def record_declined(plugin_name: str, model: str, profile: str) -> None:
+    """Count one declined request served whole by ``profile``'s pick (handlers with ``declinedProfile``)."""
+    DECLINED_TOTAL.labels(plugin_name, model or "unknown", profile).inc()

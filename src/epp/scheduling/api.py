@@ -72,6 +72,8 @@ class DisaggDecision:
     not used (``disaggregated``, ``decider_declined``, ``no_prefill_decider``,
     ``no_prefill_profile``); ``prefill`` is the prefill target's ``ip:port`` or "".
     Response-side plugins read ``prefill_profile`` to know which result is the prefill leg.
+    ``declined_profile`` names the profile that served a declined request whole in place of
+    the decode pick (the handler's ``declinedProfile``, this project's extension), else "".
     """
 
     decision_type: str
@@ -79,6 +81,7 @@ class DisaggDecision:
     prefill_profile: str
     encode_profile: str
     prefill: str = ""
+    declined_profile: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,9 @@ class SchedulingPlan:
         if bind is not None:
             try:
                 bind(plugins.get)
+                check = getattr(handler, "check_profiles", None)  # handlers that name profiles
+                if check is not None:
+                    check([name for name, _ in self.profiles])
             except (ValueError, TypeError) as e:
                 raise ConfigError(f"plugins ({label(handler)}): {e}") from None
         built = [self._profile(name, refs, plugins) for name, refs in self.profiles]

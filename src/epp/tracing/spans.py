@@ -64,3 +64,6 @@ ATTR_PD_PREFILL_ADDRESS: Final = "llm_d.epp.pd.prefill_pod_address"
 ATTR_PD_PREFILL_PORT: Final = "llm_d.epp.pd.prefill_pod_port"
 ATTR_PD_REASON: Final = "llm_d.epp.pd.reason"
 ATTR_PROFILE_HANDLER_DECISION: Final = "llm_d.epp.profile_handler.decision"
+ATTR_PD_DECLINED_PROFILE: Final = (
+    "epp.pd.declined_profile"  # ours: the profile that served a declined request
+)

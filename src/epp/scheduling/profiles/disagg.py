@@ -12,6 +12,16 @@ the prefill stage was chosen but its profile found no endpoint, the request fail
 and the dropped reason ``prefill_unavailable``, counted as decision ``prefill-unavailable``;
 a decider that declined is counted ``decode-only``.
 
+``declinedProfile`` (this project's extension, not llm-d-router's): a scheduling profile that
+serves a request whole when the prefill decider declined it, instead of the decode pick.  On a
+fleet of dedicated prefill and decode pods it lets a declined request run on any pod able to
+serve a whole request (a prefill vLLM with ``kv_role: kv_both`` on the pool port is one), not
+only on the decode pods while the prefill pods idle.  The decider still sees the decode pick;
+the declined profile's pick becomes the primary (and only) result, so load and prefix
+accounting follow the pod that really serves it.  It is not llm-d-router PR #2638's
+``profiles.fallback`` (an availability fallback when no decode or required prefill endpoint
+exists, which a declined prefill stage does not trigger); the fail-closed 503 is unchanged.
+
 PreRequest writes ``x-prefiller-host-port: <ip>:<port>`` (IPv6 bracketed) of the prefill pick
 for the decode-side proxy, and ``x-encoder-hosts-ports`` for encode picks; a client's value of
 either header is always stripped first, so a client can never choose a prefiller.
@@ -54,6 +64,7 @@ DISAGGREGATED: Final = "disaggregated"
 DECIDER_DECLINED: Final = "decider_declined"
 NO_PREFILL_DECIDER: Final = "no_prefill_decider"
 NO_PREFILL_PROFILE: Final = "no_prefill_profile"
+DECLINED_PROFILE_EMPTY: Final = "declined_profile_empty"  # declinedProfile found nothing: decode pick serves
 
 # legacy flat name -> (nested section, key), in llm-d's order of precedence
 _LEGACY: Final = {
@@ -103,6 +114,8 @@ class DisaggParams(PluginParams):
     stage_order: str = DECODE_FIRST
     profiles: ProfileNames = Field(default_factory=ProfileNames)
     deciders: DeciderNames = Field(default_factory=DeciderNames)
+    # ours: the profile that serves a declined request whole ("" = the decode pick serves it)
+    declined_profile: str = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -139,6 +152,30 @@ class DisaggParams(PluginParams):
             )
         return v
 
+    @model_validator(mode="after")
+    def _declined_profile(self) -> DisaggParams:
+        name = self.declined_profile
+        if not name:
+            return self
+        if self.stage_order == PREFILL_FIRST:
+            raise ValueError(
+                f"declinedProfile is not supported in {PREFILL_FIRST} stage order (declinedProfile)"
+            )
+        if not self.deciders.prefill:
+            raise ValueError("declinedProfile needs a prefill decider (deciders.prefill) (declinedProfile)")
+        stages = {
+            "decode": self.profiles.decode,
+            "prefill": self.profiles.prefill,
+            "encode": self.profiles.encode,
+        }
+        for stage, profile in stages.items():
+            if name == profile:
+                raise ValueError(
+                    f"declinedProfile '{name}' is the {stage} profile; it must name a profile of its own "
+                    "(declinedProfile)"
+                )
+        return self
+
 
 @dataclass(slots=True)
 class _Stages:
@@ -147,6 +184,7 @@ class _Stages:
     encode: bool | None = None  # None: not decided yet; False: declined
     prefill: bool | None = None
     reason: str = ""
+    declined_ran: bool = False  # the declined profile was scheduled
 
 
 class DisaggProfileHandler(PluginBase):
@@ -160,6 +198,8 @@ class DisaggProfileHandler(PluginBase):
     ``encodeDeciderPluginName``, ``deciderPluginName``) are read with a warning.  A profile
     that is not configured is a stage that never runs.  See the module docstring for the
     order, fail-closed rule and headers; docs/pd-disaggregation.md for the whole picture.
+    Ours: ``declinedProfile`` (decode-first only, needs ``deciders.prefill``), the profile
+    that serves a declined request whole; it must be one of the configured profiles.
     """
 
     TYPE: ClassVar[str] = "disagg-profile-handler"
@@ -172,6 +212,7 @@ class DisaggProfileHandler(PluginBase):
         self.prefill_profile = params.profiles.prefill
         self.encode_profile = params.profiles.encode
         self._decider_names = params.deciders
+        self.declined_profile = params.declined_profile
         self.pd_decider: Decider | None = None
         self.encode_decider: Decider | None = None
         self._key: StateKey[_Stages] = StateKey(f"{name}/{self.TYPE}")
@@ -189,6 +230,14 @@ class DisaggProfileHandler(PluginBase):
             if not isinstance(plugin, Decider):
                 raise TypeError(f"deciders.{field}: plugin {ref} is not a decider")
             setattr(self, "pd_decider" if field == "prefill" else "encode_decider", plugin)
+
+    def check_profiles(self, names: Sequence[str]) -> None:
+        """A ``declinedProfile`` that names no configured profile is a typo, not a disabled stage."""
+        if self.declined_profile and self.declined_profile not in names:
+            raise ValueError(
+                f"declinedProfile: scheduling profile '{self.declined_profile}' is not configured "
+                f"(have {', '.join(names)})"
+            )
 
     # ProfileHandler -------------------------------------------------------------------
     def pick_profiles(
@@ -240,6 +289,9 @@ class DisaggProfileHandler(PluginBase):
                 return (pre,)
             else:
                 st.prefill, st.reason = False, DECIDER_DECLINED
+        if self.declined_profile and st.reason == DECIDER_DECLINED and not st.declined_ran:
+            st.declined_ran = True
+            return (self.declined_profile,)
         return ()
 
     def _prefill_first(
@@ -303,17 +355,40 @@ class DisaggProfileHandler(PluginBase):
             out[self.encode_profile] = encoded
         decision = metrics.decision_type(encode_used, prefill_used)
         metrics.record_decision(name, type_, request.target_model, decision, pd=pd)
+        primary, reason, served = self.decode_profile, st.reason or NO_PREFILL_PROFILE, ""
+        if st.declined_ran:
+            primary, reason, served = self._serve_declined(out, results, request)
         return SchedulingResult(
             profile_results=out,
-            primary_profile_name=self.decode_profile,
+            primary_profile_name=primary,
             disagg=DisaggDecision(
                 decision_type=decision,
-                reason=st.reason or NO_PREFILL_PROFILE,
+                reason=reason,
                 prefill_profile=self.prefill_profile,
                 encode_profile=self.encode_profile,
                 prefill=prefilled.target_endpoints[0].hostport if prefilled is not None else "",
+                declined_profile=served,
             ),
         )
+
+    def _serve_declined(
+        self,
+        out: dict[str, ProfileRunResult | None],
+        results: Mapping[str, ProfileRunResult | None],
+        request: InferenceRequest,
+    ) -> tuple[str, str, str]:
+        """The declined profile's pick replaces the decode pick (the only result, so load and
+        prefix accounting land on the pod that serves the request); if it found nothing the
+        decode pick serves it, as without ``declinedProfile``."""
+        whole = results.get(self.declined_profile)
+        model = request.target_model
+        if whole is None or not whole.target_endpoints:
+            metrics.record_declined(self.typed_name.name, model, self.decode_profile)
+            return self.decode_profile, DECLINED_PROFILE_EMPTY, ""
+        del out[self.decode_profile]
+        out[self.declined_profile] = whole
+        metrics.record_declined(self.typed_name.name, model, self.declined_profile)
+        return self.declined_profile, DECIDER_DECLINED, self.declined_profile
 
     # PreRequest -------------------------------------------------------------------------
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
