@@ -306,6 +306,9 @@ async def run_levels(
                     k += 1
                 log(f"  level {level}: {rate}/s sent")
             await asyncio.gather(*tasks)
+    if trace:  # the client's side of the traced run, for matching with the EPP's rows offline
+        with trace.with_suffix(".client.jsonl").open("wb") as f:
+            f.writelines(orjson.dumps(r) + b"\n" for r in records)
     return {
         "config": str(config.relative_to(ROOT)) if config else "envoy round robin",
         "learner": learner,
@@ -370,6 +373,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--no-goodput", action="store_true")
+    ap.add_argument(
+        "--accuracy-routers",
+        default="predictor",
+        help="accuracy: the configs whose predictions are measured, of predictor,predictor-gie-least,"
+        "predictor-max-score (GIE's least packs load up to the SLO: the most queueing)",
+    )
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="accuracy: EPP_LATENCY_TRACE file (+ .client.jsonl), for bench.latency_replay",
+    )
     ap.add_argument("--result-name", default="latency", help="bench/results/<name>.json")
     args = ap.parse_args(argv)
     seconds = args.seconds or (8.0 if args.quick else 12.0)
@@ -386,9 +401,14 @@ def main(argv: list[str] | None = None) -> int:
     log(f"training: {training}")
 
     accuracy = []
-    for learner in [] if args.no_accuracy else learners:  # the median model: MdAPE is its metric
-        log(f"accuracy, learner {learner}, quantile 0.5, rates {rates}, {seconds}s each")
-        res = asyncio.run(run_levels(PREDICTOR_CONFIG, rates, seconds, learner, 0.5))
+    cells = [(r, lr) for r in args.accuracy_routers.split(",") for lr in learners]
+    for router, learner in [] if args.no_accuracy else cells:  # the median model: MdAPE is its metric
+        log(f"accuracy, {router}, learner {learner}, quantile 0.5, rates {rates}, {seconds}s each")
+        config = ROUTERS[router]
+        assert config is not None, "accuracy needs an EPP with the predictor"
+        trace = args.trace.with_name(f"{args.trace.stem}-{router}.jsonl") if args.trace else None
+        res = asyncio.run(run_levels(config, rates, seconds, learner, 0.5, trace))
+        res["router"] = router
         for lv in res["levels"]:
             log(f"  {lv}")
         accuracy.append(res)
@@ -419,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "met": training["cpu_share_of_one_core_pct"] <= 5.0,
     }
     if accuracy:
-        worst = max(lv["ttft_mdape_pct"] or math.inf for lv in accuracy[0]["levels"])
+        worst = max(lv["ttft_mdape_pct"] or math.inf for run in accuracy for lv in run["levels"])
         goals["ttft_mdape_pct_worst_level"] = {"goal": 20.0, "value": worst, "met": worst <= 20.0}
     if goodput and "predictor" in goodput_runs:
         knee = next((g for g in goodput if 100 - g["default"]["slo_met_pct"] >= KNEE_MISS_PCT), None)
