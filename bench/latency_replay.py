@@ -124,6 +124,7 @@ def rebuild(x: FloatArray, clock: StepClock, now: float) -> FloatArray:
     rows: FloatArray = features(
         one([x[1]]), one([x[3]]), one([x[4]]), one([x[5]]), one([1000.0 * x[6]]), one([x[9]]), 1000.0 * x[7],
         one([1000.0 * (x[12] - x[8])]), one([clock.current]), one([clock.queued]), one([clock.elapsed(now)]),
+        one([clock.rate]),
     )  # fmt: skip
     return np.asarray(rows[0], dtype=np.float64)
 

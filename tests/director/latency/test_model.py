@@ -273,12 +273,25 @@ def test_huber_is_not_pulled_by_a_few_gross_errors() -> None:
 
 
 def test_step_columns() -> None:
-    """The step columns: tokens in the running step, queued + own uncached (and its log), elapsed capped."""
-    x = features(np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2), np.array([0.5, 0.0]), 1000.0,
-                 np.array([0.0, 3000.0]), np.array([0.0, 2000.0]), np.array([0.0, 1000.0]),
-                 np.array([0.0, 60.0]))  # fmt: skip
-    names = ("step_current_k", "step_ahead_k", "step_elapsed_s", "log_step_ahead")
+    """The step columns: tokens in the running step, queued + own uncached (and its log), elapsed
+    capped at 5 s and at the running step's length at the recent prefill rate; the KV-full hinge."""
+    x = features(np.array([0.5, 0.95]), np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2), np.array([0.5, 0.0]),
+                 1000.0, np.array([0.0, 3000.0]), np.array([0.0, 2000.0]), np.array([0.0, 1000.0]),
+                 np.array([0.0, 60.0]), np.array([0.0, 10_000.0]))  # fmt: skip
+    names = ("step_current_k", "step_ahead_k", "step_elapsed_s", "log_step_ahead", "step_elapsed_capped_s")
     cols = [FEATURE_NAMES.index(n) for n in names]
-    assert x[0, cols].tolist() == pytest.approx([0.0, 0.5, 0.0, float(np.log(0.55))])
-    assert x[1, cols].tolist() == pytest.approx([2.0, 2.0, 5.0, float(np.log(2.05))])
+    assert x[0, cols].tolist() == pytest.approx([0.0, 0.5, 0.0, float(np.log(0.55)), 0.0])
+    # 2000 tokens at 10k tokens/s: the running step should have ended after 0.2 s
+    assert x[1, cols].tolist() == pytest.approx([2.0, 2.0, 5.0, float(np.log(2.05)), 0.2])
+    full = [
+        FEATURE_NAMES.index(n)
+        for n in ("kv_full", "kv_full_x_ahead_k", "kv_full_x_work_k", "kv_full_x_elapsed_s")
+    ]
+    assert x[0, full].tolist() == [0.0, 0.0, 0.0, 0.0]  # half full: below the hinge
+    assert x[1, full].tolist() == pytest.approx([0.5, 1.0, 2.0, 2.5])  # work = 3000 queued + 1000 own
+    unknown = features(np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1), 100.0,
+                       None, np.array([500.0]), np.zeros(1), np.array([0.3]), np.zeros(1))  # fmt: skip
+    assert unknown[0, FEATURE_NAMES.index("step_elapsed_capped_s")] == pytest.approx(
+        0.3
+    )  # no rate yet: uncapped
     assert len(FEATURE_NAMES) == N_FEATURES

@@ -56,3 +56,17 @@ def test_cancel_releases_tokens_without_ending_the_step() -> None:
     assert (c.pending, c.current) == (0, 0.0)
     c.dispatch(10.0, now=2.0)  # a fresh step after everything cleared
     assert (c.current, c.started) == (10.0, 2.0)
+
+
+def test_rate_is_prefill_tokens_per_busy_second() -> None:
+    c = StepClock()
+    assert c.rate == 0.0  # no history
+    a = c.dispatch(1000.0, now=100.0)
+    c.first_token(a, 1000.0, now=100.1)  # 1000 tokens in 0.1 busy s
+    assert c.rate == 0.0  # too little busy time to tell
+    t = 100.1
+    for _ in range(5):
+        s = c.dispatch(2000.0, now=t + 1.0)  # idle in between: idle time does not count
+        c.first_token(s, 2000.0, now=t + 1.2)
+        t += 1.2
+    assert c.rate == pytest.approx(10_000.0, rel=0.05)  # 2000 tokens per 0.2 busy s (and 1000 per 0.1 s)

@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 
-N_FEATURES: Final = 19
+N_FEATURES: Final = 24
 FEATURE_NAMES: Final = (
     "bias",
     "kv",
@@ -58,6 +58,11 @@ FEATURE_NAMES: Final = (
     "step_ahead_k",
     "step_elapsed_s",
     "log_step_ahead",
+    "step_elapsed_capped_s",
+    "kv_full",
+    "kv_full_x_ahead_k",
+    "kv_full_x_work_k",
+    "kv_full_x_elapsed_s",
 )
 LEARNERS: Final = ("ridge-log", "huber", "ridge-rel", "ridge")
 DEFAULT_LEARNER: Final = "huber"
@@ -67,6 +72,7 @@ HUBER_K: Final = 1.345  # Huber's threshold in robust standard deviations (95 % 
 HUBER_ITERATIONS: Final = 3  # reweighted solves after the first (each a (d x d) solve: ~0.1 ms)
 _WORK_OFFSET_K: Final = 0.05  # 50 tokens: log(work) stays finite for a fully cached prompt
 _MAX_ELAPSED_S: Final = 5.0  # a step "running" longer than this is a lost first token, not a step
+_KV_FULL: Final = 0.9  # KV-cache use from which admission waits for blocks (the hinge of the kv_full columns)
 
 
 def features(
@@ -81,6 +87,7 @@ def features(
     step_current: FloatArray | None = None,
     step_queued: FloatArray | None = None,
     step_elapsed: FloatArray | None = None,
+    prefill_rate: FloatArray | None = None,
 ) -> FloatArray:
     """The ``(n, N_FEATURES)`` feature matrix of one request over ``n`` endpoints (vectorised).
 
@@ -88,7 +95,8 @@ def features(
     dispatched there that have not produced their first token yet (the prefill queued ahead).
     ``step_current`` / ``step_queued`` / ``step_elapsed``: the same prefill split by engine step
     (``steps.StepClock``): tokens in the step running now, tokens waiting for the next one (which
-    this request joins), and the seconds the running step has been going.
+    this request joins), and the seconds the running step has been going; ``prefill_rate``: the
+    endpoint's recent prefill tokens per busy second (``StepClock.rate``, 0 when unknown).
     """
     n = kv.shape[0]
     x = np.empty((n, N_FEATURES))
@@ -116,6 +124,20 @@ def features(
     x[:, 16] = ahead
     x[:, 17] = 0.0 if step_elapsed is None else np.minimum(step_elapsed, _MAX_ELAPSED_S)
     x[:, 18] = np.log(ahead + _WORK_OFFSET_K)
+    # a step cannot have run longer than its tokens take at the endpoint's recent prefill rate:
+    # past that the clock is stale (a stalled queue), and a linear "rest of the step" must not go
+    # negative
+    if prefill_rate is None:
+        x[:, 19] = x[:, 17]
+    else:
+        length = np.where(prefill_rate > 0, x[:, 15] * 1000.0 / np.maximum(prefill_rate, 1.0), np.inf)
+        x[:, 19] = np.minimum(x[:, 17], length)
+    # a full KV cache admits nothing until running requests free blocks: another regime (a hinge)
+    full = np.maximum(kv - _KV_FULL, 0.0) / (1.0 - _KV_FULL)
+    x[:, 20] = full
+    x[:, 21] = full * ahead
+    x[:, 22] = full * work
+    x[:, 23] = full * x[:, 17]
     return x
 
 

@@ -21,11 +21,17 @@ never go negative and everything clears when nothing is pending.
 
 from __future__ import annotations
 
+import math
+from typing import Final
+
+RATE_WINDOW_S: Final = 2.0  # the prefill rate's memory (exponential decay)
+_MIN_BUSY_S: Final = 0.2
+
 
 class StepClock:
     """One endpoint's pending prefill, split into the running step and the one queued behind it."""
 
-    __slots__ = ("_tokens", "current", "epoch", "pending", "queued", "started")
+    __slots__ = ("_busy", "_done", "_last", "_tokens", "current", "epoch", "pending", "queued", "started")
 
     def __init__(self) -> None:
         self.epoch = 0  # the running step's number; the queued step is epoch + 1
@@ -34,9 +40,25 @@ class StepClock:
         self.current = 0.0  # prefill tokens in the running step
         self.queued = 0.0  # prefill tokens waiting for the next step
         self._tokens: dict[int, float] = {}  # per step number; older numbers are stragglers
+        self._busy = 0.0  # seconds with prefill of ours pending, decayed (RATE_WINDOW_S)
+        self._done = 0.0  # prefill tokens that reached their first token, decayed alike
+        self._last = 0.0  # the last event
+
+    @property
+    def rate(self) -> float:
+        """Prefill tokens per busy second lately (0 before a second of history): what drains the queue."""
+        return self._done / self._busy if self._busy > _MIN_BUSY_S else 0.0
+
+    def _tick(self, now: float) -> None:
+        gap = max(now - self._last, 0.0) if self._last else 0.0
+        keep = math.exp(-gap / RATE_WINDOW_S)
+        self._busy = self._busy * keep + (gap if self.pending else 0.0)
+        self._done *= keep
+        self._last = now
 
     def dispatch(self, tokens: float, now: float) -> int:
         """A request with ``tokens`` uncached prompt tokens was sent; returns its step number."""
+        self._tick(now)
         if self.pending == 0:
             self.started = now
             step = self.epoch
@@ -49,6 +71,8 @@ class StepClock:
 
     def first_token(self, step: int, tokens: float, now: float) -> None:
         """The request sent in step ``step`` got its first token: that step ended ``now``."""
+        self._tick(now)
+        self._done += tokens
         self.cancel(step, tokens)
         if self.pending and step >= self.epoch:  # the running (or queued) step ended: the next starts
             self.epoch = step + 1

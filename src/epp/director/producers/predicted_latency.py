@@ -289,12 +289,13 @@ class PredictedLatencyProducer(PluginBase):
                 [c.steps.current for c in load],
                 [c.steps.queued for c in load],
                 [c.steps.started for c in load],
+                [c.steps.rate for c in load],
             ],
             dtype=np.float64,
         )
         running_for = np.where(cols[7] > 0, time.monotonic() - cols[9], 0.0)  # the running step, s
         x = features(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], float(ctx.tokens_in), cols[6],
-                     cols[7], cols[8], running_for)  # fmt: skip
+                     cols[7], cols[8], running_for, cols[10])  # fmt: skip
         ctx.x = x
         if not self.params.predict_in_prepare_data:
             return
