@@ -31,7 +31,18 @@ _MIN_BUSY_S: Final = 0.2
 class StepClock:
     """One endpoint's pending prefill, split into the running step and the one queued behind it."""
 
-    __slots__ = ("_busy", "_done", "_last", "_tokens", "current", "epoch", "pending", "queued", "started")
+    __slots__ = (
+        "_busy",
+        "_done",
+        "_last",
+        "_tokens",
+        "current",
+        "epoch",
+        "pending",
+        "queued",
+        "rate",
+        "started",
+    )
 
     def __init__(self) -> None:
         self.epoch = 0  # the running step's number; the queued step is epoch + 1
@@ -43,11 +54,7 @@ class StepClock:
         self._busy = 0.0  # seconds with prefill of ours pending, decayed (RATE_WINDOW_S)
         self._done = 0.0  # prefill tokens that reached their first token, decayed alike
         self._last = 0.0  # the last event
-
-    @property
-    def rate(self) -> float:
-        """Prefill tokens per busy second lately (0 before a second of history): what drains the queue."""
-        return self._done / self._busy if self._busy > _MIN_BUSY_S else 0.0
+        self.rate = 0.0  # prefill tokens per busy second lately; 0 before _MIN_BUSY_S of history
 
     def _tick(self, now: float) -> None:
         gap = max(now - self._last, 0.0) if self._last else 0.0
@@ -55,6 +62,7 @@ class StepClock:
         self._busy = self._busy * keep + (gap if self.pending else 0.0)
         self._done *= keep
         self._last = now
+        self.rate = self._done / self._busy if self._busy > _MIN_BUSY_S else 0.0
 
     def dispatch(self, tokens: float, now: float) -> int:
         """A request with ``tokens`` uncached prompt tokens was sent; returns its step number."""
@@ -73,6 +81,7 @@ class StepClock:
         """The request sent in step ``step`` got its first token: that step ended ``now``."""
         self._tick(now)
         self._done += tokens
+        self.rate = self._done / self._busy if self._busy > _MIN_BUSY_S else 0.0
         self.cancel(step, tokens)
         if self.pending and step >= self.epoch:  # the running (or queued) step ended: the next starts
             self.epoch = step + 1

@@ -277,6 +277,7 @@ class PredictedLatencyProducer(PluginBase):
         ctx.endpoints = endpoints
         metrics = [ep.metrics for ep in endpoints]
         load = [counters.get(ep.metadata.name, _IDLE) for ep in endpoints]
+        steps = [c.steps for c in load]
         cols = np.array(
             [
                 [m.kv_cache_usage_percent for m in metrics],
@@ -286,10 +287,10 @@ class PredictedLatencyProducer(PluginBase):
                 [c.tokens for c in load],
                 [_fraction(prefix.get(ep)) for ep in endpoints] if prefix else [0.0] * n,
                 [c.prefill for c in load],
-                [c.steps.current for c in load],
-                [c.steps.queued for c in load],
-                [c.steps.started for c in load],
-                [c.steps.rate for c in load],
+                [s.current for s in steps],
+                [s.queued for s in steps],
+                [s.started for s in steps],
+                [s.rate for s in steps],
             ],
             dtype=np.float64,
         )
