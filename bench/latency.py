@@ -1,6 +1,7 @@
 """The in-process latency predictor: prediction cost, training CPU, accuracy and goodput on the simulator.
 
-    python -m bench.latency [--quick] [--learners ridge-log,ridge,ridge-rel] [--no-accuracy] [--no-goodput]
+    python -m bench.latency [--quick] [--learners huber,ridge-log,ridge,ridge-rel] [--no-accuracy]
+        [--no-goodput] [--accuracy-routers predictor,predictor-gie-least] [--trace /tmp/t.jsonl]
 
 1. **Prediction cost** (in process): ``predicted-latency-producer``'s PrepareData (feature
    matrix, one matrix product, a ``LatencyPredictionInfo`` per candidate) and the bare model
@@ -15,7 +16,10 @@
    (``x-epp-predicted-ttft-ms``); the client measures TTFT (send to first content event).
    Per level, the MdAPE (and the median signed error) of TTFT after the level's first quarter
    (warm-up); per learner (``EPP_LATENCY_LEARNER``), predicting the median
-   (``EPP_LATENCY_QUANTILE=0.5``).
+   (``EPP_LATENCY_QUANTILE=0.5``); per router of ``--accuracy-routers`` (the predictor config,
+   GIE's ``least`` variant: it packs load, the hardest case).  ``--trace F`` records the EPP's
+   training rows (``EPP_LATENCY_TRACE``) and the client's requests next to them, for
+   ``python -m bench.latency_replay``.
 4. **Goodput**: half the requests (a seeded draw) carry a TTFT SLO; per rate, how many of them
    met it, TTFT percentiles and output tokens, for the default config (config/default.yaml),
    the predictor config (p90 model, ``most``), GIE's predictor config unchanged
