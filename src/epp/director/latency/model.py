@@ -11,17 +11,21 @@ the model lives in the EPP process:
   and the **prefill work ahead**: the uncached prompt tokens this EPP sent to the endpoint
   whose first token it has not seen yet, plus this request's own.  TTFT is roughly that work
   divided by the endpoint's prefill throughput, so it is the feature that keeps queueing
-  linear for the learner (``work``, ``log work``, ``running x work``).
+  linear for the learner (``work``, ``log work``, ``running x work``).  The same prefill split
+  by **engine step** (``steps.StepClock``): the running step's tokens and how long it has run,
+  the tokens queued for the next step (which this request joins); and a hinge for a full KV
+  cache, where admission waits for blocks instead of steps.
 * **Prediction** is one ``(n, d) @ (d, 2)`` product for all candidates of a request: column 0
   is TTFT, column 1 TPOT (ms).  The weights are one immutable ``Fit``; training replaces the
   reference atomically, so a prediction never sees half a model.
-* **Training** is ridge regression (closed form, ``numpy.linalg.solve``) on the log of the
-  target over a bounded ring buffer of recent samples, run by ``train()`` in a worker thread
-  (``asyncio.to_thread``): the event loop only appends rows (a few µs) and swaps the reference.
-  numpy releases the GIL inside the matrix products and the solve.  With ``quantile`` != 0.5
-  the bias moves to that quantile of the training residuals (a p90 by default in the
-  producer, as GIE's predictors).  docs/latency-prediction.md
-  has the measurements behind the choice of learner.
+* **Training** is a linear model of the latency in ms fitted by reweighted ridge (``huber``:
+  relative Huber loss, a few ``numpy.linalg.solve`` of ``(d, d)``; ``ridge-log`` and others
+  for comparison) over a bounded ring buffer of recent samples, run by ``train()`` in a worker
+  thread (``asyncio.to_thread``): the event loop only appends rows (a few µs) and swaps the
+  reference.  numpy releases the GIL inside the matrix products and the solves.  With
+  ``quantile`` != 0.5 the predictions are scaled by that quantile of actual / fitted (a p90 by
+  default in the producer, as GIE's predictors).  docs/latency-prediction.md has the
+  measurements behind the features and the choice of learner.
 """
 
 from __future__ import annotations
