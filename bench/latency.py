@@ -1,6 +1,7 @@
 """The in-process latency predictor: prediction cost, training CPU, accuracy and goodput on the simulator.
 
-    python -m bench.latency [--quick] [--learners ridge-log,ridge,ridge-rel] [--no-accuracy] [--no-goodput]
+    python -m bench.latency [--quick] [--learners huber,ridge-log,ridge,ridge-rel] [--no-accuracy]
+        [--no-goodput] [--accuracy-routers predictor,predictor-gie-least] [--trace /tmp/t.jsonl]
 
 1. **Prediction cost** (in process): ``predicted-latency-producer``'s PrepareData (feature
    matrix, one matrix product, a ``LatencyPredictionInfo`` per candidate) and the bare model
@@ -15,7 +16,10 @@
    (``x-epp-predicted-ttft-ms``); the client measures TTFT (send to first content event).
    Per level, the MdAPE (and the median signed error) of TTFT after the level's first quarter
    (warm-up); per learner (``EPP_LATENCY_LEARNER``), predicting the median
-   (``EPP_LATENCY_QUANTILE=0.5``).
+   (``EPP_LATENCY_QUANTILE=0.5``); per router of ``--accuracy-routers`` (the predictor config,
+   GIE's ``least`` variant: it packs load, the hardest case).  ``--trace F`` records the EPP's
+   training rows (``EPP_LATENCY_TRACE``) and the client's requests next to them, for
+   ``python -m bench.latency_replay``.
 4. **Goodput**: half the requests (a seeded draw) carry a TTFT SLO; per rate, how many of them
    met it, TTFT percentiles and output tokens, for the default config (config/default.yaml),
    the predictor config (p90 model, ``most``), GIE's predictor config unchanged
@@ -306,6 +310,9 @@ async def run_levels(
                     k += 1
                 log(f"  level {level}: {rate}/s sent")
             await asyncio.gather(*tasks)
+    if trace:  # the client's side of the traced run, for matching with the EPP's rows offline
+        with trace.with_suffix(".client.jsonl").open("wb") as f:
+            f.writelines(orjson.dumps(r) + b"\n" for r in records)
     return {
         "config": str(config.relative_to(ROOT)) if config else "envoy round robin",
         "learner": learner,
@@ -370,6 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--no-goodput", action="store_true")
+    ap.add_argument(
+        "--accuracy-routers",
+        default="predictor",
+        help="accuracy: the configs whose predictions are measured, of predictor,predictor-gie-least,"
+        "predictor-max-score (GIE's least packs load up to the SLO: the most queueing)",
+    )
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="accuracy: EPP_LATENCY_TRACE file (+ .client.jsonl), for bench.latency_replay",
+    )
     ap.add_argument("--result-name", default="latency", help="bench/results/<name>.json")
     args = ap.parse_args(argv)
     seconds = args.seconds or (8.0 if args.quick else 12.0)
@@ -386,9 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     log(f"training: {training}")
 
     accuracy = []
-    for learner in [] if args.no_accuracy else learners:  # the median model: MdAPE is its metric
-        log(f"accuracy, learner {learner}, quantile 0.5, rates {rates}, {seconds}s each")
-        res = asyncio.run(run_levels(PREDICTOR_CONFIG, rates, seconds, learner, 0.5))
+    cells = [(r, lr) for r in args.accuracy_routers.split(",") for lr in learners]
+    for router, learner in [] if args.no_accuracy else cells:  # the median model: MdAPE is its metric
+        log(f"accuracy, {router}, learner {learner}, quantile 0.5, rates {rates}, {seconds}s each")
+        config = ROUTERS[router]
+        assert config is not None, "accuracy needs an EPP with the predictor"
+        trace = args.trace.with_name(f"{args.trace.stem}-{router}.jsonl") if args.trace else None
+        res = asyncio.run(run_levels(config, rates, seconds, learner, 0.5, trace))
+        res["router"] = router
         for lv in res["levels"]:
             log(f"  {lv}")
         accuracy.append(res)
@@ -419,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         "met": training["cpu_share_of_one_core_pct"] <= 5.0,
     }
     if accuracy:
-        worst = max(lv["ttft_mdape_pct"] or math.inf for lv in accuracy[0]["levels"])
+        worst = max(lv["ttft_mdape_pct"] or math.inf for run in accuracy for lv in run["levels"])
         goals["ttft_mdape_pct_worst_level"] = {"goal": 20.0, "value": worst, "met": worst <= 20.0}
     if goodput and "predictor" in goodput_runs:
         knee = next((g for g in goodput if 100 - g["default"]["slo_met_pct"] >= KNEE_MISS_PCT), None)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH, PLOTS, log, read_result
+from bench.report.latency_accuracy import latency_accuracy_section
 from bench.report.long_prompts import long_prompts_section
 from bench.report.micro import micro_section
 from bench.report.overhead import overhead_section
@@ -52,6 +53,10 @@ def build() -> Path:
             lines += fn(data)
         except (KeyError, TypeError, ValueError) as e:
             lines += [f"## {name}", "", f"*Could not render bench/results/{name}.json: {e!r}.*", ""]
+    try:
+        lines += latency_accuracy_section()
+    except (KeyError, TypeError, ValueError) as e:
+        lines += ["## Latency predictor: TTFT accuracy", "", f"*Could not render: {e!r}.*", ""]
     try:
         lines += micro_section(res)
     except (KeyError, TypeError, ValueError) as e:

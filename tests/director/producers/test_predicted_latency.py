@@ -12,7 +12,7 @@ from epp.config.load import load_config
 from epp.config.registry import default_registry
 from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
 from epp.director.api import DataProducer, PreRequest, ResponseBodyProcessor, ResponseCompleteProcessor
-from epp.director.latency.model import MIN_SAMPLES
+from epp.director.latency.model import FEATURE_NAMES, MIN_SAMPLES
 from epp.director.producers.predicted_latency import PredictedLatencyProducer, make_info
 from epp.metrics import series
 from epp.plugin.base import Lifecycle
@@ -246,3 +246,39 @@ def test_latency_scorer_alone_auto_creates_the_producer() -> None:
     components = build_config(load_config(text), default_registry())
     types = [p.typed_name.type for p in components.producers]
     assert types == ["approx-prefix-cache-producer", "predicted-latency-producer"]
+
+
+def test_step_columns_follow_dispatches_and_first_tokens() -> None:
+    """A request sent to an idle endpoint runs at once (the running step); the next one waits behind it
+    (queued) until the first one's first token, when it becomes the running step."""
+    p = build(PredictedLatencyProducer)
+    eps = [endpoint(0), endpoint(1)]
+    cur, ahead, elapsed, own = (FEATURE_NAMES.index(n) for n in ("step_current_k", "step_ahead_k",
+                                                                  "step_elapsed_s", "uncached_tokens_k"))  # fmt: skip
+
+    def steps(ep: int = 0) -> tuple[float, float, float]:
+        s = CycleState()
+        p.prepare(s, req(400), eps)
+        ctx = s.get(p._key)
+        assert ctx is not None and ctx.x is not None
+        row = ctx.x[ep]
+        return float(row[cur]), float(row[ahead] - row[own]), float(row[elapsed])
+
+    def send(size: int) -> tuple[CycleState, InferenceRequest]:
+        s, r = CycleState(), req(size)
+        p.prepare(s, r, eps)
+        p.pre_request(s, r, result(eps[0]))
+        return s, r
+
+    sa, a = send(4000)  # 1000 tokens
+    running, queued, since = steps()
+    assert (running, queued) == pytest.approx((1.0, 0.0)) and since >= 0.0
+    sb, b = send(2000)  # 500 tokens, behind a
+    assert steps()[:2] == pytest.approx((1.0, 0.5))
+    assert steps(1) == (0.0, 0.0, 0.0)  # the other endpoint is idle
+    resp = ResponseInfo(request_id="a", streaming=True)
+    resp.first_chunk_at = time.monotonic()
+    p.response_body(sa, a, resp, b'data: {"x": 1}\n\n', eps[0])  # a's step ended: b runs now
+    assert steps()[:2] == pytest.approx((0.5, 0.0))
+    p.response_complete(sb, b, ResponseInfo(request_id="b"), eps[0])  # b failed without a token
+    assert steps() == (0.0, 0.0, 0.0)

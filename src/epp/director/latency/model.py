@@ -11,17 +11,21 @@ the model lives in the EPP process:
   and the **prefill work ahead**: the uncached prompt tokens this EPP sent to the endpoint
   whose first token it has not seen yet, plus this request's own.  TTFT is roughly that work
   divided by the endpoint's prefill throughput, so it is the feature that keeps queueing
-  linear for the learner (``work``, ``log work``, ``running x work``).
+  linear for the learner (``work``, ``log work``, ``running x work``).  The same prefill split
+  by **engine step** (``steps.StepClock``): the running step's tokens and how long it has run,
+  the tokens queued for the next step (which this request joins); and a hinge for a full KV
+  cache, where admission waits for blocks instead of steps.
 * **Prediction** is one ``(n, d) @ (d, 2)`` product for all candidates of a request: column 0
   is TTFT, column 1 TPOT (ms).  The weights are one immutable ``Fit``; training replaces the
   reference atomically, so a prediction never sees half a model.
-* **Training** is ridge regression (closed form, ``numpy.linalg.solve``) on the log of the
-  target over a bounded ring buffer of recent samples, run by ``train()`` in a worker thread
-  (``asyncio.to_thread``): the event loop only appends rows (a few µs) and swaps the reference.
-  numpy releases the GIL inside the matrix products and the solve.  With ``quantile`` != 0.5
-  the bias moves to that quantile of the training residuals (a p90 by default in the
-  producer, as GIE's predictors).  docs/latency-prediction.md
-  has the measurements behind the choice of learner.
+* **Training** is a linear model of the latency in ms fitted by reweighted ridge (``huber``:
+  relative Huber loss, a few ``numpy.linalg.solve`` of ``(d, d)``; ``ridge-log`` and others
+  for comparison) over a bounded ring buffer of recent samples, run by ``train()`` in a worker
+  thread (``asyncio.to_thread``): the event loop only appends rows (a few µs) and swaps the
+  reference.  numpy releases the GIL inside the matrix products and the solves.  With
+  ``quantile`` != 0.5 the predictions are scaled by that quantile of actual / fitted (a p90 by
+  default in the producer, as GIE's predictors).  docs/latency-prediction.md has the
+  measurements behind the features and the choice of learner.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 
-N_FEATURES: Final = 15
+N_FEATURES: Final = 24
 FEATURE_NAMES: Final = (
     "bias",
     "kv",
@@ -54,12 +58,25 @@ FEATURE_NAMES: Final = (
     "work_k",
     "log_work",
     "running_x_work_k",
+    "step_current_k",
+    "step_ahead_k",
+    "step_elapsed_s",
+    "log_step_ahead",
+    "step_elapsed_capped_s",
+    "kv_full",
+    "kv_full_x_ahead_k",
+    "kv_full_x_work_k",
+    "kv_full_x_elapsed_s",
 )
-LEARNERS: Final = ("ridge-log", "ridge-rel", "ridge")
-DEFAULT_LEARNER: Final = "ridge-log"
+LEARNERS: Final = ("ridge-log", "huber", "ridge-rel", "ridge")
+DEFAULT_LEARNER: Final = "huber"
 MIN_SAMPLES: Final = 16  # a dimension's prediction is valid once its model saw this many samples
 _FLOOR_MS: Final = 0.01  # targets are clamped here before the log
+HUBER_K: Final = 1.345  # Huber's threshold in robust standard deviations (95 % efficiency for normal errors)
+HUBER_ITERATIONS: Final = 3  # reweighted solves after the first (each a (d x d) solve: ~0.1 ms)
 _WORK_OFFSET_K: Final = 0.05  # 50 tokens: log(work) stays finite for a fully cached prompt
+_MAX_ELAPSED_S: Final = 5.0  # a step "running" longer than this is a lost first token, not a step
+_KV_FULL: Final = 0.9  # KV-cache use from which admission waits for blocks (the hinge of the kv_full columns)
 
 
 def features(
@@ -71,11 +88,19 @@ def features(
     prefix_fraction: FloatArray,
     input_tokens: float,
     queued_prefill_tokens: FloatArray | None = None,
+    step_current: FloatArray | None = None,
+    step_queued: FloatArray | None = None,
+    step_elapsed: FloatArray | None = None,
+    prefill_rate: FloatArray | None = None,
 ) -> FloatArray:
     """The ``(n, N_FEATURES)`` feature matrix of one request over ``n`` endpoints (vectorised).
 
     ``queued_prefill_tokens``: per endpoint, the uncached prompt tokens of the requests this EPP
     dispatched there that have not produced their first token yet (the prefill queued ahead).
+    ``step_current`` / ``step_queued`` / ``step_elapsed``: the same prefill split by engine step
+    (``steps.StepClock``): tokens in the step running now, tokens waiting for the next one (which
+    this request joins), and the seconds the running step has been going; ``prefill_rate``: the
+    endpoint's recent prefill tokens per busy second (``StepClock.rate``, 0 when unknown).
     """
     n = kv.shape[0]
     x = np.empty((n, N_FEATURES))
@@ -97,6 +122,26 @@ def features(
     x[:, 12] = work
     x[:, 13] = np.log(work + _WORK_OFFSET_K)
     x[:, 14] = running * work
+    # TTFT ≈ rest of the running step (its tokens minus the time it has run) + the next step
+    x[:, 15] = 0.0 if step_current is None else step_current / 1000.0
+    ahead = uncached if step_queued is None else uncached + step_queued / 1000.0
+    x[:, 16] = ahead
+    x[:, 17] = 0.0 if step_elapsed is None else np.minimum(step_elapsed, _MAX_ELAPSED_S)
+    x[:, 18] = np.log(ahead + _WORK_OFFSET_K)
+    # a step cannot have run longer than its tokens take at the endpoint's recent prefill rate:
+    # past that the clock is stale (a stalled queue), and a linear "rest of the step" must not go
+    # negative
+    if prefill_rate is None:
+        x[:, 19] = x[:, 17]
+    else:
+        length = np.where(prefill_rate > 0, x[:, 15] * 1000.0 / np.maximum(prefill_rate, 1.0), np.inf)
+        x[:, 19] = np.minimum(x[:, 17], length)
+    # a full KV cache admits nothing until running requests free blocks: another regime (a hinge)
+    full = np.maximum(kv - _KV_FULL, 0.0) / (1.0 - _KV_FULL)
+    x[:, 20] = full
+    x[:, 21] = full * ahead
+    x[:, 22] = full * work
+    x[:, 23] = full * x[:, 17]
     return x
 
 
@@ -124,8 +169,8 @@ class _Ring:
 
     __slots__ = ("count", "pos", "x", "y")
 
-    def __init__(self, capacity: int) -> None:
-        self.x = np.zeros((capacity, N_FEATURES))
+    def __init__(self, capacity: int, width: int) -> None:
+        self.x = np.zeros((capacity, width))
         self.y = np.zeros(capacity)
         self.pos = 0
         self.count = 0
@@ -152,15 +197,22 @@ class LatencyModel:
     attribute load.
     """
 
-    def __init__(self, capacity: int = 1000, learner: str = DEFAULT_LEARNER, quantile: float = 0.5) -> None:
+    def __init__(
+        self,
+        capacity: int = 1000,
+        learner: str = DEFAULT_LEARNER,
+        quantile: float = 0.5,
+        width: int = N_FEATURES,
+    ) -> None:
         if learner not in LEARNERS:
             raise ValueError(f"unknown learner {learner!r}; one of {', '.join(LEARNERS)}")
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be in (0, 1), got {quantile}")
         self.learner = learner
         self.quantile = quantile
-        self._ttft = _Ring(capacity)
-        self._tpot = _Ring(capacity)
+        self.width = width  # feature columns (``N_FEATURES``; offline studies try other sets)
+        self._ttft = _Ring(capacity, width)
+        self._tpot = _Ring(capacity, width)
         self._lock = threading.Lock()  # rows are added on the loop, snapshotted by the trainer
         self._new = 0
         self.fit: Fit | None = None
@@ -202,22 +254,24 @@ class LatencyModel:
         scale = base.std(axis=0)
         mean[0], scale[0] = 0.0, 1.0
         scale[scale < 1e-9] = 1.0
-        weights = np.zeros((N_FEATURES, 2))
+        weights = np.zeros((self.width, 2))
         floor = np.zeros(2)
+        log_target = self.learner.endswith("-log")
         for col, (x, y) in enumerate(((xt, yt), (xp, yp))):
             if len(y) >= MIN_SAMPLES:
                 _, _, w = _fit_with(x, y, self.learner, mean, scale)
-                if (
-                    self.quantile != 0.5
-                ):  # shift the bias to the residuals' quantile (in log space for ridge-log)
-                    t = np.log(np.maximum(y, _FLOOR_MS)) if self.learner == "ridge-log" else y
-                    w[0] += float(np.quantile(t - ((x - mean) / scale) @ w, self.quantile))
+                if self.quantile != 0.5:  # a multiplicative margin: the quantile of actual / predicted
+                    fitted = ((x - mean) / scale) @ w
+                    if log_target:
+                        w[0] += float(np.quantile(np.log(np.maximum(y, _FLOOR_MS)) - fitted, self.quantile))
+                    else:  # scaling every weight scales the prediction
+                        w *= float(np.quantile(y / np.maximum(fitted, y.min()), self.quantile))
                 weights[:, col] = w
                 floor[col] = float(y.min())
             elif old is not None:  # keep what we had for this target, re-expressed in the new scaling
                 weights[:, col] = _rescale(old, col, mean, scale)
                 floor[col] = old.floor[col]
-        fit = Fit(mean, scale, weights, self.learner == "ridge-log", (len(yt), len(yp)), floor)
+        fit = Fit(mean, scale, weights, log_target, (len(yt), len(yp)), floor)
         self.fit = fit  # the atomic swap: one reference store
         self.trainings += 1
         return fit
@@ -231,28 +285,49 @@ class LatencyModel:
 def _fit_with(
     x: FloatArray, y: FloatArray, learner: str, mean: FloatArray, scale: FloatArray, alpha: float = 1e-2
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Closed-form ridge on standardised features.
+    """Closed-form ridge on standardised features (a few reweighted solves for ``huber``).
 
     ``ridge-log`` fits ``log(y)`` (errors relative to the target, close to what MdAPE
     measures); ``ridge`` fits ``y``; ``ridge-rel`` fits ``y`` weighting each row by ``1/y²``
-    (least relative squared error).  The bias is neither standardised nor penalised.
+    (least relative squared error).  ``huber`` fits ``y`` with rows weighted by ``1/y`` and the
+    Huber loss on the relative residual, by iteratively reweighted least squares: a row whose
+    error is beyond ``HUBER_K`` robust standard deviations counts linearly, not squared, so the
+    few requests that a step boundary or a burst sent far off their prediction do not pull
+    every other prediction (MdAPE is a median: the typical row is what counts).  The bias is
+    neither standardised nor penalised.
     """
     z = (x - mean) / scale
-    t = np.log(np.maximum(y, _FLOOR_MS)) if learner == "ridge-log" else y
+    t = np.log(np.maximum(y, _FLOOR_MS)) if learner.endswith("-log") else y
+    reg = np.full(x.shape[1], alpha * x.shape[0])
+    reg[0] = 0.0
     if learner == "ridge-rel":
-        w = 1.0 / np.maximum(y, _FLOOR_MS) ** 2
-        w /= w.mean()  # so the ridge penalty weighs as much as for the other learners
-        zw = z * w[:, None]
-        a = zw.T @ z
-        b = zw.T @ t
-    else:
+        return mean, scale, _solve(z, t, 1.0 / np.maximum(y, _FLOOR_MS) ** 2, reg)
+    if learner != "huber":
+        return mean, scale, _solve(z, t, None, reg)
+    base = 1.0 / np.maximum(y, _FLOOR_MS)
+    rows = base
+    weights = _solve(z, t, rows, reg)
+    for _ in range(HUBER_ITERATIONS):
+        rel = (t - z @ weights) * base  # relative residuals
+        spread = 1.4826 * float(np.median(np.abs(rel - np.median(rel)))) + 1e-9  # robust std
+        excess = np.abs(rel) / (HUBER_K * spread)
+        rows = base / np.maximum(excess, 1.0)
+        weights = _solve(z, t, rows, reg)
+    return mean, scale, weights
+
+
+def _solve(z: FloatArray, t: FloatArray, rows: FloatArray | None, reg: FloatArray) -> FloatArray:
+    """Weighted ridge normal equations; row weights are normalised to mean 1 so ``reg`` weighs the same."""
+    if rows is None:
         a = z.T @ z
         b = z.T @ t
-    reg = np.full(N_FEATURES, alpha * x.shape[0])
-    reg[0] = 0.0
+    else:
+        zw = z * (rows / rows.mean())[:, None]
+        a = zw.T @ z
+        b = zw.T @ t
     a[np.diag_indices_from(a)] += reg + 1e-9
     weights: FloatArray = np.linalg.solve(a, b).astype(np.float64)
-    return mean, scale, weights
+    return weights
 
 
 def _rescale(old: Fit, col: int, mean: FloatArray, scale: FloatArray) -> FloatArray:

@@ -27,6 +27,7 @@ from epp.director.latency.model import (
     features,
 )
 from epp.director.latency.slo import SLO_TPOT_HEADER, SLO_TTFT_HEADER, slo_ms
+from epp.director.latency.steps import StepClock
 from epp.metrics import series
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
@@ -42,7 +43,7 @@ _SSE_EVENT: Final = b"data:"
 # Environment variables of GIE's sidecar client (gie-inventory §1.2) that still mean something.
 ENV_MAX_SAMPLE_SIZE: Final = "LATENCY_MAX_SAMPLE_SIZE"  # rows kept per target (ring buffer)
 ENV_FLUSH_INTERVAL: Final = "LATENCY_FLUSH_INTERVAL_SEC"  # seconds between trainings
-ENV_LEARNER: Final = "EPP_LATENCY_LEARNER"  # ours: ridge-log (default), ridge, ridge-rel
+ENV_LEARNER: Final = "EPP_LATENCY_LEARNER"  # ours: huber (default), ridge-log, ridge, ridge-rel
 ENV_QUANTILE: Final = "EPP_LATENCY_QUANTILE"  # ours: which quantile of the latency is predicted
 ENV_TRACE: Final = "EPP_LATENCY_TRACE"  # ours: append each TTFT row as a JSON line here (offline study)
 
@@ -87,12 +88,13 @@ def input_tokens(request: InferenceRequest) -> int:
 class _Counter:
     """What this EPP has in flight on one endpoint (requests, input tokens, prefill not yet done)."""
 
-    __slots__ = ("prefill", "requests", "tokens")
+    __slots__ = ("prefill", "requests", "steps", "tokens")
 
     def __init__(self) -> None:
         self.requests = 0
         self.tokens = 0
         self.prefill = 0.0  # uncached input tokens of requests whose first token has not come back
+        self.steps = StepClock()  # the same prefill by engine step: running now / queued behind
 
 
 _IDLE: Final = _Counter()
@@ -150,6 +152,7 @@ class _Request:
         "samples",
         "slo_tpot",
         "slo_ttft",
+        "step",
         "target",
         "target_tpot",
         "target_ttft",
@@ -175,6 +178,7 @@ class _Request:
         self.target_tpot = 0.0
         self.counter: _Counter | None = None
         self.prefill = 0.0  # what this request added to its counter's queued prefill
+        self.step = 0  # the engine step (StepClock number) its prefill was queued for
         self.first_seen = False
         self.tokens = 0  # SSE events seen (≈ output tokens when streaming)
         self.last_sample_at = 0.0
@@ -273,6 +277,7 @@ class PredictedLatencyProducer(PluginBase):
         ctx.endpoints = endpoints
         metrics = [ep.metrics for ep in endpoints]
         load = [counters.get(ep.metadata.name, _IDLE) for ep in endpoints]
+        steps = [c.steps for c in load]
         cols = np.array(
             [
                 [m.kv_cache_usage_percent for m in metrics],
@@ -282,10 +287,16 @@ class PredictedLatencyProducer(PluginBase):
                 [c.tokens for c in load],
                 [_fraction(prefix.get(ep)) for ep in endpoints] if prefix else [0.0] * n,
                 [c.prefill for c in load],
+                [s.current for s in steps],
+                [s.queued for s in steps],
+                [s.started for s in steps],
+                [s.rate for s in steps],
             ],
             dtype=np.float64,
         )
-        x = features(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], float(ctx.tokens_in), cols[6])
+        running_for = np.where(cols[7] > 0, time.monotonic() - cols[9], 0.0)  # the running step, s
+        x = features(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], float(ctx.tokens_in), cols[6],
+                     cols[7], cols[8], running_for, cols[10])  # fmt: skip
         ctx.x = x
         if not self.params.predict_in_prepare_data:
             return
@@ -346,6 +357,7 @@ class PredictedLatencyProducer(PluginBase):
         # queued prefill: the uncached tokens (prefix match on the target) until the first token
         ctx.prefill = float(ctx.x[i, 8]) * 1000.0 if ctx.x is not None and i >= 0 else float(ctx.tokens_in)
         counter.prefill += ctx.prefill
+        ctx.step = counter.steps.dispatch(ctx.prefill, time.monotonic())
         if ctx.x is None or i < 0:
             return
         ctx.row = ctx.x[i].copy()
@@ -404,15 +416,25 @@ class PredictedLatencyProducer(PluginBase):
             ctx.next_sample = ctx.tokens + gap
 
     @staticmethod
-    def _prefill_done(ctx: _Request) -> None:
-        """The request's prompt is computed: it no longer waits ahead of others (called once)."""
-        if ctx.counter is not None and ctx.prefill:
-            ctx.counter.prefill = max(ctx.counter.prefill - ctx.prefill, 0.0)
+    def _prefill_done(ctx: _Request, first_token_at: float = 0.0) -> None:
+        """The request's prompt is computed (or abandoned): it no longer waits ahead of others.
+
+        Once per request: a first token (``first_token_at``) also ends the engine step it was in.
+        """
+        counter = ctx.counter
+        if counter is not None and ctx.step >= 0:
+            if ctx.prefill:
+                counter.prefill = max(counter.prefill - ctx.prefill, 0.0)
+            if first_token_at:
+                counter.steps.first_token(ctx.step, ctx.prefill, first_token_at)
+            else:
+                counter.steps.cancel(ctx.step, ctx.prefill)
         ctx.prefill = 0.0
+        ctx.step = -1
 
     def _first_chunk(self, ctx: _Request, request: InferenceRequest, response: ResponseInfo) -> None:
-        self._prefill_done(ctx)
         first = response.first_chunk_at or time.monotonic()
+        self._prefill_done(ctx, first if response.streaming else 0.0)
         ctx.last_sample_at = first
         ctx.last_sample_tokens = 0
         if not response.streaming or not request.received_at:
