@@ -258,6 +258,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, out: list[
     try:
         async with session.post(url + "/v1/chat/completions", data=body, headers=headers) as r:
             rec["status"] = r.status
+            rec["replica"] = r.headers.get("x-inference-port")
             pred = r.headers.get("x-epp-predicted-ttft-ms")
             rec["predicted_ttft_ms"] = float(pred) if pred else None
             async for line in r.content:
@@ -425,10 +426,32 @@ async def run_goodput(
                     k += 1
                 log(f"  level {level}: {rate}/s sent")
             await asyncio.gather(*tasks)
+    levels = [_level_stats(records, level, rate, seconds) for level, rate in enumerate(rates)]
+    for lv, start in zip(levels, starts, strict=True):
+        lv.update(_window_throughput(records, start, start + seconds))
+    ok = [r for r in records if r.get("status") == 200 and "ttft_ms" in r]
+    makespan = max(r["end"] for r in records) - starts[0]
     return {
         "router": _router_label(router),
-        "levels": [_level_stats(records, level, rate, seconds) for level, rate in enumerate(rates)],
+        "records": records,
+        "levels": levels,
         "level_starts": starts,
+        "run": {  # the whole run, warm-up included: the same requests for every router
+            "requests": len(records),
+            "ok": len(ok),
+            "output_tokens": sum(r["tokens"] for r in ok),
+            "makespan_s": round(makespan, 1),
+            "output_tokens_per_s": round(sum(r["tokens"] for r in ok) / makespan, 1),
+        },
+    }
+
+
+def _window_throughput(records: list[dict[str, Any]], t0: float, t1: float) -> dict[str, Any]:
+    """Throughput while a rate was offered: requests (of any level) finished in [t0, t1) and their tokens."""
+    done = [r for r in records if t0 <= r["end"] < t1 and r.get("status") == 200 and "ttft_ms" in r]
+    return {
+        "window_completed_rps": round(len(done) / (t1 - t0), 2),
+        "window_output_tokens_per_s": round(sum(r["tokens"] for r in done) / (t1 - t0), 1),
     }
 
 
@@ -458,8 +481,10 @@ GOAL_RATIO = 1.3
 # The judging rate: the first rate of the ladder at which the default config meets the SLO for at
 # most 1/1.3 of the SLO requests, the first rate at which 1.3x is arithmetically possible at all.
 JUDGE_DEFAULT_MAX_PCT = 100.0 / GOAL_RATIO
-_CELL_KEYS = ("slo_met", "slo_met_pct", "ttft_p50_ms", "ttft_p90_ms", "chat_ttft_p90_ms", "doc_ttft_p90_ms",
-              "requests", "ok", "failed", "output_tokens", "completed_rps")  # fmt: skip
+_CELL_KEYS = (
+    "slo_met", "slo_met_pct", "ttft_p50_ms", "ttft_p90_ms", "chat_ttft_p90_ms", "doc_ttft_p90_ms",
+    "requests", "ok", "failed", "output_tokens", "window_completed_rps", "window_output_tokens_per_s",
+)  # fmt: skip
 
 
 def goodput_summary(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -520,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         "simulator's wall seconds per modelled second (2: a GPU half as fast, so the knee comes "
         "at half the request rate and the EPP process is not what saturates this machine)",
     )
+    ap.add_argument("--keep-records", action="store_true", help="goodput: also write every request's record")
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--no-goodput", action="store_true")
     ap.add_argument("--result-name", default="latency", help="bench/results/<name>.json")
@@ -555,6 +581,11 @@ def main(argv: list[str] | None = None) -> int:
         # an unmeasured warm-up level at half the first rate: a learning router starts from nothing
         run = asyncio.run(run_goodput(router, [g_rates[0] / 2, *g_rates], g_seconds, args.goodput_time_scale))
         run["warmup"], run["levels"] = run["levels"][0], run["levels"][1:]
+        records = run.pop("records")
+        if args.keep_records:
+            (ROOT / "bench" / "results" / f"{args.result_name}-{name}-records.json").write_bytes(
+                orjson.dumps(records)
+            )
         goodput_runs[name] = run
         for lv in run["levels"]:
             log(f"  {lv}")

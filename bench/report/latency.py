@@ -62,9 +62,17 @@ def latency_section(doc: dict[str, Any]) -> list[str]:
                 f"{c['slo_met']}/{g['slo_requests']} ({f(c['slo_met_pct'])} %)",
                 ratio(c.get("goodput_ratio_vs_default")), f(c.get("chat_ttft_p90_ms"), 0),
                 f(c.get("doc_ttft_p90_ms"), 0), f"{c['ok']}/{c['requests']}", f(c["output_tokens"], 0),
+                f(c.get("window_completed_rps"), 1), f(c.get("window_output_tokens_per_s"), 0),
             ])  # fmt: skip
     out += [table(["req/s", "router", "SLO met", "vs default", "chat p90", "doc p90", "completed",
-                   "output tok"], rows), ""]  # fmt: skip
+                   "output tok", "done/s in window", "tok/s in window"], rows), ""]  # fmt: skip
+    rows = [[_LABELS.get(n, n), f"{r['run']['ok']}/{r['run']['requests']}", f(r["run"]["output_tokens"], 0),
+             f(r["run"]["makespan_s"], 1), f(r["run"]["output_tokens_per_s"], 0)]
+            for n, r in runs.items() if "run" in r]  # fmt: skip
+    if rows:
+        out += ["Whole run (warm-up included): completed, output tokens, first send to last completion (s), "
+                "output tokens/s over it:", "",
+                table(["router", "completed", "output tok", "makespan", "tok/s"], rows), ""]  # fmt: skip
     for name, goal in doc.get("goals", {}).items():
         out.append(f"- goal `{name}`: {goal}")
     return [*out, ""]
