@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.common import read_result
 from bench.report.fmt import f, ratio, table
+
+GOODPUT_RESULT = "latency-goodput"  # the full goodput run (docs/latency-prediction.md#goodput)
 
 _LABELS = {
     "default": "EPP, default config",
@@ -41,6 +44,10 @@ def latency_section(doc: dict[str, Any]) -> list[str]:
                 for lv in acc["levels"]]  # fmt: skip
         out += [f"TTFT accuracy, learner {acc['learner']} (MdAPE %, median signed error %):", "",
                 table(["req/s", "MdAPE", "signed"], rows), ""]  # fmt: skip
+    full = read_result(GOODPUT_RESULT)
+    if full is not None and full.get("goodput"):
+        doc, st = full, full["settings"]
+        out += [f"Goodput from bench/results/{GOODPUT_RESULT}.json (`{full.get('command', '')}`).", ""]
     goodput = doc.get("goodput")
     if not goodput:
         return out
@@ -59,9 +66,10 @@ def latency_section(doc: dict[str, Any]) -> list[str]:
             c = g[name]
             rows.append([
                 f(g["rate_rps"], 0), _LABELS.get(name, name),
-                f"{c['slo_met']}/{g['slo_requests']} ({f(c['slo_met_pct'])} %)",
+                f"{c.get('slo_met')}/{g['slo_requests']} ({f(c.get('slo_met_pct'))} %)",
                 ratio(c.get("goodput_ratio_vs_default")), f(c.get("chat_ttft_p90_ms"), 0),
-                f(c.get("doc_ttft_p90_ms"), 0), f"{c['ok']}/{c['requests']}", f(c["output_tokens"], 0),
+                f(c.get("doc_ttft_p90_ms"), 0), f"{c.get('ok')}/{c.get('requests')}",
+                f(c.get("output_tokens"), 0),
                 f(c.get("window_completed_rps"), 1), f(c.get("window_output_tokens_per_s"), 0),
             ])  # fmt: skip
     out += [table(["req/s", "router", "SLO met", "vs default", "chat p90", "doc p90", "completed",
