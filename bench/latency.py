@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import random
 import statistics
@@ -45,7 +46,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from bench.common import ROOT, PeerRouter, PeerSpec, log, peer_installed, write_result
+from bench.common import ROOT, PeerRouter, PeerSpec, log, peer_installed, read_result, write_result
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
 from epp.director.latency.model import DEFAULT_LEARNER, LEARNERS, N_FEATURES, LatencyModel
 from epp.director.producers.predicted_latency import PredictedLatencyParams, PredictedLatencyProducer
@@ -501,11 +502,16 @@ def goodput_summary(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             out["output_tokens_ratio_vs_default"] = (
                 round(cell["output_tokens"] / lv["output_tokens"], 3) if lv["output_tokens"] else None
             )
+            d_window, window = lv.get("window_output_tokens_per_s"), cell.get("window_output_tokens_per_s")
+            out["window_tokens_ratio_vs_default"] = (
+                round(window / d_window, 3) if d_window and window else None
+            )
         judged = judged_router(runs)
         if judged:
             row["judged_router"] = judged
             row["goodput_ratio_vs_default"] = row[judged]["goodput_ratio_vs_default"]
             row["output_tokens_ratio_vs_default"] = row[judged]["output_tokens_ratio_vs_default"]
+            row["window_tokens_ratio_vs_default"] = row[judged]["window_tokens_ratio_vs_default"]
         rows.append(row)
     return rows
 
@@ -518,6 +524,22 @@ def judged_router(runs: dict[str, Any]) -> str | None:
 def judging_rate(goodput: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first row at which the default config met the SLO for at most 1/1.3 of the SLO requests."""
     return next((g for g in goodput if (g["default"]["slo_met_pct"] or 0) <= JUDGE_DEFAULT_MAX_PCT), None)
+
+
+def rederive(name: str) -> dict[str, Any]:
+    """Recompute the goodput summary and goals of a written result (bench/results/<name>.json)."""
+    doc = read_result(name)
+    assert doc is not None, name
+    runs = doc["goodput_runs"]
+    doc["goodput"] = goodput = goodput_summary(runs)
+    judge = judging_rate(goodput)
+    if judge is not None:
+        window = judge.get("window_tokens_ratio_vs_default")
+        doc["goals"]["window_output_tokens_ratio_at_judging_rate"] = {
+            "goal": 0.95, "value": window, "met": bool(window and window >= 0.95)
+        }  # fmt: skip
+    (ROOT / "bench" / "results" / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -619,6 +641,11 @@ def main(argv: list[str] | None = None) -> int:
             }  # fmt: skip
             goals["output_tokens_ratio_at_judging_rate"] = {
                 "goal": 0.95, "value": tokens, "met": bool(tokens and tokens >= 0.95)
+            }  # fmt: skip
+            # the stricter reading: output tokens finished while that rate was offered (deferred work counts)
+            window = judge.get("window_tokens_ratio_vs_default")
+            goals["window_output_tokens_ratio_at_judging_rate"] = {
+                "goal": 0.95, "value": window, "met": bool(window and window >= 0.95)
             }  # fmt: skip
         for g in goodput:
             log(f"goodput at {g['rate_rps']}/s: " + ", ".join(
