@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from bench.latency import ENDPOINTS, bench_prediction, bench_training, workload
 
 
@@ -60,3 +65,25 @@ def test_judging_rate_is_the_first_where_1_3x_is_possible() -> None:
     assert judge["output_tokens_ratio_vs_default"] == 0.9
     assert rows[0]["default"]["goodput_ratio_vs_default"] == 1.0
     assert judging_rate(rows[:2]) is None  # the default never falls that low: no judging rate
+
+
+def test_rederive_adds_the_in_window_throughput_goal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.common
+    import bench.latency
+    from bench.latency import rederive
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path / "bench" / "results")
+    monkeypatch.setattr(bench.latency, "ROOT", tmp_path)
+    default, mixed = _level(60, 100), _level(95, 100)
+    default["window_output_tokens_per_s"], mixed["window_output_tokens_per_s"] = 1000.0, 800.0
+    doc = {"goodput_runs": {"default": {"levels": [default]}, "predictor-mixed-slo": {"levels": [mixed]}},
+           "goals": {}}  # fmt: skip
+    (tmp_path / "bench" / "results" / "x.json").write_text(json.dumps(doc))
+    out = rederive("x")
+    assert out["goals"]["window_output_tokens_ratio_at_judging_rate"] == {
+        "goal": 0.95,
+        "value": 0.8,
+        "met": False,
+    }
+    assert json.loads((tmp_path / "bench" / "results" / "x.json").read_text())["goodput"][0]["judged_router"]
