@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BENCH, PLOTS, log, read_result
+from bench.report.latency import latency_section
 from bench.report.latency_accuracy import latency_accuracy_section
 from bench.report.long_prompts import long_prompts_section
 from bench.report.micro import micro_section
@@ -35,6 +36,7 @@ SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], list[str]]], ...] = (
     ("long_prompts", long_prompts_section),
     ("streaming", streaming_section),
     ("pd", pd_section),
+    ("latency", latency_section),
 )
 MICRO = ("scheduler", "scrape", "parsers", "flowcontrol", "sim_cost")
 

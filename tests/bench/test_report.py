@@ -101,3 +101,38 @@ def test_report_shows_both_floors(results_dir: Path) -> None:
     assert "| p50 over floor | p50 over own floor |" in text
     assert "| vs floor | vs own floor |" in text
     assert "- **Routing cost over the own floor**" in text
+
+
+def test_report_latency_goodput_table(results_dir: Path) -> None:
+    """Every router's cell per rate, its ratio to the default config, throughput, and the goal line."""
+    from bench.latency import goodput_summary
+
+    def level(rate: float, met: int) -> dict[str, Any]:
+        return {"rate_rps": rate, "slo_met": met, "slo_requests": 100, "slo_met_pct": float(met),
+                "chat_ttft_p90_ms": 300.0, "doc_ttft_p90_ms": 900.0, "ok": 200, "requests": 200,
+                "output_tokens": 5000, "window_completed_rps": 9.5, "window_output_tokens_per_s": 2400.0}  # fmt: skip
+
+    run = {
+        "ok": 400,
+        "requests": 400,
+        "output_tokens": 10000,
+        "makespan_s": 60.0,
+        "output_tokens_per_s": 166.7,
+    }
+    runs = {
+        "default": {"levels": [level(9.0, 70)], "run": run},
+        "predictor-mixed-slo": {"levels": [level(9.0, 91)], "run": run},
+        "sglang-cache-aware": {"levels": [level(9.0, 60)], "run": run},
+    }
+    doc = {
+        "machine": MACHINE, "settings": {"slo_ttft_ms": 400.0, "goodput_seconds_per_level": 25.0, "judging": "j"},
+        "goodput_runs": runs, "goodput": goodput_summary(runs),
+        "goals": {"goodput_ratio_at_judging_rate": {"goal": 1.3, "value": 1.3, "met": True}},
+    }  # fmt: skip
+    (results_dir / "results" / "latency.json").write_text(json.dumps(doc))
+    text = bench.report.build().read_text()
+    times = "\u00d7"
+    assert "## Predicted-latency routing" in text
+    assert f"| 9 | EPP, predictor + best-effort packing (mixed-slo) | 91/100 (91.0 %) | 1.30{times} |" in text
+    assert f"| 9 | sglang-router cache_aware | 60/100 (60.0 %) | 0.86{times} |" in text
+    assert "goodput_ratio_at_judging_rate" in text

@@ -36,7 +36,15 @@ async def test_default_config_keeps_a_shared_prefix_on_one_replica(stack: Stack)
 
 
 @pytest.mark.parametrize(
-    "name", ["helm-default", "integration-default", "flow-control", "prefix-and-load", "predicted-latency"]
+    "name",
+    [
+        "helm-default",
+        "integration-default",
+        "flow-control",
+        "prefix-and-load",
+        "predicted-latency",
+        "predicted-latency-mixed-slo",
+    ],
 )
 async def test_example_config_routes(tmp_path: pathlib.Path, name: str) -> None:
     """GIE's Helm default, integration-test config and the flow-control example all serve traffic."""

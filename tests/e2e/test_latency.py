@@ -19,9 +19,8 @@ from tests.e2e.conftest import FAST_SIM, Stack, make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CONFIG = (
-    pathlib.Path(__file__).resolve().parents[2] / "config" / "examples" / "predicted-latency.yaml"
-).read_text()
+CONFIG_PATH = pathlib.Path(__file__).resolve().parents[2] / "config" / "examples" / "predicted-latency.yaml"
+CONFIG = CONFIG_PATH.read_text()
 MODEL = "mock-model"
 OBJECTIVES = """
 kind: InferenceObjective
@@ -157,3 +156,21 @@ async def test_predictor_config_learns_and_sheds(tmp_path: pathlib.Path) -> None
         assert "no endpoint can serve sheddable request within its SLO" in s.epp.log_tail(20000)
         metrics = await s.epp_metrics()
         assert 'inference_objective_request_slo_violation_total{model_name="mock-model"' in metrics
+
+
+MIXED_CONFIG = CONFIG_PATH.with_name("predicted-latency-mixed-slo.yaml").read_text()
+
+
+async def test_mixed_slo_config_routes_requests_with_and_without_an_slo(tmp_path: pathlib.Path) -> None:
+    """The mixed-SLO example (best-effort packing, max-score picker) learns from SLO traffic and then
+    serves requests without SLO headers (scored by the packing rule) and with them, through Envoy."""
+    async with make_stack(tmp_path, config=MIXED_CONFIG, sim_args=SIM) as s:
+        await warm_up(s)
+        docs = [s.post("/v1/chat/completions", chat(f"document {i} " + "text " * 400, max_tokens=4))
+                for i in range(6)]  # fmt: skip
+        chats = [s.post("/v1/chat/completions", chat(f"question {i}"), SLO) for i in range(6)]
+        replies = await asyncio.gather(*docs, *chats)
+        assert all(r.status == 200 for r in replies), [r.status for r in replies]
+        # every request was scheduled with valid predictions (the packing rule needs them)
+        assert all("x-epp-predicted-ttft-ms" in r.headers for r in replies)
+        assert all(r.epp_choice == r.served_by for r in replies)

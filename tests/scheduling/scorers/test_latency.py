@@ -111,3 +111,57 @@ def test_composite_weights_non_positive_sum_means_kv_only() -> None:
     s = build(LatencyScorer, compositeKVWeight=0, compositeQueueWeight=0, compositePrefixWeight=0)
     eps = [endpoint(0, kv=0.25, queue=3)]
     assert s.score(CycleState(), request(), eps) == pytest.approx([0.75])
+
+
+# --- best-effort packing (ours: bestEffortTTFTMs) -----------------------------------------------------
+def no_slo(ttft: float, *, dispatched: int = 1, tpot: float = 10.0) -> LatencyPredictionInfo:
+    """What the producer writes for a request without SLO headers: headroom = 0 - prediction."""
+    return LatencyPredictionInfo(
+        ttft_valid=True,
+        tpot_valid=True,
+        ttft_headroom=0.0 - ttft,
+        tpot_headroom=0.0 - tpot,
+        ttft=ttft,
+        tpot=tpot,
+        dispatched_request_count=dispatched,
+    )
+
+
+def test_best_effort_off_by_default_keeps_gie_behaviour() -> None:
+    """Without the parameter a request with no SLO gets GIE's least violation: the fastest endpoint."""
+    s = build(LatencyScorer, headroomSelectionStrategy="most")
+    assert s.best_effort_ttft == 0.0
+    out = score(s, [no_slo(100), no_slo(900), no_slo(3000)])
+    assert out.index(max(out)) == 0
+
+
+def test_best_effort_packs_onto_the_busiest_endpoint_within_the_bound() -> None:
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
+    out = score(s, [no_slo(100), no_slo(900), no_slo(3000), no_slo(1500)])
+    # within 2000 ms: 100, 900, 1500; the least headroom (1500 ms predicted) is the best fit
+    assert out[3] == pytest.approx(1.0)
+    assert out[2] == 0.0  # beyond the bound
+    assert out[3] > out[1] > out[0] > 0.0
+
+
+def test_best_effort_beyond_the_bound_everywhere_falls_back_to_gie() -> None:
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=500)
+    out = score(s, [no_slo(900), no_slo(700, dispatched=0), no_slo(3000)])
+    assert out == [0.0, 1.0, 0.0]  # GIE: no positive endpoint, the idle one
+
+
+def test_best_effort_does_not_touch_requests_with_an_slo() -> None:
+    """A request with an SLO is scored by GIE's buckets (here most: the largest headroom)."""
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
+    out = score(s, [info(10, 5), info(30, 5), info(50, 5)])
+    assert out == pytest.approx([0.01, 0.51, 1.0])
+
+
+def test_best_effort_alias_and_validation() -> None:
+    from pydantic import ValidationError
+
+    from epp.scheduling.scorers.latency import LatencyScorerParams
+
+    assert LatencyScorerParams.model_validate({"bestEffortTTFTMs": 250}).best_effort_ttft_ms == 250
+    with pytest.raises(ValidationError):
+        LatencyScorerParams.model_validate({"bestEffortTTFTMs": -1})

@@ -25,10 +25,22 @@ class LatencyScorerParams(PluginParams):
     composite_kv_weight: float = Field(1.0, alias="compositeKVWeight")  # not to_camel's ...Kv...
     composite_queue_weight: float = 1.0
     composite_prefix_weight: float = 1.0
+    # ours (not in GIE): > 0 packs requests without an SLO (docs/latency-prediction.md#best-effort-packing)
+    best_effort_ttft_ms: float = Field(0.0, alias="bestEffortTTFTMs", ge=0.0)
 
 
 def _has_prediction(info: LatencyPredictionInfo | None) -> bool:
     return info is not None and (info.ttft_valid or info.tpot_valid)
+
+
+def _slo_free(info: LatencyPredictionInfo | None) -> bool:
+    """The request carries no SLO: the producer's headroom is ``SLO - prediction``, so with an
+    SLO of 0 it is exactly ``-prediction`` on every valid dimension."""
+    if info is None or not (info.ttft_valid or info.tpot_valid):
+        return False
+    return (not info.ttft_valid or info.ttft_headroom + info.ttft == 0.0) and (
+        not info.tpot_valid or info.tpot_headroom + info.tpot == 0.0
+    )
 
 
 def _headrooms(info: LatencyPredictionInfo | None) -> tuple[float, float]:
@@ -56,6 +68,8 @@ class LatencyScorer(PluginBase):
     normalised value 0.5; ``combined = a·nTTFT + b·nTPOT``; ``least``: ``w = int((1 -
     combined)·100) + 1``, ``most``: ``w = int(combined·100) + 1``; score ``w / 100``
     (clamped to 1).
+    Ours: ``bestEffortTTFTMs`` > 0 (default 0, off) scores a request that carries no SLO by
+    ``least`` TTFT headroom under that bound instead (see ``_pack``).
     Consumes ``LATENCY_PREDICTION`` (auto-creates ``predicted-latency-producer``); reads
     ``PREFIX_MATCH`` when present.
     """
@@ -73,6 +87,7 @@ class LatencyScorer(PluginBase):
             (params.ttft_weight / total, params.tpot_weight / total) if total > 0 else (0.5, 0.5)
         )
         self.strategy = params.headroom_selection_strategy
+        self.best_effort_ttft = params.best_effort_ttft_ms
         kv, q, pf = params.composite_kv_weight, params.composite_queue_weight, params.composite_prefix_weight
         s = kv + q + pf
         self.composite = (kv / s, q / s, pf / s) if s > 0 else (1.0, 0.0, 0.0)
@@ -83,6 +98,10 @@ class LatencyScorer(PluginBase):
         infos = state.attributes(LATENCY_PREDICTION)
         if not any(_has_prediction(infos.get(ep)) for ep in endpoints):
             return self._composite(state, endpoints)
+        if self.best_effort_ttft > 0:
+            packed = self._pack(infos, endpoints)
+            if packed is not None:
+                return packed
         n = len(endpoints)
         positive: list[int] = []
         tpot_only: list[int] = []
@@ -115,6 +134,24 @@ class LatencyScorer(PluginBase):
             if bucket:
                 self._bucket(bucket, heads, scores, "least")
                 break
+        return scores
+
+    def _pack(self, infos: Mapping[Hashable, Any], endpoints: Sequence[Endpoint]) -> list[float] | None:
+        """Best-effort packing (ours): a request without an SLO goes to the endpoint with the
+        *least* TTFT headroom under ``bestEffortTTFTMs``, i.e. the busiest one still predicted
+        to start it within that bound, so the endpoints with slack stay free for the requests
+        that carry an SLO.  None (GIE's behaviour) when the request has an SLO or no endpoint
+        is predicted within the bound."""
+        got = [infos.get(ep) for ep in endpoints]
+        if not all(_slo_free(i) for i in got if _has_prediction(i)):
+            return None
+        bound = self.best_effort_ttft
+        fits = [k for k, i in enumerate(got) if i is not None and i.ttft_valid and i.ttft <= bound]
+        if not fits:
+            return None
+        heads = [(bound - i.ttft, 0.0) if i is not None else (0.0, 0.0) for i in got]
+        scores = [0.0] * len(endpoints)
+        self._bucket(fits, heads, scores, "least")
         return scores
 
     def _bucket(

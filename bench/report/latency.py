@@ -1,0 +1,86 @@
+"""Section: the in-process latency predictor (bench/latency.py): cost, accuracy, goodput per router."""
+
+# The report is typeset markdown: the multiplication sign is meant.
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.common import read_result
+from bench.report.fmt import f, ratio, table
+
+GOODPUT_RESULT = "latency-goodput"  # the full goodput run (docs/latency-prediction.md#goodput)
+
+_LABELS = {
+    "default": "EPP, default config",
+    "predictor": "EPP, predictor (our example)",
+    "predictor-gie-least": "EPP, GIE's predictor config",
+    "predictor-max-score": "EPP, predictor + max-score picker",
+    "predictor-mixed-slo": "EPP, predictor + best-effort packing (mixed-slo)",
+    "round-robin": "Envoy round robin",
+    "sglang-cache-aware": "sglang-router cache_aware",
+    "vllm-cache-aware": "vllm-router cache_aware",
+}
+
+
+def latency_section(doc: dict[str, Any]) -> list[str]:
+    st = doc["settings"]
+    out = ["## Predicted-latency routing", ""]
+    cost = {c["endpoints"]: c for c in doc.get("prediction", [])}
+    if cost:
+        out += [
+            "Prediction cost (p50, in process): "
+            + ", ".join(
+                f"{n} endpoints {f(c['predict_us']['p50'])} µs "
+                f"(PrepareData {f(c['prepare_data_us']['p50'])} µs)"
+                for n, c in sorted(cost.items())
+            )
+            + f"; training {f(doc['training']['cpu_share_of_one_core_pct'], 2)} % of a core at "
+            f"{f(doc['training']['rate_rps'], 0)} req/s.",
+            "",
+        ]
+    for acc in doc.get("accuracy", []):
+        rows = [[f(lv["rate_rps"], 0), f(lv["ttft_mdape_pct"]), f(lv["ttft_median_signed_pct_error"])]
+                for lv in acc["levels"]]  # fmt: skip
+        out += [f"TTFT accuracy, learner {acc['learner']} (MdAPE %, median signed error %):", "",
+                table(["req/s", "MdAPE", "signed"], rows), ""]  # fmt: skip
+    full = read_result(GOODPUT_RESULT)
+    if full is not None and full.get("goodput"):
+        doc, st = full, full["settings"]
+        out += [f"Goodput from bench/results/{GOODPUT_RESULT}.json (`{full.get('command', '')}`).", ""]
+    goodput = doc.get("goodput")
+    if not goodput:
+        return out
+    runs = doc["goodput_runs"]
+    out += [
+        f"Goodput: {st.get('judging', '')}; the mixed chat / document workload of "
+        "docs/latency-prediction.md#goodput, half the requests (the chat turns) with a "
+        f"{f(st['slo_ttft_ms'], 0)} ms TTFT SLO, {f(st['goodput_seconds_per_level'], 0)} s per rate, "
+        "every router on a fresh fleet with the same arrivals. Cells: SLO met (of the SLO requests), "
+        "chat TTFT p90, document TTFT p90 (ms), completed requests, output tokens.",
+        "",
+    ]
+    rows = []
+    for g in goodput:
+        for name in runs:
+            c = g[name]
+            rows.append([
+                f(g["rate_rps"], 0), _LABELS.get(name, name),
+                f"{c.get('slo_met')}/{g['slo_requests']} ({f(c.get('slo_met_pct'))} %)",
+                ratio(c.get("goodput_ratio_vs_default")), f(c.get("chat_ttft_p90_ms"), 0),
+                f(c.get("doc_ttft_p90_ms"), 0), f"{c.get('ok')}/{c.get('requests')}",
+                f(c.get("output_tokens"), 0),
+                f(c.get("window_completed_rps"), 1), f(c.get("window_output_tokens_per_s"), 0),
+            ])  # fmt: skip
+    out += [table(["req/s", "router", "SLO met", "vs default", "chat p90", "doc p90", "completed",
+                   "output tok", "done/s in window", "tok/s in window"], rows), ""]  # fmt: skip
+    rows = [[_LABELS.get(n, n), f"{r['run']['ok']}/{r['run']['requests']}", f(r["run"]["output_tokens"], 0),
+             f(r["run"]["makespan_s"], 1), f(r["run"]["output_tokens_per_s"], 0)]
+            for n, r in runs.items() if "run" in r]  # fmt: skip
+    if rows:
+        out += ["Whole run (warm-up included): completed, output tokens, first send to last completion (s), "
+                "output tokens/s over it:", "",
+                table(["router", "completed", "output tok", "makespan", "tok/s"], rows), ""]  # fmt: skip
+    for name, goal in doc.get("goals", {}).items():
+        out.append(f"- goal `{name}`: {goal}")
+    return [*out, ""]
