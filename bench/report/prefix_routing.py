@@ -305,6 +305,18 @@ def prefix_routing_goal_rows(r: dict[str, Any] | None) -> list[list[str]]:
             [where, "TTFT p90 ≤ 0.8× sglang-router cache_aware", ratio(g["ttft_p90_vs_sglang"]["value"]),
              met(g["ttft_p90_vs_sglang"]["met"])],
         ]  # fmt: skip
+    derived = sh.get("derived") or {}
+    top = derived.get("highest_rate_rr_completes")
+    bound = (derived.get("fleet_bounds") or {}).get(str(top))
+    if bound:
+        best = bound["best_ratios_vs_rr_measured"]
+        place = f"1b shared prefix (any router at the perfect-placement hit ceiling, {top:g} req/s)"
+        rows += [
+            [place, "TTFT p90 ≤ 0.1× round robin", f"≥ {ratio(best['ttft_p90_vs_rr'])}",
+             "out of reach" if (best["ttft_p90_vs_rr"] or 0) > 0.1 else "reachable"],
+            [place, "output tok/s ≥ 2× round robin", f"≤ {ratio(best['throughput_vs_rr'])}",
+             "out of reach" if (best["throughput_vs_rr"] or 0) < 2.0 else "reachable"],
+        ]  # fmt: skip
     cv = r.get("conversation") or {}
     for name, g in cv.get("goals", {}).items():
         label = cv["routers"].get(name, name)
