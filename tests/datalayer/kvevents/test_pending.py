@@ -80,15 +80,3 @@ def test_cleared_or_removed_endpoint_drops_its_pending_blocks() -> None:
     ix.clear(a)
     ix.remove_endpoint("b")
     assert len(ix.pending) == 0
-
-
-def test_a_block_carries_the_mark_of_the_latest_request_holding_it() -> None:
-    ix, a, b = index()
-    first = ix.pending.add(a, [1, 2], now=0.0, mark=10)
-    ix.pending.add(a, [2, 3], now=0.0, mark=25)
-    assert [ix.pending.mark_of(a, h) for h in (1, 2, 3, 4)] == [10, 25, 25, None]
-    assert ix.pending.mark_of(b, 1) is None
-    assert first is not None
-    ix.pending.end(first, now=1.0)
-    ix.pending.expire(now=5.0)  # the first request and its grace are over: block 1 is nobody's
-    assert [ix.pending.mark_of(a, h) for h in (1, 2)] == [None, 25]

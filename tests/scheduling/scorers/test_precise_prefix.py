@@ -217,31 +217,6 @@ def test_prediction_expects_evictions_from_the_work_queued_ahead() -> None:
     assert debug["predictedVsObserved"]["meanAbsErrorTokens"] == 0
 
 
-@pytest.mark.parametrize(("free_blocks", "expected"), [(200, 112), (50, 0)])
-def test_a_pending_prefix_survives_only_if_the_work_between_fits_the_free_queue(
-    free_blocks: int, expected: int
-) -> None:
-    """A request for TOKENS is in flight on endpoint 0, then one needing 100 new blocks is routed
-    there.  The first will use the prefix, then free it to the tail of the engine's free queue; the
-    100 blocks allocated after it evict it unless the free queue is deeper than that."""
-    s = scorer()
-    ep = endpoint(0, num_blocks=1000, kv=1.0 - free_blocks / 1000)
-    s.index.add_endpoint(ep.metadata.name).consistent = True
-    picked = SchedulingResult({"default": ProfileRunResult((ep,))}, "default")
-    for ids in (TOKENS, list(range(90_000, 90_000 + 16 * 100))):
-        state = CycleState()
-        s.prepare(state, request(), [ep], ids)
-        s.pre_request(state, request(), picked)
-    state = CycleState()
-    s.prepare(state, request(), [ep], TOKENS)
-    s.pre_request(state, request(), picked)
-    done = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=expected))
-    s.response_complete(state, request(), done, ep)
-    debug = s.debug_state()
-    assert debug["asRoutedVsObserved"]["meanPredictedTokens"] == 112  # pending: held at routing
-    assert debug["predictedVsObserved"]["meanPredictedTokens"] == expected
-
-
 def test_pending_entries_end_with_the_request_and_are_off_when_disabled() -> None:
     s = scorer(speculativeGraceSeconds=0)
     eps = seed(s, [0, 0])

@@ -41,7 +41,7 @@ class PendingRecord:
 class PendingBlocks:
     """Hash → bitmask of the endpoint slots a routed request is expected to fill it on."""
 
-    __slots__ = ("_ending", "_marks", "_records", "_refs", "bits", "capacity", "grace", "ttl")
+    __slots__ = ("_ending", "_records", "_refs", "bits", "capacity", "grace", "ttl")
 
     def __init__(self, ttl: float, grace: float, capacity: int) -> None:
         if ttl <= 0 or grace < 0 or capacity <= 0:
@@ -51,29 +51,23 @@ class PendingBlocks:
         self.capacity = capacity
         self.bits: dict[int, int] = {}  # read by BlockIndex.match
         self._refs: list[dict[int, int]] = []  # per slot: hash -> live records holding it
-        self._marks: list[dict[int, int]] = []  # per slot: hash -> mark of the latest record adding it
         self._records: deque[PendingRecord] = deque()  # by routing time (deadline = routed + ttl)
         self._ending: deque[PendingRecord] = deque()  # ended requests, by end time (+ grace)
 
     def _slot(self, slot: int) -> dict[int, int]:
         while len(self._refs) <= slot:
             self._refs.append({})
-            self._marks.append({})
         return self._refs[slot]
 
-    def add(self, slot: int, hashes: Sequence[int], now: float, mark: int = 0) -> PendingRecord | None:
-        """Record ``hashes`` as pending on ``slot`` for one routed request; ``mark`` (the caller's
-        count of new blocks routed to the slot, this request's included) is kept per block for the
-        latest request holding it (``mark_of``)."""
+    def add(self, slot: int, hashes: Sequence[int], now: float) -> PendingRecord | None:
+        """Record ``hashes`` as pending on ``slot`` for one routed request."""
         self.expire(now)
         if not hashes:
             return None
         refs = self._slot(slot)
-        marks = self._marks[slot]
         bits = self.bits
         bit = 1 << slot
         for h in hashes:
-            marks[h] = mark
             n = refs.get(h)
             if n is None:
                 refs[h] = 1
@@ -110,7 +104,6 @@ class PendingBlocks:
 
     def _drop(self, slot: int, refs: dict[int, int], h: int) -> None:
         del refs[h]
-        self._marks[slot].pop(h, None)
         left = self.bits[h] & ~(1 << slot)
         if left:
             self.bits[h] = left
@@ -135,10 +128,6 @@ class PendingBlocks:
     def holds(self, slot: int, h: int) -> bool:
         """Whether a live routed request on ``slot`` is expected to hold or compute block ``h``."""
         return slot < len(self._refs) and h in self._refs[slot]
-
-    def mark_of(self, slot: int, h: int) -> int | None:
-        """The mark of the latest routed request on ``slot`` that holds or computes ``h`` (None: none)."""
-        return self._marks[slot].get(h) if slot < len(self._marks) else None
 
     def blocks(self, slot: int) -> int:
         return len(self._refs[slot]) if slot < len(self._refs) else 0

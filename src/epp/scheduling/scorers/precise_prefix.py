@@ -230,7 +230,6 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.correlation_routed = _Correlation()  # what the scorer used, pending included
         self.correlation_confirmed = _Correlation()  # predicted from reported blocks only
         self.ahead: dict[str, int] = {}  # endpoint -> new blocks queued there by routed requests
-        self.routed_blocks: dict[str, int] = {}  # endpoint -> new blocks ever routed there (marks)
         self.unheld = 0  # requests scored from the approximate index because nobody held them
         self.unreported = 0  # responses without cached_tokens
         self.tokenize_failures = 0
@@ -425,15 +424,10 @@ class PrecisePrefixCacheScorer(PluginBase):
         st = self.index.states.get(name)
         hashes = prediction.hashes
         ahead = self.ahead.get(name, 0)
-        routed = self.routed_blocks.get(name, 0)
         if st is not None and hashes and name not in prediction.fallback:
             # eviction-aware: what of the run will still be there when this request runs
-            mt = target.metrics
-            free = max(mt.cache_num_blocks - self.index.blocks(st.slot), 0)
-            depth = (
-                round(mt.cache_num_blocks * (1.0 - mt.kv_cache_usage_percent)) if mt.cache_num_blocks else -1
-            )
-            kept = self.surviving(st.slot, hashes, matched, ahead - free, routed, depth)
+            free = max(target.metrics.cache_num_blocks - self.index.blocks(st.slot), 0)
+            kept = self.surviving(st.slot, hashes, matched, ahead - free)
             prediction.predicted = min(kept, prediction.cap) * bs
         else:
             prediction.predicted = prediction.predicted_routed
@@ -450,33 +444,22 @@ class PrecisePrefixCacheScorer(PluginBase):
             prediction.ahead = max(-(-prediction.prompt_tokens // bs) - matched, 0)
             if prediction.ahead:
                 self.ahead[name] = ahead + prediction.ahead
-                self.routed_blocks[name] = routed = routed + prediction.ahead
             if self.speculative:
                 # all its blocks: pending on the pick while it is in flight, even those the engine
                 # reports now (evicted while the request waits, they will be computed again there)
-                prediction.pending = self.index.pending.add(st.slot, hashes, now, routed)
+                prediction.pending = self.index.pending.add(st.slot, hashes, now)
 
-    def surviving(
-        self, slot: int, hashes: Sequence[int], run: int, evictions: int, routed: int = 0, depth: int = -1
-    ) -> int:
-        """How many of the first ``run`` blocks the endpoint will still hold when this request runs.
-
-        A block only the events report is in the engine's free queue: it goes if ``evictions`` (new
-        blocks queued ahead, less the never-used free ones) outnumber the blocks older than it.  A
-        block an in-flight request there holds or computes is used again when that request runs,
-        then freed to the tail of the free queue: it goes if the new blocks routed there between
-        that request and this one (``routed`` minus the request's mark, first come first served)
-        outnumber the free queue's depth (``depth``: free blocks as the engine last reported them;
-        -1, unknown: it stays)."""
-        pending = self.index.pending
+    def surviving(self, slot: int, hashes: Sequence[int], run: int, evictions: int) -> int:
+        """How many of the first ``run`` blocks the endpoint still holds after ``evictions`` more
+        blocks leave its free queue (oldest first).  A block an in-flight request there holds or
+        will compute stays; the others go if fewer than ``evictions`` blocks are older."""
+        if evictions <= 0:
+            return run
+        holds = self.index.pending.holds
         older = self.index.older
         for j in range(run):
             h = hashes[j]
-            mark = pending.mark_of(slot, h)
-            if mark is None:
-                if evictions > 0 and older(slot, h) < evictions:
-                    return j
-            elif depth >= 0 and routed - mark > depth:
+            if not holds(slot, h) and older(slot, h) < evictions:
                 return j
         return run
 
