@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -49,7 +50,7 @@ from bench.common import (
     versions,
 )
 from bench.common import write_result as _write
-from bench.hit_ceiling import hit_ceilings
+from bench.hit_ceiling import fleet_bounds, hit_ceilings, min_hit_rate
 from bench.routing import (
     MODEL,
     Workload,
@@ -135,6 +136,14 @@ ROUTERS = (
         "epp",
         epp_config="precise-prefix.yaml",
         kv_events=True,
+    ),
+    Router(
+        "epp-precise-approx",
+        "Envoy + EPP, precise scorer beside the approximate one",
+        "epp",
+        epp_config="precise-and-approx.yaml",
+        kv_events=True,
+        parts=("shared",),
     ),
     Router(
         "epp-precise-no-events",
@@ -230,10 +239,16 @@ class Stack:
         self._stack: Any = None
 
     async def __aenter__(self) -> Stack:
-        import contextlib
-
         self._stack = contextlib.AsyncExitStack()
-        st = self._stack
+        try:
+            return await self._enter(self._stack)
+        except BaseException:
+            # __aexit__ does not run when __aenter__ fails: stop what started (a fleet left running
+            # keeps the benchmark's lock file open, and a flock queue behind it waits forever)
+            await self._stack.aclose()
+            raise
+
+    async def _enter(self, st: contextlib.AsyncExitStack) -> Stack:
         r = self.router
         extra = [*KV_EVENT_SIM_ARGS, *(KV_EVENTS_ON if r.kv_events else ())]
         self.fleet = await st.enter_async_context(SimFleet(self.replicas, *self.sim, *extra))
@@ -318,10 +333,12 @@ async def observed(s: Stack) -> dict[str, Any]:
     metrics = reuse_metrics(await epp_metrics(s.epp_metrics_url))
     debug = await s.debug_state()
     confirmed = find_key(debug, "confirmedOnlyVsObserved")
+    routed = find_key(debug, "asRoutedVsObserved")
     return {
         "fleet": fleet,
         "epp_metrics": metrics,
-        "reuse_correlation": find_key(debug, "pearson"),  # predicted as routed (pending included)
+        "reuse_correlation": find_key(debug, "pearson"),  # predicted for when it runs (eviction-aware)
+        "reuse_correlation_routed": routed.get("pearson") if isinstance(routed, dict) else None,
         "reuse_correlation_confirmed": confirmed.get("pearson") if isinstance(confirmed, dict) else None,
         "speculative": find_key(debug, "speculative"),
     }
@@ -386,6 +403,11 @@ def derive_shared(
         if n:
             assert workload is not None
             ceilings[str(rate)] = hit_ceilings(**workload, requests=n)
+    bounds = {
+        rate: b
+        for rate in rates
+        if workload and str(rate) in ceilings and (b := _bounds(workload, rate, ceilings[str(rate)], by))
+    }
     completes = [r for r in rates if (c := by.get((BASELINE, r))) and c["success_rate"] >= 0.99]
     at = max(completes) if completes else None
 
@@ -417,9 +439,43 @@ def derive_shared(
     return {
         "highest_rate_rr_completes": at,
         "hit_ceilings": ceilings,
+        "fleet_bounds": {str(k): v for k, v in bounds.items()},
         "ratios": ratios,
         "peak_output_tokens_per_s": peak,
         "goals": goals,
+    }
+
+
+def _bounds(
+    workload: dict[str, Any], rate: float, ceiling: dict[str, float], by: dict[tuple[str, float], Any]
+) -> dict[str, Any] | None:
+    """What any router could reach at ``rate`` (bench/hit_ceiling.fleet_bounds): output tok/s and
+    TTFT p90 at the perfect-placement and unbounded hit ceilings, against round robin as measured
+    and as the same model predicts it, and the hit rate each goal would need."""
+    rr = by.get((BASELINE, rate))
+    if rr is None:
+        return None
+    wl = {**workload, "rate": rate, "duration_s": workload.get("duration_s", 30)}
+    at = {k: fleet_bounds(hit_rate=h, **wl) for k, h in ceiling.items()}
+    rr_model = fleet_bounds(hit_rate=rr["fleet"]["prefix_hit_rate"], **wl)
+    best = at["perfect_placement"]
+    return {
+        **at,
+        "round_robin_model": rr_model,
+        "best_ratios_vs_rr_measured": {
+            "ttft_p90_vs_rr": _ratio(best["min_ttft_p90_ms"], p90(rr)),
+            "throughput_vs_rr": _ratio(best["max_output_tokens_per_s"], tput(rr)),
+        },
+        "best_ratios_vs_rr_model": {
+            "ttft_p90_vs_rr": _ratio(best["min_ttft_p90_ms"], rr_model["min_ttft_p90_ms"]),
+            "throughput_vs_rr": _ratio(best["max_output_tokens_per_s"], rr_model["max_output_tokens_per_s"]),
+        },
+        "hit_rate_needed": {
+            "ttft_p90_vs_rr": min_hit_rate(max_ttft_p90_ms=GOALS["ttft_p90_vs_rr"] * (p90(rr) or 0), **wl),
+            "throughput_vs_rr": min_hit_rate(
+                min_output_tokens_per_s=GOALS["throughput_vs_rr"] * (tput(rr) or 0), **wl
+            ),
+        },
     }
 
 
@@ -441,12 +497,17 @@ def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
     goals: list[dict[str, Any]] = []
     corr = [(c["rate"], c.get("reuse_correlation")) for c in precise]
     confirmed = {c["rate"]: c.get("reuse_correlation_confirmed") for c in precise}
+    routed = {c["rate"]: c.get("reuse_correlation_routed") for c in precise}
     for rate, r in corr:
         where = "conversation replay" if rate == "conversation" else f"shared prefix, {rate:g} req/s"
-        only = confirmed.get(rate)
+        only, as_routed = confirmed.get(rate), routed.get(rate)
+        extra = [
+            *([] if as_routed is None else [f"as routed, no eviction estimate: {_num(as_routed)}"]),
+            *([] if only is None else [f"from reported blocks only, without pending entries: {_num(only)}"]),
+        ]
         lines.append(
             f"predicted vs observed cached tokens, Pearson r ({where}): {_num(r)}"
-            + ("" if only is None else f" (from reported blocks only, without pending entries: {_num(only)})")
+            + (f" ({'; '.join(extra)})" if extra else "")
         )
     worst = min((r for _, r in corr if r is not None), default=None)
     goals.append(
@@ -458,9 +519,11 @@ def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
         }
     )
     by = {(c["router"], c["rate"]): c for c in cells}
-    rates = [c["rate"] for c in cells if c["router"] == NO_EVENTS]
+    # the top rate with both cells: the harness runs the no-events baseline only at a run's top rate,
+    # so that pair comes from one run (a lower rate's pair may mix runs after a partial re-run)
+    rates = [c["rate"] for c in cells if c["router"] == NO_EVENTS and ("epp-precise", c["rate"]) in by]
     if rates:
-        rate = rates[0]
+        rate = max(rates)
         on, off = by.get(("epp-precise", rate)), by[(NO_EVENTS, rate)]
         if on is not None:
             cpu_on, cpu_off = on["router_cpu_s"].get("epp", 0.0), off["router_cpu_s"].get("epp", 0.0)
@@ -686,6 +749,7 @@ async def run(mode: str, parts: Sequence[str], rates: Sequence[float], only: Seq
             "loadgen": loadgen,
             "workload": {
                 **asdict(wl),
+                "duration_s": st.duration_s,
                 "working_set_tokens": wl.working_set_tokens,
                 "fleet_kv_tokens": wl.fleet_kv_tokens,
                 "working_set_over_fleet_kv": round(wl.working_set_tokens / wl.fleet_kv_tokens, 3),

@@ -95,6 +95,7 @@ def _shared(sh: dict[str, Any]) -> list[str]:
         "",
         *_precise_vs_fallback(sh),
         *_ceilings(sh),
+        *_bounds(sh),
         "Peak output tokens/s over the rates: "
         + ", ".join(f"{sh['routers'].get(k, k)} {f(v, 0)}" for k, v in d["peak_output_tokens_per_s"].items())
         + ".",
@@ -134,19 +135,77 @@ def _ceilings(sh: dict[str, Any]) -> list[str]:
     ]
 
 
+def _bound(b: dict[str, Any]) -> str:
+    return (
+        f"{_pct(b['hit_rate'])}: {f(b['capacity_req_s'], 1)} req/s, ≤ {f(b['max_output_tokens_per_s'], 0)} "
+        f"tok/s, ≥ {f(b['min_ttft_p90_ms'], 0)} ms"
+    )
+
+
+def _bounds(sh: dict[str, Any]) -> list[str]:
+    """What any router could get out of the fleet at the hit ceilings (bench/hit_ceiling.fleet_bounds)."""
+    fb = sh["derived"].get("fleet_bounds") or {}
+    if not fb:
+        return []
+    rows = []
+    for rate, b in sorted(fb.items(), key=lambda kv: float(kv[0])):
+        pp, ub, rr = b["perfect_placement"], b["unbounded"], b["round_robin_model"]
+        vm, vo, need = b["best_ratios_vs_rr_measured"], b["best_ratios_vs_rr_model"], b["hit_rate_needed"]
+        rows.append(
+            [
+                f"{float(rate):g}",
+                _bound(pp),
+                _bound(ub),
+                _bound(rr),
+                f"{ratio(vm['throughput_vs_rr'])} ({ratio(vo['throughput_vs_rr'])})",
+                f"{ratio(vm['ttft_p90_vs_rr'])} ({ratio(vo['ttft_p90_vs_rr'])})",
+                f"{_pct(need['throughput_vs_rr'])} / {_pct(need['ttft_p90_vs_rr'])}",
+            ]
+        )
+    return [
+        "**What any router could get out of this fleet** (bench/hit_ceiling.py `fleet_bounds`, the "
+        "simulator's time model: a request costs its replica at least prefill 0.05 ms × uncached "
+        "tokens + the step base shared by full 8,192-token chunks + 100 decode steps at 0.08 ms + 0.04 ms "
+        "per 1k context, so the fleet serves at most C requests/s; output tok/s ≤ 100 × min(rate, C); with "
+        "first-come-first-served engines and perfect balance the request at the 90th percentile of "
+        "arrivals waits (rate − C) × 0.9 × 30 s / C, a lower bound on TTFT p90). Best case = the "
+        "perfect-placement hit ceiling; in brackets the same ratio against round robin as the model "
+        "predicts it (the model is optimistic for every router: round robin measures below its bound "
+        "too).",
+        "",
+        table(
+            [
+                "req/s",
+                "perfect placement: hits, capacity, tok/s, TTFT p90",
+                "unbounded KV",
+                "round robin (measured hits)",
+                "best tok/s / RR",
+                "best TTFT p90 / RR",
+                "hits needed for 2× tok/s / 0.1× TTFT",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
 def _precise_vs_fallback(sh: dict[str, Any]) -> list[str]:
     """Flag a rate where the precise scorer did worse than its own approximate fallback (no events)."""
     by = {(c["router"], c["rate"]): c for c in sh["cells"] if "failed" not in c}
     out = []
     for (router, rate), off in by.items():
         on = by.get(("epp-precise", rate))
-        if router != "epp-precise-no-events" or on is None:
+        if router not in ("epp-precise-no-events", "epp-approx") or on is None:
             continue
         if on["fleet"]["prefix_hit_rate"] < off["fleet"]["prefix_hit_rate"]:
             out += [
-                f"At {rate:g} req/s the precise scorer hit the cache less than the same config "
-                "without events "
-                f"(falling back to the approximate index): {_pct(on['fleet']['prefix_hit_rate'])} vs "
+                f"At {rate:g} req/s the precise scorer hit the cache less than "
+                + (
+                    "the same config without events (falling back to the approximate index)"
+                    if router == "epp-precise-no-events"
+                    else "the approximate index"
+                )
+                + f": {_pct(on['fleet']['prefix_hit_rate'])} vs "
                 f"{_pct(off['fleet']['prefix_hit_rate'])}, TTFT p90 {f(on['ttft_ms']['p90'], 0)} vs "
                 f"{f(off['ttft_ms']['p90'], 0)} ms.",
                 "",
@@ -245,6 +304,18 @@ def prefix_routing_goal_rows(r: dict[str, Any] | None) -> list[list[str]]:
              met(g["throughput_vs_rr"]["met"])],
             [where, "TTFT p90 ≤ 0.8× sglang-router cache_aware", ratio(g["ttft_p90_vs_sglang"]["value"]),
              met(g["ttft_p90_vs_sglang"]["met"])],
+        ]  # fmt: skip
+    derived = sh.get("derived") or {}
+    top = derived.get("highest_rate_rr_completes")
+    bound = (derived.get("fleet_bounds") or {}).get(str(top))
+    if bound:
+        best = bound["best_ratios_vs_rr_measured"]
+        place = f"1b shared prefix (any router at the perfect-placement hit ceiling, {top:g} req/s)"
+        rows += [
+            [place, "TTFT p90 ≤ 0.1× round robin", f"≥ {ratio(best['ttft_p90_vs_rr'])}",
+             "out of reach" if (best["ttft_p90_vs_rr"] or 0) > 0.1 else "reachable"],
+            [place, "output tok/s ≥ 2× round robin", f"≤ {ratio(best['throughput_vs_rr'])}",
+             "out of reach" if (best["throughput_vs_rr"] or 0) < 2.0 else "reachable"],
         ]  # fmt: skip
     cv = r.get("conversation") or {}
     for name, g in cv.get("goals", {}).items():

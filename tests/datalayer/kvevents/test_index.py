@@ -69,3 +69,17 @@ def test_removed_clear_and_endpoint_removal() -> None:
     c = index.add_endpoint("c").slot
     assert c == a  # the slot is reused, empty
     assert index.match([1], 1 << c) == {}
+
+
+def test_older_counts_the_blocks_the_engine_would_evict_first() -> None:
+    """Stores stamp blocks in order; a touch (the engine freeing a request's blocks) makes them the
+    newest; evictions in LRU order keep the count exact."""
+    index = BlockIndex(capacity=100)
+    slot = index.add_endpoint("a").slot
+    index.stored(slot, range(10))
+    assert [index.older(slot, h) for h in (0, 5, 9)] == [0, 5, 9]
+    assert index.older(slot, 42) == -1
+    index.touch(slot, [2, 1, 0, 77])  # freed tail first: 0 the newest; 77 is not held
+    assert [index.older(slot, h) for h in (3, 9, 2, 1, 0)] == [0, 6, 7, 8, 9]
+    index.removed(slot, [3, 4, 5])  # the engine evicts its oldest
+    assert [index.older(slot, h) for h in (6, 9, 0)] == [0, 3, 6]

@@ -155,10 +155,66 @@ def test_a_routed_request_makes_its_blocks_pending_on_the_pick() -> None:
     assert second == [0.0, 1.0, 0.0]
     hashes = BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS)
     s.index.stored(s.index.states[eps[1].metadata.name].slot, hashes)
-    pending = len(s.index.pending)
     _, third = route(s, eps, 1)
     assert third == [0.0, 1.0, 0.0]
-    assert len(s.index.pending) == pending  # fully reported: nothing new to be pending
+
+
+def test_a_prefix_evicted_while_its_request_waits_stays_with_that_request() -> None:
+    """Endpoint 1 reports the prefix and a request for it is routed there; the engine then evicts
+    the prefix before that request runs.  The request will compute it again there, so the next
+    request of the prefix still belongs on endpoint 1 (it used to be placed as if nobody held it)."""
+    s = scorer(approximateWhenUnheld=False)
+    eps = seed(s, [0, 8, 0])
+    _, first = route(s, eps, 1)
+    assert first == [0.0, 1.0, 0.0]
+    hashes = BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS)
+    s.index.removed(s.index.states[eps[1].metadata.name].slot, hashes)
+    _, second = route(s, eps, 1)
+    assert second == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_prefix_nobody_holds_goes_back_to_its_last_endpoint(enabled: bool) -> None:
+    """No engine holds the first block (reported or pending): the approximate index's runs (where
+    the prefix was last routed) score it, and the prediction stays 0; off: nobody scores."""
+    s = scorer(approximateWhenUnheld=enabled)
+    eps = seed(s, [0, 0, 0])
+    state = CycleState()
+    state.set_attributes(PREFIX_MATCH, {eps[2]: PrefixMatchInfo(4, 4, 32)})
+    s.prepare(state, request(), eps, TOKENS)
+    assert s.score(state, request(), eps) == ([0.0, 0.0, 1.0] if enabled else [0.0, 0.0, 0.0])
+    s.pre_request(state, request(), SchedulingResult({"default": ProfileRunResult((eps[2],))}, "default"))
+    response = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=0))
+    s.response_complete(state, request(), response, eps[2])
+    assert s.debug_state()["predictedVsObserved"]["meanPredictedTokens"] == 0
+
+
+def test_prediction_expects_evictions_from_the_work_queued_ahead() -> None:
+    """Endpoint 0 reports the 8 blocks of TOKENS, the oldest of its 108; a request needing 100 new
+    blocks is queued there first.  The engine evicts its oldest free blocks for it, so this request
+    is predicted to find nothing (as routed: 7 blocks); once the queued one has its first byte,
+    nothing is ahead and the whole run is predicted again."""
+    s = scorer()
+    eps = seed(s, [8])
+    slot = s.index.states[eps[0].metadata.name].slot
+    s.index.stored(slot, range(7, 107))  # 100 more blocks, newer than TOKENS'
+    big = CycleState()
+    s.prepare(big, request(), eps, list(range(90_000, 90_000 + 16 * 100)))
+    picked = SchedulingResult({"default": ProfileRunResult((eps[0],))}, "default")
+    s.pre_request(big, request(), picked)
+    assert s.debug_state()["queuedNewBlocks"] == {eps[0].metadata.name: 100}
+    for observed in (0, 112):
+        state = CycleState()
+        s.prepare(state, request(), eps, TOKENS)
+        s.pre_request(state, request(), picked)
+        done = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=observed))
+        s.response_complete(state, request(), done, eps[0])
+        s.response_body(big, request(), ResponseInfo(request_id="big"), b"data: {}", eps[0])
+    debug = s.debug_state()
+    assert debug["queuedNewBlocks"] == {}
+    assert debug["predictedVsObserved"]["meanPredictedTokens"] == pytest.approx((0 + 112) / 2)
+    assert debug["asRoutedVsObserved"]["meanPredictedTokens"] == pytest.approx(112)
+    assert debug["predictedVsObserved"]["meanAbsErrorTokens"] == 0
 
 
 def test_pending_entries_end_with_the_request_and_are_off_when_disabled() -> None:

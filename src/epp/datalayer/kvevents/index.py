@@ -11,9 +11,16 @@ Each endpoint has a consistency state kept by the subscriber (``EndpointState``)
 inconsistent (a sequence gap, a restart seen mid-stream, a silent publisher, a block-size or
 hash mismatch) the scorer does not trust this index for it and falls back to the approximate one.
 
-``pending`` holds the blocks of requests routed but not yet reported (``pending.PendingBlocks``);
+``pending`` holds the blocks of requests routed and still in flight (``pending.PendingBlocks``);
 they count while their requests are in flight (a block the events report counts once), and a
 cleared cache drops them.
+
+Recency: each endpoint's LRU also stamps its blocks with a per-endpoint clock, advanced by stores
+and by ``touch`` (the scorer touches a request's blocks, tail first, when the request ends: that is
+when the engine puts them on its free queue, tail first).  ``older`` estimates how many of the
+endpoint's blocks sit before a block in that order, i.e. how many the engine would evict first:
+what the scorer's eviction-aware prediction needs (will the prefix still be there when a request
+queued behind others runs?).
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ class EndpointState:
 class BlockIndex:
     """Block hash → endpoints holding it, with a per-endpoint LRU capped at ``capacity`` blocks."""
 
-    __slots__ = ("_free", "_lru", "_owners", "_slots", "capacity", "pending", "states")
+    __slots__ = ("_clock", "_free", "_lru", "_owners", "_slots", "capacity", "pending", "states")
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
@@ -71,7 +78,8 @@ class BlockIndex:
         self.capacity = capacity
         self._owners: dict[int, int] = {}
         self._slots: dict[str, int] = {}
-        self._lru: list[OrderedDict[int, None]] = []
+        self._lru: list[OrderedDict[int, int]] = []  # per slot: hash -> recency stamp, oldest first
+        self._clock: list[int] = []  # per slot: the next stamp
         self._free: list[int] = []
         self.states: dict[str, EndpointState] = {}
         self.pending = PendingBlocks(ttl=30.0, grace=2.0, capacity=capacity)
@@ -86,6 +94,7 @@ class BlockIndex:
         else:
             slot = len(self._lru)
             self._lru.append(OrderedDict())
+            self._clock.append(0)
         self._slots[name] = slot
         state = self.states[name] = EndpointState(name, slot)
         return state
@@ -106,12 +115,17 @@ class BlockIndex:
         lru = self._lru[slot]
         owners = self._owners
         bit = 1 << slot
+        clock = self._clock[slot]
         for h in hashes:
             if h in lru:
                 lru.move_to_end(h)
+                lru[h] = clock
+                clock += 1
                 continue
-            lru[h] = None
+            lru[h] = clock
+            clock += 1
             owners[h] = owners.get(h, 0) | bit
+        self._clock[slot] = clock
         if len(lru) > self.capacity:
             clear = ~bit
             for _ in range(len(lru) - self.capacity):
@@ -127,7 +141,7 @@ class BlockIndex:
         owners = self._owners
         clear = ~(1 << slot)
         for h in hashes:
-            if lru.pop(h, 0) is None:  # present (its value is None)
+            if lru.pop(h, -1) >= 0:  # present (stamps are >= 0)
                 left = owners[h] & clear
                 if left:
                     owners[h] = left
@@ -150,9 +164,35 @@ class BlockIndex:
                 del owners[h]
         lru.clear()
 
+    def touch(self, slot: int, hashes: Iterable[int]) -> None:
+        """The engine used these blocks just now (in this order): the most recent go last.  Blocks the
+        endpoint does not hold are skipped."""
+        lru = self._lru[slot]
+        clock = self._clock[slot]
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                lru[h] = clock
+                clock += 1
+        self._clock[slot] = clock
+
     # queries ------------------------------------------------------------------------------
     def blocks(self, slot: int) -> int:
         return len(self._lru[slot])
+
+    def older(self, slot: int, h: int) -> int:
+        """About how many of the slot's blocks are less recent than ``h`` (-1: ``h`` not held).
+
+        Stamps are dense when blocks leave in LRU order (the engine's evictions) and thin out when
+        they leave out of order (a touch moves one), so the count is the stamp distance to the
+        oldest block scaled by the blocks held per stamp: O(1), exact for a pure LRU."""
+        lru = self._lru[slot]
+        stamp = lru.get(h)
+        if stamp is None:
+            return -1
+        oldest = lru[next(iter(lru))]
+        span = self._clock[slot] - oldest
+        return round((stamp - oldest) * len(lru) / span) if span > 0 else 0
 
     def __len__(self) -> int:
         """Distinct block hashes held by any endpoint."""

@@ -6,13 +6,15 @@ queues are seconds long: the next requests of the same prefix find no endpoint h
 spread over the fleet, each paying the full prefill (SGLang's router inserts into its tree at
 routing time, Dynamo's KV router counts the blocks of in-flight requests, for the same reason).
 
-So at routing time the request's blocks that the picked endpoint has not reported are recorded
-here as pending on it, for as long as the request is in flight: one routed request is one
-``PendingRecord``, and a block several in-flight requests wait for on one endpoint is
-reference-counted there.  Once the engine reports the block (BlockStored) the event index holds it
-and the pending entry adds nothing to a match; it matters again only if the engine evicts the
-block (BlockRemoved) while a request still queued there needs it, and that request will compute
-and store it again, so the next request of the prefix belongs there too.  A record ends with its
+So at routing time all the request's blocks are recorded here as pending on the picked endpoint,
+for as long as the request is in flight: one routed request is one ``PendingRecord``, and a block
+several in-flight requests wait for on one endpoint is reference-counted there.  While the engine
+reports the block (BlockStored) the event index holds it and the pending entry adds nothing to a
+match; it matters when the engine evicts the block (BlockRemoved) while a request still queued
+there needs it: that request will compute and store it again, so the next request of the prefix
+belongs there too.  (Recording only the blocks the endpoint had not reported lost exactly this
+case under overload: a group's prefix evicted while its request waited there sent the group's next
+request elsewhere, and both paid the whole prefill.)  A record ends with its
 request (``grace`` seconds later, for events still on the wire) or ``ttl`` seconds after routing
 at the latest (a request whose end is never seen); AllBlocksCleared (a reset, a restart) drops
 every entry of the endpoint.  Each endpoint holds at most ``capacity`` pending blocks; past that
@@ -123,6 +125,10 @@ class PendingBlocks:
                 self._drop(record.slot, refs, h)
 
     # queries ------------------------------------------------------------------------------
+    def holds(self, slot: int, h: int) -> bool:
+        """Whether a live routed request on ``slot`` is expected to hold or compute block ``h``."""
+        return slot < len(self._refs) and h in self._refs[slot]
+
     def blocks(self, slot: int) -> int:
         return len(self._refs[slot]) if slot < len(self._refs) else 0
 

@@ -10,13 +10,27 @@ is the larger of what its events still say and the approximate index's (``approx
 auto-created) run.
 
 Speculative entries (``speculativeIndexing``, on by default): events arrive only after the engine
-has prefilled a request, so at routing time the request's blocks the picked endpoint has not
-reported are recorded as pending on it (``kvevents.pending``) and count as held, weighted by
-``speculativeWeight``, while the request is in flight (a block the engine has reported counts
-once; an eviction while the request still waits there does not take it away, since the request
-will store it again), ending ``speculativeGraceSeconds`` after the request or
-``speculativeTtlSeconds`` after routing.  Without them, a burst of
-one prefix spreads over the fleet while its first request is still queued.
+has prefilled a request, so at routing time the request's blocks are recorded as pending on the
+picked endpoint (``kvevents.pending``) and count as held, weighted by ``speculativeWeight``, while
+the request is in flight (a block the engine has reported counts once; an eviction while the
+request still waits there does not take it away, since the request will store it again), ending
+``speculativeGraceSeconds`` after the request or ``speculativeTtlSeconds`` after routing.  Without
+them, a burst of one prefix spreads over the fleet while its first request is still queued.
+
+Nobody holds it (``approximateWhenUnheld``, on by default): when no candidate's engine holds even
+the request's first block, reported or pending, every candidate is scored from the approximate
+index instead, i.e. the prefix goes back to the endpoint it was last routed to, as
+``prefix-cache-scorer`` would send it.  Under overload engines evict a group's prefix between its
+requests; placing the group by load alone then scatters it over the fleet (each replica keeps more
+groups than fit, and evicts more), where returning it to its last endpoint keeps the groups
+partitioned.
+
+Prediction (``predictedVsObserved``): what the picked endpoint will still hold when the request
+runs, not only what it holds now.  A block some in-flight request there holds or computes counts;
+a block only the events report is in the engine's free queue, and survives if fewer new blocks
+are queued ahead of the request there (the EPP's own count, released at the first response byte)
+than there are free or older blocks to evict before it (``BlockIndex.older``; the scorer touches a
+request's blocks tail first when it ends, as the engine frees them).
 
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
 1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
@@ -81,6 +95,9 @@ class PrecisePrefixParams(PluginParams):
     speculative_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # a pending block vs a reported one
     speculative_ttl_seconds: float = Field(default=30.0, gt=0.0)  # the longest a pending entry lives
     speculative_grace_seconds: float = Field(default=2.0, ge=0.0)  # after its request ends
+    approximate_when_unheld: bool = (
+        True  # no candidate holds the first block: score from the approximate index
+    )
 
 
 @dataclass(slots=True)
@@ -94,9 +111,13 @@ class _Prediction:
     total_blocks: int  # the request's hashed full blocks (the approximate index's, untokenised)
     cap: int  # most blocks the engine can reuse: it recomputes at least the last prompt token
     hashes: list[int]  # the request's block hashes (empty when untokenised)
-    predicted: int = -1  # cached tokens predicted for the picked endpoint, set in PreRequest
+    predicted: int = -1  # cached tokens the pick will still hold when the request runs (PreRequest)
+    predicted_routed: int = -1  # what the pick held at routing, pending included (what was scored)
     predicted_confirmed: int = -1  # the same from reported blocks only
     pending: PendingRecord | None = None  # what PreRequest recorded as pending on the pick
+    slot: int = -1  # the pick's index slot
+    ahead: int = 0  # new blocks this request adds to its pick's queue, until its first response byte
+    target: str = ""
 
 
 class _Correlation:
@@ -204,8 +225,12 @@ class PrecisePrefixCacheScorer(PluginBase):
         else:
             self.tokens = ServerTokenizer(timeout=tc.timeout_seconds, scheme=tc.scheme)
         self._key: StateKey[_Prediction] = StateKey(f"{name}/{self.TYPE}")
-        self.correlation = _Correlation()  # predicted = what the scorer used, pending included
+        self.approximate_when_unheld = params.approximate_when_unheld
+        self.correlation = _Correlation()  # predicted = what the pick will still hold when it runs
+        self.correlation_routed = _Correlation()  # what the scorer used, pending included
         self.correlation_confirmed = _Correlation()  # predicted from reported blocks only
+        self.ahead: dict[str, int] = {}  # endpoint -> new blocks queued there by routed requests
+        self.unheld = 0  # requests scored from the approximate index because nobody held them
         self.unreported = 0  # responses without cached_tokens
         self.tokenize_failures = 0
 
@@ -290,7 +315,11 @@ class PrecisePrefixCacheScorer(PluginBase):
         if spec:
             index.pending.expire(time.monotonic())
         spec_counts = index.match(hashes, mask, pending=True) if spec else counts
-        approx = state.attributes(PREFIX_MATCH) if untrusted else {}
+        # nobody holds even the first block: the prefix goes back where it was last routed
+        unheld = self.approximate_when_unheld and not spec_counts and trusted and bool(hashes)
+        if unheld:
+            self.unheld += 1
+        approx = state.attributes(PREFIX_MATCH) if untrusted or unheld else {}
         zero = PrefixMatchInfo(0, total, bs)
         values: dict[Hashable, PrefixMatchInfo] = {}
         by_name: dict[str, int] = {}
@@ -303,6 +332,10 @@ class PrecisePrefixCacheScorer(PluginBase):
                     values[ep] = PrefixMatchInfo(n, total, bs)
                     by_name[ep.metadata.name] = n
                     confirmed[ep.metadata.name] = counts.get(slot, 0)
+                elif unheld and (info := approx.get(ep)) is not None and info.match_blocks:
+                    # scored as the approximate index's run; predicted 0 (the events say it is gone)
+                    a = min((info.match_blocks * info.block_size_tokens) // bs, total)
+                    values[ep] = PrefixMatchInfo(a, total, bs) if a else zero
                 else:
                     values[ep] = zero
                 continue
@@ -381,30 +414,93 @@ class PrecisePrefixCacheScorer(PluginBase):
         prediction = state.get(self._key)
         if primary is None or not primary.target_endpoints or prediction is None:
             return
-        name = primary.target_endpoints[0].metadata.name
+        target = primary.target_endpoints[0]
+        name = target.metadata.name
         matched = prediction.blocks_by_name.get(name, 0)
         reported = prediction.confirmed_by_name.get(name, 0)
-        prediction.predicted = min(matched, prediction.cap) * self.block_size
-        prediction.predicted_confirmed = min(reported, prediction.cap) * self.block_size
+        bs = self.block_size
+        prediction.predicted_routed = min(matched, prediction.cap) * bs
+        prediction.predicted_confirmed = min(reported, prediction.cap) * bs
+        st = self.index.states.get(name)
+        hashes = prediction.hashes
+        ahead = self.ahead.get(name, 0)
+        if st is not None and hashes and name not in prediction.fallback:
+            # eviction-aware: what of the run will still be there when this request runs
+            free = max(target.metrics.cache_num_blocks - self.index.blocks(st.slot), 0)
+            kept = self.surviving(st.slot, hashes, matched, ahead - free)
+            prediction.predicted = min(kept, prediction.cap) * bs
+        else:
+            prediction.predicted = prediction.predicted_routed
         m.PRECISE_PREDICTED_TOKENS.observe(prediction.predicted)
         now = time.monotonic()
         # events are due only if the engine will store a block it does not hold yet: a request it
         # has fully cached publishes nothing, and that silence is not a silent publisher
         if reported < prediction.total_blocks:
             self.subscriber.note_routed(name, now)
-        st = self.index.states.get(name)
-        if self.speculative and st is not None and len(prediction.hashes) > reported:
-            # the blocks this endpoint has not reported: pending on it until its events say
-            prediction.pending = self.index.pending.add(st.slot, prediction.hashes[reported:], now)
+        prediction.target = name
+        if st is not None and hashes:
+            prediction.slot = st.slot
+            # the blocks it will allocate before its first token: queued ahead of later requests
+            prediction.ahead = max(-(-prediction.prompt_tokens // bs) - matched, 0)
+            if prediction.ahead:
+                self.ahead[name] = ahead + prediction.ahead
+            if self.speculative:
+                # all its blocks: pending on the pick while it is in flight, even those the engine
+                # reports now (evicted while the request waits, they will be computed again there)
+                prediction.pending = self.index.pending.add(st.slot, hashes, now)
+
+    def surviving(self, slot: int, hashes: Sequence[int], run: int, evictions: int) -> int:
+        """How many of the first ``run`` blocks the endpoint still holds after ``evictions`` more
+        blocks leave its free queue (oldest first).  A block an in-flight request there holds or
+        will compute stays; the others go if fewer than ``evictions`` blocks are older."""
+        if evictions <= 0:
+            return run
+        holds = self.index.pending.holds
+        older = self.index.older
+        for j in range(run):
+            h = hashes[j]
+            if not holds(slot, h) and older(slot, h) < evictions:
+                return j
+        return run
+
+    def _release_ahead(self, prediction: _Prediction) -> None:
+        if prediction.ahead:
+            left = self.ahead.get(prediction.target, 0) - prediction.ahead
+            prediction.ahead = 0
+            if left > 0:
+                self.ahead[prediction.target] = left
+            else:
+                self.ahead.pop(prediction.target, None)
+
+    def response_body(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        response: ResponseInfo,
+        chunk: bytes,
+        target: Endpoint | None,
+    ) -> None:
+        """The first response byte: the prefill is done, its blocks are no longer queued ahead."""
+        if chunk or response.end_of_stream:
+            prediction = state.get(self._key)
+            if prediction is not None:
+                self._release_ahead(prediction)
 
     def response_complete(
         self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
     ) -> None:
         prediction = state.get(self._key)
-        if prediction is None or prediction.predicted < 0 or not response.end_of_stream:
+        if prediction is None or prediction.predicted < 0:
+            return
+        self._release_ahead(prediction)
+        if not response.end_of_stream:
             return
         if prediction.pending is not None:
             self.index.pending.end(prediction.pending, time.monotonic())
+        st = self.index.states.get(prediction.target)
+        if prediction.hashes and st is not None and st.slot == prediction.slot:
+            # the engine frees the request's blocks now, tail first: the prefix is the newest
+            self.index.touch(st.slot, reversed(prediction.hashes))
         usage = response.usage
         if usage is None or usage.cached_tokens is None:
             self.unreported += 1
@@ -413,6 +509,7 @@ class PrecisePrefixCacheScorer(PluginBase):
         m.PRECISE_OBSERVED_TOKENS.observe(observed)
         m.PRECISE_PREDICTION_ERROR_TOKENS.observe(abs(prediction.predicted - observed))
         self.correlation.add(prediction.predicted, observed)
+        self.correlation_routed.add(prediction.predicted_routed, observed)
         self.correlation_confirmed.add(prediction.predicted_confirmed, observed)
 
     # DebugState -------------------------------------------------------------------------------
@@ -427,8 +524,12 @@ class PrecisePrefixCacheScorer(PluginBase):
                 **self.correlation.state(),
                 "responsesWithoutCachedTokens": self.unreported,
             },
+            # what the pick held at routing (pending included), without the eviction estimate
+            "asRoutedVsObserved": self.correlation_routed.state(),
             # the same with the prediction from reported blocks only (no pending entries)
             "confirmedOnlyVsObserved": self.correlation_confirmed.state(),
+            "approximateWhenUnheld": {"enabled": self.approximate_when_unheld, "requests": self.unheld},
+            "queuedNewBlocks": dict(self.ahead),
             "speculative": {
                 "enabled": self.speculative,
                 "weight": self.speculative_weight,
