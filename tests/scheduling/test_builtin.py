@@ -24,6 +24,7 @@ EXPECTED: dict[str, set[str]] = {
     "prefill-load-scorer": set(),  # ours, not GIE's
     # llm-d's name and config blocks, plus ours (docs/precise-prefix.md)
     "precise-prefix-cache-scorer": {
+        "approximateWhenUnheld",  # ours
         "tokenProcessorConfig",
         "kvEventsConfig",
         "indexerConfig",
@@ -60,6 +61,7 @@ EXPECTED: dict[str, set[str]] = {
         "lruCapacityPerServer",
     },
     "latency-scorer": {
+        "bestEffortTTFTMs",  # ours
         "ttftWeight",
         "tpotWeight",
         "headroomSelectionStrategy",
