@@ -42,7 +42,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +317,27 @@ def _p90(xs: list[float]) -> float | None:
     return round(s[int(len(s) * 0.9)], 1) if s else None
 
 
+async def _poisson_levels(
+    rng: random.Random, rates: Sequence[float], seconds: float, starts: list[float], per_arrival: float = 1.0
+) -> AsyncIterator[tuple[int, float, int]]:
+    """Open-loop Poisson arrivals, level after level: waits until each arrival is due and yields
+    (level, the level's start, the arrival's running index); each level's start is appended to
+    ``starts``.  The arrival rate is ``rate * per_arrival`` (below 1 when one arrival carries a burst)."""
+    k = 0
+    for level, rate in enumerate(rates):
+        start = time.perf_counter()
+        starts.append(start)
+        at = start
+        while at - start < seconds:
+            at += rng.expovariate(rate * per_arrival)
+            delay = at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            yield level, start, k
+            k += 1
+        log(f"  level {level}: {rate}/s sent")
+
+
 async def run_levels(
     config: Path | None,
     rates: Sequence[float],
@@ -357,21 +378,10 @@ async def run_levels(
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as session:
             tasks = []
-            k = 0
-            for level, rate in enumerate(rates):
-                start = time.perf_counter()
-                starts.append(start)
-                at = start
-                while at - start < seconds:
-                    at += rng.expovariate(rate)
-                    delay = at - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    tasks.append(asyncio.create_task(
-                        _one(session, envoy.url, jobs[k][0], records, level, start, with_slo[k])
-                    ))  # fmt: skip
-                    k += 1
-                log(f"  level {level}: {rate}/s sent")
+            async for level, start, k in _poisson_levels(rng, rates, seconds, starts):
+                tasks.append(asyncio.create_task(
+                    _one(session, envoy.url, jobs[k][0], records, level, start, with_slo[k])
+                ))  # fmt: skip
             await asyncio.gather(*tasks)
     if trace:  # the client's side of the traced run, for matching with the EPP's rows offline
         with trace.with_suffix(".client.jsonl").open("wb") as f:
@@ -417,22 +427,11 @@ async def run_goodput(
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=300)) as session:
             tasks = []
-            k = 0
-            for level, rate in enumerate(rates):
-                start = time.perf_counter()
-                starts.append(start)
-                at = start
-                while at - start < seconds:
-                    at += rng.expovariate(rate * per_arrival)
-                    delay = at - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    for body, slo, kind in arrivals[k]:
-                        tasks.append(
-                            asyncio.create_task(_one(session, url, body, records, level, start, slo, kind))
-                        )
-                    k += 1
-                log(f"  level {level}: {rate}/s sent")
+            async for level, start, k in _poisson_levels(rng, rates, seconds, starts, per_arrival):
+                for body, slo, kind in arrivals[k]:
+                    tasks.append(
+                        asyncio.create_task(_one(session, url, body, records, level, start, slo, kind))
+                    )
             await asyncio.gather(*tasks)
     levels = [_level_stats(records, level, rate, seconds) for level, rate in enumerate(rates)]
     for lv, start in zip(levels, starts, strict=True):
