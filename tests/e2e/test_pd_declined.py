@@ -11,7 +11,6 @@ request must go; the benchmark's (bench/configs/pd-prefix-declined.yaml) keeps e
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
 import aiohttp
 import pytest
@@ -20,6 +19,7 @@ from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, PdFleet
 
 from .conftest import FAST_SIM
+from .pd_client import LONG, chat, get
 
 pytestmark = pytest.mark.e2e
 
@@ -48,19 +48,6 @@ schedulingProfiles:
 - name: whole
   plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}, {pluginRef: max-score-picker}]
 """
-LONG = "prefill and decode are different phases of inference " * 30  # ~400 tokens: disaggregated
-
-
-async def chat(http: aiohttp.ClientSession, url: str, prompt: str) -> tuple[int, dict[str, str]]:
-    body = {"model": "mock-model", "messages": [{"role": "user", "content": prompt}], "max_tokens": 3}
-    async with http.post(url + "/v1/chat/completions", json=body) as r:
-        await r.read()
-        return r.status, dict(r.headers)
-
-
-async def get(http: aiohttp.ClientSession, url: str) -> Any:
-    async with http.get(url) as r:
-        return await r.json(content_type=None)
 
 
 def sample(metrics: str, family: str, *labels: str) -> float:

@@ -7,7 +7,6 @@ and served whole by the decode pick.  Real Envoy, EPP and simulator processes.""
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
 import aiohttp
 import pytest
@@ -16,6 +15,7 @@ from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, PdFleet
 
 from .conftest import FAST_SIM
+from .pd_client import LONG, chat, get
 
 pytestmark = pytest.mark.e2e
 
@@ -51,19 +51,6 @@ schedulingProfiles:
   - {pluginRef: queue-scorer, weight: 1}
   - pluginRef: max-score-picker
 """
-LONG = "prefill and decode are different phases of inference " * 30  # ~400 tokens: disaggregated
-
-
-async def chat(http: aiohttp.ClientSession, url: str, prompt: str) -> tuple[int, dict[str, str]]:
-    body = {"model": "mock-model", "messages": [{"role": "user", "content": prompt}], "max_tokens": 3}
-    async with http.post(url + "/v1/chat/completions", json=body) as r:
-        await r.read()
-        return r.status, dict(r.headers)
-
-
-async def get(http: aiohttp.ClientSession, url: str) -> Any:
-    async with http.get(url) as r:
-        return await r.json()
 
 
 async def test_symmetric_fleet_prefills_elsewhere_and_serves_short_prompts_whole(
