@@ -27,6 +27,7 @@ from typing import Final, Protocol, runtime_checkable
 
 from epp.datalayer.api import Endpoint
 from epp.plugin.base import Handle
+from epp.plugin.counts import subtract
 from epp.plugin.keys import StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
@@ -129,11 +130,7 @@ class SessionBindings:
             self._uncount(entry[0])
 
     def _uncount(self, name: str) -> None:
-        left = self._counts.get(name, 0) - 1
-        if left > 0:
-            self._counts[name] = left
-        else:
-            self._counts.pop(name, None)
+        subtract(self._counts, name, 1)
 
 
 @runtime_checkable

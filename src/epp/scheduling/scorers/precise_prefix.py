@@ -58,6 +58,7 @@ from epp.datalayer.kvevents.subscriber import KVEventSubscriber
 from epp.datalayer.kvevents.tokens import LocalTokenizer, ServerTokenizer, TokenSource
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
@@ -465,12 +466,8 @@ class PrecisePrefixCacheScorer(PluginBase):
 
     def _release_ahead(self, prediction: _Prediction) -> None:
         if prediction.ahead:
-            left = self.ahead.get(prediction.target, 0) - prediction.ahead
+            subtract(self.ahead, prediction.target, prediction.ahead)
             prediction.ahead = 0
-            if left > 0:
-                self.ahead[prediction.target] = left
-            else:
-                self.ahead.pop(prediction.target, None)
 
     def response_body(
         self,

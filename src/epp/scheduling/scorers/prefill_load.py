@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH
 from epp.plugin.base import Handle, NoParams, PluginBase
+from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
@@ -92,11 +93,7 @@ class PrefillLoadScorer(PluginBase):
         if pending is None or pending.released:
             return
         pending.released = True
-        left = self._backlog.get(pending.endpoint, 0) - pending.tokens
-        if left > 0:
-            self._backlog[pending.endpoint] = left
-        else:
-            self._backlog.pop(pending.endpoint, None)
+        subtract(self._backlog, pending.endpoint, pending.tokens)
 
     # ResponseBodyProcessor: the first byte means the prefill is done ----------------------
     def response_body(
