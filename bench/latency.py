@@ -5,7 +5,10 @@
 
 1. **Prediction cost** (in process): ``predicted-latency-producer``'s PrepareData (feature
    matrix, one matrix product, a ``LatencyPredictionInfo`` per candidate) and the bare model
-   product, at 10/100/1000 endpoints; wall-clock p50/p99 in µs.
+   product, at 10/100/1000 endpoints; wall-clock p50/p99 in µs.  Twice: with nothing changing
+   between requests, and with traffic (``prepare_data_traffic_us``): before each request, the
+   previous one dispatched, the oldest of 8 in flight answered (first token, completion), a
+   tenth of the endpoints rescraped (50 ms scrapes at 200 req/s) and a prefix match on a few.
 2. **Training CPU** (in process): thread CPU of one training on full rings (1000 rows per
    target, the default ``LATENCY_MAX_SAMPLE_SIZE``) and of appending one row; the share of one
    core at 100 requests/s (two rows per request, one training per second).
@@ -42,6 +45,7 @@ import math
 import random
 import statistics
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,10 +56,12 @@ import orjson
 
 from bench.common import ROOT, PeerRouter, PeerSpec, log, peer_installed, read_result, write_result
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
+from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.director.latency.model import DEFAULT_LEARNER, LEARNERS, N_FEATURES, LatencyModel
 from epp.director.producers.predicted_latency import PredictedLatencyParams, PredictedLatencyProducer
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
+from epp.request import InferenceRequest, ResponseInfo
+from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
 
@@ -85,20 +91,29 @@ class _Handle:
 
 
 # --- 1. prediction cost -------------------------------------------------------------------------
-def _endpoints(n: int, rng: random.Random) -> list[Endpoint]:
-    now = time.monotonic()
-    return [
+TRAFFIC_IN_FLIGHT = 8  # requests between dispatch and answer in the traffic cells
+TRAFFIC_RESCRAPED = 0.1  # share of the endpoints with a new reading between two requests
+TRAFFIC_PREFIX_HITS = 0.05  # share of the endpoints with a prefix match
+
+
+def _metrics(rng: random.Random) -> Metrics:
+    return Metrics(
+        waiting_queue_size=rng.randrange(0, 20),
+        kv_cache_usage_percent=rng.random(),
+        running_requests_size=rng.randrange(0, 50),
+        update_time=time.monotonic(),
+    )
+
+
+def _endpoints(n: int, rng: random.Random) -> tuple[Endpoint, ...]:
+    """A datastore's snapshot: one tuple, handed to every request."""
+    return tuple(
         Endpoint(
             EndpointMetadata(name=f"bench/pod-{i}-rank-0", address=f"10.0.{i // 256}.{i % 256}", port=8000),
-            Metrics(
-                waiting_queue_size=rng.randrange(0, 20),
-                kv_cache_usage_percent=rng.random(),
-                running_requests_size=rng.randrange(0, 50),
-                update_time=now,
-            ),
+            _metrics(rng),
         )
         for i in range(n)
-    ]
+    )
 
 
 def _trained_producer(rng: np.random.Generator) -> PredictedLatencyProducer:
@@ -145,8 +160,62 @@ def bench_prediction(iterations: int) -> list[dict[str, Any]]:
             t2 = time.perf_counter()
             prep.append(t1 - t0)
             pred.append(t2 - t1)
-        cells.append({"endpoints": n, "prepare_data_us": _stats_us(prep), "predict_us": _stats_us(pred)})
+        traffic = _prepare_with_traffic(producer, eps, iterations, rng)
+        cells.append({"endpoints": n, "prepare_data_us": _stats_us(prep), "predict_us": _stats_us(pred),
+                      "prepare_data_traffic_us": _stats_us(traffic)})  # fmt: skip
     return cells
+
+
+def _prepare_with_traffic(
+    producer: PredictedLatencyProducer, eps: tuple[Endpoint, ...], iterations: int, rng: random.Random
+) -> list[float]:
+    """PrepareData (timed) between what changes while an EPP serves (untimed): see the module doc."""
+    n = len(eps)
+    rescrape = max(1, round(n * TRAFFIC_RESCRAPED))
+    hits = max(1, round(n * TRAFFIC_PREFIX_HITS))
+    total = 8
+    none = PrefixMatchInfo(0, total, 16)
+    matched = [PrefixMatchInfo(k, total, 16) for k in range(1, total + 1)]
+    flight: deque[tuple[CycleState, InferenceRequest, Endpoint]] = deque()
+    out = []
+    for i in range(iterations):
+        for _ in range(rescrape):
+            eps[rng.randrange(n)].metrics = _metrics(rng)
+        if len(flight) >= TRAFFIC_IN_FLIGHT:
+            _answer(producer, *flight.popleft())
+        state = CycleState()
+        prefix: dict[Any, PrefixMatchInfo] = dict.fromkeys(eps, none)
+        for _ in range(hits):
+            prefix[eps[rng.randrange(n)]] = matched[rng.randrange(total)]
+        state.set_attributes(PREFIX_MATCH, prefix)
+        size = rng.randrange(400, 16000)
+        req = InferenceRequest(
+            request_id=f"t{i}",
+            headers={"x-slo-ttft-ms": "300"},
+            request_size_bytes=size,
+            received_at=time.monotonic(),
+        )
+        t0 = time.perf_counter()
+        producer.prepare(state, req, eps)
+        out.append(time.perf_counter() - t0)
+        target = eps[rng.randrange(n)]
+        producer.pre_request(
+            state, req, SchedulingResult({"default": ProfileRunResult((target,))}, "default")
+        )
+        flight.append((state, req, target))
+    while flight:
+        _answer(producer, *flight.popleft())
+    return out
+
+
+def _answer(
+    producer: PredictedLatencyProducer, state: CycleState, req: InferenceRequest, target: Endpoint
+) -> None:
+    """The request's first token and its completion, now."""
+    resp = ResponseInfo(request_id=req.request_id, streaming=True, first_chunk_at=time.monotonic())
+    producer.response_body(state, req, resp, b"data: {}\n\n", target)
+    resp.end_of_stream, resp.completed_at = True, time.monotonic()
+    producer.response_complete(state, req, resp, target)
 
 
 # --- 2. training CPU --------------------------------------------------------------------------------
@@ -598,7 +667,8 @@ def main(argv: list[str] | None = None) -> int:
 
     prediction = bench_prediction(300 if args.quick else 3000)
     for c in prediction:
-        log(f"{c['endpoints']:>5} endpoints: prepare p50 {c['prepare_data_us']['p50']} µs, "
+        log(f"{c['endpoints']:>5} endpoints: prepare p50 {c['prepare_data_us']['p50']} µs "
+            f"(with traffic {c['prepare_data_traffic_us']['p50']} µs), "
             f"predict p50 {c['predict_us']['p50']} µs (p99 {c['predict_us']['p99']})")  # fmt: skip
     training = bench_training(20 if args.quick else 200)
     log(f"training: {training}")
