@@ -119,7 +119,7 @@ def test_matrix_predictions_and_infos_equal_the_reference(seed: int) -> None:
         _fit(p, np.random.default_rng(seed))
     now = [1000.0]
     p.clock = lambda: now[0]
-    pool = [make_endpoint(i) for i in range(12)]
+    pool = [make_endpoint(i) for i in range(30)]  # candidate sets on both sides of _FIELD_BY_FIELD
     for ep in pool:
         ep.metrics = _metrics(rng)
     flight: list[tuple[CycleState, InferenceRequest, Endpoint, bool]] = []  # (..., first token seen)
