@@ -9,6 +9,7 @@
    between requests, and with traffic (``prepare_data_traffic_us``): before each request, the
    previous one dispatched, the oldest of 8 in flight answered (first token, completion), a
    tenth of the endpoints rescraped (50 ms scrapes at 200 req/s) and a prefix match on a few.
+   Each also as a ratio to the model product of the same run (``prepare_over_product``).
 2. **Training CPU** (in process): thread CPU of one training on full rings (1000 rows per
    target, the default ``LATENCY_MAX_SAMPLE_SIZE``) and of appending one row; the share of one
    core at 100 requests/s (two rows per request, one training per second).
@@ -32,7 +33,8 @@
    config misses the SLO for at least 5 % of the SLO requests; the goal is 1.3x its goodput
    there with at least 95 % of its output tokens.
 
-Writes bench/results/latency.json.
+Writes bench/results/latency.json (``--result-name``; cost alone: ``--no-accuracy --no-goodput
+--result-name latency-cost``, which the report prefers when it is the newer).
 """
 
 from __future__ import annotations
@@ -161,8 +163,13 @@ def bench_prediction(iterations: int) -> list[dict[str, Any]]:
             prep.append(t1 - t0)
             pred.append(t2 - t1)
         traffic = _prepare_with_traffic(producer, eps, iterations, rng)
-        cells.append({"endpoints": n, "prepare_data_us": _stats_us(prep), "predict_us": _stats_us(pred),
-                      "prepare_data_traffic_us": _stats_us(traffic)})  # fmt: skip
+        stats = {"prepare_data_us": _stats_us(prep), "predict_us": _stats_us(pred),
+                 "prepare_data_traffic_us": _stats_us(traffic)}  # fmt: skip
+        product = stats["predict_us"]["p50"]  # the baseline of the same run: machine speed cancels out
+        cell: dict[str, Any] = {"endpoints": n, **stats}
+        cell["prepare_over_product"] = round(stats["prepare_data_us"]["p50"] / product, 1)
+        cell["traffic_over_product"] = round(stats["prepare_data_traffic_us"]["p50"] / product, 1)
+        cells.append(cell)
     return cells
 
 
@@ -669,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     for c in prediction:
         log(f"{c['endpoints']:>5} endpoints: prepare p50 {c['prepare_data_us']['p50']} µs "
             f"(with traffic {c['prepare_data_traffic_us']['p50']} µs), "
-            f"predict p50 {c['predict_us']['p50']} µs (p99 {c['predict_us']['p99']})")  # fmt: skip
+            f"predict p50 {c['predict_us']['p50']} µs (p99 {c['predict_us']['p99']}); prepare / predict "
+            f"{c['prepare_over_product']}x (with traffic {c['traffic_over_product']}x)")  # fmt: skip
     training = bench_training(20 if args.quick else 200)
     log(f"training: {training}")
 

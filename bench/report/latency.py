@@ -10,6 +10,7 @@ from bench.common import read_result
 from bench.report.fmt import f, ratio, table
 
 GOODPUT_RESULT = "latency-goodput"  # the full goodput run (docs/latency-prediction.md#goodput)
+COST_RESULT = "latency-cost"  # a cost-only run (bench.latency --no-accuracy --no-goodput --result-name ...)
 
 _LABELS = {
     "default": "EPP, default config",
@@ -26,17 +27,29 @@ _LABELS = {
 def latency_section(doc: dict[str, Any]) -> list[str]:
     st = doc["settings"]
     out = ["## Predicted-latency routing", ""]
-    cost = {c["endpoints"]: c for c in doc.get("prediction", [])}
+    src = doc
+    alone = read_result(COST_RESULT)
+    if alone is not None and alone.get("prediction") and alone.get("finished", "") > doc.get("finished", ""):
+        src = alone
+        out += [f"Cost from bench/results/{COST_RESULT}.json (`{alone.get('command', '')}`).", ""]
+    cost = {c["endpoints"]: c for c in src.get("prediction", [])}
     if cost:
         out += [
             "Prediction cost (p50, in process): "
             + ", ".join(
                 f"{n} endpoints {f(c['predict_us']['p50'])} µs "
-                f"(PrepareData {f(c['prepare_data_us']['p50'])} µs)"
+                f"(PrepareData {f(c['prepare_data_us']['p50'])} µs"
+                + (
+                    f", {f(c['prepare_over_product'])} model products; with traffic "
+                    f"{f(c['prepare_data_traffic_us']['p50'])} µs"
+                    if "prepare_data_traffic_us" in c
+                    else ""
+                )
+                + ")"
                 for n, c in sorted(cost.items())
             )
-            + f"; training {f(doc['training']['cpu_share_of_one_core_pct'], 2)} % of a core at "
-            f"{f(doc['training']['rate_rps'], 0)} req/s.",
+            + f"; training {f(src['training']['cpu_share_of_one_core_pct'], 2)} % of a core at "
+            f"{f(src['training']['rate_rps'], 0)} req/s.",
             "",
         ]
     for acc in doc.get("accuracy", []):

@@ -14,6 +14,7 @@ def test_prediction_and_training_cells() -> None:
     cells = bench_prediction(5)
     assert [c["endpoints"] for c in cells] == list(ENDPOINTS)
     assert all(c["predict_us"]["p50"] > 0 and c["prepare_data_us"]["p50"] > 0 for c in cells)
+    assert all(c["prepare_data_traffic_us"]["p50"] > 0 and c["prepare_over_product"] > 0 for c in cells)
     t = bench_training(3)
     assert t["rows_per_target"] == 1000 and t["cpu_share_of_one_core_pct"] > 0
 
