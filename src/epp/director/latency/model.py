@@ -101,6 +101,10 @@ def features(
     (``steps.StepClock``): tokens in the step running now, tokens waiting for the next one (which
     this request joins), and the seconds the running step has been going; ``prefill_rate``: the
     endpoint's recent prefill tokens per busy second (``StepClock.rate``, 0 when unknown).
+
+    This is the definition (and the offline replay's builder); the producer assembles the same
+    matrix from rows it keeps up to date (``table.FeatureTable``), so a change here is a change
+    there too: tests/director/latency/test_table.py compares the two bit for bit.
     """
     n = kv.shape[0]
     x = np.empty((n, N_FEATURES))
