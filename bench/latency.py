@@ -67,7 +67,10 @@ PREDICTOR_CONFIG = ROOT / "config" / "examples" / "predicted-latency.yaml"
 DEFAULT_CONFIG = ROOT / "config" / "default.yaml"
 MAX_SCORE_CONFIG = ROOT / "bench" / "configs" / "predicted-latency-max-score.yaml"
 GIE_LEAST_CONFIG = ROOT / "bench" / "configs" / "predicted-latency-least.yaml"  # GIE's strategy default
-MIXED_SLO_CONFIG = ROOT / "config" / "examples" / "predicted-latency-mixed-slo.yaml"  # + packing, max-score
+MIXED_SLO_CONFIG = (
+    ROOT / "config" / "examples" / "predicted-latency-mixed-slo.yaml"
+)  # + SLO reserve, max-score
+MIXED_SLO_PACK_CONFIG = ROOT / "bench" / "configs" / "predicted-latency-mixed-slo-pack.yaml"
 SLO_TTFT_MS = 400.0
 SLO_TPOT_MS = 60.0
 REPLICAS = 4
@@ -454,11 +457,22 @@ async def run_goodput(
 
 
 def _window_throughput(records: list[dict[str, Any]], t0: float, t1: float) -> dict[str, Any]:
-    """Throughput while a rate was offered: requests (of any level) finished in [t0, t1) and their tokens."""
+    """Throughput while a rate was offered: requests (of any level) finished in [t0, t1) and their
+    tokens; and the backlog at ``t1``: requests sent and not finished, in all and on the replica
+    with the most, and the documents among them that had no first token yet (queued or in prefill)."""
     done = [r for r in records if t0 <= r["end"] < t1 and r.get("status") == 200 and "ttft_ms" in r]
+    open_ = [r for r in records if r["sent"] < t1 <= r["end"]]
+    per_replica: dict[str, int] = {}
+    for r in open_:
+        per_replica[r.get("replica") or "?"] = per_replica.get(r.get("replica") or "?", 0) + 1
     return {
         "window_completed_rps": round(len(done) / (t1 - t0), 2),
         "window_output_tokens_per_s": round(sum(r["tokens"] for r in done) / (t1 - t0), 1),
+        "in_flight_at_end": len(open_),
+        "in_flight_at_end_max_replica": max(per_replica.values(), default=0),
+        "docs_waiting_at_end": sum(
+            1 for r in open_ if r.get("kind") == "doc" and r["sent"] + r.get("ttft_ms", math.inf) / 1000 > t1
+        ),
     }
 
 
@@ -467,7 +481,12 @@ def _router_label(router: Router) -> str:
         return "envoy round robin"
     if isinstance(router, PeerSpec):
         return router.label
-    return str(router.relative_to(ROOT))
+    return str(router.relative_to(ROOT)) if router.is_relative_to(ROOT) else str(router)
+
+
+def resolve_router(name: str) -> Router:
+    """A name of ``ROUTERS``, or the path of an EPP config file (an experiment's variant)."""
+    return ROUTERS[name] if name in ROUTERS or not name.endswith(".yaml") else Path(name).resolve()
 
 
 ROUTERS: dict[str, Router] = {
@@ -475,7 +494,8 @@ ROUTERS: dict[str, Router] = {
     "predictor": PREDICTOR_CONFIG,  # GIE's predictor-enabled config as shipped in config/examples
     "predictor-gie-least": GIE_LEAST_CONFIG,  # the same with GIE's default headroomSelectionStrategy
     "predictor-max-score": MAX_SCORE_CONFIG,  # the predictor config with a max-score picker
-    "predictor-mixed-slo": MIXED_SLO_CONFIG,  # + bestEffortTTFTMs (no-SLO requests packed), max-score picker
+    "predictor-mixed-slo": MIXED_SLO_CONFIG,  # + bestEffortTTFTMs (an SLO reserve), max-score picker
+    "predictor-mixed-slo-pack": MIXED_SLO_PACK_CONFIG,  # the same, packing best-effort (not work-conserving)
     "round-robin": None,  # Envoy alone
     "sglang-cache-aware": PeerSpec("sglang-router", "cache_aware"),
     "vllm-cache-aware": PeerSpec("vllm-router", "cache_aware"),
@@ -491,6 +511,7 @@ JUDGE_DEFAULT_MAX_PCT = 100.0 / GOAL_RATIO
 _CELL_KEYS = (
     "slo_met", "slo_met_pct", "ttft_p50_ms", "ttft_p90_ms", "chat_ttft_p90_ms", "doc_ttft_p90_ms",
     "requests", "ok", "failed", "output_tokens", "window_completed_rps", "window_output_tokens_per_s",
+    "in_flight_at_end", "in_flight_at_end_max_replica", "docs_waiting_at_end",
 )  # fmt: skip
 
 
@@ -563,7 +584,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--routers",
         default="",
-        help="goodput: of " + ",".join(ROUTERS) + " (quick: " + ",".join(QUICK_ROUTERS) + ")",
+        help="goodput: of "
+        + ",".join(ROUTERS)
+        + " or EPP config files (*.yaml; quick: "
+        + ",".join(QUICK_ROUTERS)
+        + ")",
     )
     ap.add_argument(
         "--goodput-time-scale",
@@ -618,17 +643,17 @@ def main(argv: list[str] | None = None) -> int:
     goodput_runs: dict[str, dict[str, Any]] = {}
     names = args.routers.split(",") if args.routers else list(QUICK_ROUTERS if args.quick else ROUTERS)
     for name in [] if args.no_goodput else names:
-        router = ROUTERS[name]
-        if isinstance(router, PeerSpec) and not peer_installed(router.tool):
-            log(f"goodput, {name}: {router.tool} is not installed (python -m bench.setup), skipped")
+        chosen = resolve_router(name)
+        if isinstance(chosen, PeerSpec) and not peer_installed(chosen.tool):
+            log(f"goodput, {name}: {chosen.tool} is not installed (python -m bench.setup), skipped")
             continue
         log(f"goodput, {name}: mixed chat/document workload, rates {g_rates}")
         # an unmeasured warm-up level at half the first rate: a learning router starts from nothing
-        run = asyncio.run(run_goodput(router, [g_rates[0] / 2, *g_rates], g_seconds, args.goodput_time_scale))
+        run = asyncio.run(run_goodput(chosen, [g_rates[0] / 2, *g_rates], g_seconds, args.goodput_time_scale))
         run["warmup"], run["levels"] = run["levels"][0], run["levels"][1:]
         records = run.pop("records")
         if args.keep_records:
-            (ROOT / "bench" / "results" / f"{args.result_name}-{name}-records.json").write_bytes(
+            (ROOT / "bench" / "results" / f"{args.result_name}-{Path(name).stem}-records.json").write_bytes(
                 orjson.dumps(records)
             )
         goodput_runs[name] = run
