@@ -163,8 +163,8 @@ MIXED_CONFIG = CONFIG_PATH.with_name("predicted-latency-mixed-slo.yaml").read_te
 
 
 async def test_mixed_slo_config_routes_requests_with_and_without_an_slo(tmp_path: pathlib.Path) -> None:
-    """The mixed-SLO example (best-effort packing, max-score picker) learns from SLO traffic and then
-    serves requests without SLO headers (scored by the packing rule) and with them, through Envoy."""
+    """The mixed-SLO example (SLO reserve, max-score picker) learns from SLO traffic and then serves
+    requests without SLO headers (scored around the reserve) and with them, through Envoy."""
     async with make_stack(tmp_path, config=MIXED_CONFIG, sim_args=SIM) as s:
         await warm_up(s)
         docs = [s.post("/v1/chat/completions", chat(f"document {i} " + "text " * 400, max_tokens=4))
@@ -172,12 +172,11 @@ async def test_mixed_slo_config_routes_requests_with_and_without_an_slo(tmp_path
         chats = [s.post("/v1/chat/completions", chat(f"question {i}"), SLO) for i in range(6)]
         replies = await asyncio.gather(*docs, *chats)
         assert all(r.status == 200 for r in replies), [r.status for r in replies]
-        # every request was scheduled with valid predictions (the packing rule needs them)
+        # every request was scheduled with valid predictions (the reserve rule needs them)
         assert all("x-epp-predicted-ttft-ms" in r.headers for r in replies)
         assert all(r.epp_choice == r.served_by for r in replies)
 
 
-MIXED_SLO = (CONFIG_PATH.parent / "predicted-latency-mixed-slo.yaml").read_text()
 EXPLAIN = "x-epp-explain"
 
 
@@ -187,7 +186,7 @@ async def test_mixed_slo_config_keeps_a_reserve_for_slo_traffic(tmp_path: pathli
     explained breakdown) and goes to another.  The SLO request before it cannot be met anywhere,
     so no headroom is left on the reserve for best-effort work to use."""
     args = [f"--explain-request-header={EXPLAIN}"]
-    async with make_stack(tmp_path, config=MIXED_SLO, sim_args=SIM, epp_args=args) as s:
+    async with make_stack(tmp_path, config=MIXED_CONFIG, sim_args=SIM, epp_args=args) as s:
         await warm_up(s)
         r = await s.post("/v1/chat/completions", chat("an SLO nobody meets"), {"x-slo-ttft-ms": "0.001"})
         assert r.status == 200, r.body
