@@ -105,6 +105,14 @@ def _steady() -> list[str]:
                 f"{lv.get('in_flight_at_end')} ({lv.get('in_flight_at_end_max_replica')})",
                 str(lv.get("docs_waiting_at_end")),
             ])  # fmt: skip
+    for name, run in doc["goodput_runs"].items():
+        lvs = run["levels"]
+        met, of = sum(lv["slo_met"] for lv in lvs), sum(lv["slo_requests"] for lv in lvs)
+        rows.append([
+            f"**{_LABELS.get(name, name)}**", "all", f"{met}/{of} ({f(100 * met / of)} %)", "", "",
+            f(sum(lv["window_completed_rps"] for lv in lvs) / len(lvs), 2),
+            f(sum(lv["window_output_tokens_per_s"] for lv in lvs) / len(lvs), 0), "", "",
+        ])  # fmt: skip
     return [
         f"Steady load, bench/results/{STEADY_RESULT}.json (`{doc.get('command', '')}`): one rate held, "
         "in windows of the held rate; SLO met, chat and document TTFT p90 (ms) of the window's "

@@ -96,3 +96,24 @@ def test_rederive_adds_the_in_window_throughput_goal(tmp_path: Path, monkeypatch
     }
     assert goals["window_completed_requests_ratio_min_from_judging_rate"]["value"] == 0.99
     assert json.loads((tmp_path / "bench" / "results" / "x.json").read_text())["goodput"][0]["judged_router"]
+
+
+def test_a_held_rate_is_judged_over_all_its_windows() -> None:
+    """A steady-load run: the windows are summed (one window's swing is not a throughput loss)."""
+    from bench.latency import goodput_summary, window_goals
+
+    def window(met: int, done: float, tokens: float) -> dict[str, object]:
+        lv = _level(met, 100)
+        lv.update(rate_rps=12.0, window_completed_rps=done, window_output_tokens_per_s=tokens)
+        return lv
+
+    runs = {
+        "default": {"levels": [window(60, 10.0, 1000.0), window(70, 10.0, 1000.0)]},
+        "predictor-mixed-slo": {"levels": [window(95, 8.0, 800.0), window(100, 11.8, 1180.0)]},
+    }
+    rows = goodput_summary(runs)
+    goals = window_goals(rows, rows[0])
+    assert goals["goodput_ratio_held_rate"] == {"goal": 1.3, "value": 1.5, "met": True}
+    assert goals["window_completed_requests_ratio_held_rate"] == {"goal": 0.97, "value": 0.99, "met": True}
+    assert goals["window_output_tokens_ratio_held_rate"]["value"] == 0.99
+    assert not any(k.endswith("_min_from_judging_rate") for k in goals)
