@@ -173,6 +173,15 @@ def test_best_effort_may_take_the_reserve_within_the_slo_headroom() -> None:
     assert score(s, [no_slo(900), no_slo(35), no_slo(400)]).index(1.0) == 2
 
 
+def test_a_tpot_only_slo_keeps_the_reserve_but_leaves_the_ttft_headroom() -> None:
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
+    with_slo_traffic(s)  # 30 ms of TTFT headroom
+    tpot_only = LatencyPredictionInfo(True, True, -50.0, 5.0, 50.0, 10.0, 1)  # TTFT headroom = -prediction
+    score(s, [tpot_only, tpot_only])
+    assert s.slo_headroom == 30.0
+    assert score(s, [no_slo(900), no_slo(25), no_slo(400)]).index(1.0) == 1
+
+
 def test_best_effort_reserve_size() -> None:
     s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000, sloReserveEndpoints=2)
     with_slo_traffic(s)
