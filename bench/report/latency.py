@@ -11,13 +11,15 @@ from bench.report.fmt import f, ratio, table
 
 GOODPUT_RESULT = "latency-goodput"  # the full goodput run (docs/latency-prediction.md#goodput)
 COST_RESULT = "latency-cost"  # a cost-only run (bench.latency --no-accuracy --no-goodput --result-name ...)
+STEADY_RESULT = "latency-goodput-steady"  # one rate held for minutes: is the best-effort backlog bounded?
 
 _LABELS = {
     "default": "EPP, default config",
     "predictor": "EPP, predictor (our example)",
     "predictor-gie-least": "EPP, GIE's predictor config",
     "predictor-max-score": "EPP, predictor + max-score picker",
-    "predictor-mixed-slo": "EPP, predictor + best-effort packing (mixed-slo)",
+    "predictor-mixed-slo": "EPP, predictor + SLO reserve (mixed-slo)",
+    "predictor-mixed-slo-pack": "EPP, predictor + best-effort packing",
     "round-robin": "Envoy round robin",
     "sglang-cache-aware": "sglang-router cache_aware",
     "vllm-cache-aware": "vllm-router cache_aware",
@@ -96,4 +98,43 @@ def latency_section(doc: dict[str, Any]) -> list[str]:
                 table(["router", "completed", "output tok", "makespan", "tok/s"], rows), ""]  # fmt: skip
     for name, goal in doc.get("goals", {}).items():
         out.append(f"- goal `{name}`: {goal}")
-    return [*out, ""]
+    return [*out, "", *_steady()]
+
+
+def _steady() -> list[str]:
+    """The steady-load run: one row per window of the held rate, per router."""
+    doc = read_result(STEADY_RESULT)
+    if doc is None or not doc.get("goodput_runs"):
+        return []
+    st = doc["settings"]
+    rows = []
+    for name, run in doc["goodput_runs"].items():
+        for i, lv in enumerate(run["levels"]):
+            rows.append([
+                _LABELS.get(name, name), f(st["goodput_seconds_per_level"] * (i + 1), 0),
+                f"{f(lv.get('slo_met_pct'))} %",
+                f(lv.get("chat_ttft_p90_ms"), 0), f(lv.get("doc_ttft_p90_ms"), 0),
+                f(lv.get("window_completed_rps"), 1), f(lv.get("window_output_tokens_per_s"), 0),
+                f"{lv.get('in_flight_at_end')} ({lv.get('in_flight_at_end_max_replica')})",
+                str(lv.get("docs_waiting_at_end")),
+            ])  # fmt: skip
+    for name, run in doc["goodput_runs"].items():
+        lvs = run["levels"]
+        met, of = sum(lv["slo_met"] for lv in lvs), sum(lv["slo_requests"] for lv in lvs)
+        rows.append([
+            f"**{_LABELS.get(name, name)}**", "all", f"{met}/{of} ({f(100 * met / of)} %)", "", "",
+            f(sum(lv["window_completed_rps"] for lv in lvs) / len(lvs), 2),
+            f(sum(lv["window_output_tokens_per_s"] for lv in lvs) / len(lvs), 0), "", "",
+        ])  # fmt: skip
+    return [
+        f"Steady load, bench/results/{STEADY_RESULT}.json (`{doc.get('command', '')}`): one rate held, "
+        "in windows of the held rate; SLO met, chat and document TTFT p90 (ms) of the window's "
+        "requests, requests and output tokens finished in the window, requests in flight at its end "
+        "(on the busiest replica) and documents still without a first token.",
+        "",
+        table(
+            ["router", "s", "SLO met", "chat p90", "doc p90", "done/s", "tok/s", "in flight", "docs waiting"],
+            rows,
+        ),
+        "",
+    ]

@@ -77,14 +77,44 @@ def test_rederive_adds_the_in_window_throughput_goal(tmp_path: Path, monkeypatch
     monkeypatch.setattr(bench.common, "RESULTS", tmp_path / "bench" / "results")
     monkeypatch.setattr(bench.latency, "ROOT", tmp_path)
     default, mixed = _level(60, 100), _level(95, 100)
-    default["window_output_tokens_per_s"], mixed["window_output_tokens_per_s"] = 1000.0, 800.0
-    doc = {"goodput_runs": {"default": {"levels": [default]}, "predictor-mixed-slo": {"levels": [mixed]}},
-           "goals": {}}  # fmt: skip
-    (tmp_path / "bench" / "results" / "x.json").write_text(json.dumps(doc))
-    out = rederive("x")
-    assert out["goals"]["window_output_tokens_ratio_at_judging_rate"] == {
-        "goal": 0.95,
+    default["window_output_tokens_per_s"], mixed["window_output_tokens_per_s"] = 1000.0, 980.0
+    default["window_completed_rps"], mixed["window_completed_rps"] = 10.0, 10.0
+    higher_default, higher_mixed = _level(50, 100), _level(90, 100)
+    higher_default["rate_rps"] = higher_mixed["rate_rps"] = 1.0
+    higher_default["window_output_tokens_per_s"], higher_mixed["window_output_tokens_per_s"] = 1000.0, 800.0
+    higher_default["window_completed_rps"], higher_mixed["window_completed_rps"] = 10.0, 9.9
+    runs = {"default": {"levels": [default, higher_default]},
+            "predictor-mixed-slo": {"levels": [mixed, higher_mixed]}}  # fmt: skip
+    (tmp_path / "bench" / "results" / "x.json").write_text(json.dumps({"goodput_runs": runs, "goals": {}}))
+    goals = rederive("x")["goals"]
+    assert goals["window_output_tokens_ratio_at_judging_rate"] == {"goal": 0.97, "value": 0.98, "met": True}
+    assert goals["window_completed_requests_ratio_at_judging_rate"]["value"] == 1.0
+    # from the judging rate up, the worst rate counts
+    assert goals["window_output_tokens_ratio_min_from_judging_rate"] == {
+        "goal": 0.97,
         "value": 0.8,
         "met": False,
     }
+    assert goals["window_completed_requests_ratio_min_from_judging_rate"]["value"] == 0.99
     assert json.loads((tmp_path / "bench" / "results" / "x.json").read_text())["goodput"][0]["judged_router"]
+
+
+def test_a_held_rate_is_judged_over_all_its_windows() -> None:
+    """A steady-load run: the windows are summed (one window's swing is not a throughput loss)."""
+    from bench.latency import goodput_summary, window_goals
+
+    def window(met: int, done: float, tokens: float) -> dict[str, object]:
+        lv = _level(met, 100)
+        lv.update(rate_rps=12.0, window_completed_rps=done, window_output_tokens_per_s=tokens)
+        return lv
+
+    runs = {
+        "default": {"levels": [window(60, 10.0, 1000.0), window(70, 10.0, 1000.0)]},
+        "predictor-mixed-slo": {"levels": [window(95, 8.0, 800.0), window(100, 11.8, 1180.0)]},
+    }
+    rows = goodput_summary(runs)
+    goals = window_goals(rows, rows[0])
+    assert goals["goodput_ratio_held_rate"] == {"goal": 1.3, "value": 1.5, "met": True}
+    assert goals["window_completed_requests_ratio_held_rate"] == {"goal": 0.97, "value": 0.99, "met": True}
+    assert goals["window_output_tokens_ratio_held_rate"]["value"] == 0.99
+    assert not any(k.endswith("_min_from_judging_rate") for k in goals)

@@ -133,6 +133,6 @@ def test_report_latency_goodput_table(results_dir: Path) -> None:
     text = bench.report.build().read_text()
     times = "\u00d7"
     assert "## Predicted-latency routing" in text
-    assert f"| 9 | EPP, predictor + best-effort packing (mixed-slo) | 91/100 (91.0 %) | 1.30{times} |" in text
+    assert f"| 9 | EPP, predictor + SLO reserve (mixed-slo) | 91/100 (91.0 %) | 1.30{times} |" in text
     assert f"| 9 | sglang-router cache_aware | 60/100 (60.0 %) | 0.86{times} |" in text
     assert "goodput_ratio_at_judging_rate" in text

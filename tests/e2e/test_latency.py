@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from epp.explain.record import SCORES_HEADER, parse_header
 from tests.e2e.conftest import FAST_SIM, Stack, make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -162,8 +163,8 @@ MIXED_CONFIG = CONFIG_PATH.with_name("predicted-latency-mixed-slo.yaml").read_te
 
 
 async def test_mixed_slo_config_routes_requests_with_and_without_an_slo(tmp_path: pathlib.Path) -> None:
-    """The mixed-SLO example (best-effort packing, max-score picker) learns from SLO traffic and then
-    serves requests without SLO headers (scored by the packing rule) and with them, through Envoy."""
+    """The mixed-SLO example (SLO reserve, max-score picker) learns from SLO traffic and then serves
+    requests without SLO headers (scored around the reserve) and with them, through Envoy."""
     async with make_stack(tmp_path, config=MIXED_CONFIG, sim_args=SIM) as s:
         await warm_up(s)
         docs = [s.post("/v1/chat/completions", chat(f"document {i} " + "text " * 400, max_tokens=4))
@@ -171,6 +172,33 @@ async def test_mixed_slo_config_routes_requests_with_and_without_an_slo(tmp_path
         chats = [s.post("/v1/chat/completions", chat(f"question {i}"), SLO) for i in range(6)]
         replies = await asyncio.gather(*docs, *chats)
         assert all(r.status == 200 for r in replies), [r.status for r in replies]
-        # every request was scheduled with valid predictions (the packing rule needs them)
+        # every request was scheduled with valid predictions (the reserve rule needs them)
         assert all("x-epp-predicted-ttft-ms" in r.headers for r in replies)
         assert all(r.epp_choice == r.served_by for r in replies)
+
+
+EXPLAIN = "x-epp-explain"
+
+
+async def test_mixed_slo_config_keeps_a_reserve_for_slo_traffic(tmp_path: pathlib.Path) -> None:
+    """The mixed-SLO example (latency-scorer bestEffortTTFTMs): once requests with an SLO are about,
+    a request without one is kept off the endpoint predicted fastest for it (score 0 in the
+    explained breakdown) and goes to another.  The SLO request before it cannot be met anywhere,
+    so no headroom is left on the reserve for best-effort work to use."""
+    args = [f"--explain-request-header={EXPLAIN}"]
+    async with make_stack(tmp_path, config=MIXED_CONFIG, sim_args=SIM, epp_args=args) as s:
+        await warm_up(s)
+        r = await s.post("/v1/chat/completions", chat("an SLO nobody meets"), {"x-slo-ttft-ms": "0.001"})
+        assert r.status == 200, r.body
+        best_effort = await s.post(
+            "/v1/chat/completions", chat("a document " + "page " * 400), {EXPLAIN: "1"}
+        )
+        assert best_effort.status == 200, best_effort.body
+        rows = parse_header(best_effort.headers[SCORES_HEADER])
+        assert {address for address, _, _ in rows} == set(s.fleet.hostports)
+        latency = {address: parts["latency-scorer"] for address, _, parts in rows}
+        reserved = [address for address, score in latency.items() if score == 0.0]
+        assert len(reserved) == 1, latency
+        assert best_effort.epp_choice == best_effort.served_by == rows[0][0]
+        assert best_effort.epp_choice != reserved[0]
+        assert latency[best_effort.epp_choice] == max(latency.values()) > 0.0

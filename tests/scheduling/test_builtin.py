@@ -62,6 +62,8 @@ EXPECTED: dict[str, set[str]] = {
     },
     "latency-scorer": {
         "bestEffortTTFTMs",  # ours
+        "bestEffortPlacement",  # ours
+        "sloReserveEndpoints",  # ours
         "ttftWeight",
         "tpotWeight",
         "headroomSelectionStrategy",

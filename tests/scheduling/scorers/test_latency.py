@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
@@ -23,7 +25,7 @@ def info(ttft_h: float, tpot_h: float, *, dispatched: int = 1, valid: bool = Tru
     )
 
 
-def score(scorer: LatencyScorer, infos: list[LatencyPredictionInfo | None]) -> list[float]:
+def score(scorer: LatencyScorer, infos: Sequence[LatencyPredictionInfo | None]) -> list[float]:
     eps = [endpoint(i) for i in range(len(infos))]
     state = CycleState()
     state.set_attributes(
@@ -113,7 +115,7 @@ def test_composite_weights_non_positive_sum_means_kv_only() -> None:
     assert s.score(CycleState(), request(), eps) == pytest.approx([0.75])
 
 
-# --- best-effort packing (ours: bestEffortTTFTMs) -----------------------------------------------------
+# --- best-effort routing (ours: bestEffortTTFTMs) -----------------------------------------------------
 def no_slo(ttft: float, *, dispatched: int = 1, tpot: float = 10.0) -> LatencyPredictionInfo:
     """What the producer writes for a request without SLO headers: headroom = 0 - prediction."""
     return LatencyPredictionInfo(
@@ -135,8 +137,94 @@ def test_best_effort_off_by_default_keeps_gie_behaviour() -> None:
     assert out.index(max(out)) == 0
 
 
-def test_best_effort_packs_onto_the_busiest_endpoint_within_the_bound() -> None:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def with_slo_traffic(s: LatencyScorer) -> Clock:
+    """The scorer sees one request with an SLO now; returns its (fake) clock."""
+    clock = Clock()
+    s.clock = clock
+    score(s, [info(10, 5), info(30, 5)])
+    return clock
+
+
+def test_best_effort_keeps_the_fastest_endpoint_for_slo_traffic() -> None:
+    """With SLO traffic about, the endpoint with the least work ahead is reserved and the request
+    without an SLO takes the fastest of the others (GIE's choice among them)."""
     s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
+    with_slo_traffic(s)
+    out = score(s, [no_slo(900), no_slo(100), no_slo(3000), no_slo(400)])
+    assert out[1] == 0.0  # the reserve
+    assert out[3] == pytest.approx(1.0)
+    assert out[3] > out[0] > out[2]
+
+
+def test_best_effort_may_take_the_reserve_within_the_slo_headroom() -> None:
+    """Work that fits in the TTFT headroom the last SLO request had does not need to be kept off
+    the reserve: it goes to the fastest endpoint, as GIE would send it."""
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
+    with_slo_traffic(s)  # its best endpoint had 30 ms of headroom
+    assert score(s, [no_slo(900), no_slo(25), no_slo(400)]).index(1.0) == 1
+    assert score(s, [no_slo(900), no_slo(35), no_slo(400)]).index(1.0) == 2
+
+
+def test_a_tpot_only_slo_keeps_the_reserve_but_leaves_the_ttft_headroom() -> None:
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
+    with_slo_traffic(s)  # 30 ms of TTFT headroom
+    tpot_only = LatencyPredictionInfo(True, True, -50.0, 5.0, 50.0, 10.0, 1)  # TTFT headroom = -prediction
+    score(s, [tpot_only, tpot_only])
+    assert s.slo_headroom == 30.0
+    assert score(s, [no_slo(900), no_slo(25), no_slo(400)]).index(1.0) == 1
+
+
+def test_best_effort_reserve_size() -> None:
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000, sloReserveEndpoints=2)
+    with_slo_traffic(s)
+    out = score(s, [no_slo(900), no_slo(100), no_slo(3000), no_slo(400)])
+    assert out[1] == out[3] == 0.0
+    assert out.index(max(out)) == 0
+
+
+def test_best_effort_without_recent_slo_traffic_reserves_nothing() -> None:
+    """No SLO request for longer than SLO_RECENT_S: GIE's choice over all endpoints (the fastest)."""
+    from epp.scheduling.scorers.latency import SLO_RECENT_S
+
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
+    fleet = [no_slo(900), no_slo(100), no_slo(3000), no_slo(400)]
+    s.clock = Clock()
+    assert score(s, fleet).index(1.0) == 1  # never seen one
+    clock = with_slo_traffic(s)
+    clock.now += SLO_RECENT_S / 2
+    assert score(s, fleet)[1] == 0.0
+    clock.now += SLO_RECENT_S
+    assert score(s, fleet).index(1.0) == 1
+
+
+def test_best_effort_uses_the_reserve_rather_than_wait_beyond_the_bound() -> None:
+    """Work-conserving: when every other endpoint predicts a TTFT beyond bestEffortTTFTMs the
+    request goes where GIE would send it (the fastest endpoint, i.e. the reserve)."""
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=500)
+    with_slo_traffic(s)
+    out = score(s, [no_slo(900), no_slo(100), no_slo(3000), no_slo(700)])
+    assert out.index(max(out)) == 1
+
+
+def test_best_effort_reserve_needs_another_endpoint() -> None:
+    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
+    with_slo_traffic(s)
+    gie = build(LatencyScorer, headroomSelectionStrategy="most")
+    assert score(s, [no_slo(900)]) == score(gie, [no_slo(900)])  # nothing to keep it from
+
+
+def test_best_effort_packs_onto_the_busiest_endpoint_within_the_bound() -> None:
+    s = build(
+        LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000, bestEffortPlacement="pack"
+    )
     out = score(s, [no_slo(100), no_slo(900), no_slo(3000), no_slo(1500)])
     # within 2000 ms: 100, 900, 1500; the least headroom (1500 ms predicted) is the best fit
     assert out[3] == pytest.approx(1.0)
@@ -145,7 +233,9 @@ def test_best_effort_packs_onto_the_busiest_endpoint_within_the_bound() -> None:
 
 
 def test_best_effort_beyond_the_bound_everywhere_falls_back_to_gie() -> None:
-    s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=500)
+    s = build(
+        LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=500, bestEffortPlacement="pack"
+    )
     out = score(s, [no_slo(900), no_slo(700, dispatched=0), no_slo(3000)])
     assert out == [0.0, 1.0, 0.0]  # GIE: no positive endpoint, the idle one
 
@@ -165,3 +255,7 @@ def test_best_effort_alias_and_validation() -> None:
     assert LatencyScorerParams.model_validate({"bestEffortTTFTMs": 250}).best_effort_ttft_ms == 250
     with pytest.raises(ValidationError):
         LatencyScorerParams.model_validate({"bestEffortTTFTMs": -1})
+    with pytest.raises(ValidationError):
+        LatencyScorerParams.model_validate({"sloReserveEndpoints": -1})
+    with pytest.raises(ValidationError):
+        LatencyScorerParams.model_validate({"bestEffortPlacement": "spread"})

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import Field
 
@@ -25,8 +26,16 @@ class LatencyScorerParams(PluginParams):
     composite_kv_weight: float = Field(1.0, alias="compositeKVWeight")  # not to_camel's ...Kv...
     composite_queue_weight: float = 1.0
     composite_prefix_weight: float = 1.0
-    # ours (not in GIE): > 0 packs requests without an SLO (docs/latency-prediction.md#best-effort-packing)
+    # ours (not in GIE): > 0 routes requests without an SLO around the endpoints kept for SLO traffic
+    # (docs/latency-prediction.md#best-effort-routing-ours)
     best_effort_ttft_ms: float = Field(0.0, alias="bestEffortTTFTMs", ge=0.0)
+    best_effort_placement: Literal["reserve", "pack"] = "reserve"
+    slo_reserve_endpoints: int = Field(1, ge=0)
+
+
+# A reserve is kept while a request with an SLO was scored this recently: a fleet that serves no
+# SLO traffic routes best-effort requests exactly as GIE does (to the fastest endpoint).
+SLO_RECENT_S: Final = 10.0
 
 
 def _has_prediction(info: LatencyPredictionInfo | None) -> bool:
@@ -68,8 +77,10 @@ class LatencyScorer(PluginBase):
     normalised value 0.5; ``combined = a·nTTFT + b·nTPOT``; ``least``: ``w = int((1 -
     combined)·100) + 1``, ``most``: ``w = int(combined·100) + 1``; score ``w / 100``
     (clamped to 1).
-    Ours: ``bestEffortTTFTMs`` > 0 (default 0, off) scores a request that carries no SLO by
-    ``least`` TTFT headroom under that bound instead (see ``_pack``).
+    Ours: ``bestEffortTTFTMs`` > 0 (default 0, off) routes a request that carries no SLO
+    around the ``sloReserveEndpoints`` (1) endpoints kept for SLO traffic
+    (``bestEffortPlacement: reserve``, the default; see ``_around_reserve``), or packs it onto
+    the busiest endpoint within that bound (``pack``; see ``_pack``).
     Consumes ``LATENCY_PREDICTION`` (auto-creates ``predicted-latency-producer``); reads
     ``PREFIX_MATCH`` when present.
     """
@@ -88,6 +99,11 @@ class LatencyScorer(PluginBase):
         )
         self.strategy = params.headroom_selection_strategy
         self.best_effort_ttft = params.best_effort_ttft_ms
+        self.placement = params.best_effort_placement
+        self.reserve = params.slo_reserve_endpoints
+        self.clock: Callable[[], float] = time.monotonic  # a plain attribute: tests inject a fake clock
+        self.last_slo_at = -float("inf")
+        self.slo_headroom = 0.0  # the most TTFT headroom (ms) the last request with an SLO had
         kv, q, pf = params.composite_kv_weight, params.composite_queue_weight, params.composite_prefix_weight
         s = kv + q + pf
         self.composite = (kv / s, q / s, pf / s) if s > 0 else (1.0, 0.0, 0.0)
@@ -99,9 +115,9 @@ class LatencyScorer(PluginBase):
         if not any(_has_prediction(infos.get(ep)) for ep in endpoints):
             return self._composite(state, endpoints)
         if self.best_effort_ttft > 0:
-            packed = self._pack(infos, endpoints)
-            if packed is not None:
-                return packed
+            placed = self._best_effort(infos, endpoints)
+            if placed is not None:
+                return placed
         n = len(endpoints)
         positive: list[int] = []
         tpot_only: list[int] = []
@@ -136,21 +152,59 @@ class LatencyScorer(PluginBase):
                 break
         return scores
 
-    def _pack(self, infos: Mapping[Hashable, Any], endpoints: Sequence[Endpoint]) -> list[float] | None:
-        """Best-effort packing (ours): a request without an SLO goes to the endpoint with the
-        *least* TTFT headroom under ``bestEffortTTFTMs``, i.e. the busiest one still predicted
-        to start it within that bound, so the endpoints with slack stay free for the requests
-        that carry an SLO.  None (GIE's behaviour) when the request has an SLO or no endpoint
-        is predicted within the bound."""
+    def _best_effort(
+        self, infos: Mapping[Hashable, Any], endpoints: Sequence[Endpoint]
+    ) -> list[float] | None:
+        """Scores for a request without an SLO (ours), or None: GIE's scoring.  A request with an
+        SLO only records that SLO traffic is present."""
         got = [infos.get(ep) for ep in endpoints]
         if not all(_slo_free(i) for i in got if _has_prediction(i)):
+            self.last_slo_at = self.clock()
+            ttft = [i for i in got if i is not None and i.ttft_valid and i.ttft_headroom + i.ttft != 0.0]
+            if ttft:  # it carries a TTFT SLO
+                self.slo_headroom = max(i.ttft_headroom for i in ttft)
             return None
+        if self.placement == "pack":
+            return self._pack(got)
+        return self._around_reserve(got)
+
+    def _around_reserve(self, got: list[LatencyPredictionInfo | None]) -> list[float] | None:
+        """Work-conserving best-effort routing: the ``sloReserveEndpoints`` endpoints with the
+        lowest predicted TTFT for this request (the least prefill ahead: where the next SLO
+        request will go) are kept for SLO traffic, and the request gets GIE's choice among
+        the others (the lowest predicted TTFT and TPOT).
+
+        A reserved endpoint is not held back from work that fits in the headroom SLO traffic
+        has there: when this request's predicted TTFT on it is at most the TTFT headroom the
+        last SLO request had (on its best endpoint), the SLO request after it would still be
+        predicted within its SLO, so the request may take it.  The reserve is given up
+        entirely (None: GIE's choice over all) when no SLO request was seen for
+        ``SLO_RECENT_S``, or when every other endpoint predicts the first token later than
+        ``bestEffortTTFTMs``: best-effort work then uses the reserve rather than wait."""
+        if self.clock() - self.last_slo_at > SLO_RECENT_S:
+            return None
+        ranked = sorted((i.ttft, k) for k, i in enumerate(got) if i is not None and i.ttft_valid)
+        rest = ranked[self.reserve :]
+        if self.reserve == 0 or not rest or rest[0][0] > self.best_effort_ttft:
+            return None
+        rest += [(t, k) for t, k in ranked[: self.reserve] if t <= self.slo_headroom]
+        heads = [_headrooms(i) for i in got]
+        scores = [0.0] * len(got)
+        self._bucket([k for _, k in rest], heads, scores, "least")
+        return scores
+
+    def _pack(self, got: list[LatencyPredictionInfo | None]) -> list[float] | None:
+        """Best-effort packing (``bestEffortPlacement: pack``): the endpoint with the *least*
+        TTFT headroom under ``bestEffortTTFTMs``, i.e. the busiest one still predicted to start
+        it within that bound, so the endpoints with slack stay free for the requests that carry
+        an SLO; not work-conserving (docs/latency-prediction.md#goodput).  None (GIE's
+        behaviour) when no endpoint is predicted within the bound."""
         bound = self.best_effort_ttft
         fits = [k for k, i in enumerate(got) if i is not None and i.ttft_valid and i.ttft <= bound]
         if not fits:
             return None
         heads = [(bound - i.ttft, 0.0) if i is not None else (0.0, 0.0) for i in got]
-        scores = [0.0] * len(endpoints)
+        scores = [0.0] * len(got)
         self._bucket(fits, heads, scores, "least")
         return scores
 
