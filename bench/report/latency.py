@@ -11,6 +11,7 @@ from bench.report.fmt import f, ratio, table
 
 GOODPUT_RESULT = "latency-goodput"  # the full goodput run (docs/latency-prediction.md#goodput)
 COST_RESULT = "latency-cost"  # a cost-only run (bench.latency --no-accuracy --no-goodput --result-name ...)
+REPEAT_RESULT = "latency-goodput-run2"  # the same ladder again, with the peer routers
 STEADY_RESULT = "latency-goodput-steady"  # one rate held for minutes: is the best-effort backlog bounded?
 
 _LABELS = {
@@ -98,7 +99,40 @@ def latency_section(doc: dict[str, Any]) -> list[str]:
                 table(["router", "completed", "output tok", "makespan", "tok/s"], rows), ""]  # fmt: skip
     for name, goal in doc.get("goals", {}).items():
         out.append(f"- goal `{name}`: {goal}")
-    return [*out, "", *_steady()]
+    return [*out, "", *_repeat(), *_steady()]
+
+
+def _repeat() -> list[str]:
+    """The second run of the ladder: SLO met and in-window throughput against the default config."""
+    doc = read_result(REPEAT_RESULT)
+    if doc is None or not doc.get("goodput"):
+        return []
+    rows = []
+    for g in doc["goodput"]:
+        for name in doc["goodput_runs"]:
+            c = g[name]
+            rows.append([
+                f(g["rate_rps"], 0), _LABELS.get(name, name),
+                f"{c.get('slo_met')}/{g['slo_requests']} ({f(c.get('slo_met_pct'))} %)",
+                ratio(c.get("goodput_ratio_vs_default")),
+                f(c.get("window_completed_rps"), 1), ratio(c.get("window_completed_ratio_vs_default")),
+                f(c.get("window_output_tokens_per_s"), 0), ratio(c.get("window_tokens_ratio_vs_default")),
+            ])  # fmt: skip
+    goals = [
+        f"- goal `{k}`: {v}" for k, v in doc.get("goals", {}).items() if k.startswith(("goodput", "window"))
+    ]
+    return [
+        f"Goodput, run 2, bench/results/{REPEAT_RESULT}.json (`{doc.get('command', '')}`): SLO met, "
+        "and requests and output tokens per second finished while the rate was offered, each "
+        "against the default config's.",
+        "",
+        table(
+            ["req/s", "router", "SLO met", "vs default", "done/s", "vs default", "tok/s", "vs default"], rows
+        ),
+        "",
+        *goals,
+        "",
+    ]
 
 
 def _steady() -> list[str]:
