@@ -104,6 +104,35 @@ def test_predicted_vs_observed_reuse() -> None:
     assert seen["pearson"] == pytest.approx(statistics.correlation([112, 48, 112], [112, 48, 100]))
 
 
+def test_each_prediction_is_kept_beside_what_the_engine_reported() -> None:
+    """recentPredictions: per request, predicted/as routed/from reports only/observed, the prompt,
+    the new blocks queued ahead on the pick and the time to its first byte (-1: none seen)."""
+    s = scorer()
+    eps = seed(s, [8, 3])
+    picked = SchedulingResult({"default": ProfileRunResult((eps[1],))}, "default")
+    state = CycleState()
+    s.prepare(state, request(), eps, TOKENS)
+    s.pre_request(state, request(), picked)
+    s.response_body(state, request(), ResponseInfo(request_id="r"), b"data: {}", eps[1])
+    done = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=32))
+    s.response_complete(state, request(), done, eps[1])
+    other = CycleState()
+    s.prepare(other, request(), eps, TOKENS)
+    s.pre_request(other, request(), picked)
+    s.response_complete(other, request(), done, eps[1])
+    recent = s.debug_state()["recentPredictions"]
+    rows = [dict(zip(recent["fields"], row, strict=True)) for row in recent["rows"]]
+    assert [(r["predicted"], r["predictedConfirmed"], r["observed"]) for r in rows] == [
+        (48, 48, 32),
+        (112, 48, 32),
+    ]
+    assert [r["promptTokens"] for r in rows] == [len(TOKENS)] * 2
+    # the first request queued 5 new blocks; it ended before the second was routed
+    assert [r["queuedNewBlocksAtPick"] for r in rows] == [0, 0]
+    assert rows[0]["firstByteMs"] >= 0
+    assert rows[1]["firstByteMs"] == -1
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

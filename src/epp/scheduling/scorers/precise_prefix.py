@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -119,6 +120,21 @@ class _Prediction:
     slot: int = -1  # the pick's index slot
     ahead: int = 0  # new blocks this request adds to its pick's queue, until its first response byte
     target: str = ""
+    routed_at: float = 0.0  # monotonic time of PreRequest
+    first_byte_at: float = 0.0  # monotonic time of the first response byte (its prefill is done)
+    ahead_at_pick: int = 0  # new blocks other routed requests had queued on the pick then
+
+
+SAMPLE_FIELDS = (
+    "predicted",
+    "predictedRouted",
+    "predictedConfirmed",
+    "observed",
+    "promptTokens",
+    "queuedNewBlocksAtPick",
+    "firstByteMs",
+)
+SAMPLES = 2048  # the last routed requests' predictions kept for /debug/plugins/state
 
 
 class _Correlation:
@@ -230,6 +246,8 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.correlation = _Correlation()  # predicted = what the pick will still hold when it runs
         self.correlation_routed = _Correlation()  # what the scorer used, pending included
         self.correlation_confirmed = _Correlation()  # predicted from reported blocks only
+        # (SAMPLE_FIELDS) per request, the latest SAMPLES: where predicted and observed part
+        self.samples: deque[tuple[float, ...]] = deque(maxlen=SAMPLES)
         self.ahead: dict[str, int] = {}  # endpoint -> new blocks queued there by routed requests
         self.unheld = 0  # requests scored from the approximate index because nobody held them
         self.unreported = 0  # responses without cached_tokens
@@ -439,6 +457,8 @@ class PrecisePrefixCacheScorer(PluginBase):
         if reported < prediction.total_blocks:
             self.subscriber.note_routed(name, now)
         prediction.target = name
+        prediction.routed_at = now
+        prediction.ahead_at_pick = ahead
         if st is not None and hashes:
             prediction.slot = st.slot
             # the blocks it will allocate before its first token: queued ahead of later requests
@@ -481,6 +501,8 @@ class PrecisePrefixCacheScorer(PluginBase):
         if chunk or response.end_of_stream:
             prediction = state.get(self._key)
             if prediction is not None:
+                if not prediction.first_byte_at:
+                    prediction.first_byte_at = time.monotonic()
                 self._release_ahead(prediction)
 
     def response_complete(
@@ -508,6 +530,18 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.correlation.add(prediction.predicted, observed)
         self.correlation_routed.add(prediction.predicted_routed, observed)
         self.correlation_confirmed.add(prediction.predicted_confirmed, observed)
+        first = prediction.first_byte_at
+        self.samples.append(
+            (
+                prediction.predicted,
+                prediction.predicted_routed,
+                prediction.predicted_confirmed,
+                observed,
+                prediction.prompt_tokens,
+                prediction.ahead_at_pick,
+                round((first - prediction.routed_at) * 1000, 1) if first else -1.0,
+            )
+        )
 
     # DebugState -------------------------------------------------------------------------------
     def debug_state(self) -> dict[str, Any]:
@@ -527,6 +561,7 @@ class PrecisePrefixCacheScorer(PluginBase):
             "confirmedOnlyVsObserved": self.correlation_confirmed.state(),
             "approximateWhenUnheld": {"enabled": self.approximate_when_unheld, "requests": self.unheld},
             "queuedNewBlocks": dict(self.ahead),
+            "recentPredictions": {"fields": list(SAMPLE_FIELDS), "rows": [list(r) for r in self.samples]},
             "speculative": {
                 "enabled": self.speculative,
                 "weight": self.speculative_weight,
