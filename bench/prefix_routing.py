@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,7 @@ class Profile:
     workload: Workload
     judged: bool  # the goals are judged on this profile (the others are reported beside it)
     why: str
+    rates: tuple[float, ...] = ()  # this profile's ladder (empty: the settings' rates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +227,7 @@ PROFILES = (
         _shared(9600),
         True,
         "llm-d's sizing: system prompts 73% of the fleet's KV (llm-d-kv-cache benchmarking/73-capacity)",
+        (8.0, 16.0, 24.0, 32.0, 40.0, 48.0),
     ),
     # harsher than any llm-d run: the system prompts alone are 1.17x the fleet's KV, so even perfect
     # placement under LRU reaches ~43% hits (bench/hit_ceiling.py)
@@ -234,11 +236,15 @@ PROFILES = (
         _shared(6000),
         False,
         "cache pressure: system prompts 117% of the fleet's KV, harsher than llm-d's runs (73%, 37%)",
+        (8.0, 16.0, 24.0, 32.0, 40.0),
     ),
 )
-# 40 req/s: round robin completes every rate here (the simulator has no request timeout, every
-# request is served, TTFT p90 ~30 s at 40), so the goals' rate is the table's top rate; 40 is
-# where the EPP at the perfect-placement ceiling is at the llm-d-73 fleet's capacity (fleet_bounds)
+# Round robin completes every rate in the simulator (no request timeout: every request is served,
+# however late), so "the highest rate round robin still completes" is the top of each profile's
+# ladder, fixed here by one rule: the last 8 req/s step at which the fleet could still keep up at the
+# perfect-placement hit ceiling (bench/hit_ceiling.fleet_bounds: ~52 req/s for llm-d-73, ~33 for
+# cache-pressure, whose ladder keeps its earlier top of 40 so its numbers stay comparable).  Past
+# that no router keeps up and a higher rate measures only queue growth.
 FULL = Settings(PROFILES, (8.0, 16.0, 24.0, 32.0, 40.0), 30, Conversations(), ())
 QUICK = Settings(
     # 24 groups, so that a 10 s run sees each group several times (8 x 16,000 < 24 x 6,000 tokens)
@@ -869,9 +875,10 @@ async def shared_profile(
         f"{unique_tokens(wl) / wl.fleet_kv_tokens:.2f}x); load: {loadgen}"
     )
     cells: list[dict[str, Any]] = []
-    for rate in st.rates:
+    rates = prof.rates or st.rates
+    for rate in rates:
         for router in routers:
-            if router.name == NO_EVENTS and rate != max(st.rates):
+            if router.name == NO_EVENTS and rate != max(rates):
                 continue  # the event-processing CPU baseline: one cell, at the top rate
             log(f"prefix_routing: [{prof.name}] {router.label} at {rate:g} req/s for {st.duration_s} s ...")
             try:
@@ -896,8 +903,6 @@ async def shared_profile(
         "cells": cells,
     }
     section["derived"] = derive_shared(cells, list(section["routers"]), section["workload"])
-    for line in table_lines(section):
-        log(line)
     return section
 
 
@@ -950,8 +955,14 @@ async def run(
     profiles: Sequence[str] = (),
 ) -> dict[str, Any]:
     st = QUICK if mode == "quick" else FULL
-    if rates:
-        st = Settings(st.profiles, tuple(rates), st.duration_s, st.conversations, st.routers)
+    if rates:  # every profile at these rates
+        st = Settings(
+            tuple(replace(p, rates=()) for p in st.profiles),
+            tuple(rates),
+            st.duration_s,
+            st.conversations,
+            st.routers,
+        )
     if only:
         st = Settings(st.profiles, st.rates, st.duration_s, st.conversations, tuple(only))
     if profiles:
@@ -1085,6 +1096,9 @@ def main(argv: list[str] | None = None) -> int:
     if previous and previous.get("mode") == mode:
         merge(result, previous, only)
     result["versions"] = versions()
+    for section in shared_sections(result).values():
+        for line in table_lines(section):  # with the cells this run kept from the last ones
+            log(line)
     log(f"prefix_routing: wrote {_write('prefix_routing', result, mode=mode, seeds=SEEDS)}")
     return 0
 

@@ -246,6 +246,28 @@ def test_prediction_expects_evictions_from_the_work_queued_ahead() -> None:
     assert debug["predictedVsObserved"]["meanAbsErrorTokens"] == 0
 
 
+def test_an_ended_requests_blocks_count_in_the_prediction_until_reported_evicted() -> None:
+    """A request routed to endpoint 0 ends before its blocks are reported: in its grace period the
+    next request is predicted to find them (their BlockStored may still be on the wire).  Once the
+    events report them stored and then removed, they are predicted gone although the grace runs on."""
+    s = scorer()
+    eps = seed(s, [0])
+    slot = s.index.states[eps[0].metadata.name].slot
+    hashes = BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS)
+    predicted = []
+    for evict in (False, True):
+        first, _ = route(s, eps, 0)
+        s.response_complete(first, request(), ResponseInfo(request_id="a", end_of_stream=True), eps[0])
+        if evict:
+            s.index.stored(slot, hashes)
+            s.index.removed(slot, hashes)
+        state, _ = route(s, eps, 0)
+        done = ResponseInfo(request_id="b", end_of_stream=True, usage=Usage(cached_tokens=0))
+        s.response_complete(state, request(), done, eps[0])
+        predicted.append(s.debug_state()["recentPredictions"]["rows"][-1][0])
+    assert predicted == [112, 0]
+
+
 def test_pending_entries_end_with_the_request_and_are_off_when_disabled() -> None:
     s = scorer(speculativeGraceSeconds=0)
     eps = seed(s, [0, 0])

@@ -123,6 +123,10 @@ class _Prediction:
     routed_at: float = 0.0  # monotonic time of PreRequest
     first_byte_at: float = 0.0  # monotonic time of the first response byte (its prefill is done)
     ahead_at_pick: int = 0  # new blocks other routed requests had queued on the pick then
+    waiting_at_pick: int = 0  # the pick's scraped waiting queue then
+    kv_use_at_pick: float = 0.0  # the pick's scraped KV use then
+    holders_at_pick: tuple[int, int] = (0, 0)  # in-flight requests on the pick with this first block:
+    # (past their first byte: the engine holds the prefix in use; not yet: still to compute it)
 
 
 SAMPLE_FIELDS = (
@@ -133,6 +137,10 @@ SAMPLE_FIELDS = (
     "promptTokens",
     "queuedNewBlocksAtPick",
     "firstByteMs",
+    "waitingAtPick",
+    "kvUseAtPick",
+    "holdersComputedAtPick",
+    "holdersUncomputedAtPick",
 )
 SAMPLES = 2048  # the last routed requests' predictions kept for /debug/plugins/state
 
@@ -459,6 +467,10 @@ class PrecisePrefixCacheScorer(PluginBase):
         prediction.target = name
         prediction.routed_at = now
         prediction.ahead_at_pick = ahead
+        prediction.waiting_at_pick = target.metrics.waiting_queue_size
+        prediction.kv_use_at_pick = target.metrics.kv_cache_usage_percent
+        if st is not None and hashes:
+            prediction.holders_at_pick = self.index.pending.holders(st.slot, hashes[0])
         if st is not None and hashes:
             prediction.slot = st.slot
             # the blocks it will allocate before its first token: queued ahead of later requests
@@ -471,16 +483,24 @@ class PrecisePrefixCacheScorer(PluginBase):
                 prediction.pending = self.index.pending.add(st.slot, hashes, now)
 
     def surviving(self, slot: int, hashes: Sequence[int], run: int, evictions: int) -> int:
-        """How many of the first ``run`` blocks the endpoint still holds after ``evictions`` more
-        blocks leave its free queue (oldest first).  A block an in-flight request there holds or
-        will compute stays; the others go if fewer than ``evictions`` blocks are older."""
-        if evictions <= 0:
-            return run
-        holds = self.index.pending.holds
-        older = self.index.older
+        """How many of the first ``run`` blocks the endpoint will still hold when this request runs.
+
+        A block a request still in flight there holds or will compute stays.  A block pending only
+        on a request that has ended (its grace period, for events still on the wire) stays unless
+        the events have since reported it removed: evicted after its request freed it.  A block the
+        events report goes if fewer than ``evictions`` blocks leave the free queue before it."""
+        pending = self.index.pending
+        index = self.index
         for j in range(run):
             h = hashes[j]
-            if not holds(slot, h) and older(slot, h) < evictions:
+            if pending.in_flight(slot, h):
+                continue
+            age = index.older(slot, h)
+            if age < 0:
+                if index.evicted(slot, h) or not pending.holds(slot, h):
+                    return j
+                continue
+            if age < evictions:
                 return j
         return run
 
@@ -503,6 +523,8 @@ class PrecisePrefixCacheScorer(PluginBase):
             if prediction is not None:
                 if not prediction.first_byte_at:
                     prediction.first_byte_at = time.monotonic()
+                    if prediction.pending is not None:
+                        prediction.pending.computed = True
                 self._release_ahead(prediction)
 
     def response_complete(
@@ -540,6 +562,9 @@ class PrecisePrefixCacheScorer(PluginBase):
                 prediction.prompt_tokens,
                 prediction.ahead_at_pick,
                 round((first - prediction.routed_at) * 1000, 1) if first else -1.0,
+                prediction.waiting_at_pick,
+                round(prediction.kv_use_at_pick, 3),
+                *prediction.holders_at_pick,
             )
         )
 
