@@ -11,6 +11,7 @@ from bench.prefix_routing import (
     derive_shared,
     followups,
     merge,
+    prediction_breakdown,
     shared_sections,
     unique_tokens,
 )
@@ -158,3 +159,14 @@ def test_the_correlation_goal_is_judged_on_the_judged_profile_and_the_conversati
     assert [(g["value"], g["met"]) for g in judged] == [(0.92, True)]
     reported = [g for g in d["goals"] if not g["judged"]]
     assert [(g["profile"], g["value"], g["met"]) for g in reported] == [("cache-pressure", 0.4, False)]
+
+
+def test_prediction_breakdown_splits_the_error_by_side() -> None:
+    fields = ["predicted", "observed", "firstByteMs"]
+    rows = [[100, 100, 10.0], [200, 200, 20.0], [300, 0, 2000.0], [0, 100, 30.0], [50, 50, 1500.0]]
+    b = prediction_breakdown({"fields": fields, "rows": rows})
+    assert b is not None
+    assert (b["samples"], b["over_predicted"], b["under_predicted"]) == (5, 1, 1)
+    assert b["squared_error_share_over"] == round(300**2 / (300**2 + 100**2), 3)
+    assert b["first_byte_over_1s"] == 2
+    assert prediction_breakdown(None) is None
