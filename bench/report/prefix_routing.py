@@ -19,9 +19,10 @@ def prefix_routing_section(r: dict[str, Any]) -> list[str]:
     out += [f"- {n}" for n in r.get("notes", [])]
     if r.get("notes"):
         out.append("")
-    sh = r.get("shared")
-    if sh:
-        out += _shared(sh)
+    judged = r.get("judged_profile") or "llm-d-73"
+    sections = shared_sections(r)
+    for name in sorted(sections, key=lambda n: n != judged):
+        out += _shared(sections[name])
     cv = r.get("conversation")
     if cv:
         out += _conversation(cv)
@@ -31,21 +32,48 @@ def prefix_routing_section(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def shared_sections(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The shared-prefix tables per profile (a result from before the profiles: cache-pressure)."""
+    sh = r.get("shared") or {}
+    if "cells" in sh:
+        return {"cache-pressure": {**sh, "profile": {"name": "cache-pressure", "judged": False, "why": ""}}}
+    return dict(sh)
+
+
+def _sizing(wl: dict[str, Any]) -> str:
+    unique = wl.get("unique_tokens")
+    return (
+        f"System prompts {wl['working_set_tokens']:,} tokens = **{wl['working_set_over_fleet_kv']:.0%} of "
+        f"the fleet's KV cache** ({wl['kv_blocks']:,} blocks × {wl['block_size']} per replica, "
+        f"{wl['fleet_kv_tokens']:,} tokens)"
+        + (
+            f"; every unique token (prompts, questions, outputs) {unique:,} = "
+            f"{wl['unique_over_fleet_kv']:.2f}× it"
+            if unique
+            else ""
+        )
+        + ". "
+    )
+
+
 def _shared(sh: dict[str, Any]) -> list[str]:
     wl = sh["workload"]
     d = sh["derived"]
     at = d.get("highest_rate_rr_completes")
+    prof = sh.get("profile") or {}
+    name = prof.get("name", "")
+    head = f"### Shared-prefix profile `{name}`" + (" (goals judged here)" if prof.get("judged") else "")
     out = [
-        "### Shared-prefix profile",
+        head,
         "",
+        *([f"{prof['why']}.", ""] if prof.get("why") else []),
         f"llm-d's benchmark profile scaled to this machine: {wl['groups']} groups × "
         f"{wl['prompts_per_group']} prompts, a {wl['system_tokens']:,}-token system prompt shared within a "
         f"group, a {wl['question_tokens']:,}-token question, {wl['output_tokens']} output tokens (llm-d: "
         "1,000; every streamed token costs real CPU here), Poisson arrivals at rising rates, each cell on a "
-        f"fresh fleet of {wl['replicas']} simulated replicas. Working set "
-        f"{wl['working_set_tokens']:,} tokens "
-        f"= **{wl['working_set_over_fleet_kv']:.2f}× the fleet's KV cache** ({wl['kv_blocks']:,} blocks × "
-        f"{wl['block_size']} per replica). Load generator: **{sh['loadgen']}**. Goals are judged at the "
+        f"fresh fleet of {wl['replicas']} simulated replicas. "
+        + _sizing(wl)
+        + f"Load generator: **{sh['loadgen']}**. Goals are judged at the "
         f"highest rate round robin still completes (≥ 99% success): **{f(at, 0)} req/s**.",
         "",
     ]
@@ -116,6 +144,9 @@ def _ceilings(sh: dict[str, Any]) -> list[str]:
         if "failed" not in c:
             key = str(c["rate"])
             best[key] = max(best.get(key, 0.0), c["fleet"]["prefix_hit_rate"])
+    per_replica, per_replica_max = wl["groups"] // wl["replicas"], -(-wl["groups"] // wl["replicas"])
+    prefix_tokens = per_replica_max * wl["system_tokens"]
+    kv = wl["kv_blocks"] * wl["block_size"]
     parts = [
         f"{float(rate):g} req/s: {_pct(v['unbounded'])} with unbounded KV, "
         f"{_pct(v['perfect_placement'])} with perfect placement (best measured {_pct(best.get(rate))})"
@@ -126,9 +157,10 @@ def _ceilings(sh: dict[str, Any]) -> list[str]:
         'fleet\'s caches; "perfect placement" pins each group to one replica and evicts as vLLM does, '
         "a finished request's blocks joining the LRU free queue tail-first): " + "; ".join(parts) + ". "
         f"Every group that is cold once costs a miss, each prompt's {wl['question_tokens']:,}-token "
-        f"question is new, and {wl['groups'] // wl['replicas']}–{-(-wl['groups'] // wl['replicas'])} "
-        f"groups of {wl['system_tokens']:,} tokens per replica do not fit its "
-        f"{wl['kv_blocks'] * wl['block_size']:,} tokens of KV, so an LRU cache loses prefixes even "
+        f"question is new, and {per_replica}–{per_replica_max} groups per replica "
+        f"({per_replica_max} × {wl['system_tokens']:,} prefix tokens, plus their questions and outputs) "
+        + ("do not fit" if prefix_tokens > kv else "fit only partly beside their questions and outputs in")
+        + f" its {kv:,} tokens of KV, so an LRU cache loses prefixes even "
         "under perfect routing. Output tokens/s cannot exceed the offered rate × "
         f"{wl['output_tokens']} tokens, which bounds the throughput ratio to round robin.",
         "",
@@ -292,11 +324,36 @@ def prefix_routing_goal_rows(r: dict[str, Any] | None) -> list[list[str]]:
     if not r:
         return []
     rows: list[list[str]] = []
-    sh = r.get("shared") or {}
+    judged = r.get("judged_profile") or "llm-d-73"
+    sections = shared_sections(r)
+    for pname in sorted(sections, key=lambda n: n != judged):
+        rows += _profile_goal_rows(pname, sections[pname], pname == judged)
+    cv = r.get("conversation") or {}
+    for name, g in cv.get("goals", {}).items():
+        label = cv["routers"].get(name, name)
+        rows.append(
+            [
+                f"1b conversations ({label})",
+                "follow-up-turn cache hit ≥ 0.85",
+                f(g["value"], 3),
+                met(g["met"]),
+            ]
+        )
+    for g in (r.get("precise") or {}).get("goals", []):
+        suffix = "" if g.get("judged", True) else " — reported, not judged"
+        rows.append(
+            [f"1b precise scorer ({g['what']}){suffix}", g["goal_text"], f(g["value"], 3), met(g["met"])]
+        )
+    return rows
+
+
+def _profile_goal_rows(pname: str, sh: dict[str, Any], judged: bool) -> list[list[str]]:
+    rows: list[list[str]] = []
+    suffix = "" if judged else " — reported, not judged"
     for name, g in (sh.get("derived") or {}).get("goals", {}).items():
         label = sh["routers"].get(name, name)
         at = f"{g['at_rate']:g} req/s"
-        where = f"1b shared prefix ({label}, {at})"
+        where = f"1b shared prefix `{pname}` ({label}, {at}){suffix}"
         rows += [
             [where, "TTFT p90 ≤ 0.1× round robin", ratio(g["ttft_p90_vs_rr"]["value"]),
              met(g["ttft_p90_vs_rr"]["met"])],
@@ -310,24 +367,11 @@ def prefix_routing_goal_rows(r: dict[str, Any] | None) -> list[list[str]]:
     bound = (derived.get("fleet_bounds") or {}).get(str(top))
     if bound:
         best = bound["best_ratios_vs_rr_measured"]
-        place = f"1b shared prefix (any router at the perfect-placement hit ceiling, {top:g} req/s)"
+        place = f"1b shared prefix `{pname}` (any router at the perfect-placement hit ceiling, {top:g} req/s)"
         rows += [
             [place, "TTFT p90 ≤ 0.1× round robin", f"≥ {ratio(best['ttft_p90_vs_rr'])}",
              "out of reach" if (best["ttft_p90_vs_rr"] or 0) > 0.1 else "reachable"],
             [place, "output tok/s ≥ 2× round robin", f"≤ {ratio(best['throughput_vs_rr'])}",
              "out of reach" if (best["throughput_vs_rr"] or 0) < 2.0 else "reachable"],
         ]  # fmt: skip
-    cv = r.get("conversation") or {}
-    for name, g in cv.get("goals", {}).items():
-        label = cv["routers"].get(name, name)
-        rows.append(
-            [
-                f"1b conversations ({label})",
-                "follow-up-turn cache hit ≥ 0.85",
-                f(g["value"], 3),
-                met(g["met"]),
-            ]
-        )
-    for g in (r.get("precise") or {}).get("goals", []):
-        rows.append([f"1b precise scorer ({g['what']})", g["goal_text"], f(g["value"], 3), met(g["met"])])
     return rows

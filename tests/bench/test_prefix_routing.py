@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.prefix_routing import derive_shared, followups
+from bench.prefix_routing import (
+    JUDGED,
+    PROFILES,
+    derive_precise,
+    derive_shared,
+    followups,
+    merge,
+    prediction_breakdown,
+    shared_sections,
+    unique_tokens,
+)
 
 
 def _req(
@@ -81,3 +91,82 @@ def test_goals_are_judged_at_the_highest_rate_round_robin_completes() -> None:
     assert g["throughput_vs_rr"]["met"]
     assert g["ttft_p90_vs_sglang"] == {"goal": 0.8, "value": round(400 / 600, 3), "met": True}
     assert g["peak_throughput_vs_rr"]["value"] == round(400 / 150, 3)
+
+
+def _full(router: str, rate: float, p90: float, tput: float, r: float | None = None) -> dict[str, Any]:
+    return {
+        **_cell(router, rate, p90, tput),
+        "requests": 10,
+        "fleet": {"prefix_hit_rate": 0.5},
+        "router_cpu_s": {"epp": 1.0},
+        "wall_s": 10.0,
+        "reuse_correlation": r,
+    }
+
+
+def test_the_judged_sizing_is_llm_ds_73_percent_and_the_working_set_still_exceeds_the_fleet() -> None:
+    judged = [p for p in PROFILES if p.judged]
+    assert [p.name for p in judged] == [JUDGED]
+    wl = judged[0].workload
+    assert 0.70 <= wl.working_set_tokens / wl.fleet_kv_tokens <= 0.76  # system prompts: ~73%
+    assert wl.kv_blocks * wl.block_size < wl.working_set_tokens  # one replica cannot hold the groups
+    assert unique_tokens(wl) > wl.fleet_kv_tokens  # every unique token still exceeds the fleet
+    pressure = next(p for p in PROFILES if p.name == "cache-pressure").workload
+    assert pressure.working_set_tokens > pressure.fleet_kv_tokens
+
+
+def test_a_result_from_before_the_profiles_reads_as_the_cache_pressure_profile() -> None:
+    old = {"shared": {"cells": [_full("epp-precise", 40, 1, 1, 0.5)], "routers": {}}}
+    assert list(shared_sections(old)) == ["cache-pressure"]
+
+
+def test_merge_keeps_each_profiles_cells_it_did_not_measure_again() -> None:
+    def section(cells: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"routers": {c["router"]: c["router"] for c in cells}, "cells": cells, "workload": None}
+
+    previous = {
+        "shared": {
+            JUDGED: section([_full("round-robin", 40, 9000, 100), _full("epp-precise", 40, 900, 300, 0.5)]),
+            "cache-pressure": section([_full("round-robin", 40, 9000, 100)]),
+        }
+    }
+    result: dict[str, Any] = {
+        "judged_profile": JUDGED,
+        "shared": {JUDGED: section([_full("epp-precise", 40, 800, 310, 0.95)])},
+    }
+    merge(result, previous, ["epp-precise"])
+    cells = result["shared"][JUDGED]["cells"]
+    assert sorted((c["router"], c["output_tokens_per_s"]) for c in cells) == [
+        ("epp-precise", 310),
+        ("round-robin", 100),
+    ]
+    assert "cache-pressure" in result["shared"]
+    assert result["shared"][JUDGED]["derived"]["goals"]["epp-precise"]["throughput_vs_rr"]["value"] == 3.1
+
+
+def test_the_correlation_goal_is_judged_on_the_judged_profile_and_the_conversations() -> None:
+    doc = {
+        "judged_profile": JUDGED,
+        "shared": {
+            JUDGED: {"cells": [_full("epp-precise", 40, 1, 1, 0.95)]},
+            "cache-pressure": {"cells": [_full("epp-precise", 40, 1, 1, 0.4)]},
+        },
+        "conversation": {"cells": [_full("epp-precise", 0, 1, 1, 0.92)]},
+    }
+    d = derive_precise(doc)
+    assert d is not None
+    judged = [g for g in d["goals"] if g["judged"]]
+    assert [(g["value"], g["met"]) for g in judged] == [(0.92, True)]
+    reported = [g for g in d["goals"] if not g["judged"]]
+    assert [(g["profile"], g["value"], g["met"]) for g in reported] == [("cache-pressure", 0.4, False)]
+
+
+def test_prediction_breakdown_splits_the_error_by_side() -> None:
+    fields = ["predicted", "observed", "firstByteMs"]
+    rows = [[100, 100, 10.0], [200, 200, 20.0], [300, 0, 2000.0], [0, 100, 30.0], [50, 50, 1500.0]]
+    b = prediction_breakdown({"fields": fields, "rows": rows})
+    assert b is not None
+    assert (b["samples"], b["over_predicted"], b["under_predicted"]) == (5, 1, 1)
+    assert b["squared_error_share_over"] == round(300**2 / (300**2 + 100**2), 3)
+    assert b["first_byte_over_1s"] == 2
+    assert prediction_breakdown(None) is None

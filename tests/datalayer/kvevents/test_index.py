@@ -83,3 +83,21 @@ def test_older_counts_the_blocks_the_engine_would_evict_first() -> None:
     assert [index.older(slot, h) for h in (3, 9, 2, 1, 0)] == [0, 6, 7, 8, 9]
     index.removed(slot, [3, 4, 5])  # the engine evicts its oldest
     assert [index.older(slot, h) for h in (6, 9, 0)] == [0, 3, 6]
+
+
+def test_evicted_remembers_removals_until_stored_again() -> None:
+    ix = BlockIndex(3)
+    a = ix.add_endpoint("a").slot
+    ix.stored(a, [1, 2])
+    assert not ix.evicted(a, 1)
+    ix.removed(a, [1, 9])  # 9 was never held: nothing to remember
+    assert ix.evicted(a, 1) and not ix.evicted(a, 9)
+    ix.stored(a, [1])
+    assert not ix.evicted(a, 1)
+    ix.stored(a, [3, 4, 5])  # capacity 3: 1, 2 drop out without a removal event
+    ix.removed(a, [3, 4, 5])
+    ix.stored(a, [6])
+    ix.removed(a, [6])  # bounded: the oldest removals are forgotten first
+    assert [ix.evicted(a, h) for h in (3, 4, 5, 6)] == [False, True, True, True]
+    ix.clear(a)
+    assert not ix.evicted(a, 6)

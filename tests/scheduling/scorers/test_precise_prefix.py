@@ -104,6 +104,35 @@ def test_predicted_vs_observed_reuse() -> None:
     assert seen["pearson"] == pytest.approx(statistics.correlation([112, 48, 112], [112, 48, 100]))
 
 
+def test_each_prediction_is_kept_beside_what_the_engine_reported() -> None:
+    """recentPredictions: per request, predicted/as routed/from reports only/observed, the prompt,
+    the new blocks queued ahead on the pick and the time to its first byte (-1: none seen)."""
+    s = scorer()
+    eps = seed(s, [8, 3])
+    picked = SchedulingResult({"default": ProfileRunResult((eps[1],))}, "default")
+    state = CycleState()
+    s.prepare(state, request(), eps, TOKENS)
+    s.pre_request(state, request(), picked)
+    s.response_body(state, request(), ResponseInfo(request_id="r"), b"data: {}", eps[1])
+    done = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=32))
+    s.response_complete(state, request(), done, eps[1])
+    other = CycleState()
+    s.prepare(other, request(), eps, TOKENS)
+    s.pre_request(other, request(), picked)
+    s.response_complete(other, request(), done, eps[1])
+    recent = s.debug_state()["recentPredictions"]
+    rows = [dict(zip(recent["fields"], row, strict=True)) for row in recent["rows"]]
+    assert [(r["predicted"], r["predictedConfirmed"], r["observed"]) for r in rows] == [
+        (48, 48, 32),
+        (112, 48, 32),
+    ]
+    assert [r["promptTokens"] for r in rows] == [len(TOKENS)] * 2
+    # the first request queued 5 new blocks; it ended before the second was routed
+    assert [r["queuedNewBlocksAtPick"] for r in rows] == [0, 0]
+    assert rows[0]["firstByteMs"] >= 0
+    assert rows[1]["firstByteMs"] == -1
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [
@@ -215,6 +244,28 @@ def test_prediction_expects_evictions_from_the_work_queued_ahead() -> None:
     assert debug["predictedVsObserved"]["meanPredictedTokens"] == pytest.approx((0 + 112) / 2)
     assert debug["asRoutedVsObserved"]["meanPredictedTokens"] == pytest.approx(112)
     assert debug["predictedVsObserved"]["meanAbsErrorTokens"] == 0
+
+
+def test_an_ended_requests_blocks_count_in_the_prediction_until_reported_evicted() -> None:
+    """A request routed to endpoint 0 ends before its blocks are reported: in its grace period the
+    next request is predicted to find them (their BlockStored may still be on the wire).  Once the
+    events report them stored and then removed, they are predicted gone although the grace runs on."""
+    s = scorer()
+    eps = seed(s, [0])
+    slot = s.index.states[eps[0].metadata.name].slot
+    hashes = BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS)
+    predicted = []
+    for evict in (False, True):
+        first, _ = route(s, eps, 0)
+        s.response_complete(first, request(), ResponseInfo(request_id="a", end_of_stream=True), eps[0])
+        if evict:
+            s.index.stored(slot, hashes)
+            s.index.removed(slot, hashes)
+        state, _ = route(s, eps, 0)
+        done = ResponseInfo(request_id="b", end_of_stream=True, usage=Usage(cached_tokens=0))
+        s.response_complete(state, request(), done, eps[0])
+        predicted.append(s.debug_state()["recentPredictions"]["rows"][-1][0])
+    assert predicted == [112, 0]
 
 
 def test_pending_entries_end_with_the_request_and_are_off_when_disabled() -> None:

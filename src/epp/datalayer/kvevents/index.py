@@ -70,7 +70,7 @@ class EndpointState:
 class BlockIndex:
     """Block hash → endpoints holding it, with a per-endpoint LRU capped at ``capacity`` blocks."""
 
-    __slots__ = ("_clock", "_free", "_lru", "_owners", "_slots", "capacity", "pending", "states")
+    __slots__ = ("_clock", "_free", "_gone", "_lru", "_owners", "_slots", "capacity", "pending", "states")
 
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
@@ -80,6 +80,9 @@ class BlockIndex:
         self._slots: dict[str, int] = {}
         self._lru: list[OrderedDict[int, int]] = []  # per slot: hash -> recency stamp, oldest first
         self._clock: list[int] = []  # per slot: the next stamp
+        # per slot: blocks the engine reported removing and has not stored again, the latest
+        # ``capacity`` of them (``evicted``)
+        self._gone: list[OrderedDict[int, None]] = []
         self._free: list[int] = []
         self.states: dict[str, EndpointState] = {}
         self.pending = PendingBlocks(ttl=30.0, grace=2.0, capacity=capacity)
@@ -95,6 +98,7 @@ class BlockIndex:
             slot = len(self._lru)
             self._lru.append(OrderedDict())
             self._clock.append(0)
+            self._gone.append(OrderedDict())
         self._slots[name] = slot
         state = self.states[name] = EndpointState(name, slot)
         return state
@@ -116,6 +120,7 @@ class BlockIndex:
         owners = self._owners
         bit = 1 << slot
         clock = self._clock[slot]
+        gone = self._gone[slot]
         for h in hashes:
             if h in lru:
                 lru.move_to_end(h)
@@ -125,6 +130,8 @@ class BlockIndex:
             lru[h] = clock
             clock += 1
             owners[h] = owners.get(h, 0) | bit
+            if gone:
+                gone.pop(h, None)
         self._clock[slot] = clock
         if len(lru) > self.capacity:
             clear = ~bit
@@ -140,6 +147,7 @@ class BlockIndex:
         lru = self._lru[slot]
         owners = self._owners
         clear = ~(1 << slot)
+        gone = self._gone[slot]
         for h in hashes:
             if lru.pop(h, -1) >= 0:  # present (stamps are >= 0)
                 left = owners[h] & clear
@@ -147,6 +155,9 @@ class BlockIndex:
                     owners[h] = left
                 else:
                     del owners[h]
+                gone[h] = None
+        while len(gone) > self.capacity:
+            gone.popitem(last=False)
 
     def clear(self, slot: int) -> None:
         self._clear_slot(slot)
@@ -163,6 +174,7 @@ class BlockIndex:
             else:
                 del owners[h]
         lru.clear()
+        self._gone[slot].clear()
 
     def touch(self, slot: int, hashes: Iterable[int]) -> None:
         """The engine used these blocks just now (in this order): the most recent go last.  Blocks the
@@ -179,6 +191,10 @@ class BlockIndex:
     # queries ------------------------------------------------------------------------------
     def blocks(self, slot: int) -> int:
         return len(self._lru[slot])
+
+    def evicted(self, slot: int, h: int) -> bool:
+        """Whether the engine reported removing ``h`` (and has not stored it again since)."""
+        return h in self._gone[slot]
 
     def older(self, slot: int, h: int) -> int:
         """About how many of the slot's blocks are less recent than ``h`` (-1: ``h`` not held).

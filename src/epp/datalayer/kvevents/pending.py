@@ -36,12 +36,14 @@ class PendingRecord:
     hashes: tuple[int, ...]
     deadline: float
     live: bool = True
+    computed: bool = False  # its request had its first byte: the engine has computed the blocks
+    ended: bool = False  # its request finished (the entry lives on for ``grace``)
 
 
 class PendingBlocks:
     """Hash → bitmask of the endpoint slots a routed request is expected to fill it on."""
 
-    __slots__ = ("_ending", "_records", "_refs", "bits", "capacity", "grace", "ttl")
+    __slots__ = ("_ended", "_ending", "_records", "_refs", "bits", "capacity", "grace", "ttl")
 
     def __init__(self, ttl: float, grace: float, capacity: int) -> None:
         if ttl <= 0 or grace < 0 or capacity <= 0:
@@ -51,12 +53,14 @@ class PendingBlocks:
         self.capacity = capacity
         self.bits: dict[int, int] = {}  # read by BlockIndex.match
         self._refs: list[dict[int, int]] = []  # per slot: hash -> live records holding it
+        self._ended: list[dict[int, int]] = []  # per slot: hash -> those of them whose request ended
         self._records: deque[PendingRecord] = deque()  # by routing time (deadline = routed + ttl)
         self._ending: deque[PendingRecord] = deque()  # ended requests, by end time (+ grace)
 
     def _slot(self, slot: int) -> dict[int, int]:
         while len(self._refs) <= slot:
             self._refs.append({})
+            self._ended.append({})
         return self._refs[slot]
 
     def add(self, slot: int, hashes: Sequence[int], now: float) -> PendingRecord | None:
@@ -85,6 +89,12 @@ class PendingBlocks:
         """The request finished: what it left unreported goes after ``grace`` (events still coming)."""
         if not record.live:
             return
+        record.ended = True
+        ended = self._ended[record.slot]
+        refs = self._refs[record.slot]
+        for h in record.hashes:
+            if h in refs:
+                ended[h] = ended.get(h, 0) + 1
         deadline = now + self.grace
         if deadline < record.deadline:
             record.deadline = deadline
@@ -101,6 +111,7 @@ class PendingBlocks:
             refs = self._refs[slot]
             for h in list(refs):
                 self._drop(slot, refs, h)
+            self._ended[slot].clear()
 
     def _drop(self, slot: int, refs: dict[int, int], h: int) -> None:
         del refs[h]
@@ -115,10 +126,16 @@ class PendingBlocks:
             return
         record.live = False
         refs = self._refs[record.slot]
+        ended = self._ended[record.slot] if record.ended else None
         for h in record.hashes:
             n = refs.get(h)
             if n is None:  # the slot's entries were cleared
                 continue
+            if ended is not None and (e := ended.get(h)) is not None:
+                if e > 1:
+                    ended[h] = e - 1
+                else:
+                    del ended[h]
             if n > 1:
                 refs[h] = n - 1
             else:
@@ -131,6 +148,25 @@ class PendingBlocks:
 
     def blocks(self, slot: int) -> int:
         return len(self._refs[slot]) if slot < len(self._refs) else 0
+
+    def in_flight(self, slot: int, h: int) -> bool:
+        """Whether a request still in flight on ``slot`` (not one in its grace after ending) holds or
+        will compute block ``h``: the engine keeps it however full its cache."""
+        if slot >= len(self._refs):
+            return False
+        n = self._refs[slot].get(h, 0)
+        return n > self._ended[slot].get(h, 0)
+
+    def holders(self, slot: int, first: int) -> tuple[int, int]:
+        """Requests in flight on ``slot`` whose blocks start with ``first``: (computed, not yet)."""
+        done = todo = 0
+        for r in self._records:
+            if r.live and not r.ended and r.slot == slot and r.hashes and r.hashes[0] == first:
+                if r.computed:
+                    done += 1
+                else:
+                    todo += 1
+        return done, todo
 
     def __len__(self) -> int:
         return len(self.bits)

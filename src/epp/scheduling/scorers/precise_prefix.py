@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -119,6 +120,29 @@ class _Prediction:
     slot: int = -1  # the pick's index slot
     ahead: int = 0  # new blocks this request adds to its pick's queue, until its first response byte
     target: str = ""
+    routed_at: float = 0.0  # monotonic time of PreRequest
+    first_byte_at: float = 0.0  # monotonic time of the first response byte (its prefill is done)
+    ahead_at_pick: int = 0  # new blocks other routed requests had queued on the pick then
+    waiting_at_pick: int = 0  # the pick's scraped waiting queue then
+    kv_use_at_pick: float = 0.0  # the pick's scraped KV use then
+    holders_at_pick: tuple[int, int] = (0, 0)  # in-flight requests on the pick with this first block:
+    # (past their first byte: the engine holds the prefix in use; not yet: still to compute it)
+
+
+SAMPLE_FIELDS = (
+    "predicted",
+    "predictedRouted",
+    "predictedConfirmed",
+    "observed",
+    "promptTokens",
+    "queuedNewBlocksAtPick",
+    "firstByteMs",
+    "waitingAtPick",
+    "kvUseAtPick",
+    "holdersComputedAtPick",
+    "holdersUncomputedAtPick",
+)
+SAMPLES = 2048  # the last routed requests' predictions kept for /debug/plugins/state
 
 
 class _Correlation:
@@ -230,6 +254,8 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.correlation = _Correlation()  # predicted = what the pick will still hold when it runs
         self.correlation_routed = _Correlation()  # what the scorer used, pending included
         self.correlation_confirmed = _Correlation()  # predicted from reported blocks only
+        # (SAMPLE_FIELDS) per request, the latest SAMPLES: where predicted and observed part
+        self.samples: deque[tuple[float, ...]] = deque(maxlen=SAMPLES)
         self.ahead: dict[str, int] = {}  # endpoint -> new blocks queued there by routed requests
         self.unheld = 0  # requests scored from the approximate index because nobody held them
         self.unreported = 0  # responses without cached_tokens
@@ -439,6 +465,12 @@ class PrecisePrefixCacheScorer(PluginBase):
         if reported < prediction.total_blocks:
             self.subscriber.note_routed(name, now)
         prediction.target = name
+        prediction.routed_at = now
+        prediction.ahead_at_pick = ahead
+        prediction.waiting_at_pick = target.metrics.waiting_queue_size
+        prediction.kv_use_at_pick = target.metrics.kv_cache_usage_percent
+        if st is not None and hashes:
+            prediction.holders_at_pick = self.index.pending.holders(st.slot, hashes[0])
         if st is not None and hashes:
             prediction.slot = st.slot
             # the blocks it will allocate before its first token: queued ahead of later requests
@@ -451,16 +483,24 @@ class PrecisePrefixCacheScorer(PluginBase):
                 prediction.pending = self.index.pending.add(st.slot, hashes, now)
 
     def surviving(self, slot: int, hashes: Sequence[int], run: int, evictions: int) -> int:
-        """How many of the first ``run`` blocks the endpoint still holds after ``evictions`` more
-        blocks leave its free queue (oldest first).  A block an in-flight request there holds or
-        will compute stays; the others go if fewer than ``evictions`` blocks are older."""
-        if evictions <= 0:
-            return run
-        holds = self.index.pending.holds
-        older = self.index.older
+        """How many of the first ``run`` blocks the endpoint will still hold when this request runs.
+
+        A block a request still in flight there holds or will compute stays.  A block pending only
+        on a request that has ended (its grace period, for events still on the wire) stays unless
+        the events have since reported it removed: evicted after its request freed it.  A block the
+        events report goes if fewer than ``evictions`` blocks leave the free queue before it."""
+        pending = self.index.pending
+        index = self.index
         for j in range(run):
             h = hashes[j]
-            if not holds(slot, h) and older(slot, h) < evictions:
+            if pending.in_flight(slot, h):
+                continue
+            age = index.older(slot, h)
+            if age < 0:
+                if index.evicted(slot, h) or not pending.holds(slot, h):
+                    return j
+                continue
+            if age < evictions:
                 return j
         return run
 
@@ -481,6 +521,10 @@ class PrecisePrefixCacheScorer(PluginBase):
         if chunk or response.end_of_stream:
             prediction = state.get(self._key)
             if prediction is not None:
+                if not prediction.first_byte_at:
+                    prediction.first_byte_at = time.monotonic()
+                    if prediction.pending is not None:
+                        prediction.pending.computed = True
                 self._release_ahead(prediction)
 
     def response_complete(
@@ -508,6 +552,21 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.correlation.add(prediction.predicted, observed)
         self.correlation_routed.add(prediction.predicted_routed, observed)
         self.correlation_confirmed.add(prediction.predicted_confirmed, observed)
+        first = prediction.first_byte_at
+        self.samples.append(
+            (
+                prediction.predicted,
+                prediction.predicted_routed,
+                prediction.predicted_confirmed,
+                observed,
+                prediction.prompt_tokens,
+                prediction.ahead_at_pick,
+                round((first - prediction.routed_at) * 1000, 1) if first else -1.0,
+                prediction.waiting_at_pick,
+                round(prediction.kv_use_at_pick, 3),
+                *prediction.holders_at_pick,
+            )
+        )
 
     # DebugState -------------------------------------------------------------------------------
     def debug_state(self) -> dict[str, Any]:
@@ -527,6 +586,7 @@ class PrecisePrefixCacheScorer(PluginBase):
             "confirmedOnlyVsObserved": self.correlation_confirmed.state(),
             "approximateWhenUnheld": {"enabled": self.approximate_when_unheld, "requests": self.unheld},
             "queuedNewBlocks": dict(self.ahead),
+            "recentPredictions": {"fields": list(SAMPLE_FIELDS), "rows": [list(r) for r in self.samples]},
             "speculative": {
                 "enabled": self.speculative,
                 "weight": self.speculative_weight,
