@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from epp.plugin.counts import subtract
+
 
 @dataclass(slots=True, eq=False)
 class PendingRecord:
@@ -43,7 +45,7 @@ class PendingRecord:
 class PendingBlocks:
     """Hash → bitmask of the endpoint slots a routed request is expected to fill it on."""
 
-    __slots__ = ("_ended", "_ending", "_records", "_refs", "bits", "capacity", "grace", "ttl")
+    __slots__ = ("_ended", "_ending", "_records", "_refs", "_starting", "bits", "capacity", "grace", "ttl")
 
     def __init__(self, ttl: float, grace: float, capacity: int) -> None:
         if ttl <= 0 or grace < 0 or capacity <= 0:
@@ -56,6 +58,8 @@ class PendingBlocks:
         self._ended: list[dict[int, int]] = []  # per slot: hash -> those of them whose request ended
         self._records: deque[PendingRecord] = deque()  # by routing time (deadline = routed + ttl)
         self._ending: deque[PendingRecord] = deque()  # ended requests, by end time (+ grace)
+        # (slot, first hash) -> the records of requests still in flight there (``holders``)
+        self._starting: dict[tuple[int, int], set[PendingRecord]] = {}
 
     def _slot(self, slot: int) -> dict[int, int]:
         while len(self._refs) <= slot:
@@ -80,6 +84,7 @@ class PendingBlocks:
                 refs[h] = n + 1
         record = PendingRecord(slot, tuple(hashes), now + self.ttl)
         self._records.append(record)
+        self._starting.setdefault((slot, record.hashes[0]), set()).add(record)
         records = self._records
         while len(refs) > self.capacity and records:
             self._release(records.popleft())
@@ -90,6 +95,7 @@ class PendingBlocks:
         if not record.live:
             return
         record.ended = True
+        self._unstart(record)
         ended = self._ended[record.slot]
         refs = self._refs[record.slot]
         for h in record.hashes:
@@ -125,21 +131,28 @@ class PendingBlocks:
         if not record.live:
             return
         record.live = False
+        if not record.ended:
+            self._unstart(record)
         refs = self._refs[record.slot]
         ended = self._ended[record.slot] if record.ended else None
         for h in record.hashes:
             n = refs.get(h)
             if n is None:  # the slot's entries were cleared
                 continue
-            if ended is not None and (e := ended.get(h)) is not None:
-                if e > 1:
-                    ended[h] = e - 1
-                else:
-                    del ended[h]
+            if ended is not None:
+                subtract(ended, h, 1)
             if n > 1:
                 refs[h] = n - 1
             else:
                 self._drop(record.slot, refs, h)
+
+    def _unstart(self, record: PendingRecord) -> None:
+        key = (record.slot, record.hashes[0])
+        starting = self._starting.get(key)
+        if starting is not None:
+            starting.discard(record)
+            if not starting:
+                del self._starting[key]
 
     # queries ------------------------------------------------------------------------------
     def holds(self, slot: int, h: int) -> bool:
@@ -159,14 +172,9 @@ class PendingBlocks:
 
     def holders(self, slot: int, first: int) -> tuple[int, int]:
         """Requests in flight on ``slot`` whose blocks start with ``first``: (computed, not yet)."""
-        done = todo = 0
-        for r in self._records:
-            if r.live and not r.ended and r.slot == slot and r.hashes and r.hashes[0] == first:
-                if r.computed:
-                    done += 1
-                else:
-                    todo += 1
-        return done, todo
+        records = self._starting.get((slot, first), ())
+        done = sum(r.computed for r in records)
+        return done, len(records) - done
 
     def __len__(self) -> int:
         return len(self.bits)

@@ -471,7 +471,6 @@ class PrecisePrefixCacheScorer(PluginBase):
         prediction.kv_use_at_pick = target.metrics.kv_cache_usage_percent
         if st is not None and hashes:
             prediction.holders_at_pick = self.index.pending.holders(st.slot, hashes[0])
-        if st is not None and hashes:
             prediction.slot = st.slot
             # the blocks it will allocate before its first token: queued ahead of later requests
             prediction.ahead = max(-(-prediction.prompt_tokens // bs) - matched, 0)
