@@ -169,6 +169,14 @@ ROUTERS = (
         parts=("conversation",),
     ),
     Router(
+        "epp-precise-session",
+        "Envoy + EPP, session affinity + precise prefix scorer",
+        "epp",
+        epp_config="precise-session.yaml",
+        kv_events=True,
+        parts=("conversation",),
+    ),
+    Router(
         "sglang-cache-aware",
         "sglang-router cache_aware",
         "peer",
@@ -400,11 +408,15 @@ async def observed(s: Stack) -> dict[str, Any]:
     debug = await s.debug_state()
     confirmed = find_key(debug, "confirmedOnlyVsObserved")
     routed = find_key(debug, "asRoutedVsObserved")
+    surviving = find_key(debug, "survivingVsObserved")
     return {
         "fleet": fleet,
         "epp_metrics": metrics,
-        "reuse_correlation": find_key(debug, "pearson"),  # predicted for when it runs (eviction-aware)
+        # expected when it runs: the eviction-aware run times the learned reuse share
+        "reuse_correlation": find_key(debug, "pearson"),
         "reuse_correlation_routed": routed.get("pearson") if isinstance(routed, dict) else None,
+        "reuse_correlation_surviving": surviving.get("pearson") if isinstance(surviving, dict) else None,
+        "reuse_shares": find_key(debug, "reuseShares"),
         "reuse_correlation_confirmed": confirmed.get("pearson") if isinstance(confirmed, dict) else None,
         "speculative": find_key(debug, "speculative"),
         "prediction_breakdown": prediction_breakdown(find_key(debug, "recentPredictions")),
@@ -638,7 +650,9 @@ def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
             rate = c["rate"]
             where = "conversation replay" if rate == "conversation" else f"{name}, {rate:g} req/s"
             only, as_routed = c.get("reuse_correlation_confirmed"), c.get("reuse_correlation_routed")
+            surviving = c.get("reuse_correlation_surviving")
             extra = [
+                *([] if surviving is None else [f"surviving run, unscaled: {_num(surviving)}"]),
                 *([] if as_routed is None else [f"as routed, no eviction estimate: {_num(as_routed)}"]),
                 *([] if only is None else [f"from reported blocks only: {_num(only)}"]),
             ]
@@ -856,7 +870,7 @@ def choose(st: Settings, part: str, notes: list[str]) -> list[Router]:
         if r.peer is not None and not peer_installed(r.peer.tool):
             notes.append(f"{r.label}: not installed (python -m bench.setup), skipped")
             continue
-        if r.name in ("epp-precise", NO_EVENTS) and not precise_available():
+        if (r.kv_events or r.name == NO_EVENTS) and not precise_available():
             notes.append(f"{r.label}: the {PRECISE_TYPE} plugin is not in this build, skipped")
             continue
         out.append(r)
@@ -984,6 +998,13 @@ async def run(
     )
     if "shared" in parts:
         loadgen = "inference-perf" if iperf and mode == "full" else "builtin"
+        if mode == "full" and not iperf:
+            # said loudly: a full run without it measures a different load generator and no peers
+            notes.append(
+                "shared prefix: inference-perf is not installed (python -m bench.setup): the built-in "
+                "load generator is used instead, and its numbers are not comparable with a full run's"
+            )
+            log(f"prefix_routing: WARNING {notes[-1]}")
         routers = choose(st, "shared", notes)
         doc["shared"] = {p.name: await shared_profile(p, st, routers, loadgen) for p in st.profiles}
     if "conversation" in parts:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from bench.common import CONFIGS
 from bench.prefix_routing import (
     JUDGED,
+    PRECISE_TYPE,
     PROFILES,
+    ROUTERS,
     derive_precise,
     derive_shared,
     followups,
@@ -170,3 +176,27 @@ def test_prediction_breakdown_splits_the_error_by_side() -> None:
     assert b["squared_error_share_over"] == round(300**2 / (300**2 + 100**2), 3)
     assert b["first_byte_over_1s"] == 2
     assert prediction_breakdown(None) is None
+
+
+def test_every_epp_router_config_builds_and_the_event_routers_run_the_precise_scorer(tmp_path: Path) -> None:
+    """A router's config is a real file the registry accepts once the harness has filled in the
+    replicas' event sockets; a router whose replicas publish KV events runs the precise scorer."""
+    from epp.config.build import build
+    from epp.config.load import load_config_file
+    from epp.config.registry import default_registry
+
+    for r in ROUTERS:
+        if r.kind != "epp":
+            continue
+        doc = yaml.safe_load((CONFIGS / r.epp_config).read_text())
+        precise = [p for p in doc["plugins"] if p["type"] == PRECISE_TYPE]
+        assert bool(precise) or not r.kv_events, r.name
+        for p in precise:  # what Stack.epp_config does with the fleet's listeners
+            p["parameters"]["kvEventsConfig"]["endpoints"] = {"127.0.0.1:8000": "tcp://127.0.0.1:9"}
+        path = tmp_path / f"{r.name}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        assert build(load_config_file(path), default_registry()).scheduler.profiles, r.name
+    sessions = next(r for r in ROUTERS if r.name == "epp-precise-session")
+    types = {p["type"] for p in yaml.safe_load((CONFIGS / sessions.epp_config).read_text())["plugins"]}
+    assert {"session-affinity-scorer", PRECISE_TYPE} <= types
+    assert sessions.parts == ("conversation",)

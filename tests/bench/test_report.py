@@ -136,3 +136,22 @@ def test_report_latency_goodput_table(results_dir: Path) -> None:
     assert f"| 9 | EPP, predictor + SLO reserve (mixed-slo) | 91/100 (91.0 %) | 1.30{times} |" in text
     assert f"| 9 | sglang-router cache_aware | 60/100 (60.0 %) | 0.86{times} |" in text
     assert "goodput_ratio_at_judging_rate" in text
+
+
+def test_precise_below_its_fallback_is_flagged_from_a_point_not_on_rounding() -> None:
+    """A shortfall of a full point of hit rate gets a line; 66.8% vs 67.0% ("67% vs 67%") does not."""
+    from bench.report.prefix_routing import _precise_vs_fallback
+
+    def cell(router: str, rate: float, hits: float) -> dict[str, Any]:
+        return {"router": router, "rate": rate, "fleet": {"prefix_hit_rate": hits}, "ttft_ms": {"p90": 100.0}}
+
+    cells = [
+        cell("epp-precise", 16.0, 0.668),
+        cell("epp-approx", 16.0, 0.670),
+        cell("epp-precise", 32.0, 0.40),
+        cell("epp-approx", 32.0, 0.42),
+        cell("epp-precise-no-events", 32.0, 0.405),
+    ]
+    lines = [x for x in _precise_vs_fallback({"cells": cells}) if x]
+    assert len(lines) == 1
+    assert lines[0].startswith("At 32 req/s the precise scorer hit the cache less than the approximate index")
