@@ -112,3 +112,26 @@ def test_memoised_hashes_equal_fresh_ones(algo: str) -> None:
                 got = warm.hashes(tokens, 0, lora, salt)
                 assert got == BlockHasher(algo, 16, "9").hashes(tokens, 0, lora, salt)
                 assert got == reference_hashes(tokens, 16, algo, "9", (lora,) if lora else None, salt)
+
+
+def test_a_prefix_in_use_stays_memoised_through_more_one_off_prompts_than_the_memo_holds() -> None:
+    """A 24-block memo (12 per generation) and a 4-block shared prefix, used again after every 8 new
+    blocks (two one-off prompts of 4 blocks: one behind the prefix, one alone) for 160 new blocks in
+    all: the shared blocks are hashed once, every other block once, and every digest stays right
+    as the generations turn over.  (Clearing the memo when full hashed the prefix again.)"""
+    calls = 0
+    h = BlockHasher("sha256", 16, "9", memo_entries=24)
+    fn = h._fn
+
+    def counting(value: object) -> bytes:
+        nonlocal calls
+        calls += 1
+        return fn(value)
+
+    h._fn = counting
+    shared = TOKENS[:64]
+    for i in range(20):
+        one_off = [1_000_000 + 64 * i + t for t in range(64)]
+        for tokens in (shared + one_off, one_off):
+            assert h.hashes(tokens) == reference_hashes(tokens, 16, "sha256", "9", None, None)
+    assert calls == 4 + 20 * 8

@@ -24,7 +24,7 @@ import xxhash
 
 HASH_ALGOS: Final = ("sha256", "sha256_cbor", "sha256_msgpack", "xxhash", "xxhash_cbor", "xxhash_msgpack")
 _MASK64: Final = (1 << 64) - 1
-_MEMO_ENTRIES: Final = 65_536  # ~10 MB of memoised block digests; cleared when full
+MEMO_ENTRIES: Final = 131_072  # memoised block digests kept, ~144 B each (~19 MB)
 _MSGPACK: Final = msgspec.msgpack.Encoder()
 
 
@@ -67,9 +67,9 @@ class BlockHasher:
     refused here.
     """
 
-    __slots__ = ("_fn", "_memo", "_msgpack", "algo", "block_size", "none_hash")
+    __slots__ = ("_fn", "_generation", "_memo", "_msgpack", "_old", "algo", "block_size", "none_hash")
 
-    def __init__(self, algo: str, block_size: int, seed: str) -> None:
+    def __init__(self, algo: str, block_size: int, seed: str, memo_entries: int = MEMO_ENTRIES) -> None:
         if block_size <= 0:
             raise ValueError(f"block size must be > 0, got {block_size}")
         self.algo = algo
@@ -77,7 +77,13 @@ class BlockHasher:
         self._fn = hash_function(algo)
         self._msgpack = algo.endswith("_msgpack")
         self.none_hash = self._fn(seed)
+        # Two generations, each up to half the entries: digests are added to the young one; when it
+        # is full it becomes the old one and the previous old one is dropped; a digest found in the
+        # old generation moves to the young one.  A prefix in use survives any number of one-off
+        # prompts (clearing the whole memo when full lost the hot prefixes with the cold ones).
+        self._generation = max(memo_entries // 2, 1)
         self._memo: dict[bytes, bytes] = {}
+        self._old: dict[bytes, bytes] = {}
 
     def digest(self, parent: bytes | None, tokens: Sequence[int], extra: tuple[Any, ...] | None) -> bytes:
         """One full block's digest, chained on ``parent`` (None: the first block)."""
@@ -112,9 +118,7 @@ class BlockHasher:
             data = array("I", tokens[: n * bs]).tobytes()
         except (OverflowError, TypeError):
             return self._compute(tokens, n, extra, first)
-        memo = self._memo
-        if len(memo) > _MEMO_ENTRIES:
-            memo.clear()
+        memo, old = self._memo, self._old
         fn = self._fn
         msgpack = self._msgpack
         width = bs * 4
@@ -125,9 +129,17 @@ class BlockHasher:
             key = xxhash.xxh3_128_digest(key + data[i * width : (i + 1) * width])
             digest = memo.get(key)
             if digest is None:
-                chunk = tokens[i * bs : (i + 1) * bs]
-                ids: Any = (chunk if isinstance(chunk, list) else list(chunk)) if msgpack else tuple(chunk)
-                digest = memo[key] = fn((parent, ids, first if i == 0 else extra))
+                digest = old.pop(key, None)
+                if digest is None:
+                    chunk = tokens[i * bs : (i + 1) * bs]
+                    ids: Any = (
+                        (chunk if isinstance(chunk, list) else list(chunk)) if msgpack else tuple(chunk)
+                    )
+                    digest = fn((parent, ids, first if i == 0 else extra))
+                memo[key] = digest
+                if len(memo) >= self._generation:
+                    self._old = old = memo
+                    self._memo = memo = {}
             parent = digest
             out.append(int.from_bytes(digest[-8:], "big"))
         return out
