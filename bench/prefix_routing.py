@@ -408,15 +408,11 @@ async def observed(s: Stack) -> dict[str, Any]:
     debug = await s.debug_state()
     confirmed = find_key(debug, "confirmedOnlyVsObserved")
     routed = find_key(debug, "asRoutedVsObserved")
-    surviving = find_key(debug, "survivingVsObserved")
     return {
         "fleet": fleet,
         "epp_metrics": metrics,
-        # expected when it runs: the eviction-aware run times the learned reuse share
-        "reuse_correlation": find_key(debug, "pearson"),
+        "reuse_correlation": find_key(debug, "pearson"),  # predicted for when it runs (eviction-aware)
         "reuse_correlation_routed": routed.get("pearson") if isinstance(routed, dict) else None,
-        "reuse_correlation_surviving": surviving.get("pearson") if isinstance(surviving, dict) else None,
-        "reuse_shares": find_key(debug, "reuseShares"),
         "reuse_correlation_confirmed": confirmed.get("pearson") if isinstance(confirmed, dict) else None,
         "speculative": find_key(debug, "speculative"),
         "prediction_breakdown": prediction_breakdown(find_key(debug, "recentPredictions")),
@@ -650,9 +646,7 @@ def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
             rate = c["rate"]
             where = "conversation replay" if rate == "conversation" else f"{name}, {rate:g} req/s"
             only, as_routed = c.get("reuse_correlation_confirmed"), c.get("reuse_correlation_routed")
-            surviving = c.get("reuse_correlation_surviving")
             extra = [
-                *([] if surviving is None else [f"surviving run, unscaled: {_num(surviving)}"]),
                 *([] if as_routed is None else [f"as routed, no eviction estimate: {_num(as_routed)}"]),
                 *([] if only is None else [f"from reported blocks only: {_num(only)}"]),
             ]

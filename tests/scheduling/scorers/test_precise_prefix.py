@@ -305,3 +305,34 @@ def test_prediction_with_and_without_pending_blocks() -> None:
     # 0: nothing anywhere; 0 again: 8 pending -> 7 usable; 1: 3 reported; 1 again: 8 (5 pending)
     assert debug["predictedVsObserved"]["meanPredictedTokens"] == pytest.approx((0 + 112 + 48 + 112) / 4)
     assert debug["confirmedOnlyVsObserved"]["meanPredictedTokens"] == pytest.approx((0 + 0 + 48 + 48) / 4)
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "kv", "expected"),
+    [(108, 1.0, 0), (108, 0.5, 112), (0, 1.0, 112)],
+    ids=["full-cache", "half-free", "size-unknown"],
+)
+def test_a_reported_block_behind_a_full_cache_is_predicted_evicted(
+    num_blocks: int, kv: float, expected: int
+) -> None:
+    """Endpoint 0 reports TOKENS' 8 blocks as its newest of 108, and a request needing 10 new blocks
+    is queued there.  With the KV cache full, running requests reference every block but these, so
+    the free queue holds nothing older: the queued request's allocations evict them (predicted 0)
+    though 100 blocks are older.  Half free, 54 cached blocks are evictable before them; with the
+    cache size unknown, the 100 older ones bound it as before."""
+    s = scorer()
+    ep = endpoint(0, num_blocks=num_blocks, kv=kv)
+    st = s.index.add_endpoint(ep.metadata.name)
+    st.consistent = True
+    s.index.stored(st.slot, range(7, 107))  # 100 older blocks
+    s.index.stored(st.slot, BlockHasher("sha256_cbor", 16, "42").hashes(TOKENS))
+    picked = SchedulingResult({"default": ProfileRunResult((ep,))}, "default")
+    ahead = CycleState()
+    s.prepare(ahead, request(), [ep], list(range(90_000, 90_000 + 16 * 10)))
+    s.pre_request(ahead, request(), picked)
+    state = CycleState()
+    s.prepare(state, request(), [ep], TOKENS)
+    s.pre_request(state, request(), picked)
+    done = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=expected))
+    s.response_complete(state, request(), done, ep)
+    assert s.debug_state()["recentPredictions"]["rows"][-1][0] == expected

@@ -453,8 +453,16 @@ class PrecisePrefixCacheScorer(PluginBase):
         ahead = self.ahead.get(name, 0)
         if st is not None and hashes and name not in prediction.fallback:
             # eviction-aware: what of the run will still be there when this request runs
-            free = max(target.metrics.cache_num_blocks - self.index.blocks(st.slot), 0)
-            kept = self.surviving(st.slot, hashes, matched, ahead - free)
+            mt = target.metrics
+            free = max(mt.cache_num_blocks - self.index.blocks(st.slot), 0)
+            # cached blocks in the engine's free queue: KV use counts the blocks running requests
+            # reference, the rest are free (never used, or cached and evictable); unknown size: no bound
+            cached_free = (
+                max(int(mt.cache_num_blocks * (1.0 - mt.kv_cache_usage_percent)) - free, 0)
+                if mt.cache_num_blocks
+                else -1
+            )
+            kept = self.surviving(st.slot, hashes, matched, ahead - free, cached_free)
             prediction.predicted = min(kept, prediction.cap) * bs
         else:
             prediction.predicted = prediction.predicted_routed
@@ -481,13 +489,19 @@ class PrecisePrefixCacheScorer(PluginBase):
                 # reports now (evicted while the request waits, they will be computed again there)
                 prediction.pending = self.index.pending.add(st.slot, hashes, now)
 
-    def surviving(self, slot: int, hashes: Sequence[int], run: int, evictions: int) -> int:
+    def surviving(
+        self, slot: int, hashes: Sequence[int], run: int, evictions: int, cached_free: int = -1
+    ) -> int:
         """How many of the first ``run`` blocks the endpoint will still hold when this request runs.
 
         A block a request still in flight there holds or will compute stays.  A block pending only
         on a request that has ended (its grace period, for events still on the wire) stays unless
         the events have since reported it removed: evicted after its request freed it.  A block the
-        events report goes if fewer than ``evictions`` blocks leave the free queue before it."""
+        events report goes if fewer than ``evictions`` blocks leave the free queue before it: the
+        blocks older than it, but no more than the cached blocks in the free queue (``cached_free``,
+        -1 unknown), since the older ones a running request references are not evictable.  With the
+        KV cache full the free queue is short, and a block nobody in flight holds is the next to go
+        (at 48 req/s such a block with 8 or more requests waiting was always gone)."""
         pending = self.index.pending
         index = self.index
         for j in range(run):
@@ -499,6 +513,8 @@ class PrecisePrefixCacheScorer(PluginBase):
                 if index.evicted(slot, h) or not pending.holds(slot, h):
                     return j
                 continue
+            if 0 <= cached_free < age:
+                age = cached_free
             if age < evictions:
                 return j
         return run
