@@ -82,16 +82,20 @@ def test_cleared_or_removed_endpoint_drops_its_pending_blocks() -> None:
     assert len(ix.pending) == 0
 
 
-def test_holders_of_a_first_block_split_into_computed_and_still_to_compute() -> None:
+def test_holders_of_a_first_block_split_into_computed_and_still_to_compute_with_the_latest_first_byte() -> (
+    None
+):
     p = PendingBlocks(ttl=30, grace=2, capacity=100)
     a = p.add(0, [1, 2, 3], now=0)
     b = p.add(0, [1, 2, 4], now=0)
     p.add(1, [1, 2], now=0)  # another slot
     p.add(0, [9, 1], now=0)  # block 1, but not first
     assert a is not None and b is not None
-    assert p.holders(0, 1) == (0, 2)
-    a.computed = True
-    assert p.holders(0, 1) == (1, 1)
-    p.end(b, now=1)  # ended: in grace, no longer in flight
-    assert p.holders(0, 1) == (1, 0)
-    assert p.holders(2, 1) == (0, 0)
+    assert p.holders(0, 1) == (0, 2, 0.0)
+    a.computed, a.computed_at = True, 5.0
+    assert p.holders(0, 1) == (1, 1, 5.0)
+    b.computed, b.computed_at = True, 7.0
+    assert p.holders(0, 1) == (2, 0, 7.0)  # the latest first byte: the holder decoding longest
+    p.end(b, now=8)  # ended: in grace, no longer in flight
+    assert p.holders(0, 1) == (1, 0, 5.0)
+    assert p.holders(2, 1) == (0, 0, 0.0)

@@ -336,3 +336,22 @@ def test_a_reported_block_behind_a_full_cache_is_predicted_evicted(
     done = ResponseInfo(request_id="r", end_of_stream=True, usage=Usage(cached_tokens=expected))
     s.response_complete(state, request(), done, ep)
     assert s.debug_state()["recentPredictions"]["rows"][-1][0] == expected
+
+
+def test_a_sample_says_how_long_the_latest_holder_past_its_first_byte_has_decoded() -> None:
+    """Request a is past its first byte on endpoint 0 when b, same prefix, is routed there: b's row
+    counts one computed holder and how long it had decoded then (>= 0 ms); a's own row, with no
+    holder in flight at its pick, says -1."""
+    s = scorer()
+    eps = seed(s, [0])
+    a, _ = route(s, eps, 0)
+    s.response_body(a, request(), ResponseInfo(request_id="a"), b"data: {}", eps[0])
+    b, _ = route(s, eps, 0)
+    for state in (a, b):
+        done = ResponseInfo(request_id="x", end_of_stream=True, usage=Usage(cached_tokens=112))
+        s.response_complete(state, request(), done, eps[0])
+    recent = s.debug_state()["recentPredictions"]
+    rows = [dict(zip(recent["fields"], row, strict=True)) for row in recent["rows"]]
+    assert [r["holdersComputedAtPick"] for r in rows] == [0, 1]
+    assert rows[0]["latestHolderDecodingMsAtPick"] == -1.0
+    assert rows[1]["latestHolderDecodingMsAtPick"] >= 0.0

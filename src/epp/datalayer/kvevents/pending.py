@@ -39,6 +39,7 @@ class PendingRecord:
     deadline: float
     live: bool = True
     computed: bool = False  # its request had its first byte: the engine has computed the blocks
+    computed_at: float = 0.0  # when (monotonic), for how long it has been decoding
     ended: bool = False  # its request finished (the entry lives on for ``grace``)
 
 
@@ -170,11 +171,19 @@ class PendingBlocks:
         n = self._refs[slot].get(h, 0)
         return n > self._ended[slot].get(h, 0)
 
-    def holders(self, slot: int, first: int) -> tuple[int, int]:
-        """Requests in flight on ``slot`` whose blocks start with ``first``: (computed, not yet)."""
+    def holders(self, slot: int, first: int) -> tuple[int, int, float]:
+        """Requests in flight on ``slot`` whose blocks start with ``first``: (computed, not yet, when
+        the latest computed one had its first byte, 0.0 if none): the latest is the one likely to
+        decode, and keep the prefix in use, the longest."""
+        done = 0
+        latest = 0.0
         records = self._starting.get((slot, first), ())
-        done = sum(r.computed for r in records)
-        return done, len(records) - done
+        for r in records:
+            if r.computed:
+                done += 1
+                if r.computed_at > latest:
+                    latest = r.computed_at
+        return done, len(records) - done, latest
 
     def __len__(self) -> int:
         return len(self.bits)

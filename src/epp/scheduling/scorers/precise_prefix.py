@@ -125,6 +125,7 @@ class _Prediction:
     ahead_at_pick: int = 0  # new blocks other routed requests had queued on the pick then
     waiting_at_pick: int = 0  # the pick's scraped waiting queue then
     kv_use_at_pick: float = 0.0  # the pick's scraped KV use then
+    latest_decoding_ms: float = -1.0  # how long the latest computed holder has decoded (-1: none)
     holders_at_pick: tuple[int, int] = (0, 0)  # in-flight requests on the pick with this first block:
     # (past their first byte: the engine holds the prefix in use; not yet: still to compute it)
 
@@ -141,6 +142,7 @@ SAMPLE_FIELDS = (
     "kvUseAtPick",
     "holdersComputedAtPick",
     "holdersUncomputedAtPick",
+    "latestHolderDecodingMsAtPick",
 )
 SAMPLES = 2048  # the last routed requests' predictions kept for /debug/plugins/state
 
@@ -478,7 +480,9 @@ class PrecisePrefixCacheScorer(PluginBase):
         prediction.waiting_at_pick = target.metrics.waiting_queue_size
         prediction.kv_use_at_pick = target.metrics.kv_cache_usage_percent
         if st is not None and hashes:
-            prediction.holders_at_pick = self.index.pending.holders(st.slot, hashes[0])
+            computed, computing, latest = self.index.pending.holders(st.slot, hashes[0])
+            prediction.holders_at_pick = (computed, computing)
+            prediction.latest_decoding_ms = round((now - latest) * 1000, 1) if latest else -1.0
             prediction.slot = st.slot
             # the blocks it will allocate before its first token: queued ahead of later requests
             prediction.ahead = max(-(-prediction.prompt_tokens // bs) - matched, 0)
@@ -540,6 +544,7 @@ class PrecisePrefixCacheScorer(PluginBase):
                     prediction.first_byte_at = time.monotonic()
                     if prediction.pending is not None:
                         prediction.pending.computed = True
+                        prediction.pending.computed_at = prediction.first_byte_at
                 self._release_ahead(prediction)
 
     def response_complete(
@@ -580,6 +585,7 @@ class PrecisePrefixCacheScorer(PluginBase):
                 prediction.waiting_at_pick,
                 round(prediction.kv_use_at_pick, 3),
                 *prediction.holders_at_pick,
+                prediction.latest_decoding_ms,
             )
         )
 
