@@ -8,6 +8,7 @@ from typing import Any
 
 from bench.common import read_result
 from bench.report.fmt import f, ratio, table
+from bench.report.latency_accuracy import accuracy_runs
 
 GOODPUT_RESULT = "latency-goodput"  # the full goodput run (docs/latency-prediction.md#goodput)
 COST_RESULT = "latency-cost"  # a cost-only run (bench.latency --no-accuracy --no-goodput --result-name ...)
@@ -55,7 +56,15 @@ def latency_section(doc: dict[str, Any]) -> list[str]:
             f"{f(src['training']['rate_rps'], 0)} req/s.",
             "",
         ]
-    for acc in doc.get("accuracy", []):
+    newer = [name for name, run in accuracy_runs() if run.get("finished", "") > doc.get("finished", "")]
+    if newer:
+        # the per-router accuracy runs (their own section) supersede this file's own, older table
+        out += [
+            f"TTFT accuracy: see *Latency predictor: TTFT accuracy* below ({', '.join(newer)}, newer than "
+            f"bench/results/latency.json's own run, `{doc.get('command', '')}`).",
+            "",
+        ]
+    for acc in [] if newer else doc.get("accuracy", []):
         rows = [[f(lv["rate_rps"], 0), f(lv["ttft_mdape_pct"]), f(lv["ttft_median_signed_pct_error"])]
                 for lv in acc["levels"]]  # fmt: skip
         out += [f"TTFT accuracy, learner {acc['learner']} (MdAPE %, median signed error %):", "",

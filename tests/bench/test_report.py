@@ -155,3 +155,25 @@ def test_precise_below_its_fallback_is_flagged_from_a_point_not_on_rounding() ->
     lines = [x for x in _precise_vs_fallback({"cells": cells}) if x]
     assert len(lines) == 1
     assert lines[0].startswith("At 32 req/s the precise scorer hit the cache less than the approximate index")
+
+
+def test_an_older_latency_runs_accuracy_gives_way_to_the_newer_per_router_runs(
+    results_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """latency.json's own accuracy table (a quick run, older learner) is shown only while no newer
+    per-router accuracy run exists; after one, the section points at the accuracy section instead."""
+    import bench.report.latency_accuracy
+
+    monkeypatch.setattr(bench.report.latency_accuracy, "RESULTS", results_dir / "results")
+    level = {"rate_rps": 5.0, "ttft_mdape_pct": 10.5, "ttft_median_signed_pct_error": -7.0}
+    old = {"finished": "2026-01-01T00:00:00+0000", "command": "python -m bench.latency --quick",
+           "settings": {}, "accuracy": [{"learner": "ridge-log", "levels": [level]}]}  # fmt: skip
+    (results_dir / "results" / "latency.json").write_text(json.dumps(old))
+    assert "TTFT accuracy, learner ridge-log" in bench.report.build().read_text()
+    newer = {"finished": "2026-02-01T00:00:00+0000",
+             "accuracy": [{"router": "predictor", "learner": "huber", "levels": [level]}]}  # fmt: skip
+    (results_dir / "results" / "latency-steps-1.json").write_text(json.dumps(newer))
+    text = bench.report.build().read_text()
+    assert "TTFT accuracy, learner ridge-log" not in text
+    assert "TTFT accuracy: see *Latency predictor: TTFT accuracy* below (latency-steps-1," in text
+    assert "## Latency predictor: TTFT accuracy" in text
