@@ -451,6 +451,25 @@ def prediction_breakdown(recent: Any) -> dict[str, Any] | None:
 
     quick = [r for r in rows if 0 <= r["firstByteMs"] < 1000]
     slow = [r for r in rows if r["firstByteMs"] >= 1000]
+
+    def holder(r: dict[str, Any]) -> str:
+        if r.get("holdersUncomputedAtPick"):
+            return "computing"  # an in-flight request there still had to compute the prefix
+        return "computed_only" if r.get("holdersComputedAtPick") else "none_in_flight"
+
+    by_holder = {
+        k: sum(1 for r in over if holder(r) == k) for k in ("computing", "computed_only", "none_in_flight")
+    }
+
+    def decoding_ms(xs: list[dict[str, Any]]) -> float | None:
+        ages = [
+            r["latestHolderDecodingMsAtPick"] for r in xs if r.get("latestHolderDecodingMsAtPick", -1) >= 0
+        ]
+        return round(statistics.median(ages), 1) if ages else None
+
+    computed_only = [r for r in rows if holder(r) == "computed_only" and r["predicted"] > 0]
+    missed = {id(r) for r in over}
+    found = [r for r in computed_only if id(r) not in missed]
     return {
         "samples": len(rows),
         "over_predicted": len(over),
@@ -460,6 +479,13 @@ def prediction_breakdown(recent: Any) -> dict[str, Any] | None:
         "pearson_first_byte_under_1s": pearson(quick),
         "pearson_first_byte_over_1s": pearson(slow),
         "first_byte_over_1s": len(slow),
+        # over-predictions by what held the prefix on the pick at routing, and for those only
+        # requests past their first byte held: how long the latest of them had been decoding
+        "over_predicted_by_holder": by_holder,
+        "holder_decoding_ms_median_over_predicted": decoding_ms(
+            [r for r in over if holder(r) == "computed_only"]
+        ),
+        "holder_decoding_ms_median_found": decoding_ms(found),
     }
 
 

@@ -175,7 +175,26 @@ def test_prediction_breakdown_splits_the_error_by_side() -> None:
     assert (b["samples"], b["over_predicted"], b["under_predicted"]) == (5, 1, 1)
     assert b["squared_error_share_over"] == round(300**2 / (300**2 + 100**2), 3)
     assert b["first_byte_over_1s"] == 2
+    assert b["over_predicted_by_holder"] == {"computing": 0, "computed_only": 0, "none_in_flight": 1}
+    assert b["holder_decoding_ms_median_over_predicted"] is None  # rows without the field (older EPPs)
     assert prediction_breakdown(None) is None
+
+
+def test_prediction_breakdown_splits_over_predictions_by_holder_and_decode_age() -> None:
+    fields = ["predicted", "observed", "firstByteMs", "holdersComputedAtPick", "holdersUncomputedAtPick",
+              "latestHolderDecodingMsAtPick"]  # fmt: skip
+    rows = [
+        [100, 0, 3000.0, 1, 0, 5000.0],  # computed holder only, missed: decoding 5 s
+        [100, 0, 3000.0, 2, 0, 4000.0],
+        [100, 100, 500.0, 1, 0, 800.0],  # computed holder only, found
+        [100, 0, 3000.0, 1, 1, 900.0],  # a holder still computing, missed
+        [100, 100, 20.0, 0, 0, -1.0],
+    ]
+    b = prediction_breakdown({"fields": fields, "rows": rows})
+    assert b is not None
+    assert b["over_predicted_by_holder"] == {"computing": 1, "computed_only": 2, "none_in_flight": 0}
+    assert b["holder_decoding_ms_median_over_predicted"] == 4500.0
+    assert b["holder_decoding_ms_median_found"] == 800.0
 
 
 def test_every_epp_router_config_builds_and_the_event_routers_run_the_precise_scorer(tmp_path: Path) -> None:
