@@ -135,3 +135,50 @@ def test_a_prefix_in_use_stays_memoised_through_more_one_off_prompts_than_the_me
         for tokens in (shared + one_off, one_off):
             assert h.hashes(tokens) == reference_hashes(tokens, 16, "sha256", "9", None, None)
     assert calls == 4 + 20 * 8
+
+
+LONG = [(i * 104_729) % 150_000 for i in range(16 * 50)]  # 50 blocks: three runs of 16 and 2 more
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor", "xxhash_msgpack"])
+def test_runs_of_blocks_memoised_together_hash_as_fresh_ones(algo: str) -> None:
+    """Long prompts sharing a prefix that ends inside a run (block 20), at a run's end (block 32) or
+    not at all, with and without LoRA and salt, hashed twice by one hasher (and by one whose memo
+    generations turn over all the time): the same keys as a fresh hasher and vLLM's formula (the run
+    memo carries both key chains on)."""
+    warm = BlockHasher(algo, 16, "9")
+    tiny = BlockHasher(algo, 16, "9", memo_entries=32)  # generations turn over at every run
+    prompts = [LONG, LONG[: 16 * 20] + [5] * 16 * 30, LONG[: 16 * 32] + [6] * 16 * 18, [7] * 16 * 40]
+    for _ in range(2):
+        for tokens in prompts:
+            for lora, salt in ((None, None), ("lora", None), (None, "salt")):
+                got = warm.hashes(tokens, 0, lora, salt)
+                assert got == BlockHasher(algo, 16, "9").hashes(tokens, 0, lora, salt)
+                assert got == reference_hashes(tokens, 16, algo, "9", (lora,) if lora else None, salt)
+                assert tiny.hashes(tokens, 0, lora, salt) == got
+    assert warm.hashes(LONG, 40) == reference_hashes(LONG, 16, algo, "9", None, None)[:40]
+
+
+def test_a_prompt_seen_before_is_looked_up_by_runs_not_by_blocks() -> None:
+    """A 40-block prefix of a 50-block prompt seen before computes nothing (two runs, then the block
+    memo, reached on the right key chain after the runs); with the block memo emptied, the whole
+    prompt computes only its last 2 blocks (outside a whole run of 16), the other 48 from runs."""
+    calls = 0
+    h = BlockHasher("sha256", 16, "9")
+    fn = h._fn
+
+    def counting(value: object) -> bytes:
+        nonlocal calls
+        calls += 1
+        return fn(value)
+
+    h._fn = counting
+    first = h.hashes(LONG)
+    assert calls == 50
+    # 40 blocks: two runs, then 8 blocks of the third looked up one by one on the block chain
+    assert h.hashes(LONG[: 16 * 40]) == first[:40]
+    assert calls == 50
+    h._memo.clear()
+    h._old.clear()
+    assert h.hashes(LONG) == first
+    assert calls == 52

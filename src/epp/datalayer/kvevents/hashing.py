@@ -24,7 +24,8 @@ import xxhash
 
 HASH_ALGOS: Final = ("sha256", "sha256_cbor", "sha256_msgpack", "xxhash", "xxhash_cbor", "xxhash_msgpack")
 _MASK64: Final = (1 << 64) - 1
-MEMO_ENTRIES: Final = 131_072  # memoised block digests kept, ~144 B each (~19 MB)
+MEMO_ENTRIES: Final = 131_072  # memoised block digests kept (~19 MB, and ~8 MB of runs beside them)
+CHUNK_BLOCKS: Final = 16  # blocks memoised together as one run (one lookup per run when seen before)
 _MSGPACK: Final = msgspec.msgpack.Encoder()
 
 
@@ -67,7 +68,19 @@ class BlockHasher:
     refused here.
     """
 
-    __slots__ = ("_fn", "_generation", "_memo", "_msgpack", "_old", "algo", "block_size", "none_hash")
+    __slots__ = (
+        "_chunk_generation",
+        "_chunks",
+        "_fn",
+        "_generation",
+        "_memo",
+        "_msgpack",
+        "_old",
+        "_old_chunks",
+        "algo",
+        "block_size",
+        "none_hash",
+    )
 
     def __init__(self, algo: str, block_size: int, seed: str, memo_entries: int = MEMO_ENTRIES) -> None:
         if block_size <= 0:
@@ -84,6 +97,13 @@ class BlockHasher:
         self._generation = max(memo_entries // 2, 1)
         self._memo: dict[bytes, bytes] = {}
         self._old: dict[bytes, bytes] = {}
+        # Runs of CHUNK_BLOCKS blocks, the same way: run key -> (their 64-bit keys, the last block's
+        # digest and block key, to carry both chains on).  A prompt seen before costs one lookup per
+        # run instead of one per block; a prefix shared only part of the way into a run falls back to
+        # the block memo there.
+        self._chunk_generation = max(memo_entries // CHUNK_BLOCKS // 2, 1)
+        self._chunks: dict[bytes, tuple[tuple[int, ...], bytes, bytes]] = {}
+        self._old_chunks: dict[bytes, tuple[tuple[int, ...], bytes, bytes]] = {}
 
     def digest(self, parent: bytes | None, tokens: Sequence[int], extra: tuple[Any, ...] | None) -> bytes:
         """One full block's digest, chained on ``parent`` (None: the first block)."""
@@ -104,7 +124,8 @@ class BlockHasher:
 
         Shared prefixes are the point of prefix routing, so digests are memoised: each block is
         looked up by an xxh3-128 chain over its token ids and everything before it (and the extra
-        keys), which costs a fraction of serialising and SHA-hashing it again.
+        keys), which costs a fraction of serialising and SHA-hashing it again; whole runs of
+        ``CHUNK_BLOCKS`` blocks are looked up the same way first, one lookup per run.
         """
         bs = self.block_size
         n = len(tokens) // bs
@@ -119,29 +140,56 @@ class BlockHasher:
         except (OverflowError, TypeError):
             return self._compute(tokens, n, extra, first)
         memo, old = self._memo, self._old
+        chunks, old_chunks = self._chunks, self._old_chunks
         fn = self._fn
         msgpack = self._msgpack
         width = bs * 4
+        span = CHUNK_BLOCKS * width
         key = xxhash.xxh3_128_digest(repr((lora_name, cache_salt)).encode())
+        chunk_key = key
         parent = self.none_hash
-        out = []
-        for i in range(n):
-            key = xxhash.xxh3_128_digest(key + data[i * width : (i + 1) * width])
-            digest = memo.get(key)
-            if digest is None:
-                digest = old.pop(key, None)
+        out: list[int] = []
+        i = 0
+        while i < n:
+            whole = i + CHUNK_BLOCKS <= n
+            if whole:
+                # a run of CHUNK_BLOCKS blocks seen before, as one lookup (its own key chain)
+                chunk_key = xxhash.xxh3_128_digest(chunk_key + data[i * width : i * width + span])
+                hit = chunks.get(chunk_key)
+                if hit is None:
+                    hit = old_chunks.pop(chunk_key, None)
+                    if hit is not None:
+                        chunks[chunk_key] = hit
+                if hit is not None:
+                    ints, parent, key = hit
+                    out.extend(ints)
+                    i += CHUNK_BLOCKS
+                    continue
+            stop = i + CHUNK_BLOCKS if whole else n
+            begin = i
+            for j in range(begin, stop):
+                key = xxhash.xxh3_128_digest(key + data[j * width : (j + 1) * width])
+                digest = memo.get(key)
                 if digest is None:
-                    chunk = tokens[i * bs : (i + 1) * bs]
-                    ids: Any = (
-                        (chunk if isinstance(chunk, list) else list(chunk)) if msgpack else tuple(chunk)
-                    )
-                    digest = fn((parent, ids, first if i == 0 else extra))
-                memo[key] = digest
-                if len(memo) >= self._generation:
-                    self._old = old = memo
-                    self._memo = memo = {}
-            parent = digest
-            out.append(int.from_bytes(digest[-8:], "big"))
+                    digest = old.pop(key, None)
+                    if digest is None:
+                        chunk = tokens[j * bs : (j + 1) * bs]
+                        ids: Any = (
+                            (chunk if isinstance(chunk, list) else list(chunk)) if msgpack else tuple(chunk)
+                        )
+                        digest = fn((parent, ids, first if j == 0 else extra))
+                    memo[key] = digest
+                    if len(memo) >= self._generation:
+                        self._old = old = memo
+                        self._memo = memo = {}
+                parent = digest
+                out.append(int.from_bytes(digest[-8:], "big"))
+            i = stop
+            if whole:
+                chunks[chunk_key] = (tuple(out[begin:stop]), parent, key)
+                if len(chunks) >= self._chunk_generation:
+                    self._old_chunks = old_chunks = chunks
+                    self._chunks = chunks = {}
         return out
 
     def _compute(
