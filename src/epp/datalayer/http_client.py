@@ -1,4 +1,8 @@
-"""A minimal HTTP/1.1 GET client for scraping many endpoints often: keep-alive, bounded, no frills.
+"""A minimal HTTP/1.1 client for scraping many endpoints often: keep-alive, bounded, no frills.
+
+GET for the scrapes; POST for small idempotent calls on the same hosts (the precise prefix
+scorer's ``/tokenize``), which would otherwise pay a general client's per-request cost on every
+routed request.
 
 A fenced re-implementation (issue #14), a leaf: it imports nothing of the EPP.  Its reference is
 aiohttp (llhttp's parser): tests/datalayer/test_http_client.py serves hypothesis-generated
@@ -287,10 +291,29 @@ class ScrapeClient:
 
     async def get(self, host: str, port: int, path: str) -> bytes:
         """The body of ``GET path`` on ``host:port``; ``ScrapeError`` unless the status is 200."""
-        key = (host, port)
         payload = self._requests.get((host, port, path))
         if payload is None:
             payload = self._request_bytes(host, port, path)
+        status, body = await self._exchange((host, port), payload)
+        if status != 200:
+            raise ScrapeError(f"unexpected status code {status}")
+        return body
+
+    async def post(
+        self, host: str, port: int, path: str, body: bytes, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
+        """``POST path`` with ``body`` on ``host:port``: the status and the response body.  Only for
+        idempotent calls: like a GET, it is sent again once on a fresh connection when a reused
+        keep-alive connection closes before any reply."""
+        hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {hostport}\r\nUser-Agent: {self._user_agent}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1")
+        return await self._exchange((host, port), head + body)
+
+    async def _exchange(self, key: tuple[str, int], payload: bytes) -> tuple[int, bytes]:
+        host, port = key
         conn = self._take_idle(key)
         if conn is not None:
             try:
@@ -320,9 +343,7 @@ class ScrapeClient:
                 conn.close()
         else:
             conn.close()
-        if status != 200:
-            raise ScrapeError(f"unexpected status code {status}")
-        return body
+        return status, body
 
     def forget(self, host: str, port: int) -> None:
         """Close idle connections to ``host:port`` (its endpoint went away)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,50 @@ async def test_server_tokenizer_passes_template_fields_and_takes_turns() -> None
     sent = seen[0][1]
     assert sent["tools"] == [{"type": "function"}] and sent["chat_template_kwargs"] == {"x": 1}
     assert sent["messages"] == MESSAGES and sent["add_generation_prompt"] is True and sent["model"] == "m"
+
+
+async def test_server_tokenizer_fails_cleanly_on_a_bad_status_a_hang_and_a_dead_port() -> None:
+    """A non-200 reply gives no ids (None); an engine that never answers raises TimeoutError after
+    the configured timeout, and a dead port a connection error: the scorer counts both as failures
+    and scores that request from the approximate index."""
+    from aiohttp import web
+
+    from epp.datalayer.http_client import ScrapeError
+
+    release = asyncio.Event()
+
+    async def broken(request: web.Request) -> web.Response:
+        return web.Response(status=500, text="no")
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({"tokens": [1]})
+
+    ports = []
+    runners = []
+    for handler in (broken, hang):
+        app = web.Application()
+        app.router.add_post("/tokenize", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    dead = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()
+    server = ServerTokenizer(timeout=0.2)
+    prompt = make_request(model="m", prompt="hello")
+    try:
+        assert await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=ports[0])]) is None
+        with pytest.raises(TimeoutError):
+            await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=ports[1])])
+        with pytest.raises(ScrapeError):
+            await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=dead)])
+    finally:
+        release.set()
+        await server.close()
+        for runner in runners:
+            await runner.cleanup()

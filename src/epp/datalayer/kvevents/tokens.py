@@ -16,14 +16,18 @@ has the measured cost of each.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
-import aiohttp
 import orjson
 
 from epp.datalayer.api import Endpoint
+from epp.datalayer.http_client import ScrapeClient
 from epp.request import ApiKind, InferenceRequest
+
+_IDLE_PER_HOST: Final = 32  # keep-alive connections kept per engine (one per concurrent call)
+_MAX_REPLY_BYTES: Final = 64 << 20  # a 1M-token prompt's ids as JSON
 
 
 class TokenSource(Protocol):
@@ -148,18 +152,23 @@ _TEMPLATE_FIELDS = (
 
 class ServerTokenizer:
     """vLLM's ``POST /tokenize`` on one of the candidates (all serve the same model), taken in
-    turn so no engine carries every request's tokenisation."""
+    turn so no engine carries every request's tokenisation.
+
+    One call per routed request, so it goes through the data layer's lean keep-alive client
+    (``http_client.ScrapeClient.post``) rather than a general one: 0.25 ms of EPP CPU per call
+    with aiohttp's, measured under the shared-prefix benchmark at 48 req/s."""
 
     def __init__(self, *, timeout: float = 1.0, scheme: str = "http") -> None:
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._scheme = scheme
-        self._session: aiohttp.ClientSession | None = None
+        self._timeout = timeout
+        self._client = ScrapeClient(
+            ssl_context=ssl.create_default_context() if scheme == "https" else None,
+            max_idle_per_host=_IDLE_PER_HOST,
+            max_body_bytes=_MAX_REPLY_BYTES,
+        )
         self._turn = 0
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._client.close()
 
     async def token_ids(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> list[int] | None:
         ids = given_ids(request)
@@ -183,17 +192,12 @@ class ServerTokenizer:
         model = request.target_model or (request.body.model if request.body is not None else "")
         if model:
             body["model"] = model
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode()
-            )
         self._turn += 1
-        url = f"{self._scheme}://{endpoints[self._turn % len(endpoints)].metadata.hostport}/tokenize"
-        async with self._session.post(
-            url, data=orjson.dumps(body), headers={"content-type": "application/json"}
-        ) as r:
-            if r.status != 200:
-                return None
-            doc = orjson.loads(await r.read())
+        md = endpoints[self._turn % len(endpoints)].metadata
+        async with asyncio.timeout(self._timeout):
+            status, reply = await self._client.post(md.address, md.port, "/tokenize", orjson.dumps(body))
+        if status != 200:
+            return None
+        doc = orjson.loads(reply)
         tokens = doc.get("tokens") if isinstance(doc, dict) else None
         return tokens if isinstance(tokens, list) else None
