@@ -160,3 +160,59 @@ async def test_server_tokenizer_fails_cleanly_on_a_bad_status_a_hang_and_a_dead_
         await server.close()
         for runner in runners:
             await runner.cleanup()
+
+
+async def test_server_tokenizer_bounds_its_calls_in_flight() -> None:
+    """Ten requests at once with room for three: three calls reach the engines, the other seven
+    wait for a slot (not a connection each); all ten get their ids."""
+    from aiohttp import web
+
+    arrived, release = asyncio.Event(), asyncio.Event()
+    inflight = 0
+
+    async def tokenize(request: web.Request) -> web.Response:
+        nonlocal inflight
+        inflight += 1
+        if inflight == 3:
+            arrived.set()
+        await release.wait()
+        inflight -= 1
+        return web.json_response({"tokens": [7]})
+
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server = ServerTokenizer(timeout=30, max_concurrent=3)
+    posted = 0
+    client = server._client
+
+    class Counting:
+        """The tokenizer's client, counting the calls that got past the bound."""
+
+        async def post(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
+            nonlocal posted
+            posted += 1
+            return await client.post(*args, **kwargs)
+
+        async def close(self) -> None:
+            await client.close()
+
+    server._client = Counting()  # type: ignore[assignment]
+    ep = [make_endpoint(0, address="127.0.0.1", port=port)]
+    try:
+        calls = [
+            asyncio.create_task(server.token_ids(make_request(model="m", prompt="x"), ep)) for _ in range(10)
+        ]
+        await arrived.wait()  # every task ran to its first wait long before three calls arrived
+        assert posted == 3
+        release.set()
+        assert await asyncio.gather(*calls) == [[7]] * 10
+        assert posted == 10
+    finally:
+        release.set()
+        await server.close()
+        await runner.cleanup()
