@@ -29,8 +29,9 @@ Prediction (``predictedVsObserved``): what the picked endpoint will still hold w
 runs, not only what it holds now.  A block some in-flight request there holds or computes counts;
 a block only the events report is in the engine's free queue, and survives if fewer new blocks
 are queued ahead of the request there (the EPP's own count, released at the first response byte)
-than there are free or older blocks to evict before it (``BlockIndex.older``; the scorer touches a
-request's blocks tail first when it ends, as the engine frees them).
+than there are free or older blocks to evict before it (``BlockIndex.older``, counted up to the free
+queue's cached blocks from the scraped KV use; the scorer touches a request's blocks tail first when
+it ends, as the engine frees them).
 
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
 1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
