@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from epp.datalayer.http_client import ScrapeClient, ScrapeError
+from tests.datalayer.servers import serving
 
 Reply = Sequence[bytes]  # chunks written back for one request (b"" = close the connection)
 
@@ -516,23 +517,19 @@ async def test_post_sends_its_body_and_returns_any_status_on_one_kept_alive_conn
         seen.append((request.content_type, await request.read(), id(request.transport)))
         return web.Response(body=b"got:" + await request.read())
 
-    app = web.Application()
-    app.router.add_post("/echo", echo)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     client = ScrapeClient()
-    try:
-        big = b"x" * 200_000  # beyond one socket write
-        assert await client.post("127.0.0.1", port, "/echo", b'{"a": 1}') == (200, b'got:{"a": 1}')
-        assert await client.post("127.0.0.1", port, "/echo", big, "text/plain") == (200, b"got:" + big)
-        status, _ = await client.post("127.0.0.1", port, "/nowhere", b"{}")
-        assert status == 404
-        assert [(ct, len(body)) for ct, body, _ in seen] == [("application/json", 8), ("text/plain", 200_000)]
-        assert len({conn for _, _, conn in seen}) == 1
-        assert client.idle_connections() == 1
-    finally:
-        await client.close()
-        await runner.cleanup()
+    async with serving({"/echo": echo}) as port:
+        try:
+            big = b"x" * 200_000  # beyond one socket write
+            assert await client.post("127.0.0.1", port, "/echo", b'{"a": 1}') == (200, b'got:{"a": 1}')
+            assert await client.post("127.0.0.1", port, "/echo", big, "text/plain") == (200, b"got:" + big)
+            status, _ = await client.post("127.0.0.1", port, "/nowhere", b"{}")
+            assert status == 404
+            assert [(ct, len(body)) for ct, body, _ in seen] == [
+                ("application/json", 8),
+                ("text/plain", 200_000),
+            ]
+            assert len({conn for _, _, conn in seen}) == 1
+            assert client.idle_connections() == 1
+        finally:
+            await client.close()

@@ -114,27 +114,32 @@ def test_memoised_hashes_equal_fresh_ones(algo: str) -> None:
                 assert got == reference_hashes(tokens, 16, algo, "9", (lora,) if lora else None, salt)
 
 
+def count_hashing(h: BlockHasher) -> list[int]:
+    """Count the digests ``h`` computes (serialise and hash) from now on: [count]."""
+    calls = [0]
+    fn = h._fn
+
+    def counting(value: object) -> bytes:
+        calls[0] += 1
+        return fn(value)
+
+    h._fn = counting
+    return calls
+
+
 def test_a_prefix_in_use_stays_memoised_through_more_one_off_prompts_than_the_memo_holds() -> None:
     """A 24-block memo (12 per generation) and a 4-block shared prefix, used again after every 8 new
     blocks (two one-off prompts of 4 blocks: one behind the prefix, one alone) for 160 new blocks in
     all: the shared blocks are hashed once, every other block once, and every digest stays right
     as the generations turn over.  (Clearing the memo when full hashed the prefix again.)"""
-    calls = 0
     h = BlockHasher("sha256", 16, "9", memo_entries=24)
-    fn = h._fn
-
-    def counting(value: object) -> bytes:
-        nonlocal calls
-        calls += 1
-        return fn(value)
-
-    h._fn = counting
+    calls = count_hashing(h)
     shared = TOKENS[:64]
     for i in range(20):
         one_off = [1_000_000 + 64 * i + t for t in range(64)]
         for tokens in (shared + one_off, one_off):
             assert h.hashes(tokens) == reference_hashes(tokens, 16, "sha256", "9", None, None)
-    assert calls == 4 + 20 * 8
+    assert calls[0] == 4 + 20 * 8
 
 
 LONG = [(i * 104_729) % 150_000 for i in range(16 * 50)]  # 50 blocks: three runs of 16 and 2 more
@@ -163,22 +168,14 @@ def test_a_prompt_seen_before_is_looked_up_by_runs_not_by_blocks() -> None:
     """A 40-block prefix of a 50-block prompt seen before computes nothing (two runs, then the block
     memo, reached on the right key chain after the runs); with the block memo emptied, the whole
     prompt computes only its last 2 blocks (outside a whole run of 16), the other 48 from runs."""
-    calls = 0
     h = BlockHasher("sha256", 16, "9")
-    fn = h._fn
-
-    def counting(value: object) -> bytes:
-        nonlocal calls
-        calls += 1
-        return fn(value)
-
-    h._fn = counting
+    calls = count_hashing(h)
     first = h.hashes(LONG)
-    assert calls == 50
+    assert calls[0] == 50
     # 40 blocks: two runs, then 8 blocks of the third looked up one by one on the block chain
     assert h.hashes(LONG[: 16 * 40]) == first[:40]
-    assert calls == 50
+    assert calls[0] == 50
     h._memo.clear()
     h._old.clear()
     assert h.hashes(LONG) == first
-    assert calls == 52
+    assert calls[0] == 52

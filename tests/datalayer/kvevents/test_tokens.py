@@ -15,6 +15,7 @@ from epp.testing.builders import chat_body, completions_body, make_endpoint, mak
 from epp_sim.config import FleetConfig
 from epp_sim.fleet import Fleet
 from epp_sim.tokens import render_chat, token_ids
+from tests.datalayer.servers import Handler, serving
 from tests.epp_sim.helpers import engine_config
 
 MESSAGES: list[dict[str, Any]] = [
@@ -75,40 +76,30 @@ async def test_server_tokenizer_passes_template_fields_and_takes_turns() -> None
 
     seen: list[tuple[int, dict[str, Any]]] = []
 
-    def app(index: int) -> web.Application:
+    def engine(index: int) -> Handler:
         async def tokenize(request: web.Request) -> web.Response:
             seen.append((index, await request.json()))
             return web.json_response({"count": 1, "max_model_len": 10, "tokens": [index], "token_strs": None})
 
-        a = web.Application()
-        a.router.add_post("/tokenize", tokenize)
-        return a
+        return tokenize
 
-    runners = [web.AppRunner(app(i)) for i in range(2)]
-    eps = []
-    for i, runner in enumerate(runners):
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        eps.append(make_endpoint(i, address="127.0.0.1", port=port))
     server = ServerTokenizer()
-    try:
-        chat = make_request(model="m")
-        body = {
-            "model": "m",
-            "messages": MESSAGES,
-            "tools": [{"type": "function"}],
-            "chat_template_kwargs": {"x": 1},
-        }
-        chat.body = chat_body(MESSAGES, model="m")
-        assert chat.body.json is not None
-        chat.body.json.update(body)
-        got = [await server.token_ids(chat, eps) for _ in range(2)]
-    finally:
-        await server.close()
-        for runner in runners:
-            await runner.cleanup()
+    async with serving({"/tokenize": engine(0)}) as p0, serving({"/tokenize": engine(1)}) as p1:
+        eps = [make_endpoint(i, address="127.0.0.1", port=p) for i, p in enumerate((p0, p1))]
+        try:
+            chat = make_request(model="m")
+            body = {
+                "model": "m",
+                "messages": MESSAGES,
+                "tools": [{"type": "function"}],
+                "chat_template_kwargs": {"x": 1},
+            }
+            chat.body = chat_body(MESSAGES, model="m")
+            assert chat.body.json is not None
+            chat.body.json.update(body)
+            got = [await server.token_ids(chat, eps) for _ in range(2)]
+        finally:
+            await server.close()
     assert sorted(g[0] for g in got if g) == [0, 1]  # each endpoint tokenised once
     sent = seen[0][1]
     assert sent["tools"] == [{"type": "function"}] and sent["chat_template_kwargs"] == {"x": 1}
@@ -132,34 +123,24 @@ async def test_server_tokenizer_fails_cleanly_on_a_bad_status_a_hang_and_a_dead_
         await release.wait()
         return web.json_response({"tokens": [1]})
 
-    ports = []
-    runners = []
-    for handler in (broken, hang):
-        app = web.Application()
-        app.router.add_post("/tokenize", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
     probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
     dead = probe.sockets[0].getsockname()[1]
     probe.close()
     await probe.wait_closed()
     server = ServerTokenizer(timeout=0.2)
     prompt = make_request(model="m", prompt="hello")
-    try:
-        assert await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=ports[0])]) is None
-        with pytest.raises(TimeoutError):
-            await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=ports[1])])
-        with pytest.raises(ScrapeError):
-            await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=dead)])
-    finally:
-        release.set()
-        await server.close()
-        for runner in runners:
-            await runner.cleanup()
+    async with serving({"/tokenize": broken}) as p_broken, serving({"/tokenize": hang}) as p_hang:
+        try:
+            assert (
+                await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=p_broken)]) is None
+            )
+            with pytest.raises(TimeoutError):
+                await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=p_hang)])
+            with pytest.raises(ScrapeError):
+                await server.token_ids(prompt, [make_endpoint(0, address="127.0.0.1", port=dead)])
+        finally:
+            release.set()
+            await server.close()
 
 
 async def test_server_tokenizer_bounds_its_calls_in_flight() -> None:
@@ -179,13 +160,6 @@ async def test_server_tokenizer_bounds_its_calls_in_flight() -> None:
         inflight -= 1
         return web.json_response({"tokens": [7]})
 
-    app = web.Application()
-    app.router.add_post("/tokenize", tokenize)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     server = ServerTokenizer(timeout=30, max_concurrent=3)
     posted = 0
     client = server._client
@@ -202,17 +176,18 @@ async def test_server_tokenizer_bounds_its_calls_in_flight() -> None:
             await client.close()
 
     server._client = Counting()  # type: ignore[assignment]
-    ep = [make_endpoint(0, address="127.0.0.1", port=port)]
-    try:
-        calls = [
-            asyncio.create_task(server.token_ids(make_request(model="m", prompt="x"), ep)) for _ in range(10)
-        ]
-        await arrived.wait()  # every task ran to its first wait long before three calls arrived
-        assert posted == 3
-        release.set()
-        assert await asyncio.gather(*calls) == [[7]] * 10
-        assert posted == 10
-    finally:
-        release.set()
-        await server.close()
-        await runner.cleanup()
+    async with serving({"/tokenize": tokenize}) as port:
+        ep = [make_endpoint(0, address="127.0.0.1", port=port)]
+        try:
+            calls = [
+                asyncio.create_task(server.token_ids(make_request(model="m", prompt="x"), ep))
+                for _ in range(10)
+            ]
+            await arrived.wait()  # every task ran to its first wait long before three calls arrived
+            assert posted == 3
+            release.set()
+            assert await asyncio.gather(*calls) == [[7]] * 10
+            assert posted == 10
+        finally:
+            release.set()
+            await server.close()
