@@ -64,16 +64,25 @@ def test_picked_elsewhere_rebinds_and_gone_endpoint_moves_the_session() -> None:
     assert turn(s, req("c"), rest)[0] == [1.0, 0.0]
 
 
-def test_saturated_session_endpoint_scores_like_the_rest() -> None:
+def test_saturated_session_endpoint_releases_the_turn_to_the_other_scorers() -> None:
+    """While the session's endpoint is saturated every candidate scores 0.0 (the prefix and load
+    scorers place the turn; the session is not pushed to the least-bound endpoint); the session
+    follows wherever that turn went, and its endpoint scores 1.0 again once not saturated."""
     handle = FakeHandle([build(UtilizationDetector, kvCacheUtilThreshold=0.8)])
     s = stateful(handle)
     turn(s, req("c"), [make_endpoint(0), make_endpoint(1)], pick=make_endpoint(0))
     full = [make_endpoint(0, kv=0.9), make_endpoint(1)]
-    scores, _ = turn(s, req("c"), full, pick=full[1])
-    assert scores == [0.0, 1.0]
+    scores, _ = turn(s, req("c"), full, pick=full[0])  # the other scorers kept it on 0
+    assert scores == [0.0, 0.0]
+    assert turn(s, req("c"), [make_endpoint(0), make_endpoint(1)])[0] == [1.0, 0.0]
+    scores, _ = turn(s, req("c"), full, pick=full[1])  # this time they moved it
+    assert scores == [0.0, 0.0]
+    assert turn(s, req("c"), [make_endpoint(0), make_endpoint(1)])[0] == [0.0, 1.0]
 
 
 def test_saturated_session_endpoint_is_not_offered_as_the_least_bound_one() -> None:
+    """A saturated endpoint is no reason to re-place its session on the least-bound one: with
+    endpoint 0 saturated, its session c0 scores nothing anywhere, however bound the others are."""
     handle = FakeHandle([build(UtilizationDetector, queueDepthThreshold=5)])
     s = stateful(handle)
     eps = [make_endpoint(i) for i in range(3)]
@@ -81,8 +90,8 @@ def test_saturated_session_endpoint_is_not_offered_as_the_least_bound_one() -> N
         turn(s, req(f"c{i}"), eps, pick=ep)
     turn(s, req("d"), eps, pick=eps[1])  # endpoint 1 now holds two, 0 and 2 one each
     busy = [make_endpoint(0, queue=9), make_endpoint(1), make_endpoint(2)]
-    for _ in range(4):  # 0 holds the fewest with 2, but is saturated: 2 gets the session
-        assert s.score(CycleState(), req("c0"), busy) == [0.0, 0.0, 1.0]
+    for _ in range(4):
+        assert s.score(CycleState(), req("c0"), busy) == [0.0, 0.0, 0.0]
 
 
 def test_encoded_endpoint_header() -> None:

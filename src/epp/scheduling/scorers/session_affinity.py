@@ -32,12 +32,12 @@ class SessionAffinityScorerParams(PluginParams):
 class SessionAffinityScorer(SessionHooks, PluginBase):
     """1.0 for the session's endpoint, 0.0 for the others.  Type ``session-affinity-scorer``, Affinity.
 
-    A soft pin: the weight decides how much it outweighs load and prefix scorers.  The
-    session's endpoint scores 0.0 like the rest when it is not a candidate or is saturated
-    by the EPP's saturation detector (``skipWhenSaturated``).  Under ``session_id_header``
-    a session with no usable endpoint scores 1.0 on the candidate bound by the fewest
-    sessions (ties rotate), as llm-d does, so new conversations spread; under
-    ``encoded_endpoint_header`` it scores all 0.0.  The session is bound to (or its token
+    A soft pin: the weight decides how much it outweighs load and prefix scorers.  While the
+    session's endpoint is saturated by the EPP's saturation detector (``skipWhenSaturated``)
+    every candidate scores 0.0: the other scorers place that turn.  Under ``session_id_header``
+    a new session, or one whose endpoint is no longer a candidate, scores 1.0 on the candidate
+    bound by the fewest sessions (ties rotate), as llm-d does, so new conversations spread;
+    under ``encoded_endpoint_header`` it scores all 0.0.  The session is bound to (or its token
     names) the endpoint finally picked.  Parameters: ``algorithm``
     (``encoded_endpoint_header`` | ``session_id_header``), ``headerName``
     (``x-session-token``), ``profileName``, ``evictionTtlSeconds`` (600), ``maxSessions``
@@ -74,9 +74,12 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
         a = self.affinity
         target = a.bound(request, endpoints)
         if target is None and a.stateful and a.session(request):
-            busy = find(endpoints, a.bound_name(request))  # present but saturated, if not None
-            others = [ep for ep in endpoints if ep is not busy]
-            target = self._least_bound(others or endpoints)
+            if find(endpoints, a.bound_name(request)) is not None:
+                # present but saturated: the pin is released, and the turn is left to the other
+                # scorers (its context is still cached there; pushing it to the least-bound
+                # endpoint would pay a full prefill elsewhere whatever they say)
+                return out
+            target = self._least_bound(endpoints)
         if target is not None:
             out[endpoints.index(target)] = 1.0
         return out
