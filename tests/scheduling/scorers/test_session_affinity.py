@@ -101,3 +101,18 @@ def test_encoded_endpoint_header() -> None:
     assert scores == [0.0, 0.0, 0.0]
     assert resp.headers["x-session-token"] == encode_token(eps[2])
     assert turn(s, req(resp.headers["x-session-token"]), eps)[0] == [0.0, 0.0, 1.0]
+
+
+def test_a_new_session_is_not_placed_on_a_saturated_endpoint() -> None:
+    """Endpoint 0 is bound by the fewest sessions but saturated: a new session scores 1.0 on the
+    least-bound of the others; with every endpoint saturated, on the least-bound of all."""
+    handle = FakeHandle([build(UtilizationDetector, queueDepthThreshold=5)])
+    s = stateful(handle)
+    eps = [make_endpoint(i) for i in range(3)]
+    turn(s, req("a"), eps, pick=eps[1])
+    turn(s, req("b"), eps, pick=eps[2])
+    turn(s, req("c"), eps, pick=eps[2])
+    busy = [make_endpoint(0, queue=9), make_endpoint(1), make_endpoint(2)]
+    assert s.score(CycleState(), req("new"), busy) == [0.0, 1.0, 0.0]
+    every = [make_endpoint(i, queue=9) for i in range(3)]
+    assert s.score(CycleState(), req("new2"), every) == [1.0, 0.0, 0.0]

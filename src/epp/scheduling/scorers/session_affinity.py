@@ -36,13 +36,13 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
     session's endpoint is saturated by the EPP's saturation detector (``skipWhenSaturated``)
     every candidate scores 0.0: the other scorers place that turn.  Under ``session_id_header``
     a new session, or one whose endpoint is no longer a candidate, scores 1.0 on the candidate
-    bound by the fewest sessions (ties rotate), as llm-d does, so new conversations spread;
-    under ``encoded_endpoint_header`` it scores all 0.0.  The session is bound to (or its token
-    names) the endpoint finally picked.  Parameters: ``algorithm``
-    (``encoded_endpoint_header`` | ``session_id_header``), ``headerName``
+    bound by the fewest sessions (ties rotate; saturated ones only when every one is), as llm-d
+    does, so new conversations spread; under ``encoded_endpoint_header`` it scores all 0.0.
+    The session is bound to (or its token names) the endpoint finally picked.  Parameters:
+    ``algorithm`` (``encoded_endpoint_header`` | ``session_id_header``), ``headerName``
     (``x-session-token``), ``profileName``, ``evictionTtlSeconds`` (600), ``maxSessions``
-    (100000), ``skipWhenSaturated`` (true); ``evictionSweepSeconds`` and
-    ``missThreshold`` are accepted for llm-d configs and have no effect.
+    (100000), ``skipWhenSaturated`` (true); ``evictionSweepSeconds`` and ``missThreshold`` are
+    accepted for llm-d configs and have no effect.
     """
 
     TYPE: ClassVar[str] = "session-affinity-scorer"
@@ -85,7 +85,11 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
         return out
 
     def _least_bound(self, endpoints: Sequence[Endpoint]) -> Endpoint:
-        counts = self.affinity.bindings.sessions_on
+        a = self.affinity
+        if a.skip_when_saturated:
+            # a new session is not placed on a saturated endpoint (unless every one is)
+            endpoints = [ep for ep in endpoints if not a.probe.saturated(ep)] or endpoints
+        counts = a.bindings.sessions_on
         fewest = min(counts(ep.name) for ep in endpoints)
         tied = sorted((ep for ep in endpoints if counts(ep.name) == fewest), key=lambda ep: ep.name)
         return tied[next(self._cursor) % len(tied)]
