@@ -175,7 +175,6 @@ def test_a_prompt_seen_before_is_looked_up_by_runs_not_by_blocks() -> None:
     # 40 blocks: two runs, then 8 blocks of the third looked up one by one on the block chain
     assert h.hashes(LONG[: 16 * 40]) == first[:40]
     assert calls[0] == 50
-    h._memo.clear()
-    h._old.clear()
+    h._blocks.clear()
     assert h.hashes(LONG) == first
     assert calls[0] == 52

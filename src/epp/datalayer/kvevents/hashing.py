@@ -16,7 +16,7 @@ import hashlib
 import pickle
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 import cbor2
 import msgspec
@@ -27,6 +27,7 @@ _MASK64: Final = (1 << 64) - 1
 MEMO_ENTRIES: Final = 131_072  # memoised block digests kept (~19 MB, and ~8 MB of runs beside them)
 CHUNK_BLOCKS: Final = 16  # blocks memoised together as one run (one lookup per run when seen before)
 _MSGPACK: Final = msgspec.msgpack.Encoder()
+V = TypeVar("V")
 
 
 def _pickle(value: Any) -> bytes:
@@ -60,6 +61,39 @@ def external_hash(value: int | bytes) -> int:
     return value & _MASK64
 
 
+class _Generations(Generic[V]):
+    """A bounded memo in two generations of at most ``size`` entries each.  Entries are added to
+    the young one; when it is full it becomes the old one and the previous old one is dropped; an
+    entry found in the old generation moves to the young one.  So an entry in use survives any
+    number of one-off ones (clearing the whole memo when full lost the hot with the cold)."""
+
+    __slots__ = ("_old", "_young", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        self._young: dict[bytes, V] = {}
+        self._old: dict[bytes, V] = {}
+
+    def get(self, key: bytes) -> V | None:
+        value = self._young.get(key)
+        if value is None:
+            value = self._old.pop(key, None)
+            if value is not None:
+                self.put(key, value)
+        return value
+
+    def put(self, key: bytes, value: V) -> None:
+        young = self._young
+        young[key] = value
+        if len(young) >= self.size:
+            self._old = young
+            self._young = {}
+
+    def clear(self) -> None:
+        self._young = {}
+        self._old = {}
+
+
 class BlockHasher:
     """The engine's block hashing: algorithm, block size and NONE_HASH from the seed.
 
@@ -68,19 +102,7 @@ class BlockHasher:
     refused here.
     """
 
-    __slots__ = (
-        "_chunk_generation",
-        "_chunks",
-        "_fn",
-        "_generation",
-        "_memo",
-        "_msgpack",
-        "_old",
-        "_old_chunks",
-        "algo",
-        "block_size",
-        "none_hash",
-    )
+    __slots__ = ("_blocks", "_fn", "_msgpack", "_runs", "algo", "block_size", "none_hash")
 
     def __init__(self, algo: str, block_size: int, seed: str, memo_entries: int = MEMO_ENTRIES) -> None:
         if block_size <= 0:
@@ -90,20 +112,15 @@ class BlockHasher:
         self._fn = hash_function(algo)
         self._msgpack = algo.endswith("_msgpack")
         self.none_hash = self._fn(seed)
-        # Two generations, each up to half the entries: digests are added to the young one; when it
-        # is full it becomes the old one and the previous old one is dropped; a digest found in the
-        # old generation moves to the young one.  A prefix in use survives any number of one-off
-        # prompts (clearing the whole memo when full lost the hot prefixes with the cold ones).
-        self._generation = max(memo_entries // 2, 1)
-        self._memo: dict[bytes, bytes] = {}
-        self._old: dict[bytes, bytes] = {}
-        # Runs of CHUNK_BLOCKS blocks, the same way: run key -> (their 64-bit keys, the last block's
-        # digest and block key, to carry both chains on).  A prompt seen before costs one lookup per
-        # run instead of one per block; a prefix shared only part of the way into a run falls back to
+        # block key -> digest, ``memo_entries`` in all
+        self._blocks: _Generations[bytes] = _Generations(memo_entries // 2)
+        # Runs of CHUNK_BLOCKS blocks: run key -> (their 64-bit keys, the last block's digest and
+        # block key, to carry both chains on).  A prompt seen before costs one lookup per run
+        # instead of one per block; a prefix shared only part of the way into a run falls back to
         # the block memo there.
-        self._chunk_generation = max(memo_entries // CHUNK_BLOCKS // 2, 1)
-        self._chunks: dict[bytes, tuple[tuple[int, ...], bytes, bytes]] = {}
-        self._old_chunks: dict[bytes, tuple[tuple[int, ...], bytes, bytes]] = {}
+        self._runs: _Generations[tuple[tuple[int, ...], bytes, bytes]] = _Generations(
+            memo_entries // CHUNK_BLOCKS // 2
+        )
 
     def digest(self, parent: bytes | None, tokens: Sequence[int], extra: tuple[Any, ...] | None) -> bytes:
         """One full block's digest, chained on ``parent`` (None: the first block)."""
@@ -139,8 +156,7 @@ class BlockHasher:
             data = array("I", tokens[: n * bs]).tobytes()
         except (OverflowError, TypeError):
             return self._compute(tokens, n, extra, first)
-        memo, old = self._memo, self._old
-        chunks, old_chunks = self._chunks, self._old_chunks
+        blocks, runs = self._blocks, self._runs
         fn = self._fn
         msgpack = self._msgpack
         width = bs * 4
@@ -155,41 +171,28 @@ class BlockHasher:
             if whole:
                 # a run of CHUNK_BLOCKS blocks seen before, as one lookup (its own key chain)
                 chunk_key = xxhash.xxh3_128_digest(chunk_key + data[i * width : i * width + span])
-                hit = chunks.get(chunk_key)
-                if hit is None:
-                    hit = old_chunks.pop(chunk_key, None)
-                    if hit is not None:
-                        chunks[chunk_key] = hit
+                hit = runs.get(chunk_key)
                 if hit is not None:
                     ints, parent, key = hit
                     out.extend(ints)
                     i += CHUNK_BLOCKS
                     continue
             stop = i + CHUNK_BLOCKS if whole else n
-            begin = i
-            for j in range(begin, stop):
+            for j in range(i, stop):
                 key = xxhash.xxh3_128_digest(key + data[j * width : (j + 1) * width])
-                digest = memo.get(key)
+                digest = blocks.get(key)
                 if digest is None:
-                    digest = old.pop(key, None)
-                    if digest is None:
-                        chunk = tokens[j * bs : (j + 1) * bs]
-                        ids: Any = (
-                            (chunk if isinstance(chunk, list) else list(chunk)) if msgpack else tuple(chunk)
-                        )
-                        digest = fn((parent, ids, first if j == 0 else extra))
-                    memo[key] = digest
-                    if len(memo) >= self._generation:
-                        self._old = old = memo
-                        self._memo = memo = {}
+                    chunk = tokens[j * bs : (j + 1) * bs]
+                    ids: Any = (
+                        (chunk if isinstance(chunk, list) else list(chunk)) if msgpack else tuple(chunk)
+                    )
+                    digest = fn((parent, ids, first if j == 0 else extra))
+                    blocks.put(key, digest)
                 parent = digest
                 out.append(int.from_bytes(digest[-8:], "big"))
-            i = stop
             if whole:
-                chunks[chunk_key] = (tuple(out[begin:stop]), parent, key)
-                if len(chunks) >= self._chunk_generation:
-                    self._old_chunks = old_chunks = chunks
-                    self._chunks = chunks = {}
+                runs.put(chunk_key, (tuple(out[i:stop]), parent, key))
+            i = stop
         return out
 
     def _compute(
