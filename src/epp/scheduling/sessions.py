@@ -218,9 +218,11 @@ class SessionAffinity:
 
     def bound(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Endpoint | None:
         ep = find(endpoints, self.bound_name(request))
-        if ep is not None and self.skip_when_saturated and self.probe.saturated(ep):
-            return None
-        return ep
+        return None if ep is not None and self.released(ep) else ep
+
+    def released(self, endpoint: Endpoint) -> bool:
+        """Whether sessions let go of ``endpoint`` for now (``skip_when_saturated`` and saturated)."""
+        return self.skip_when_saturated and self.probe.saturated(endpoint)
 
     def after_pick(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
         run = result.profile_results.get(self.profile_name or result.primary_profile_name)

@@ -72,13 +72,14 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
         if not endpoints:
             return out
         a = self.affinity
-        target = a.bound(request, endpoints)
-        if target is None and a.stateful and a.session(request):
-            if find(endpoints, a.bound_name(request)) is not None:
-                # present but saturated: the pin is released, and the turn is left to the other
-                # scorers (its context is still cached there; pushing it to the least-bound
-                # endpoint would pay a full prefill elsewhere whatever they say)
+        target = find(endpoints, a.bound_name(request))
+        if target is not None:
+            if a.released(target):
+                # saturated: the pin is released, and the turn is left to the other scorers (its
+                # context is still cached there; pushing it to the least-bound endpoint would pay
+                # a full prefill elsewhere whatever they say)
                 return out
+        elif a.stateful and a.session(request):
             target = self._least_bound(endpoints)
         if target is not None:
             out[endpoints.index(target)] = 1.0
@@ -86,9 +87,8 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
 
     def _least_bound(self, endpoints: Sequence[Endpoint]) -> Endpoint:
         a = self.affinity
-        if a.skip_when_saturated:
-            # a new session is not placed on a saturated endpoint (unless every one is)
-            endpoints = [ep for ep in endpoints if not a.probe.saturated(ep)] or endpoints
+        # a new session is not placed on a saturated endpoint (unless every one is)
+        endpoints = [ep for ep in endpoints if not a.released(ep)] or endpoints
         counts = a.bindings.sessions_on
         fewest = min(counts(ep.name) for ep in endpoints)
         tied = sorted((ep for ep in endpoints if counts(ep.name) == fewest), key=lambda ep: ep.name)
