@@ -36,6 +36,11 @@ _UNTIL_CLOSE: Final = 3
 _DONE: Final = 4
 
 
+def _hostport(host: str, port: int) -> str:
+    """The Host header's value: IPv6 literals in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class ScrapeError(Exception):
     """The endpoint could not be scraped: connect failure, bad status, malformed or oversized reply."""
 
@@ -305,9 +310,8 @@ class ScrapeClient:
         """``POST path`` with ``body`` on ``host:port``: the status and the response body.  Only for
         idempotent calls: like a GET, it is sent again once on a fresh connection when a reused
         keep-alive connection closes before any reply."""
-        hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: {hostport}\r\nUser-Agent: {self._user_agent}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {_hostport(host, port)}\r\nUser-Agent: {self._user_agent}\r\n"
             f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1")
         return await self._exchange((host, port), head + body)
@@ -383,9 +387,8 @@ class ScrapeClient:
         return conn
 
     def _request_bytes(self, host: str, port: int, path: str) -> bytes:
-        hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         payload = (
-            f"GET {path} HTTP/1.1\r\nHost: {hostport}\r\nUser-Agent: {self._user_agent}\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: {_hostport(host, port)}\r\nUser-Agent: {self._user_agent}\r\n"
             "Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\n\r\n"
         ).encode("latin-1")
         self._requests[(host, port, path)] = payload

@@ -454,9 +454,9 @@ class PrecisePrefixCacheScorer(PluginBase):
         st = self.index.states.get(name)
         hashes = prediction.hashes
         ahead = self.ahead.get(name, 0)
+        mt = target.metrics
         if st is not None and hashes and name not in prediction.fallback:
             # eviction-aware: what of the run will still be there when this request runs
-            mt = target.metrics
             free = max(mt.cache_num_blocks - self.index.blocks(st.slot), 0)
             # cached blocks in the engine's free queue: KV use counts the blocks running requests
             # reference, the rest are free (never used, or cached and evictable); unknown size: no bound
@@ -478,8 +478,8 @@ class PrecisePrefixCacheScorer(PluginBase):
         prediction.target = name
         prediction.routed_at = now
         prediction.ahead_at_pick = ahead
-        prediction.waiting_at_pick = target.metrics.waiting_queue_size
-        prediction.kv_use_at_pick = target.metrics.kv_cache_usage_percent
+        prediction.waiting_at_pick = mt.waiting_queue_size
+        prediction.kv_use_at_pick = mt.kv_cache_usage_percent
         if st is not None and hashes:
             computed, computing, latest = self.index.pending.holders(st.slot, hashes[0])
             prediction.holders_at_pick = (computed, computing)
