@@ -443,6 +443,37 @@ async def test_keepalive_pings_and_closes_a_dead_peer() -> None:
         await server.stop(0.0)
 
 
+async def test_a_peer_that_pings_after_goaway_does_not_break_the_shutdown() -> None:
+    """Stopping half-closes an idle connection (GOAWAY, then FIN) and waits for the peer to close.
+    A peer that keeps sending PINGs meanwhile gets no ACK: the transport refuses writes after
+    its FIN, and neither the reply path nor the final abort may raise (a CI run failed on it)."""
+    _, server, port = await _serve(H2Limits())
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+
+    def run() -> tuple[str, int]:
+        p = Peer(port)
+        assert p.wait_for(f.GOAWAY, 5)
+        sent, deadline = 0, time.monotonic() + 5
+        while time.monotonic() < deadline and p.send(frame(f.PING, 0, 0, b"afterbye"), timeout=1):
+            sent += 1  # our reader saw the server's FIN; we go on until the server closes
+            time.sleep(0.01)
+        p.close()
+        return p.outcome(), sent
+
+    try:
+        peer = asyncio.ensure_future(asyncio.to_thread(run))
+        while not server.connections:
+            await asyncio.sleep(0.01)
+        await server.stop(0.5)
+        outcome, sent = await peer
+    finally:
+        loop.set_exception_handler(None)
+    assert outcome == "GOAWAY NO_ERROR" and sent > 1
+    assert not errors, errors
+
+
 # -- linear cost ---------------------------------------------------------------------------------
 async def test_a_64_mib_message_costs_linear_time_and_health_answers_meanwhile() -> None:
     """One 64 MiB message (limit raised) is read at tens of MiB/s, and health checks on another

@@ -96,6 +96,7 @@ class Connection(asyncio.Protocol):
         self._reset_ids: dict[int, None] = {}  # streams we reset lately: what the peer still sends is ignored
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        self._eof_sent = False  # after write_eof the transport refuses writes though it is not closing
         self._loop = asyncio.get_running_loop()
         self._continuation: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
         self._continuations = 0
@@ -679,7 +680,7 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         out, self._out = self._out, []
         t = self._transport
-        if t is not None and out and not t.is_closing():
+        if t is not None and out and not t.is_closing() and not self._eof_sent:
             t.write(b"".join(out))
             if self._control_out and not t.get_write_buffer_size():
                 self._control_out = 0  # all of it left: the peer reads
@@ -740,6 +741,7 @@ class Connection(asyncio.Protocol):
         self._flush()
         t = self._transport
         if t is not None and not t.is_closing() and t.can_write_eof():
+            self._eof_sent = True  # what the peer still sends (a PING) is answered by nothing now
             with contextlib.suppress(OSError):  # the peer is already gone
                 t.write_eof()
 
