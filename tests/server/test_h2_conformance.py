@@ -452,8 +452,7 @@ async def test_a_peer_that_pings_after_goaway_does_not_break_the_shutdown() -> N
     errors: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
 
-    def run() -> tuple[str, int]:
-        p = Peer(port)
+    def run(p: Peer) -> tuple[str, int]:
         assert p.wait_for(f.GOAWAY, 5)
         sent, deadline = 0, time.monotonic() + 5
         while time.monotonic() < deadline and p.send(frame(f.PING, 0, 0, b"afterbye"), timeout=1):
@@ -463,9 +462,8 @@ async def test_a_peer_that_pings_after_goaway_does_not_break_the_shutdown() -> N
         return p.outcome(), sent
 
     try:
-        peer = asyncio.ensure_future(asyncio.to_thread(run))
-        while not server.connections:
-            await asyncio.sleep(0.01)
+        p = await asyncio.to_thread(Peer, port)  # handshaken: the server holds the connection
+        peer = asyncio.ensure_future(asyncio.to_thread(run, p))
         await server.stop(0.5)
         outcome, sent = await peer
     finally:
