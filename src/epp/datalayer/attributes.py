@@ -41,6 +41,9 @@ class LatencyPredictionInfo:
 PREFIX_MATCH: Final = AttributeKey(
     "PrefixCacheMatchInfoKey", PrefixMatchInfo, default_producer="approx-prefix-cache-producer"
 )
+# What the engines' KV events say each endpoint holds (the precise-prefix-cache-scorer), when
+# one is configured: no default producer, so consumers read it only where it was written.
+PRECISE_PREFIX_MATCH: Final = AttributeKey("PrecisePrefixCacheMatchInfoKey", PrefixMatchInfo)
 INFLIGHT_LOAD: Final = AttributeKey(
     "InFlightLoadKey", InFlightLoad, default_producer="inflight-load-producer"
 )

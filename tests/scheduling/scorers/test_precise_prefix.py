@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents.hashing import BlockHasher
 from epp.errors import ConfigError
 from epp.plugin.state import CycleState
 from epp.request import ResponseInfo, Usage
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
-from epp.scheduling.scorers.precise_prefix import PRECISE_PREFIX_MATCH, PrecisePrefixCacheScorer
+from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.testing.plugins import build
 from tests.scheduling.builders import endpoint, request
 

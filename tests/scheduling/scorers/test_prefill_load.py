@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.plugin.state import CycleState
 from epp.request import ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
@@ -81,3 +81,20 @@ def test_pre_tokenized_prompt_counts_its_token_ids_when_the_body_size_is_unknown
     result = SchedulingResult({"default": ProfileRunResult((EPS[2],))}, "default")
     s.pre_request(CycleState(), req, result)
     assert s.backlog(EPS[2]) == 1200
+
+
+def test_the_engines_reported_blocks_override_the_approximate_guess() -> None:
+    """With a precise scorer configured, its per-endpoint match is what is cached: the approximate
+    index's stale belief (endpoint 1 holds 50 blocks; the engine evicted them) is not counted,
+    neither in the score nor in the backlog the pick adds."""
+    s: PrefillLoadScorer = build(PrefillLoadScorer)
+    st = state_with({1: 50})
+    assert s.score(st, request(1000), EPS) == pytest.approx([0.0, 1.0, 0.0])  # approximate only
+    zero = PrefixMatchInfo(0, 62, 16)
+    for i, m in enumerate((0, 0, 40)):
+        st.put_attribute(PRECISE_PREFIX_MATCH, EPS[i], PrefixMatchInfo(m, 62, 16) if m else zero)
+    assert s.score(st, request(1000), EPS) == pytest.approx([0.0, 0.0, 1.0])
+    routed(s, st, 1000, 1)
+    assert s.backlog(EPS[1]) == 1000  # all of it: the engine holds none of this prompt
+    routed(s, st, 1000, 2)
+    assert s.backlog(EPS[2]) == 1000 - 40 * 16

@@ -51,7 +51,7 @@ import structlog
 from pydantic import Field
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents import metrics as m
 from epp.datalayer.kvevents.config import KVEventsConfig, TokenProcessorConfig, build_subscriber
 from epp.datalayer.kvevents.hashing import BlockHasher
@@ -67,10 +67,6 @@ from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult, ScorerCategory
 
 log = structlog.get_logger(__name__)
-
-PRECISE_PREFIX_MATCH: AttributeKey[PrefixMatchInfo] = AttributeKey(
-    "PrecisePrefixCacheMatchInfoKey", PrefixMatchInfo
-)
 
 
 class IndexerConfig(PluginParams):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import PREFIX_MATCH
+from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
@@ -14,6 +14,13 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
 from epp.scheduling.normalize import min_max_scores
+
+
+def _matches(state: CycleState) -> Mapping[Hashable, PrefixMatchInfo]:
+    """What each endpoint holds of the prompt: the engines' reported blocks where a
+    precise-prefix-cache-scorer wrote them (it falls back to the approximate index per endpoint
+    itself), else the approximate index's guess."""
+    return state.attributes(PRECISE_PREFIX_MATCH) or state.attributes(PREFIX_MATCH)
 
 
 class _Pending:
@@ -40,7 +47,9 @@ class PrefillLoadScorer(PluginBase):
     scores are min-max normalised, lowest estimate 1.0 (all equal: 1.0 each).
 
     Consumes: PREFIX_MATCH (cached blocks per endpoint; without it every prompt counts as
-    uncached).  Prompt tokens ≈ body bytes / 4.  A request's tokens leave the backlog at its
+    uncached), and reads the precise scorer's PrecisePrefixCacheMatchInfoKey instead when one is
+    configured: a prefix the approximate index still remembers but the engine evicted costs
+    its full prefill again.  Prompt tokens ≈ body bytes / 4.  A request's tokens leave the backlog at its
     first response body byte (prefill done), or when it ends.  Parameters: none.
     """
 
@@ -60,7 +69,7 @@ class PrefillLoadScorer(PluginBase):
     @staticmethod
     def _uncached(state: CycleState, request: InferenceRequest, endpoint: Endpoint) -> int:
         prompt = prompt_tokens(request)
-        info = state.attribute(PREFIX_MATCH, endpoint)
+        info = _matches(state).get(endpoint)
         cached = info.match_blocks * info.block_size_tokens if info is not None else 0
         return max(prompt - cached, 0)
 
@@ -70,7 +79,7 @@ class PrefillLoadScorer(PluginBase):
     ) -> Sequence[float]:
         backlog = self._backlog
         prompt = prompt_tokens(request)
-        infos = state.attributes(PREFIX_MATCH)
+        infos = _matches(state)
         estimates = []
         for ep in endpoints:
             info = infos.get(ep)
