@@ -136,3 +136,15 @@ def test_order_is_stable_across_runs() -> None:
     for _ in range(5):
         assert [p.typed_name.name for p in order_producers(_plugins(spec))] == first
     assert first.index("src") < first.index("p1")
+
+
+def test_an_optional_read_orders_after_its_writer_and_needs_none() -> None:
+    """READS orders a producer after whoever writes the key; with no writer it is no error."""
+    reader, writer = Producer("reader", "b"), Producer("writer", "a")
+    reader.READS = frozenset({A})  # type: ignore[attr-defined]
+    assert [p.typed_name.name for p in order_producers([reader, writer])] == ["writer", "reader"]
+    assert [p.typed_name.name for p in order_producers([reader])] == ["reader"]
+    wrong = Producer("wrong", "c")
+    wrong.READS = frozenset({A_AS_STR})  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="a \\(writer/p produces int, wrong/p reads str\\)"):
+        order_producers([writer, wrong])

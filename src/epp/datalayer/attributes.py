@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from epp.plugin.keys import AttributeKey
+from epp.plugin.state import CycleState
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,16 @@ PREFIX_MATCH: Final = AttributeKey(
 # What the engines' KV events say each endpoint holds (the precise-prefix-cache-scorer), when
 # one is configured: no default producer, so consumers read it only where it was written.
 PRECISE_PREFIX_MATCH: Final = AttributeKey("PrecisePrefixCacheMatchInfoKey", PrefixMatchInfo)
+
+
+def prefix_matches(state: CycleState) -> Mapping[Hashable, PrefixMatchInfo]:
+    """What each endpoint holds of the prompt, for plugins that weigh cached against uncached
+    tokens: the engines' reported blocks where a precise-prefix-cache-scorer wrote them (it
+    falls back to the approximate index per endpoint itself), else the approximate index's
+    guess.  Such a plugin CONSUMES ``PREFIX_MATCH`` and READS ``PRECISE_PREFIX_MATCH``."""
+    return state.attributes(PRECISE_PREFIX_MATCH) or state.attributes(PREFIX_MATCH)
+
+
 INFLIGHT_LOAD: Final = AttributeKey(
     "InFlightLoadKey", InFlightLoad, default_producer="inflight-load-producer"
 )

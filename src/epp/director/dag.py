@@ -1,4 +1,10 @@
-"""Data producers in dependency order, derived from their PRODUCES/CONSUMES keys."""
+"""Data producers in dependency order, derived from their PRODUCES/CONSUMES keys.
+
+``READS`` names keys a plugin uses when some plugin writes them (the precise prefix match,
+which exists only where a precise-prefix-cache-scorer is configured): it orders the reader
+after their producers like CONSUMES, but a key nobody writes is neither an error nor a reason
+to add a default producer.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ def check_key_types(plugins: Sequence[object]) -> None:
     """Two keys with one name must carry one type, or a consumer would read what it cannot use."""
     first: dict[str, tuple[object, str, AttributeKey[Any]]] = {}
     for plugin in plugins:
-        for role, attr in (("produces", "PRODUCES"), ("consumes", "CONSUMES")):
+        for role, attr in (("produces", "PRODUCES"), ("consumes", "CONSUMES"), ("reads", "READS")):
             for key in _by_name(_keys(plugin, attr)):
                 seen = first.setdefault(key.name, (plugin, role, key))
                 if seen[2].value_type is not key.value_type:
@@ -74,7 +80,8 @@ def order_producers(plugins: Sequence[object]) -> tuple[DataProducer, ...]:
             writers.setdefault(key.name, []).append(i)
     sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
     for i, p in enumerate(producers):
-        deps = {j for key in _keys(p, "CONSUMES") for j in writers.get(key.name, ()) if j != i}
+        inputs = _keys(p, "CONSUMES") | _keys(p, "READS")
+        deps = {j for key in inputs for j in writers.get(key.name, ()) if j != i}
         sorter.add(i, *sorted(deps))
     try:
         sorter.prepare()

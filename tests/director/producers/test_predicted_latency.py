@@ -10,7 +10,13 @@ import pytest
 from epp.config.build import build as build_config
 from epp.config.load import load_config
 from epp.config.registry import default_registry
-from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
+from epp.datalayer.attributes import (
+    LATENCY_PREDICTION,
+    PRECISE_PREFIX_MATCH,
+    PREFIX_MATCH,
+    LatencyPredictionInfo,
+    PrefixMatchInfo,
+)
 from epp.director.api import DataProducer, PreRequest, ResponseBodyProcessor, ResponseCompleteProcessor
 from epp.director.latency.model import FEATURE_NAMES, MIN_SAMPLES
 from epp.director.producers.predicted_latency import PredictedLatencyProducer, make_info
@@ -246,6 +252,37 @@ def test_latency_scorer_alone_auto_creates_the_producer() -> None:
     components = build_config(load_config(text), default_registry())
     types = [p.typed_name.type for p in components.producers]
     assert types == ["approx-prefix-cache-producer", "predicted-latency-producer"]
+
+
+def test_a_precise_scorer_runs_first_and_its_match_is_the_prefix_feature() -> None:
+    """With a precise-prefix-cache-scorer configured (listed after it here), the producer runs after
+    it and reads the engines' reported match instead of the approximate index's guess."""
+    text = (
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: predicted-latency-producer\n- type: precise-prefix-cache-scorer\n"
+        "  parameters: {}\n"
+        "schedulingProfiles:\n- name: default\n  plugins:\n  - pluginRef: precise-prefix-cache-scorer\n"
+    )
+    components = build_config(load_config(text), default_registry())
+    types = [p.typed_name.type for p in components.producers]
+    assert types == [
+        "approx-prefix-cache-producer",
+        "precise-prefix-cache-scorer",
+        "predicted-latency-producer",
+    ]
+
+    p = build(PredictedLatencyProducer)
+    eps = [endpoint(0), endpoint(1)]
+    state = CycleState()
+    state.set_attributes(PREFIX_MATCH, {eps[0]: PrefixMatchInfo(3, 4, 16)})  # a stale guess
+    state.set_attributes(
+        PRECISE_PREFIX_MATCH, {eps[0]: PrefixMatchInfo(0, 4, 16), eps[1]: PrefixMatchInfo(1, 4, 16)}
+    )
+    p.prepare(state, req(8000), eps)
+    ctx = state.get(p._key)
+    assert ctx is not None and ctx.x is not None
+    prefix = FEATURE_NAMES.index("prefix_fraction")
+    assert ctx.x[:, prefix].tolist() == [0.0, 0.25]
 
 
 def test_step_columns_follow_dispatches_and_first_tokens() -> None:

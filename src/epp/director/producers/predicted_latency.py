@@ -19,7 +19,13 @@ import structlog
 from pydantic import BeforeValidator, Field
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo
+from epp.datalayer.attributes import (
+    LATENCY_PREDICTION,
+    PRECISE_PREFIX_MATCH,
+    PREFIX_MATCH,
+    LatencyPredictionInfo,
+    prefix_matches,
+)
 from epp.director.latency.model import DEFAULT_LEARNER, MIN_SAMPLES, FloatArray, LatencyModel
 from epp.director.latency.slo import SLO_TPOT_HEADER, SLO_TTFT_HEADER, slo_ms
 from epp.director.latency.table import FeatureTable, Inflight, prefix_fractions
@@ -193,7 +199,8 @@ class PredictedLatencyProducer(PluginBase):
     """Predict TTFT and TPOT for every candidate.  Type ``predicted-latency-producer``.
 
     PrepareData: builds one feature row per candidate (KV-cache use, waiting and running
-    requests from the scrape; input tokens; prefix match fraction from ``PREFIX_MATCH``;
+    requests from the scrape; input tokens; prefix match fraction from ``PREFIX_MATCH``, or
+    from the engines' KV events where a precise-prefix-cache-scorer runs (``READS``);
     requests and tokens this EPP dispatched there and has not seen finish), predicts both
     targets with one matrix product and writes ``LatencyPredictionInfo`` (ms; headroom =
     SLO x ``sloBufferFactor`` - prediction, the SLO from ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``,
@@ -207,13 +214,14 @@ class PredictedLatencyProducer(PluginBase):
     > 0).  ResponseComplete: the request's mean TPOT (usage or counted tokens) becomes a
     row; the dispatched counters are released.  Training runs in a worker thread every
     ``LATENCY_FLUSH_INTERVAL_SEC`` (1 s) when rows arrived (Lifecycle).
-    Produces ``LATENCY_PREDICTION``; consumes ``PREFIX_MATCH``.
+    Produces ``LATENCY_PREDICTION``; consumes ``PREFIX_MATCH``; reads ``PRECISE_PREFIX_MATCH``.
     """
 
     TYPE: ClassVar[str] = "predicted-latency-producer"
     PARAMS: ClassVar[type[PluginParams]] = PredictedLatencyParams
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({LATENCY_PREDICTION})
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+    READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
 
     def __init__(self, name: str, params: PredictedLatencyParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
@@ -276,7 +284,7 @@ class PredictedLatencyProducer(PluginBase):
         if n == 0:
             return
         ctx.endpoints = endpoints
-        fraction = prefix_fractions(state.attributes(PREFIX_MATCH), endpoints)
+        fraction = prefix_fractions(prefix_matches(state), endpoints)
         x = ctx.x = self.table.assemble(endpoints, float(ctx.tokens_in), fraction, self.clock())
         if not self.params.predict_in_prepare_data:
             return

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
+from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, prefix_matches
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
@@ -14,13 +14,6 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
 from epp.scheduling.normalize import min_max_scores
-
-
-def _matches(state: CycleState) -> Mapping[Hashable, PrefixMatchInfo]:
-    """What each endpoint holds of the prompt: the engines' reported blocks where a
-    precise-prefix-cache-scorer wrote them (it falls back to the approximate index per endpoint
-    itself), else the approximate index's guess."""
-    return state.attributes(PRECISE_PREFIX_MATCH) or state.attributes(PREFIX_MATCH)
 
 
 class _Pending:
@@ -57,6 +50,7 @@ class PrefillLoadScorer(PluginBase):
     CATEGORY: ClassVar[ScorerCategory] = ScorerCategory.BALANCE
     BOUNDED: ClassVar[bool] = True
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+    READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
@@ -69,7 +63,7 @@ class PrefillLoadScorer(PluginBase):
     @staticmethod
     def _uncached(state: CycleState, request: InferenceRequest, endpoint: Endpoint) -> int:
         prompt = prompt_tokens(request)
-        info = _matches(state).get(endpoint)
+        info = prefix_matches(state).get(endpoint)
         cached = info.match_blocks * info.block_size_tokens if info is not None else 0
         return max(prompt - cached, 0)
 
@@ -79,7 +73,7 @@ class PrefillLoadScorer(PluginBase):
     ) -> Sequence[float]:
         backlog = self._backlog
         prompt = prompt_tokens(request)
-        infos = _matches(state)
+        infos = prefix_matches(state)
         estimates = []
         for ep in endpoints:
             info = infos.get(ep)
