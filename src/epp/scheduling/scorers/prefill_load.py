@@ -40,10 +40,11 @@ class PrefillLoadScorer(PluginBase):
     scores are min-max normalised, lowest estimate 1.0 (all equal: 1.0 each).
 
     Consumes: PREFIX_MATCH (cached blocks per endpoint; without it every prompt counts as
-    uncached), and reads the precise scorer's PrecisePrefixCacheMatchInfoKey instead when one is
-    configured: a prefix the approximate index still remembers but the engine evicted costs
-    its full prefill again.  Prompt tokens ≈ body bytes / 4.  A request's tokens leave the backlog at its
-    first response body byte (prefill done), or when it ends.  Parameters: none.
+    uncached), and reads the precise scorer's PrecisePrefixCacheMatchInfoKey instead when one
+    is configured: a prefix the approximate index still remembers but the engine evicted
+    costs its full prefill again.  Prompt tokens ≈ body bytes / 4.  A request's tokens leave
+    the backlog at its first response body byte (prefill done), or when it ends.
+    Parameters: none.
     """
 
     TYPE: ClassVar[str] = "prefill-load-scorer"
