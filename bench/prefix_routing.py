@@ -139,10 +139,10 @@ ROUTERS = (
         kv_events=True,
     ),
     Router(
-        "epp-precise-fraction",
-        "Envoy + EPP, precise scorer, fraction normalisation",
+        "epp-precise-minmax",
+        "Envoy + EPP, precise scorer, llm-d's min-max normalisation",
         "epp",
-        epp_config="precise-prefix-fraction.yaml",
+        epp_config="precise-prefix-minmax.yaml",
         kv_events=True,
         optional=True,
     ),
@@ -189,7 +189,7 @@ ROUTERS = (
 BASELINE = "round-robin"
 NO_EVENTS = "epp-precise-no-events"
 SGLANG = "sglang-cache-aware"
-EPP_ROUTERS = ("epp-approx", "epp-precise", "epp-precise-fraction")
+EPP_ROUTERS = ("epp-approx", "epp-precise", "epp-precise-minmax")
 
 
 @dataclass(frozen=True, slots=True)
