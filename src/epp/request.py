@@ -124,3 +124,9 @@ def prompt_tokens(request: InferenceRequest) -> int:
         return len(body.token_ids)
     size = len(body.prompt_text.encode()) if body.prompt_text else 0
     return max(1, (size + BYTES_PER_TOKEN // 2) // BYTES_PER_TOKEN)
+
+
+def estimate_tokens(request: InferenceRequest) -> int:
+    """GIE's SimpleTokenEstimator: input as ``prompt_tokens``, output ≈ 1.5 * input."""
+    tokens_in = prompt_tokens(request)
+    return tokens_in + (3 * tokens_in + 1) // 2  # + round(1.5 * in), half up

@@ -268,6 +268,52 @@ async def test_admitter_denial_is_500_and_skips_scheduling() -> None:
     assert "schedule" not in LOG
 
 
+class RecordingAdmission(AlwaysAdmit):
+    """Admits everything and records what the director reports once each request is placed."""
+
+    __slots__ = ("reports",)
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[str, bool, list[str]]] = []
+
+    def placed(self, request: InferenceRequest, *, scheduled: bool) -> None:
+        self.reports.append((request.request_id, scheduled, list(LOG)))
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "scheduled"),
+    [
+        pytest.param(lambda a: director(admission=a, hooks=Hooks()), None, True, id="scheduled"),
+        pytest.param(
+            lambda a: director(admission=a, scheduler=LowestQueue(fail=RuntimeError("none"))),
+            ResourceExhausted,
+            False,
+            id="scheduling-failed",
+        ),
+        pytest.param(
+            lambda a: director(admission=a, hooks=Hooks(deny="no")), Internal, False, id="admitter-denied"
+        ),
+        pytest.param(lambda a: director(admission=a, eps=[]), ServiceUnavailable, False, id="no-candidates"),
+    ],
+)
+async def test_admission_hears_once_that_each_admitted_request_was_placed(
+    make: Any, error: type[EppError] | None, scheduled: bool
+) -> None:
+    """Flow control counts an admitted request as in transit until this report: exactly one per
+    request, after the pre-request hooks (which count it on its endpoint) or after a failure."""
+    admission = RecordingAdmission()
+    d, _ = make(admission)
+    lifecycle = d.start({"x-request-id": "req-1"}, {})
+    if error is None:
+        await lifecycle.route(body())
+    else:
+        with pytest.raises(error):
+            await lifecycle.route(body())
+    assert [(rid, ok) for rid, ok, _ in admission.reports] == [("req-1", scheduled)]
+    if scheduled:
+        assert admission.reports[0][2][-1] == "pre_request"
+
+
 async def test_order_of_stages() -> None:
     """Producers run before admit plugins, which run before the scheduler and pre-request."""
     d, _ = director(producers=(Producer("a"), Producer("b")), hooks=Hooks())

@@ -1,5 +1,6 @@
 """Issue 17 end to end: the precise prefix scorer routes on live KV events from the simulator
-fleet through Envoy, and survives an engine restart and event gaps (replayed, or not)."""
+fleet through Envoy, and survives an engine restart and event gaps (replayed, or not); the shipped
+example's flow control holds requests in the EPP while the engines are full."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import asyncio
 import contextlib
 import itertools
 import pathlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port
@@ -20,6 +22,7 @@ from tests.e2e.conftest import FAST_SIM, Reply, Stack
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "mock-model"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "config" / "examples" / "precise-prefix.yaml"
 SIM_ARGS = (
     *FAST_SIM,
     "--kv-events", "tcp://127.0.0.1:0",
@@ -54,11 +57,29 @@ schedulingProfiles:
 """
 
 
+def example_config(fleet: SimFleet, max_concurrency: int) -> str:
+    """config/examples/precise-prefix.yaml as shipped, but with the fleet's event sockets instead
+    of pod discovery (no cluster here) and flow control's ``maxConcurrency`` set for the test."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    for plugin in doc["plugins"]:
+        if plugin["type"] == "precise-prefix-cache-scorer":
+            events = plugin["parameters"]["kvEventsConfig"]
+            del events["podDiscoveryConfig"], events["replayPort"]
+            events["discoverPods"] = False
+            events["endpoints"] = {f"127.0.0.1:{d['port']}": d["kv_events"] for d in fleet.listeners}
+            events["replayEndpoints"] = {f"127.0.0.1:{d['port']}": d["kv_replay"] for d in fleet.listeners}
+        elif plugin["type"] == "concurrency-detector":
+            plugin["parameters"]["maxConcurrency"] = max_concurrency
+    return str(yaml.safe_dump(doc))
+
+
 @contextlib.asynccontextmanager
-async def precise_stack(tmp: pathlib.Path) -> AsyncIterator[Stack]:
+async def precise_stack(
+    tmp: pathlib.Path, make_config: Callable[[SimFleet], str] = config
+) -> AsyncIterator[Stack]:
     admin = free_port()
     async with SimFleet(3, *SIM_ARGS, "--admin-port", str(admin)) as fleet:
-        (tmp / "config.yaml").write_text(config(fleet))
+        (tmp / "config.yaml").write_text(make_config(fleet))
         epp = EppProcess(
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
@@ -185,4 +206,55 @@ async def fallback_count(s: Stack, hostport: str) -> float:
     for line in metrics.splitlines():
         if line.startswith("epp_precise_prefix_fallback_total{") and f'endpoint="{name}"' in line:
             total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_example_flow_control_holds_requests_while_the_engines_are_full(tmp_path: pathlib.Path) -> None:
+    """The shipped example with ``maxConcurrency: 2`` on three replicas: with every engine paused,
+    six requests reach the engines and the other three wait in the EPP, not in an engine's queue;
+    when the engines run again, the held ones are routed as the first ones end, and all succeed."""
+    async with precise_stack(tmp_path, lambda fleet: example_config(fleet, 2)) as s:
+        for replica in range(3):
+            await s.sim_faults(replica, paused=True)
+        system = "Held prefix. " + "Context line. " * 100
+        tasks = [asyncio.create_task(s.post("/v1/chat/completions", chat(system, f"q{i}"))) for i in range(9)]
+        seen: tuple[float, float] = (0.0, 0.0)
+        try:
+            async with asyncio.timeout(15):
+                while True:
+                    seen = (await held_in_epp(s), await waiting_in_engines(s))
+                    if seen == (3.0, 6.0):
+                        break
+                    await asyncio.sleep(0.05)  # poll interval of the EPP's and the engines' metrics
+        except TimeoutError:
+            raise AssertionError(f"held in the EPP, waiting in the engines: {seen}, not (3, 6)") from None
+        for replica in range(3):
+            await s.sim_faults(replica, paused=False)
+        replies = await asyncio.gather(*tasks)
+        assert [r.status for r in replies] == [200] * 9
+        assert await held_in_epp(s) == 0
+        dispatched = metric_sum(
+            await s.epp_metrics(), "inference_extension_flow_control_request_queue_duration_seconds_count"
+        )
+        assert dispatched == 9
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of a metric's samples over all its label sets."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
+    )
+
+
+async def held_in_epp(s: Stack) -> float:
+    return metric_sum(await s.epp_metrics(), "inference_extension_flow_control_queue_size")
+
+
+async def waiting_in_engines(s: Stack) -> float:
+    total = 0.0
+    for hostport in s.fleet.hostports:
+        async with s.http.get(f"http://{hostport}/metrics") as r:
+            total += metric_sum(await r.text(), "vllm:num_requests_waiting")
     return total

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,9 @@ import pytest
 from epp.config.build import build
 from epp.config.load import load_config, load_config_file
 from epp.config.registry import default_registry
+from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
-from epp.flowcontrol.api import Outcome
+from epp.flowcontrol.api import Outcome, TransitAwareDetector
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.detectors.utilization import UtilizationDetector, UtilizationDetectorParams
 from epp.flowcontrol.fairness.global_strict import GlobalStrictFairnessPolicy
@@ -21,12 +23,14 @@ from epp.flowcontrol.ordering.edf import EdfOrderingPolicy
 from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
 from epp.flowcontrol.queues import HeapQueue, ListQueue
 from epp.flowcontrol.usage_limits.static import StaticUsageLimitParams, StaticUsageLimitPolicy
+from epp.request import InferenceRequest
 from epp.testing.flowcontrol import CeilingsByPriority, FakeDetector
 from epp.testing.plugins import FakeHandle
 from tests.flowcontrol.helpers import (
     make_controller,
     policy_plugins,
     queue_up,
+    record,
     req,
     sample,
     settings,
@@ -183,6 +187,86 @@ async def test_saturation_is_reread_before_every_dispatch() -> None:
         assert (done, controller.queued) == (["r0", "r1"], 3)
         await controller.stop()
     assert set(await asyncio.gather(*tasks[2:])) == {Outcome.EVICTED_OTHER}
+
+
+# --- requests in transit --------------------------------------------------------------------------
+
+
+class TransitCounting(FakeDetector):
+    """A pool of ``capacity`` slots: ``placed`` requests hold one each, as do those in transit."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.placed = 0
+
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        return self.placed / self.capacity
+
+    def saturation_with_transit(
+        self, endpoints: Sequence[Endpoint], transit: Collection[InferenceRequest]
+    ) -> float:
+        return (self.placed + len(transit)) / self.capacity
+
+
+async def arrive(
+    controller: FlowController, requests: Sequence[InferenceRequest], done: list[str]
+) -> list[asyncio.Task[Outcome]]:
+    """One waiter per request, in order, each run up to its wait (or its dispatch) in turn."""
+    tasks = []
+    for request in requests:
+        tasks.append(asyncio.create_task(record(controller, request, done)))
+        await asyncio.sleep(0)  # one loop turn: the new task runs up to its wait
+    return tasks
+
+
+async def test_a_burst_waits_for_requests_in_transit() -> None:
+    """Dispatched requests count against the pool until the director places them: a burst of
+    five on two slots lets two through (both without queueing) and holds three, however many
+    dispatch cycles run before either lands; a request placed keeps its slot, one that failed
+    before its endpoint counted it frees it for the next."""
+    detector = TransitCounting(capacity=2)
+    assert isinstance(detector, TransitAwareDetector)
+    controller, _ = make_controller(detector=detector)
+    done: list[str] = []
+    requests = [req(f"r{i}") for i in range(5)]
+    async with controller:
+        tasks = await arrive(controller, requests, done)
+        assert (done, controller.queued, controller.in_transit) == (["r0", "r1"], 3, 2)
+        assert controller.dispatch_cycle() is False
+        detector.placed += 1  # r0's in-flight counters have it now
+        controller.placed(requests[0], scheduled=True)
+        assert controller.dispatch_cycle() is False
+        controller.placed(requests[1], scheduled=False)  # r1 failed before reaching an endpoint
+        await asyncio.wait_for(tasks[2], 5)
+        assert (done, controller.queued, controller.in_transit) == (["r0", "r1", "r2"], 2, 1)
+        assert controller.debug_state()["inTransit"] == 1
+        controller.placed(requests[1], scheduled=False)  # a second report changes nothing
+        assert controller.dispatch_cycle() is False
+        await controller.stop()
+    assert set(await asyncio.gather(*tasks[3:])) == {Outcome.EVICTED_OTHER}
+
+
+async def test_a_dispatched_request_whose_client_left_gives_its_slot_back() -> None:
+    """Cancelled after its dispatch but before it ran again: it leaves transit, and the next
+    request waiting gets the slot."""
+    detector = TransitCounting(capacity=1)
+    controller, _ = make_controller(detector=detector)
+    done: list[str] = []
+    requests = [req("a"), req("b"), req("c")]
+    async with controller:
+        a, b, c = await arrive(controller, requests, done)
+        detector.placed += 1
+        controller.placed(requests[0], scheduled=True)
+        controller.placed(req("stranger"), scheduled=False)  # never dispatched: ignored
+        assert (controller.queued, controller.in_transit) == (2, 0)
+        detector.placed -= 1  # a finished
+        assert controller.dispatch_cycle() is True  # b: its future is set, it has not run yet
+        b.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await b
+        assert await asyncio.wait_for(c, 5) is Outcome.DISPATCHED
+        assert (await a, done, controller.in_transit) == (Outcome.DISPATCHED, ["a", "c"], 1)
 
 
 # --- capacity ------------------------------------------------------------------------------------

@@ -17,3 +17,8 @@ class AdmissionController(Protocol):
     def notify(self) -> None:
         """A request finished: capacity may have freed up (flow control re-checks its queues)."""
         ...
+
+    def placed(self, request: InferenceRequest, *, scheduled: bool) -> None:
+        """An admitted request left admission's hands: scheduled (its endpoint's in-flight
+        counters have it) or failed before.  Called once for every request ``admit`` let through."""
+        ...

@@ -79,6 +79,10 @@ class FlowControlAdmission:
         """Capacity may have freed (a request finished): let waiting requests re-check now."""
         self.controller.notify()
 
+    def placed(self, request: InferenceRequest, *, scheduled: bool) -> None:
+        """The request is no longer in transit between flow control and its endpoint."""
+        self.controller.placed(request, scheduled=scheduled)
+
     async def __aenter__(self) -> FlowControlAdmission:
         await self.controller.start()
         return self

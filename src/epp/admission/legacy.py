@@ -32,6 +32,9 @@ class LegacyAdmission:
     def notify(self) -> None:
         return None
 
+    def placed(self, request: InferenceRequest, *, scheduled: bool) -> None:
+        return None
+
 
 class AlwaysAdmit:
     """Admission for tests and for configurations without a detector."""
@@ -42,4 +45,7 @@ class AlwaysAdmit:
         return None
 
     def notify(self) -> None:
+        return None
+
+    def placed(self, request: InferenceRequest, *, scheduled: bool) -> None:
         return None

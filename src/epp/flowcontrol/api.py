@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -21,6 +21,22 @@ class SaturationDetector(Plugin, Protocol):
     """
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float: ...
+
+
+@runtime_checkable
+class TransitAwareDetector(Protocol):
+    """A detector that also counts the requests flow control let through that no endpoint's
+    in-flight counters have yet: they are being prepared (a tokenizer call, say) and scheduled.
+
+    Without them every dispatch in those milliseconds reads the pool as it was, and a burst
+    passes flow control whole.  The flow controller uses this reading when the pool has no
+    prefill role.  Detectors whose signal is scraped from the engines do not implement it:
+    the next scrape of the engine a request reaches would count it a second time.
+    """
+
+    def saturation_with_transit(
+        self, endpoints: Sequence[Endpoint], transit: Collection[InferenceRequest]
+    ) -> float: ...
 
 
 @runtime_checkable

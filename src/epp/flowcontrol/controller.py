@@ -15,7 +15,7 @@ import structlog
 from epp.datalayer import roles
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
-from epp.flowcontrol.api import Outcome, SaturationDetector, UsageLimitPolicy
+from epp.flowcontrol.api import Outcome, SaturationDetector, TransitAwareDetector, UsageLimitPolicy
 from epp.flowcontrol.bands import Band, BandPolicies, BandSettings, Flow, Item
 from epp.flowcontrol.verdict import stage_saturation, verdict
 from epp.metrics import disagg as disagg_metrics
@@ -91,9 +91,12 @@ class FlowController:
     at or above its priority, every ceiling above saturation down to its band) returns at
     once without being queued -- exactly what GIE's post-enqueue cycle would do.  Otherwise
     the dispatcher task wakes on arrivals, on ``notify()``, and every ``tick`` while work
-    waits; it dispatches one request per cycle and yields to the loop between cycles, so
-    the dispatched request reaches scheduling (and in-flight counters) before saturation is
-    read again.  Idle, it sleeps.
+    waits; it dispatches one request per cycle and yields to the loop between cycles.  Idle,
+    it sleeps.  A dispatched request is *in transit* until the director reports it placed
+    (``placed``: its endpoint's in-flight counters have it, or it failed): its data producers
+    may await (a tokenizer call), and a detector that implements ``TransitAwareDetector``
+    counts it meanwhile, so a burst does not pass on a reading of the pool taken before any
+    of it landed.
     """
 
     def __init__(
@@ -112,6 +115,9 @@ class FlowController:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._detector = detector
+        self._transit_detector = detector if isinstance(detector, TransitAwareDetector) else None
+        # dispatched requests that no endpoint's in-flight counters have yet (id -> request)
+        self._transit: dict[int, InferenceRequest] = {}
         self._usage = usage_limit
         self._endpoints = endpoints
         self._pool = pool_name
@@ -240,6 +246,7 @@ class FlowController:
         labels = flow.series(request.incoming_model, request.target_model)
 
         if self._can_dispatch_now(band):
+            self._transit[id(request)] = request
             flow.idle_since = now
             labels.finished(Outcome.DISPATCHED, 0.0)
             flow.enqueue_observed(Outcome.DISPATCHED, self._clock() - now)
@@ -276,6 +283,8 @@ class FlowController:
             if item.queued:
                 self._unlink(item)
                 self._finish(item, Outcome.EVICTED_CONTEXT_CANCELLED)
+            elif self._transit.pop(id(request), None) is not None and self._queued:
+                self._wake.set()  # dispatched, then its client left: the room it took is free
             raise
         finally:
             labels.size.dec()
@@ -283,6 +292,17 @@ class FlowController:
             flow.leases -= 1
             if not flow.leases:
                 flow.idle_since = self._clock()
+
+    def placed(self, request: InferenceRequest, *, scheduled: bool) -> None:
+        """A dispatched request reached its endpoint's in-flight counters (``scheduled``) or
+        failed before: it no longer counts as in transit.  A failure frees the room it held."""
+        if self._transit.pop(id(request), None) is not None and not scheduled and self._queued:
+            self._wake.set()
+
+    @property
+    def in_transit(self) -> int:
+        """Requests dispatched and not yet placed on an endpoint."""
+        return len(self._transit)
 
     def pool_is_empty(self) -> bool:
         return not self._endpoints()
@@ -336,6 +356,7 @@ class FlowController:
         return {
             "running": self._running,
             "queued": self._queued,
+            "inTransit": len(self._transit),
             "bytes": self._bytes,
             "maxRequests": self._max_requests or None,
             "maxBytes": self._max_bytes or None,
@@ -378,7 +399,11 @@ class FlowController:
                 disagg_metrics.FC_POOL_STAGE_SATURATION.remove(self._pool, "prefill")
         stages = self._stages
         if stages is None:  # no prefill role in the pool: one stage, the whole pool (GIE's reading)
-            saturation = self._detector.saturation(eps)
+            transit = self._transit_detector
+            if transit is not None and self._transit:
+                saturation = transit.saturation_with_transit(eps, self._transit.values())
+            else:
+                saturation = self._detector.saturation(eps)
             if saturation != self._last_saturation:  # it moves only when metrics do
                 self._last_saturation = saturation
                 self._saturation_gauge.set(saturation)
@@ -424,6 +449,7 @@ class FlowController:
                 item = flow.queue.pop()
                 band.fairness.head_changed(flow)
                 self._unlinked(band, flow, item)
+                self._transit[id(item.request)] = item.request
                 self._finish(item, Outcome.DISPATCHED)
                 return True
             return False

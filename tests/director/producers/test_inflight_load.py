@@ -19,13 +19,13 @@ from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.datastore.store import Datastore
 from epp.director.api import DataProducer, PreRequest, ResponseCompleteProcessor, ResponseHeaderProcessor
 from epp.director.director import Director, Pipeline
-from epp.director.producers.inflight_load import IDLE, InFlightLoadProducer, estimate_tokens
+from epp.director.producers.inflight_load import IDLE, InFlightLoadProducer
 from epp.errors import EppError, Internal
 from epp.parsers.plugins.openai import OpenAIParser
 from epp.plugin.base import NoParams, PluginParams, TypedName
 from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
-from epp.request import ApiKind, InferenceRequest, RequestBody, ResponseInfo
+from epp.request import ApiKind, InferenceRequest, RequestBody, ResponseInfo, estimate_tokens
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.testing.plugins import build
 from tests.scheduling.builders import endpoint

@@ -9,10 +9,11 @@ import pytest
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.errors import ConfigError
-from epp.flowcontrol.api import SaturationDetector
+from epp.flowcontrol.api import SaturationDetector, TransitAwareDetector
 from epp.flowcontrol.detectors.concurrency import ConcurrencyDetector, InFlightLoadSource
 from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, estimate_tokens
 from epp.scheduling.api import Filter
 from epp.testing.plugins import FakeHandle, build
 from tests.scheduling.builders import endpoint, request
@@ -129,3 +130,40 @@ def test_inflight_load_producer_is_a_load_source() -> None:
     assert isinstance(producer, InFlightLoadSource)
     assert d.load_source() is producer
     assert d.saturation([endpoint(0)]) == 0.0
+
+
+def _sized(size: int) -> InferenceRequest:
+    r = InferenceRequest(request_id=f"t{size}", headers={})
+    r.request_size_bytes = size
+    return r
+
+
+@pytest.mark.parametrize(
+    ("params", "transit", "expected"),
+    [
+        # 150 of 300 in flight, two more on their way: (150 + 2) / 300
+        pytest.param({}, [_sized(40), _sized(4000)], 152 / 300, id="requests-count-one-each"),
+        # 3,000 tokens in flight; 40 bytes = 10 + 15 tokens, 4,000 bytes = 1,000 + 1,500
+        pytest.param(
+            {"concurrencyMode": "tokens", "maxTokenConcurrency": 1000},
+            [_sized(40), _sized(4000)],
+            (3000 + 25 + 2500) / 3000,
+            id="tokens-count-their-estimate",
+        ),
+        pytest.param({}, [], 150 / 300, id="nothing-in-transit-is-saturation"),
+    ],
+)
+def test_saturation_with_transit(
+    params: dict[str, Any], transit: list[InferenceRequest], expected: float
+) -> None:
+    """Requests flow control let through and no endpoint counts yet weigh as what they will add."""
+    d, eps = _detector({0: (50, 1500), 1: (100, 0), 2: (0, 1500)}, **params)
+    assert isinstance(d, TransitAwareDetector)
+    assert [estimate_tokens(r) for r in transit] == [25, 2500][: len(transit)]
+    assert d.saturation_with_transit(eps, transit) == pytest.approx(expected)
+
+
+def test_saturation_with_transit_without_a_load_source_stays_gies_zero() -> None:
+    d, eps = _detector(None)
+    assert d.saturation_with_transit(eps, [_sized(40)]) == 0.0
+    assert d.saturation_with_transit([], [_sized(40)]) == 1.0

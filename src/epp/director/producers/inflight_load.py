@@ -10,19 +10,13 @@ from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
+from epp.request import InferenceRequest, ResponseInfo, estimate_tokens
 from epp.scheduling.api import SchedulingResult
 
 # P/D: the prefill leg's endpoint is done once the response starts.  Its profile is the one the
 # disagg profile handler names (``SchedulingResult.disagg.prefill_profile``), else "prefill".
 PREFILL_PROFILE: Final = "prefill"
 IDLE: Final = InFlightLoad(requests=0, tokens=0)
-
-
-def estimate_tokens(request: InferenceRequest) -> int:
-    """GIE's SimpleTokenEstimator: input as ``prompt_tokens``, output ≈ 1.5 * input."""
-    tokens_in = prompt_tokens(request)
-    return tokens_in + (3 * tokens_in + 1) // 2  # + round(1.5 * in), half up
 
 
 class _Counter:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar, Final, Protocol, runtime_checkable
 
 from epp.datalayer.api import Endpoint
@@ -12,7 +12,7 @@ from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
+from epp.request import InferenceRequest, estimate_tokens
 
 DEFAULT_MAX_CONCURRENCY: Final = 100
 DEFAULT_MAX_TOKEN_CONCURRENCY: Final = 1_000_000
@@ -50,8 +50,10 @@ class ConcurrencyDetector(PluginBase):
     In ``requests`` mode the load of an endpoint is its in-flight request count and its
     capacity ``maxConcurrency``; in ``tokens`` mode, in-flight tokens and
     ``maxTokenConcurrency``.  Saturation = total load / total capacity over the given
-    endpoints (no endpoints → 1.0).  As a filter it keeps endpoints with
-    ``load < int(capacity * (1 + headroom))`` (no fail-open, as in GIE).
+    endpoints (no endpoints → 1.0); flow control adds the requests it dispatched that no
+    endpoint counts yet (``saturation_with_transit``; GIE does not, so a burst passes whole).
+    As a filter it keeps endpoints with ``load < int(capacity * (1 + headroom))`` (no
+    fail-open, as in GIE).
 
     Where the load comes from: the filter reads ``INFLIGHT_LOAD`` from the request's
     CycleState (written by the ``inflight-load-producer``, auto-created because this
@@ -111,6 +113,18 @@ class ConcurrencyDetector(PluginBase):
             return 0.0
         inflight = sum(self._load(source.inflight_load(ep)) for ep in endpoints)
         return inflight / (self.capacity * len(endpoints))
+
+    def saturation_with_transit(
+        self, endpoints: Sequence[Endpoint], transit: Collection[InferenceRequest]
+    ) -> float:
+        """``saturation`` with the requests flow control let through that no endpoint counts
+        yet (``TransitAwareDetector``): each is one request, or its estimated tokens."""
+        if not endpoints:
+            return 1.0
+        if self.load_source() is None:
+            return 0.0  # as ``saturation``: with no load source, GIE's reading (always 0)
+        pending = sum(estimate_tokens(r) for r in transit) if self.tokens else len(transit)
+        return self.saturation(endpoints) + pending / (self.capacity * len(endpoints))
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
