@@ -116,7 +116,8 @@ class FlowController:
     ) -> None:
         self._detector = detector
         self._transit_detector = detector if isinstance(detector, TransitAwareDetector) else None
-        # dispatched requests that no endpoint's in-flight counters have yet (id -> request)
+        # dispatched requests that no endpoint's in-flight counters have yet (id -> request),
+        # kept only for a detector that counts them
         self._transit: dict[int, InferenceRequest] = {}
         self._usage = usage_limit
         self._endpoints = endpoints
@@ -246,7 +247,8 @@ class FlowController:
         labels = flow.series(request.incoming_model, request.target_model)
 
         if self._can_dispatch_now(band):
-            self._transit[id(request)] = request
+            if self._transit_detector is not None:
+                self._transit[id(request)] = request
             flow.idle_since = now
             labels.finished(Outcome.DISPATCHED, 0.0)
             flow.enqueue_observed(Outcome.DISPATCHED, self._clock() - now)
@@ -449,7 +451,8 @@ class FlowController:
                 item = flow.queue.pop()
                 band.fairness.head_changed(flow)
                 self._unlinked(band, flow, item)
-                self._transit[id(item.request)] = item.request
+                if self._transit_detector is not None:
+                    self._transit[id(item.request)] = item.request
                 self._finish(item, Outcome.DISPATCHED)
                 return True
             return False
