@@ -148,3 +148,32 @@ def test_an_optional_read_orders_after_its_writer_and_needs_none() -> None:
     wrong.READS = frozenset({A_AS_STR})  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="a \\(writer/p produces int, wrong/p reads str\\)"):
         order_producers([writer, wrong])
+
+
+def test_a_snapshot_producer_runs_after_the_others_ready_with_it() -> None:
+    """``RUN_LAST`` (the in-flight counters): listed first, it still runs after the producers
+    that do not need it, here after ``slow`` and the ``reader`` of ``slow``'s key; one that
+    consumes its key still follows it."""
+    snapshot = Producer("snapshot", "a")
+    snapshot.RUN_LAST = True  # type: ignore[attr-defined]
+    plugins = [
+        snapshot,
+        Producer("needs-snapshot", "c", "a"),
+        Producer("slow", "b"),
+        Producer("reader", "", "b"),
+    ]
+    assert [p.typed_name.name for p in order_producers(plugins)] == [
+        "slow",
+        "reader",
+        "snapshot",
+        "needs-snapshot",
+    ]
+
+
+def test_the_inflight_producer_runs_last_wherever_it_is_listed() -> None:
+    from epp.director.producers.inflight_load import InFlightLoadProducer
+    from epp.testing.plugins import build
+
+    inflight = build(InFlightLoadProducer)
+    plugins = [inflight, Producer("tokenizing", "a"), Producer("other", "b")]
+    assert [p.typed_name.name for p in order_producers(plugins)][-1] == inflight.typed_name.name

@@ -4,6 +4,13 @@
 which exists only where a precise-prefix-cache-scorer is configured): it orders the reader
 after their producers like CONSUMES, but a key nobody writes is neither an error nor a reason
 to add a default producer.
+
+A producer with ``RUN_LAST = True`` writes a snapshot of state other requests change while
+this one awaits (the in-flight counters): among the producers ready to run it goes after every
+other, so a producer that awaits (a tokenizer call) does not age its snapshot.  Listed first,
+the in-flight counts of a burst were read before any of it was scheduled, and the load
+scorers saw an idle pool: a conversation replay's first wave stacked on the replicas holding
+its system prompt (follow-up hits 0.63-0.85 against 0.92).
 """
 
 from __future__ import annotations
@@ -65,7 +72,8 @@ def order_producers(plugins: Sequence[object]) -> tuple[DataProducer, ...]:
 
     Validates the whole set first (key types, a producer for every consumed key, no
     cycle); raises ConfigError naming the plugins involved.  Independent producers keep
-    their order in ``plugins`` (config order), so the result is deterministic.
+    their order in ``plugins`` (config order), so the result is deterministic, except that a
+    ``RUN_LAST`` producer goes after every other producer ready at the same time.
     """
     check_key_types(plugins)
     missing = missing_producers(plugins)
@@ -92,12 +100,12 @@ def order_producers(plugins: Sequence[object]) -> tuple[DataProducer, ...]:
         path = " -> ".join(_label(producers[i]) for i in cycle)
         raise ConfigError(f"cycle detected among data producers: {path}") from None
 
-    ready: list[int] = []
+    ready: list[tuple[bool, int]] = []
     order: list[DataProducer] = []
     while sorter.is_active():
         for i in sorter.get_ready():
-            heapq.heappush(ready, i)
-        i = heapq.heappop(ready)
+            heapq.heappush(ready, (bool(getattr(producers[i], "RUN_LAST", False)), i))
+        _, i = heapq.heappop(ready)
         order.append(producers[i])
         sorter.done(i)
     return tuple(order)

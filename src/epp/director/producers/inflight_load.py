@@ -82,6 +82,8 @@ class InFlightLoadProducer(PluginBase):
     TYPE: ClassVar[str] = "inflight-load-producer"
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({INFLIGHT_LOAD})
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset()
+    # the counts are a snapshot: taken last, right before scheduling (director/dag.py)
+    RUN_LAST: ClassVar[bool] = True
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
