@@ -133,14 +133,31 @@ ROUTERS = (
     Router("epp-approx", "Envoy + EPP, approximate prefix index", "epp", epp_config="prefix-heavy.yaml"),
     Router(
         "epp-precise",
-        "Envoy + EPP, precise prefix scorer (KV events)",
+        "Envoy + EPP, precise prefix scorer (KV events) and flow control",
         "epp",
         epp_config="precise-prefix.yaml",
         kv_events=True,
     ),
+    # what holding requests in the EPP (flow control) adds, for each prefix index
+    Router(
+        "epp-precise-no-fc",
+        "Envoy + EPP, precise prefix scorer, no flow control",
+        "epp",
+        epp_config="precise-prefix-no-flow-control.yaml",
+        kv_events=True,
+        optional=True,
+    ),
+    Router(
+        "epp-approx-fc",
+        "Envoy + EPP, approximate prefix index and flow control",
+        "epp",
+        epp_config="prefix-heavy-flow-control.yaml",
+        parts=("shared",),
+        optional=True,
+    ),
     Router(
         "epp-precise-minmax",
-        "Envoy + EPP, precise scorer, llm-d's min-max normalisation",
+        "Envoy + EPP, precise scorer, llm-d's min-max normalisation, no flow control",
         "epp",
         epp_config="precise-prefix-minmax.yaml",
         kv_events=True,
@@ -189,7 +206,7 @@ ROUTERS = (
 BASELINE = "round-robin"
 NO_EVENTS = "epp-precise-no-events"
 SGLANG = "sglang-cache-aware"
-EPP_ROUTERS = ("epp-approx", "epp-precise", "epp-precise-minmax")
+EPP_ROUTERS = ("epp-approx", "epp-precise", "epp-precise-minmax", "epp-precise-no-fc", "epp-approx-fc")
 
 
 @dataclass(frozen=True, slots=True)
