@@ -255,144 +255,158 @@ class Director:
             span.end()
         if rec is not None:
             rec.mark("admission")
-        # Until its pre-request hooks have counted it on its endpoint, the admitted request is in
-        # transit: flow control counts it against the pool so a burst does not pass it whole.
+        # Until its pre-request hooks count it on its endpoint, the admitted request is in
+        # transit: flow control counts it against the pool, so a burst does not pass whole.
         try:
-            if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
-                candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
-            # Fresh metrics (when a staleness threshold is set), then not a crashed or failing replica.
-            candidates = usable(candidates, time.monotonic(), p.staleness_threshold)
-            if rec is not None:
-                rec.candidates = candidates
-            if not candidates:
-                raise ServiceUnavailable(
-                    "failed to find endpoint candidates for serving the request",
-                    reason="rejected-subset-empty" if self._ds.endpoints() else "rejected-no-endpoints",
-                )
+            return await self._route_admitted(ctx, body, parsed, changed, candidates, snapshot)
+        finally:
+            p.admission.placed(req, scheduled=ctx.result is not None)
 
-            state = ctx.state
-            if p.producers:
-                span = None if stages is None else stages.start(spans.STAGE_PRODUCERS)
-                try:
-                    await self._prepare_data(state, req, candidates)
-                except BaseException as e:
-                    fail(span, e)
-                    raise
-                if span is not None:
-                    span.set_attributes(
-                        {
-                            spans.ATTR_PRODUCERS: [str(x.typed_name) for x in p.producers],
-                            spans.ATTR_CANDIDATES: len(candidates),
-                        }
-                    )
-                    span.end()
-                if rec is not None:
-                    rec.mark("producers")
-            if p.admitters:
-                span = None if stages is None else stages.start(spans.STAGE_ADMIT_PLUGINS)
-                if span is not None:
-                    span.set_attribute(spans.ATTR_PLUGINS, [str(a.typed_name) for a in p.admitters])
-                for admitter in p.admitters:
-                    reason = admitter.admit_request(state, req, candidates)
-                    if reason is not None:
-                        log.info(
-                            "request_denied",
-                            plugin=str(admitter.typed_name),
-                            reason=reason,
-                            request_id=req.request_id,
-                        )
-                        if span is not None:
-                            span.set_attribute(
-                                spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}"
-                            )
-                        err = Internal("request cannot be admitted", reason="rejected-admission")
-                        if rec is not None:
-                            rec.admission = "rejected"
-                        fail(span, err)
-                        raise err
-                if span is not None:
-                    span.set_attribute(spans.ATTR_OUTCOME, "admitted")
-                    span.end()
-                if rec is not None:
-                    rec.mark("admit-plugins")
-            if rec is not None:
-                rec.admission = "admitted"
-            try:
-                result = self._schedule(stages, state, req, candidates)
-                targets = result.primary.target_endpoints
-            except EppError:
-                raise
-            except Exception as e:  # SchedulingError and any plugin failure: GIE answers 429
-                raise ResourceExhausted(
-                    f"failed to find target endpoint: {e}", reason="rejected-no-candidates"
-                ) from e
-            if rec is not None:
-                rec.mark("schedule")
-            if not targets:
-                raise Internal("results must be greater than zero")
-            # From here on the request counts as scheduled: if a pre-request hook or the body
-            # repackaging fails, closing the lifecycle still runs the completion hooks that
-            # release what the pre-request hooks took (in-flight counters).
-            ctx.result = result
-            ctx.target = targets[0]
-            span = None if stages is None else stages.start(spans.STAGE_PICK)
-            try:
-                for plugin, timer in self._pre_timers:
-                    t0 = time.perf_counter()
-                    plugin.pre_request(state, req, result)
-                    timer.observe(time.perf_counter() - t0)
+    async def _route_admitted(
+        self,
+        ctx: RequestContext,
+        body: bytes,
+        parsed: RequestBody,
+        changed: bool,
+        candidates: Sequence[Endpoint],
+        snapshot: Sequence[Endpoint],
+    ) -> RoutingDecision:
+        """After admission: candidates, data producers, admit plugins, scheduler, pre-request."""
+        p = self._p
+        req = ctx.request
+        stages = ctx.stages
+        rec = ctx.record
+        if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
+            candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
+        # Fresh metrics (when a staleness threshold is set), then not a crashed or failing replica.
+        candidates = usable(candidates, time.monotonic(), p.staleness_threshold)
+        if rec is not None:
+            rec.candidates = candidates
+        if not candidates:
+            raise ServiceUnavailable(
+                "failed to find endpoint candidates for serving the request",
+                reason="rejected-subset-empty" if self._ds.endpoints() else "rejected-no-endpoints",
+            )
 
-                out = p.parser.serialize_request(parsed) if changed else body
+        state = ctx.state
+        if p.producers:
+            span = None if stages is None else stages.start(spans.STAGE_PRODUCERS)
+            try:
+                await self._prepare_data(state, req, candidates)
             except BaseException as e:
                 fail(span, e)
                 raise
-            series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
-            series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
-            destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
             if span is not None:
                 span.set_attributes(
                     {
-                        spans.ATTR_DESTINATION: destination,
-                        spans.ATTR_PRIMARY_PROFILE: result.primary_profile_name,
-                        spans.ATTR_TARGETS: [t.hostport for t in targets],
+                        spans.ATTR_PRODUCERS: [str(x.typed_name) for x in p.producers],
+                        spans.ATTR_CANDIDATES: len(candidates),
                     }
                 )
-                if result.disagg is not None:
-                    span.set_attributes(_disagg_attributes(result.disagg))
                 span.end()
             if rec is not None:
-                rec.mark("pick")
-                rec.destination = destination
-            headers = self._extra_headers(ctx)
-            remove: tuple[str, ...] = ()
-            mutation = req.header_mutation  # None unless a pre-request plugin (P/D) asked for one
-            if mutation is not None:
-                headers = (*headers, *mutation.set.items())
-                remove = tuple(mutation.remove)
-            if not (p.emit_endpoint_scores or ctx.explain_asked):
-                return RoutingDecision(
-                    destination=destination,
-                    body=out,
-                    body_changed=out is not body,
-                    headers=headers,
-                    remove_headers=remove,
-                )
-            scored = result.primary.scored
-            traces = state.get(PROFILE_TRACES)
-            trace = primary_trace(traces, result.primary_profile_name) if traces else None
-            if trace is not None and ctx.explain_asked:
-                ctx.explain_header = header_value(trace)
+                rec.mark("producers")
+        if p.admitters:
+            span = None if stages is None else stages.start(spans.STAGE_ADMIT_PLUGINS)
+            if span is not None:
+                span.set_attribute(spans.ATTR_PLUGINS, [str(a.typed_name) for a in p.admitters])
+            for admitter in p.admitters:
+                reason = admitter.admit_request(state, req, candidates)
+                if reason is not None:
+                    log.info(
+                        "request_denied",
+                        plugin=str(admitter.typed_name),
+                        reason=reason,
+                        request_id=req.request_id,
+                    )
+                    if span is not None:
+                        span.set_attribute(spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}")
+                    err = Internal("request cannot be admitted", reason="rejected-admission")
+                    if rec is not None:
+                        rec.admission = "rejected"
+                    fail(span, err)
+                    raise err
+            if span is not None:
+                span.set_attribute(spans.ATTR_OUTCOME, "admitted")
+                span.end()
+            if rec is not None:
+                rec.mark("admit-plugins")
+        if rec is not None:
+            rec.admission = "admitted"
+        try:
+            result = self._schedule(stages, state, req, candidates)
+            targets = result.primary.target_endpoints
+        except EppError:
+            raise
+        except Exception as e:  # SchedulingError and any plugin failure: GIE answers 429
+            raise ResourceExhausted(
+                f"failed to find target endpoint: {e}", reason="rejected-no-candidates"
+            ) from e
+        if rec is not None:
+            rec.mark("schedule")
+        if not targets:
+            raise Internal("results must be greater than zero")
+        # From here on the request counts as scheduled: if a pre-request hook or the body
+        # repackaging fails, closing the lifecycle still runs the completion hooks that
+        # release what the pre-request hooks took (in-flight counters).
+        ctx.result = result
+        ctx.target = targets[0]
+        span = None if stages is None else stages.start(spans.STAGE_PICK)
+        try:
+            for plugin, timer in self._pre_timers:
+                t0 = time.perf_counter()
+                plugin.pre_request(state, req, result)
+                timer.observe(time.perf_counter() - t0)
+
+            out = p.parser.serialize_request(parsed) if changed else body
+        except BaseException as e:
+            fail(span, e)
+            raise
+        series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
+        series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
+        destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
+        if span is not None:
+            span.set_attributes(
+                {
+                    spans.ATTR_DESTINATION: destination,
+                    spans.ATTR_PRIMARY_PROFILE: result.primary_profile_name,
+                    spans.ATTR_TARGETS: [t.hostport for t in targets],
+                }
+            )
+            if result.disagg is not None:
+                span.set_attributes(_disagg_attributes(result.disagg))
+            span.end()
+        if rec is not None:
+            rec.mark("pick")
+            rec.destination = destination
+        headers = self._extra_headers(ctx)
+        remove: tuple[str, ...] = ()
+        mutation = req.header_mutation  # None unless a pre-request plugin (P/D) asked for one
+        if mutation is not None:
+            headers = (*headers, *mutation.set.items())
+            remove = tuple(mutation.remove)
+        if not (p.emit_endpoint_scores or ctx.explain_asked):
             return RoutingDecision(
                 destination=destination,
                 body=out,
                 body_changed=out is not body,
                 headers=headers,
-                scores={ep.hostport: round(score, 6) for ep, score in scored} if scored else None,
                 remove_headers=remove,
-                breakdown=breakdown(trace) if trace is not None else None,
             )
-        finally:
-            p.admission.placed(req, scheduled=ctx.result is not None)
+        scored = result.primary.scored
+        traces = state.get(PROFILE_TRACES)
+        trace = primary_trace(traces, result.primary_profile_name) if traces else None
+        if trace is not None and ctx.explain_asked:
+            ctx.explain_header = header_value(trace)
+        return RoutingDecision(
+            destination=destination,
+            body=out,
+            body_changed=out is not body,
+            headers=headers,
+            scores={ep.hostport: round(score, 6) for ep, score in scored} if scored else None,
+            remove_headers=remove,
+            breakdown=breakdown(trace) if trace is not None else None,
+        )
 
     def _parse(self, ctx: RequestContext, body: bytes) -> tuple[RequestBody, bool, str]:
         """Parse, rewrite the model, take the objective's priority: (parsed body, body changed, rewrite)."""
