@@ -11,6 +11,7 @@ from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import (
     INFLIGHT_LOAD,
     LATENCY_PREDICTION,
+    PRECISE_PREFIX_MATCH,
     PREFIX_MATCH,
     InFlightLoad,
     LatencyPredictionInfo,
@@ -160,3 +161,17 @@ def test_throughput_source_consumes_in_flight_load_and_gie_default_does_not() ->
     assert INFLIGHT_LOAD not in build(PrefixCacheAffinityFilter).CONSUMES
     with pytest.raises(ConfigError, match="peakPrefillThroughput must be > 0"):
         build(PrefixCacheAffinityFilter, ttftSource="prefillThroughput", peakPrefillThroughput=0)
+
+
+def test_stickiness_follows_the_engines_reported_prefix_where_the_precise_scorer_runs() -> None:
+    """The approximate index says endpoint 0 holds the prompt; the engines' events say endpoint
+    1 does (0 evicted it): endpoint 1 is the sticky one."""
+    eps = [endpoint(i) for i in range(3)]
+    state = _state(eps, [9, 0, 0])
+    f = build(PrefixCacheAffinityFilter)
+    f.rng = _FixedRng(0.5)
+    assert PRECISE_PREFIX_MATCH in f.READS
+    assert list(f.filter(state, request(), eps)) == [eps[0]]
+    for ep, m in zip(eps, [0, 9, 1], strict=True):
+        state.put_attribute(PRECISE_PREFIX_MATCH, ep, PrefixMatchInfo(m, 10, 16))
+    assert list(f.filter(state, request(), eps)) == [eps[1]]

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, InferenceRequest, prompt_tokens
 from epp.scheduling.profiles.deciders import (
@@ -74,6 +74,17 @@ def test_negative_parameters_are_rejected(field: str) -> None:
 
 def test_consumes_prefix_match_so_the_producer_is_added() -> None:
     assert PREFIX_MATCH in PrefixBasedPDDecider.CONSUMES
+
+
+def test_the_engines_reported_prefix_overrides_the_approximate_guess() -> None:
+    """Where a precise-prefix-cache-scorer wrote what the engine holds, a prefix the approximate
+    index still remembers but the engine evicted is uncached: it must be prefilled again."""
+    decider = build(PrefixBasedPDDecider, nonCachedTokens=16)
+    assert PRECISE_PREFIX_MATCH in decider.READS
+    state, ep = _state(6)  # approximate: 96 of 100 cached -> local
+    assert decider.disaggregate(state, _request(100), ep) is False
+    state.put_attribute(PRECISE_PREFIX_MATCH, ep, PrefixMatchInfo(1, 100, 16))  # engine: 16 cached
+    assert decider.disaggregate(state, _request(100), ep) is True
 
 
 def test_prompt_tokens_estimate() -> None:

@@ -6,7 +6,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo, PrefixMatchInfo
+from epp.datalayer.attributes import (
+    LATENCY_PREDICTION,
+    PRECISE_PREFIX_MATCH,
+    PREFIX_MATCH,
+    LatencyPredictionInfo,
+    PrefixMatchInfo,
+)
 from epp.plugin.state import CycleState
 from epp.scheduling.scorers.latency import LatencyScorer
 from epp.testing.plugins import build
@@ -107,6 +113,20 @@ def test_composite_fallback_without_predictions() -> None:
     state.set_attributes(LATENCY_PREDICTION, {eps[0]: info(1, 1, valid=False)})
     out = s.score(state, request(), eps)
     assert out == pytest.approx([round(100 * (0.5 + 1.0) / 3) / 100, round(100 * 1.0 / 3) / 100, 0.5])
+
+
+def test_composite_prefix_term_reads_the_engines_reported_prefix() -> None:
+    """With a precise-prefix-cache-scorer's match present, the prefix term is what the engine
+    holds, not the approximate guess."""
+    s = build(LatencyScorer, compositeKVWeight=0, compositeQueueWeight=0, compositePrefixWeight=1)
+    eps = [endpoint(0), endpoint(1)]
+    state = CycleState()
+    state.set_attributes(PREFIX_MATCH, {eps[0]: PrefixMatchInfo(4, 4, 16)})
+    assert s.score(state, request(), eps) == pytest.approx([1.0, 0.0])
+    state.set_attributes(
+        PRECISE_PREFIX_MATCH, {eps[0]: PrefixMatchInfo(0, 4, 16), eps[1]: PrefixMatchInfo(2, 4, 16)}
+    )
+    assert s.score(state, request(), eps) == pytest.approx([0.0, 0.5])
 
 
 def test_composite_weights_non_positive_sum_means_kv_only() -> None:

@@ -10,7 +10,14 @@ from typing import Any, ClassVar, Final, Literal
 from pydantic import Field
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import INFLIGHT_LOAD, LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo
+from epp.datalayer.attributes import (
+    INFLIGHT_LOAD,
+    LATENCY_PREDICTION,
+    PRECISE_PREFIX_MATCH,
+    PREFIX_MATCH,
+    LatencyPredictionInfo,
+    prefix_matches,
+)
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey
@@ -44,6 +51,8 @@ class PrefixCacheAffinityFilter(PluginBase):
     others by more than ``maxTTFTPenaltyMs`` (0 disables the check), keep all; otherwise
     keep only the sticky ones.  An endpoint without a latency prediction counts as
     ``float max`` TTFT, exactly as in GIE.
+    The score is what the engine reported holding where a precise-prefix-cache-scorer runs
+    (``PRECISE_PREFIX_MATCH``, read), else the approximate index's guess.
     Consumes: ``PREFIX_MATCH``; reads ``LATENCY_PREDICTION`` when some producer wrote it
     (not declared, so it does not auto-create the predicted-latency producer).
     Parameters: ``affinityThreshold`` (0.80, ``<= 1``), ``explorationProbability``
@@ -57,6 +66,7 @@ class PrefixCacheAffinityFilter(PluginBase):
     TYPE: ClassVar[str] = "prefix-cache-affinity-filter"
     PARAMS: ClassVar[type[PluginParams]] = PrefixCacheAffinityParams
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+    READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
 
     def __init__(self, name: str, params: PrefixCacheAffinityParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
@@ -95,7 +105,7 @@ class PrefixCacheAffinityFilter(PluginBase):
             return endpoints
         if self.rng.random() < self.exploration_probability:
             return endpoints
-        infos = state.attributes(PREFIX_MATCH)
+        infos = prefix_matches(state)
         sticky: list[Endpoint] = []
         others: list[Endpoint] = []
         for ep in endpoints:

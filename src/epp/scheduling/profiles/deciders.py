@@ -15,7 +15,7 @@ from pydantic import field_validator
 
 from epp.datalayer import roles
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import PREFIX_MATCH
+from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, prefix_matches
 from epp.plugin.base import Handle, Plugin, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
@@ -63,11 +63,14 @@ class PrefixBasedPDParams(PluginParams):
 class PrefixBasedPDDecider(PluginBase):
     """Disaggregate when the decode pick would have to prefill many tokens.  Type ``prefix-based-pd-decider``.
 
-    ``hit = match_blocks * block_size`` of the decode pick (the approx-prefix producer's
-    ``PREFIX_MATCH``); disaggregate iff ``prompt - hit ≥ nonCachedTokens``.  ``prompt`` is
-    ``prompt_tokens(request)``; below ``promptTokens`` (when > 0) or below
-    ``nonCachedTokens`` the request stays local.  ``nonCachedTokens: 0`` (the default)
-    never disaggregates.  No prefix information for the pick → local (logged), as llm-d.
+    ``hit = match_blocks * block_size`` of the decode pick (what the engine reported holding
+    where a precise-prefix-cache-scorer runs, else the approx-prefix producer's
+    ``PREFIX_MATCH``: a prefix the approximate index remembers but the engine evicted must be
+    prefilled again, so it counts as uncached); disaggregate iff
+    ``prompt - hit ≥ nonCachedTokens``.  ``prompt`` is ``prompt_tokens(request)``; below
+    ``promptTokens`` (when > 0) or below ``nonCachedTokens`` the request stays local.
+    ``nonCachedTokens: 0`` (the default) never disaggregates.  No prefix information for the
+    pick → local (logged), as llm-d.
     Parameters: ``nonCachedTokens`` (int ≥ 0, default 0), ``promptTokens`` (int ≥ 0, default 0);
     ours, not llm-d-router's: ``dedicatedDecodeOnly`` (bool, default false) — decline when the
     decode pick also takes prefill work (its ``llm-d.ai/role`` passes ``prefill-filter``:
@@ -75,12 +78,14 @@ class PrefixBasedPDDecider(PluginBase):
     steps (other requests' prefill legs), so a prefill leg elsewhere removes no interference and
     only adds a KV transfer: on a fleet of four ``prefill-decode`` pods disaggregating distinct
     5,000-token prompts cost +20 to 22% ITL and E2E against aggregated serving (docs/pd-simulator.md).
-    Consumes: ``PREFIX_MATCH`` (adds the ``approx-prefix-cache-producer`` when none is configured).
+    Consumes: ``PREFIX_MATCH`` (adds the ``approx-prefix-cache-producer`` when none is configured);
+    reads ``PRECISE_PREFIX_MATCH``.
     """
 
     TYPE: ClassVar[str] = "prefix-based-pd-decider"
     PARAMS: ClassVar[type[PluginParams]] = PrefixBasedPDParams
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+    READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
 
     def __init__(self, name: str, params: PrefixBasedPDParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
@@ -104,7 +109,7 @@ class PrefixBasedPDDecider(PluginBase):
             return False
         if self.dedicated_decode_only and roles.serves_prefill(endpoint):
             return False
-        info = state.attribute(PREFIX_MATCH, endpoint)
+        info = prefix_matches(state).get(endpoint)
         if info is None:
             log.error("prefix_decider_no_prefix_state", request_id=request.request_id, endpoint=endpoint.name)
             return False

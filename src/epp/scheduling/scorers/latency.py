@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Final, Literal
 from pydantic import Field
 
 from epp.datalayer.api import Endpoint
-from epp.datalayer.attributes import LATENCY_PREDICTION, PREFIX_MATCH, LatencyPredictionInfo
+from epp.datalayer.attributes import LATENCY_PREDICTION, LatencyPredictionInfo, prefix_matches
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
@@ -82,7 +82,7 @@ class LatencyScorer(PluginBase):
     (``bestEffortPlacement: reserve``, the default; see ``_around_reserve``), or packs it onto
     the busiest endpoint within that bound (``pack``; see ``_pack``).
     Consumes ``LATENCY_PREDICTION`` (auto-creates ``predicted-latency-producer``); reads
-    ``PREFIX_MATCH`` when present.
+    ``PREFIX_MATCH`` when present (the precise scorer's match instead, where one runs).
     """
 
     TYPE: ClassVar[str] = "latency-scorer"
@@ -231,7 +231,7 @@ class LatencyScorer(PluginBase):
     def _composite(self, state: CycleState, endpoints: Sequence[Endpoint]) -> list[float]:
         wk, wq, wp = self.composite
         max_q = max((ep.metrics.waiting_queue_size for ep in endpoints), default=0)
-        prefix: Mapping[Hashable, Any] = state.attributes(PREFIX_MATCH)
+        prefix: Mapping[Hashable, Any] = prefix_matches(state)
         out = []
         for ep in endpoints:
             m = ep.metrics
