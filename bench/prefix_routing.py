@@ -227,6 +227,7 @@ class Settings:
     duration_s: int
     conversations: Conversations
     routers: tuple[str, ...]  # empty: all
+    repeat: int = 1  # runs per cell, alternating routers; the cell is the median run (median_run)
 
 
 def _shared(kv_blocks: int) -> Workload:
@@ -684,16 +685,24 @@ def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
         precise = [c for c in cells if c["router"] == "epp-precise"]
         if not precise:
             continue
-        corr = [(c["rate"], c.get("reuse_correlation")) for c in precise]
+        corr = [(c["rate"], cell_correlation(c)) for c in precise]
         for c in precise:
             rate = c["rate"]
             where = "conversation replay" if rate == "conversation" else f"{name}, {rate:g} req/s"
             only, as_routed = c.get("reuse_correlation_confirmed"), c.get("reuse_correlation_routed")
+            each = [
+                r["reuse_correlation"] for r in c.get("runs", []) if r.get("reuse_correlation") is not None
+            ]
             extra = [
+                *(
+                    [f"median of {len(each)} runs, {_num(min(each))} to {_num(max(each))}"]
+                    if len(each) > 1
+                    else []
+                ),
                 *([] if as_routed is None else [f"as routed, no eviction estimate: {_num(as_routed)}"]),
                 *([] if only is None else [f"from reported blocks only: {_num(only)}"]),
             ]
-            r = _num(c.get("reuse_correlation"))
+            r = _num(cell_correlation(c))
             lines.append(
                 f"predicted vs observed cached tokens, Pearson r ({where}): {r}"
                 + (f" ({'; '.join(extra)})" if extra else "")
@@ -726,6 +735,12 @@ def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
     if not lines:
         return None
     return {"lines": lines, "goals": goals, "judged_profile": judged}
+
+
+def cell_correlation(cell: dict[str, Any]) -> float | None:
+    """A cell's predicted/observed r: the median over its runs where it has several."""
+    each = [r["reuse_correlation"] for r in cell.get("runs", []) if r.get("reuse_correlation") is not None]
+    return statistics.median(each) if len(each) > 1 else cell.get("reuse_correlation")
 
 
 def event_cpu(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -928,24 +943,33 @@ async def shared_profile(
     cells: list[dict[str, Any]] = []
     rates = prof.rates or st.rates
     for rate in rates:
-        for router in routers:
-            if router.name == NO_EVENTS and rate != max(rates):
-                continue  # the event-processing CPU baseline: one cell, at the top rate
-            log(f"prefix_routing: [{prof.name}] {router.label} at {rate:g} req/s for {st.duration_s} s ...")
-            try:
-                cell = await shared_cell(router, rate, wl, st, loadgen)
-            except (RuntimeError, OSError, TimeoutError) as e:
-                log(f"prefix_routing: {router.name} at {rate:g} req/s FAILED: {e}")
-                cells.append({"router": router.name, "rate": rate, "failed": str(e)[-800:]})
-                continue
-            cells.append(cell)
-            log(
-                f"prefix_routing: [{prof.name}] {router.name:<18} {rate:>4g} req/s  "
-                f"TTFT p50/p90 {cell['ttft_ms']['p50']}/"
-                f"{cell['ttft_ms']['p90']} ms  {cell['output_tokens_per_s']} tok/s  ok {cell['ok']}/"
-                f"{cell['requests']}  cache hits {cell['fleet']['prefix_hit_rate']:.0%}"
-                + (f"  r {_num(cell.get('reuse_correlation'))}" if router.kv_events else "")
-            )
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for n in range(st.repeat):  # the routers alternate, so a slow stretch of the machine hits all
+            for router in routers:
+                if router.name == NO_EVENTS and rate != max(rates):
+                    continue  # the event-processing CPU baseline: one cell, at the top rate
+                nth = f" (run {n + 1} of {st.repeat})" if st.repeat > 1 else ""
+                log(
+                    f"prefix_routing: [{prof.name}] {router.label} at {rate:g} req/s "
+                    f"for {st.duration_s} s{nth} ..."
+                )
+                try:
+                    cell = await shared_cell(router, rate, wl, st, loadgen)
+                except (RuntimeError, OSError, TimeoutError) as e:
+                    log(f"prefix_routing: {router.name} at {rate:g} req/s FAILED: {e}")
+                    runs.setdefault(router.name, []).append(
+                        {"router": router.name, "rate": rate, "failed": str(e)[-800:]}
+                    )
+                    continue
+                runs.setdefault(router.name, []).append(cell)
+                log(
+                    f"prefix_routing: [{prof.name}] {router.name:<18} {rate:>4g} req/s  "
+                    f"TTFT p50/p90 {cell['ttft_ms']['p50']}/"
+                    f"{cell['ttft_ms']['p90']} ms  {cell['output_tokens_per_s']} tok/s  ok {cell['ok']}/"
+                    f"{cell['requests']}  cache hits {cell['fleet']['prefix_hit_rate']:.0%}"
+                    + (f"  r {_num(cell.get('reuse_correlation'))}" if router.kv_events else "")
+                )
+        cells += [median_run(rs) for rs in runs.values()]
     section: dict[str, Any] = {
         "profile": {"name": prof.name, "judged": prof.judged, "why": prof.why},
         "loadgen": loadgen,
@@ -955,6 +979,62 @@ async def shared_profile(
     }
     section["derived"] = derive_shared(cells, list(section["routers"]), section["workload"])
     return section
+
+
+def run_summary(cell: dict[str, Any]) -> dict[str, Any]:
+    """One run's headline numbers, kept beside the cell when a cell is the median of several."""
+    if "failed" in cell:
+        return {"failed": True}
+    return {
+        "ttft_p90_ms": cell["ttft_ms"]["p90"],
+        "ttft_p50_ms": cell["ttft_ms"]["p50"],
+        "output_tokens_per_s": cell["output_tokens_per_s"],
+        "prefix_hit_rate": cell["fleet"]["prefix_hit_rate"],
+        "reuse_correlation": cell.get("reuse_correlation"),
+        "measured_at": cell.get("measured_at"),
+    }
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cell of several runs of one router at one rate: the run with the median TTFT p90 (the
+    lower middle for an even count), whole, so its fields stay one run's; every run's headline
+    numbers in ``runs``, and the median of each in ``medians``.  At the fleet's capacity runs of
+    one cell spread over ±20% (docs/benchmarks.md 1b): one run decides nothing.  A failed run
+    counts as the slowest: where it is the median, the cell is that failure."""
+    if len(runs) == 1:
+        return runs[0]
+    ranked = sorted(runs, key=lambda c: c["ttft_ms"]["p90"] if "failed" not in c else float("inf"))
+    cell = dict(ranked[(len(ranked) - 1) // 2])
+    summaries = [run_summary(c) for c in runs]
+    cell["runs"] = summaries
+    good = [r for r in summaries if "failed" not in r]
+    cell["medians"] = {
+        k: statistics.median(vals)
+        for k in ("ttft_p90_ms", "ttft_p50_ms", "output_tokens_per_s", "prefix_hit_rate", "reuse_correlation")
+        if (vals := [r[k] for r in good if r.get(k) is not None])
+    }
+    return cell
+
+
+def median_conversation(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The conversation cell of several runs: the run with the median follow-up hit rate (the
+    lower middle for an even count; a failed run counts as the worst), every run's follow-up hit
+    and r in ``runs``."""
+    if len(runs) == 1:
+        return runs[0]
+    ranked = sorted(runs, key=lambda c: c.get("followup_hit_rate", -1.0) if "failed" not in c else -1.0)
+    cell = dict(ranked[(len(ranked) - 1) // 2])
+    cell["runs"] = [
+        {"failed": True}
+        if "failed" in c
+        else {
+            "followup_hit_rate": c.get("followup_hit_rate"),
+            "reuse_correlation": c.get("reuse_correlation"),
+            "measured_at": c.get("measured_at"),
+        }
+        for c in runs
+    ]
+    return cell
 
 
 def workload_doc(wl: Workload, duration_s: int) -> dict[str, Any]:
@@ -1004,29 +1084,18 @@ async def run(
     rates: Sequence[float],
     only: Sequence[str],
     profiles: Sequence[str] = (),
+    repeat: int = 1,
 ) -> dict[str, Any]:
-    st = QUICK if mode == "quick" else FULL
+    st = replace(QUICK if mode == "quick" else FULL, repeat=repeat)
     if rates:  # every profile at these rates
-        st = Settings(
-            tuple(replace(p, rates=()) for p in st.profiles),
-            tuple(rates),
-            st.duration_s,
-            st.conversations,
-            st.routers,
-        )
+        st = replace(st, profiles=tuple(replace(p, rates=()) for p in st.profiles), rates=tuple(rates))
     if only:
-        st = Settings(st.profiles, st.rates, st.duration_s, st.conversations, tuple(only))
+        st = replace(st, routers=tuple(only))
     if profiles:
         unknown = set(profiles) - {p.name for p in st.profiles}
         if unknown:
             raise SystemExit(f"unknown profile(s) {sorted(unknown)}: {[p.name for p in st.profiles]}")
-        st = Settings(
-            tuple(p for p in st.profiles if p.name in profiles),
-            st.rates,
-            st.duration_s,
-            st.conversations,
-            st.routers,
-        )
+        st = replace(st, profiles=tuple(p for p in st.profiles if p.name in profiles))
     iperf = venv_bin("inference-perf", "inference-perf") is not None and tokenizer_dir() is not None
     notes: list[str] = []
     doc: dict[str, Any] = {"settings": asdict(st), "notes": notes, "goals": GOALS}
@@ -1054,22 +1123,27 @@ async def run(
                 f"prefix_routing: conversations: {cv.slots} slots x {cv.turns} turns x {cv.rounds} rounds; "
                 f"working set {cv.working_set_tokens:,} tokens vs fleet KV {cv.fleet_kv_tokens:,}"
             )
-            convs: list[dict[str, Any]] = []
-            for router in routers:
-                log(f"prefix_routing: conversation replay through {router.label} ...")
-                try:
-                    cell = await conversation_cell(router, st)
-                except (RuntimeError, OSError, TimeoutError) as e:
-                    log(f"prefix_routing: {router.name} conversation FAILED: {e}")
-                    convs.append({"router": router.name, "failed": str(e)[-800:]})
-                    continue
-                convs.append(cell)
-                log(
-                    f"prefix_routing: {router.name:<18} follow-up hit {cell['followup_hit_rate']}  "
-                    f"context reuse {cell['followup_context_reuse']}  "
-                    f"follow-up TTFT p50/p90 {cell['followup_ttft_ms']['p50']}/"
-                    f"{cell['followup_ttft_ms']['p90']} ms  ok {cell['ok']}/{cell['requests']}"
-                )
+            conv_runs: dict[str, list[dict[str, Any]]] = {}
+            for n in range(st.repeat):
+                for router in routers:
+                    nth = f" (run {n + 1} of {st.repeat})" if st.repeat > 1 else ""
+                    log(f"prefix_routing: conversation replay through {router.label}{nth} ...")
+                    try:
+                        cell = await conversation_cell(router, st)
+                    except (RuntimeError, OSError, TimeoutError) as e:
+                        log(f"prefix_routing: {router.name} conversation FAILED: {e}")
+                        conv_runs.setdefault(router.name, []).append(
+                            {"router": router.name, "failed": str(e)[-800:]}
+                        )
+                        continue
+                    conv_runs.setdefault(router.name, []).append(cell)
+                    log(
+                        f"prefix_routing: {router.name:<18} follow-up hit {cell['followup_hit_rate']}  "
+                        f"context reuse {cell['followup_context_reuse']}  "
+                        f"follow-up TTFT p50/p90 {cell['followup_ttft_ms']['p50']}/"
+                        f"{cell['followup_ttft_ms']['p90']} ms  ok {cell['ok']}/{cell['requests']}"
+                    )
+            convs = [median_conversation(rs) for rs in conv_runs.values()]
             doc["conversation"] = {
                 "workload": {
                     **asdict(cv),
@@ -1084,8 +1158,8 @@ async def run(
                     if c["router"].startswith("epp") and "failed" not in c
                 },
             }
-    for n in notes:
-        log(f"prefix_routing: {n}")
+    for note in notes:
+        log(f"prefix_routing: {note}")
     doc["precise"] = derive_precise(doc)
     return doc
 
@@ -1141,7 +1215,15 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated shared-prefix sizings: " + ", ".join(p.name for p in PROFILES),
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per cell, routers alternating; each cell keeps its median run and every run's numbers",
+    )
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     mode = "quick" if args.quick else "full"
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
     rates = [float(x) for x in args.rates.split(",") if x.strip()]
@@ -1149,7 +1231,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     profiles = [x.strip() for x in args.profiles.split(",") if x.strip()]
-    result = uvloop.run(run(mode, parts, rates, only, profiles))
+    result = uvloop.run(run(mode, parts, rates, only, profiles, args.repeat))
     previous = read_result("prefix_routing")
     if previous and previous.get("mode") == mode:
         merge(result, previous, only)

@@ -40,6 +40,15 @@ def shared_sections(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return dict(sh)
 
 
+def _runs(cell: dict[str, Any]) -> str:
+    """A repeated cell (``--repeat``) is its median run: say so, with the spread of TTFT p90."""
+    p90s = [r["ttft_p90_ms"] for r in cell.get("runs", []) if "ttft_p90_ms" in r]
+    if len(cell.get("runs", [])) < 2:
+        return ""
+    spread = f", TTFT p90 {min(p90s):,.0f} to {max(p90s):,.0f} ms" if p90s else ""
+    return f" (median of {len(cell['runs'])} runs{spread})"
+
+
 def _sizing(wl: dict[str, Any]) -> str:
     unique = wl.get("unique_tokens")
     return (
@@ -89,7 +98,7 @@ def _shared(sh: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 f"{c['rate']:g}",
-                sh["routers"].get(c["router"], c["router"]),
+                sh["routers"].get(c["router"], c["router"]) + _runs(c),
                 f(c["ttft_ms"]["p50"], 0),
                 f(c["ttft_ms"]["p90"], 0),
                 f(c["output_tokens_per_s"], 0),

@@ -16,6 +16,8 @@ from bench.prefix_routing import (
     derive_precise,
     derive_shared,
     followups,
+    median_conversation,
+    median_run,
     merge,
     prediction_breakdown,
     shared_sections,
@@ -165,6 +167,47 @@ def test_the_correlation_goal_is_judged_on_the_judged_profile_and_the_conversati
     assert [(g["value"], g["met"]) for g in judged] == [(0.92, True)]
     reported = [g for g in d["goals"] if not g["judged"]]
     assert [(g["profile"], g["value"], g["met"]) for g in reported] == [("cache-pressure", 0.4, False)]
+
+
+def _run(p90: float, r: float, at: str) -> dict[str, Any]:
+    cell = _full("epp-precise", 48, p90, 4000 + p90 / 10, r)
+    cell["ttft_ms"]["p50"] = p90 / 2
+    cell["measured_at"] = at
+    return cell
+
+
+def test_a_repeated_cell_is_its_median_run_whole_with_every_runs_numbers() -> None:
+    runs = [_run(4000, 0.93, "a"), _run(3000, 0.95, "b"), _run(3500, 0.90, "c")]
+    cell = median_run(runs)
+    # the fields are one run's (the median TTFT p90), not a mix
+    assert (cell["ttft_ms"]["p90"], cell["output_tokens_per_s"], cell["measured_at"]) == (3500, 4350, "c")
+    assert [r["ttft_p90_ms"] for r in cell["runs"]] == [4000, 3000, 3500]
+    assert cell["medians"]["reuse_correlation"] == 0.93
+    assert cell["medians"]["ttft_p90_ms"] == 3500
+    assert median_run(runs[:1]) is runs[0]
+    # the r goal reads the median over the runs, not the median-TTFT run's own r (0.90)
+    d = derive_precise({"judged_profile": JUDGED, "shared": {JUDGED: {"cells": [cell]}}})
+    assert d is not None
+    assert [g["value"] for g in d["goals"] if g["judged"]] == [0.93]
+    assert "median of 3 runs, 0.900 to 0.950" in d["lines"][0]
+
+
+def test_an_even_count_takes_the_lower_middle_and_a_failed_run_counts_as_the_slowest() -> None:
+    fail = {"router": "epp-precise", "rate": 48, "failed": "boom"}
+    cell = median_run([_run(4000, 0.9, "a"), fail, _run(3000, 0.9, "b"), _run(3500, 0.9, "c")])
+    assert cell["ttft_ms"]["p90"] == 3500
+    assert {"failed": True} in cell["runs"]
+    assert "failed" in median_run([fail, dict(fail), _run(3000, 0.9, "b")])
+
+
+def test_a_repeated_conversation_cell_is_its_median_follow_up_run() -> None:
+    runs = [
+        {"router": "epp-precise", "followup_hit_rate": h, "reuse_correlation": r}
+        for h, r in [(0.93, 0.99), (0.91, 0.98), (0.92, 0.97), (0.95, 0.99)]
+    ]
+    cell = median_conversation(runs)
+    assert (cell["followup_hit_rate"], cell["reuse_correlation"]) == (0.92, 0.97)
+    assert [r["followup_hit_rate"] for r in cell["runs"]] == [0.93, 0.91, 0.92, 0.95]
 
 
 def test_prediction_breakdown_splits_the_error_by_side() -> None:

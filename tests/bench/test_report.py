@@ -157,6 +157,14 @@ def test_precise_below_its_fallback_is_flagged_from_a_point_not_on_rounding() ->
     assert lines[0].startswith("At 32 req/s the precise scorer hit the cache less than the approximate index")
 
 
+def test_a_repeated_cell_says_it_is_a_median_and_how_far_its_runs_spread() -> None:
+    from bench.report.prefix_routing import _runs
+
+    runs = [{"ttft_p90_ms": 3991.0}, {"ttft_p90_ms": 3024.0}, {"failed": True}]
+    assert _runs({"runs": runs}) == " (median of 3 runs, TTFT p90 3,024 to 3,991 ms)"
+    assert _runs({}) == ""
+
+
 def test_an_older_latency_runs_accuracy_gives_way_to_the_newer_per_router_runs(
     results_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
