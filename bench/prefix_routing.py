@@ -541,13 +541,18 @@ def find_key(doc: Any, key: str) -> Any:
 
 
 def reuse_metrics(text: str) -> dict[str, float]:
-    """The precise scorer's predicted/observed reuse and event-processing samples, if it exports them."""
+    """The precise scorer's predicted/observed reuse and event-processing samples, if it exports them,
+    and how long flow control held requests (its queue-duration histogram's sum and count)."""
     out: dict[str, float] = {}
+    held = "inference_extension_flow_control_request_queue_duration_seconds_"
     for line in text.splitlines():
         if line.startswith("#") or not line:
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if any(k in name for k in ("kv_event", "kvevent", "predicted", "observed", "reuse")):
+        if any(k in name for k in ("kv_event", "kvevent", "predicted", "observed", "reuse")) or name in (
+            held + "sum",
+            held + "count",
+        ):
             try:
                 out[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
             except ValueError:
@@ -1030,7 +1035,6 @@ def median_conversation(runs: list[dict[str, Any]]) -> dict[str, Any]:
         else {
             "followup_hit_rate": c.get("followup_hit_rate"),
             "reuse_correlation": c.get("reuse_correlation"),
-            "measured_at": c.get("measured_at"),
         }
         for c in runs
     ]
