@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -958,22 +958,14 @@ async def shared_profile(
                     f"prefix_routing: [{prof.name}] {router.label} at {rate:g} req/s "
                     f"for {st.duration_s} s{nth} ..."
                 )
-                try:
-                    cell = await shared_cell(router, rate, wl, st, loadgen)
-                except (RuntimeError, OSError, TimeoutError) as e:
-                    log(f"prefix_routing: {router.name} at {rate:g} req/s FAILED: {e}")
-                    runs.setdefault(router.name, []).append(
-                        {"router": router.name, "rate": rate, "failed": str(e)[-800:]}
-                    )
-                    continue
-                runs.setdefault(router.name, []).append(cell)
-                log(
-                    f"prefix_routing: [{prof.name}] {router.name:<18} {rate:>4g} req/s  "
-                    f"TTFT p50/p90 {cell['ttft_ms']['p50']}/"
-                    f"{cell['ttft_ms']['p90']} ms  {cell['output_tokens_per_s']} tok/s  ok {cell['ok']}/"
-                    f"{cell['requests']}  cache hits {cell['fleet']['prefix_hit_rate']:.0%}"
-                    + (f"  r {_num(cell.get('reuse_correlation'))}" if router.kv_events else "")
+                cell = await attempt(
+                    shared_cell(router, rate, wl, st, loadgen),
+                    {"router": router.name, "rate": rate},
+                    f"{router.name} at {rate:g} req/s",
                 )
+                runs.setdefault(router.name, []).append(cell)
+                if "failed" not in cell:
+                    log(f"prefix_routing: [{prof.name}] {shared_line(router, cell)}")
         cells += [median_run(rs) for rs in runs.values()]
     section: dict[str, Any] = {
         "profile": {"name": prof.name, "judged": prof.judged, "why": prof.why},
@@ -984,6 +976,26 @@ async def shared_profile(
     }
     section["derived"] = derive_shared(cells, list(section["routers"]), section["workload"])
     return section
+
+
+async def attempt(cell: Awaitable[dict[str, Any]], key: dict[str, Any], what: str) -> dict[str, Any]:
+    """One run of a cell; a run that fails (a process that did not start, a load generator that
+    died) is logged and recorded as ``key`` with the error, and the benchmark goes on."""
+    try:
+        return await cell
+    except (RuntimeError, OSError, TimeoutError) as e:
+        log(f"prefix_routing: {what} FAILED: {e}")
+        return {**key, "failed": str(e)[-800:]}
+
+
+def shared_line(router: Router, cell: dict[str, Any]) -> str:
+    """A finished shared-prefix run, as the log prints it."""
+    return (
+        f"{router.name:<18} {cell['rate']:>4g} req/s  TTFT p50/p90 {cell['ttft_ms']['p50']}/"
+        f"{cell['ttft_ms']['p90']} ms  {cell['output_tokens_per_s']} tok/s  ok {cell['ok']}/"
+        f"{cell['requests']}  cache hits {cell['fleet']['prefix_hit_rate']:.0%}"
+        + (f"  r {_num(cell.get('reuse_correlation'))}" if router.kv_events else "")
+    )
 
 
 def run_summary(cell: dict[str, Any]) -> dict[str, Any]:
@@ -1132,21 +1144,17 @@ async def run(
                 for router in routers:
                     nth = f" (run {n + 1} of {st.repeat})" if st.repeat > 1 else ""
                     log(f"prefix_routing: conversation replay through {router.label}{nth} ...")
-                    try:
-                        cell = await conversation_cell(router, st)
-                    except (RuntimeError, OSError, TimeoutError) as e:
-                        log(f"prefix_routing: {router.name} conversation FAILED: {e}")
-                        conv_runs.setdefault(router.name, []).append(
-                            {"router": router.name, "failed": str(e)[-800:]}
-                        )
-                        continue
-                    conv_runs.setdefault(router.name, []).append(cell)
-                    log(
-                        f"prefix_routing: {router.name:<18} follow-up hit {cell['followup_hit_rate']}  "
-                        f"context reuse {cell['followup_context_reuse']}  "
-                        f"follow-up TTFT p50/p90 {cell['followup_ttft_ms']['p50']}/"
-                        f"{cell['followup_ttft_ms']['p90']} ms  ok {cell['ok']}/{cell['requests']}"
+                    cell = await attempt(
+                        conversation_cell(router, st), {"router": router.name}, f"{router.name} conversation"
                     )
+                    conv_runs.setdefault(router.name, []).append(cell)
+                    if "failed" not in cell:
+                        log(
+                            f"prefix_routing: {router.name:<18} follow-up hit {cell['followup_hit_rate']}  "
+                            f"context reuse {cell['followup_context_reuse']}  "
+                            f"follow-up TTFT p50/p90 {cell['followup_ttft_ms']['p50']}/"
+                            f"{cell['followup_ttft_ms']['p90']} ms  ok {cell['ok']}/{cell['requests']}"
+                        )
             convs = [median_conversation(rs) for rs in conv_runs.values()]
             doc["conversation"] = {
                 "workload": {
