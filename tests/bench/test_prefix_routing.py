@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,9 @@ import yaml
 
 from bench.common import CONFIGS
 from bench.prefix_routing import (
+    FULL,
     JUDGED,
+    NO_EVENTS,
     PRECISE_TYPE,
     PROFILES,
     ROUTERS,
@@ -20,6 +23,7 @@ from bench.prefix_routing import (
     median_run,
     merge,
     prediction_breakdown,
+    runs_per_cell,
     shared_sections,
     unique_tokens,
 )
@@ -262,3 +266,18 @@ def test_every_epp_router_config_builds_and_the_event_routers_run_the_precise_sc
     types = {p["type"] for p in yaml.safe_load((CONFIGS / sessions.epp_config).read_text())["plugins"]}
     assert {"session-affinity-scorer", PRECISE_TYPE} <= types
     assert sessions.parts == ("conversation",)
+
+
+def test_a_full_run_repeats_only_the_judged_cells() -> None:
+    """The EPP routers and the event-CPU baseline at the judged profile's top rate run five times
+    (recorded as medians); the baselines, the other rates and the other profile run once."""
+    by = {r.name: r for r in ROUTERS}
+    judged = next(p for p in PROFILES if p.judged)
+    other = next(p for p in PROFILES if not p.judged)
+    top = max(judged.rates)
+    assert runs_per_cell(FULL, judged, by["epp-precise"], top) == 5
+    assert runs_per_cell(FULL, judged, by[NO_EVENTS], top) == 5
+    assert runs_per_cell(FULL, judged, by["round-robin"], top) == 1
+    assert runs_per_cell(FULL, judged, by["epp-precise"], 40.0) == 1
+    assert runs_per_cell(FULL, other, by["epp-precise"], max(other.rates)) == 1
+    assert runs_per_cell(replace(FULL, repeat=7), judged, by["round-robin"], top) == 7
