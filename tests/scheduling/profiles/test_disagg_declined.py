@@ -9,7 +9,7 @@ import pytest
 from epp.config.build import build as build_config
 from epp.config.load import load_config
 from epp.config.registry import default_registry
-from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.errors import ConfigError, ServiceUnavailable
 from epp.metrics.series import REGISTRY
 from epp.plugin.state import CycleState
@@ -159,6 +159,26 @@ DECIDER = {"prefill": "prefix-based-pd-decider"}
 def _load(params: dict[str, Any]) -> Any:
     text = CONFIG.replace("PARAMS", repr(params).replace("'", '"'))
     return build_config(load_config(text), default_registry())
+
+
+def test_a_prefix_the_engine_evicted_gets_a_prefill_leg_from_a_loaded_config() -> None:
+    """Through the configured handler: the approximate index says the decode pick holds the
+    prompt (stay local); the engines' events say it evicted it, and where a precise scorer wrote
+    that, the request is disaggregated."""
+    components = _load({"deciders": DECIDER})
+    eps = fleet("decode", "prefill")
+    request = make_request("m", "x" * 4000)  # ~1,000 prompt tokens
+    state = CycleState()
+    state.set_attributes(PREFIX_MATCH, {ep: PrefixMatchInfo(62, 63, 16) for ep in eps})
+    result = components.scheduler.schedule(state, request, eps)
+    assert result.disagg is not None
+    assert (result.disagg.decision_type, result.disagg.reason) == ("decode-only", "decider_declined")
+    state = CycleState()
+    state.set_attributes(PREFIX_MATCH, {ep: PrefixMatchInfo(62, 63, 16) for ep in eps})
+    state.set_attributes(PRECISE_PREFIX_MATCH, {ep: PrefixMatchInfo(0, 63, 16) for ep in eps})
+    result = components.scheduler.schedule(state, request, eps)
+    assert result.disagg is not None and result.disagg.decision_type == "prefill-decode"
+    assert result.primary.target_endpoints[0] is eps[0]
 
 
 def test_declined_profile_loads() -> None:
