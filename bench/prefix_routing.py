@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -696,9 +696,7 @@ def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
             rate = c["rate"]
             where = "conversation replay" if rate == "conversation" else f"{name}, {rate:g} req/s"
             only, as_routed = c.get("reuse_correlation_confirmed"), c.get("reuse_correlation_routed")
-            each = [
-                r["reuse_correlation"] for r in c.get("runs", []) if r.get("reuse_correlation") is not None
-            ]
+            each = run_correlations(c)
             extra = [
                 *(
                     [f"median of {len(each)} runs, {_num(min(each))} to {_num(max(each))}"]
@@ -743,9 +741,14 @@ def derive_precise(doc: dict[str, Any]) -> dict[str, Any] | None:
     return {"lines": lines, "goals": goals, "judged_profile": judged}
 
 
+def run_correlations(cell: dict[str, Any]) -> list[float]:
+    """The predicted/observed r of each run of a repeated cell (none for a single run)."""
+    return [r["reuse_correlation"] for r in cell.get("runs", []) if r.get("reuse_correlation") is not None]
+
+
 def cell_correlation(cell: dict[str, Any]) -> float | None:
     """A cell's predicted/observed r: the median over its runs where it has several."""
-    each = [r["reuse_correlation"] for r in cell.get("runs", []) if r.get("reuse_correlation") is not None]
+    each = run_correlations(cell)
     return statistics.median(each) if len(each) > 1 else cell.get("reuse_correlation")
 
 
@@ -1015,8 +1018,6 @@ def shared_line(router: Router, cell: dict[str, Any]) -> str:
 
 def run_summary(cell: dict[str, Any]) -> dict[str, Any]:
     """One run's headline numbers, kept beside the cell when a cell is the median of several."""
-    if "failed" in cell:
-        return {"failed": True}
     return {
         "ttft_p90_ms": cell["ttft_ms"]["p90"],
         "ttft_p50_ms": cell["ttft_ms"]["p50"],
@@ -1027,19 +1028,30 @@ def run_summary(cell: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The cell of several runs of one router at one rate: the run with the median TTFT p90 (the
-    lower middle for an even count), whole, so its fields stay one run's; every run's headline
-    numbers in ``runs``, and the median of each in ``medians``.  At the fleet's capacity runs of
-    one cell spread over ±20% (docs/benchmarks.md 1b): one run decides nothing.  A failed run
-    counts as the slowest: where it is the median, the cell is that failure."""
+def median_of(
+    runs: list[dict[str, Any]],
+    rank: Callable[[dict[str, Any]], float],
+    summary: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """The cell of several runs of one router: the run at the lower middle of ``rank``
+    (ascending), whole, so its fields stay one run's, with every run's ``summary`` in ``runs``.
+    One run is its own cell."""
     if len(runs) == 1:
         return runs[0]
-    ranked = sorted(runs, key=lambda c: c["ttft_ms"]["p90"] if "failed" not in c else float("inf"))
-    cell = dict(ranked[(len(ranked) - 1) // 2])
-    summaries = [run_summary(c) for c in runs]
-    cell["runs"] = summaries
-    good = [r for r in summaries if "failed" not in r]
+    cell = dict(sorted(runs, key=rank)[(len(runs) - 1) // 2])
+    cell["runs"] = [{"failed": True} if "failed" in c else summary(c) for c in runs]
+    return cell
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A shared-prefix cell of several runs: the run with the median TTFT p90 (the lower middle
+    for an even count), and the median of each headline number in ``medians``.  At the fleet's
+    capacity runs of one cell spread over ±20% (docs/benchmarks.md 1b): one run decides nothing.
+    A failed run counts as the slowest: where it is the median, the cell is that failure."""
+    cell = median_of(runs, lambda c: c["ttft_ms"]["p90"] if "failed" not in c else float("inf"), run_summary)
+    if len(runs) == 1:
+        return cell
+    good = [r for r in cell["runs"] if "failed" not in r]
     cell["medians"] = {
         k: statistics.median(vals)
         for k in ("ttft_p90_ms", "ttft_p50_ms", "output_tokens_per_s", "prefix_hit_rate", "reuse_correlation")
@@ -1049,23 +1061,17 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def median_conversation(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The conversation cell of several runs: the run with the median follow-up hit rate (the
-    lower middle for an even count; a failed run counts as the worst), every run's follow-up hit
-    and r in ``runs``."""
-    if len(runs) == 1:
-        return runs[0]
-    ranked = sorted(runs, key=lambda c: c.get("followup_hit_rate", -1.0) if "failed" not in c else -1.0)
-    cell = dict(ranked[(len(ranked) - 1) // 2])
-    cell["runs"] = [
-        {"failed": True}
-        if "failed" in c
-        else {
+    """A conversation cell of several runs: the run with the median follow-up hit rate (the lower
+    middle for an even count; a failed run counts as the worst), every run's follow-up hit and r
+    in ``runs``."""
+    return median_of(
+        runs,
+        lambda c: c.get("followup_hit_rate", -1.0) if "failed" not in c else -1.0,
+        lambda c: {
             "followup_hit_rate": c.get("followup_hit_rate"),
             "reuse_correlation": c.get("reuse_correlation"),
-        }
-        for c in runs
-    ]
-    return cell
+        },
+    )
 
 
 def workload_doc(wl: Workload, duration_s: int) -> dict[str, Any]:
