@@ -10,10 +10,10 @@ STAMP := $(VENV)/.installed
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml sim/pyproject.toml hatch_build.py protos/gen_envoy_stubs.py
+$(STAMP): pyproject.toml sim/pyproject.toml kubeapi/pyproject.toml hatch_build.py protos/gen_envoy_stubs.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' -e ./sim
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./sim -e ./kubeapi
 	$(BIN)/pip check
 	@touch $(STAMP)
 
@@ -35,8 +35,8 @@ test-fuzz: $(STAMP) ## the long hypothesis runs (differential, property and HTTP
 	$(BIN)/pytest -q -m fuzz
 
 check: $(STAMP) ## lint, format, types, architecture contracts
-	$(BIN)/ruff format --check src sim tests bench
-	$(BIN)/ruff check src sim tests bench
+	$(BIN)/ruff format --check src sim kubeapi tests bench
+	$(BIN)/ruff check src sim kubeapi tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

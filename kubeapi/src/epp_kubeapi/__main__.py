@@ -1,6 +1,6 @@
 """Run the fake apiserver as its own process, for manual runs and tests that need one outside pytest.
 
-    python -m epp.testing.kubeapi --kubeconfig /tmp/kubeconfig --inference-crds --seed objects.yaml
+    python -m epp_kubeapi --kubeconfig /tmp/kubeconfig --inference-crds --seed objects.yaml
 
 Prints the URL, writes the kubeconfig, and serves until SIGINT or SIGTERM.
 """
@@ -18,7 +18,7 @@ from .server import KubeApiServer
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m epp.testing.kubeapi", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m epp_kubeapi", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     p.add_argument("--kubeconfig", type=Path, help="write a kubeconfig pointing at the server here")

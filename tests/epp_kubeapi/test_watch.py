@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from epp.testing.kubeapi import KubeApiServer
+from epp_kubeapi import KubeApiServer
 
 from .conftest import connect, pod, read_event, read_until_end
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import ClientResponse
 from kubernetes_asyncio import client, config
 
-from epp.testing.kubeapi import KubeApiServer
+from epp_kubeapi import KubeApiServer
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from epp.testing.kubeapi import KubeApiServer, UserInfo
+from epp_kubeapi import KubeApiServer, UserInfo
 
 from .conftest import connect, pod, read_event
 

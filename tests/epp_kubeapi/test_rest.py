@@ -9,7 +9,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from epp.testing.kubeapi import AlreadyExists, Conflict, KubeApiServer, NotFound, Resource
+from epp_kubeapi import AlreadyExists, Conflict, KubeApiServer, NotFound, Resource
 
 from .conftest import connect, pod, pool
 
