@@ -33,7 +33,7 @@ ALWAYS = "always"
 
 
 def always() -> AlwaysDisaggPDDecider:
-    return build(AlwaysDisaggPDDecider, name=ALWAYS)  # type: ignore[no-any-return]
+    return build(AlwaysDisaggPDDecider, name=ALWAYS)
 
 
 def decisions(decision: str, model: str = "m", name: str = "disagg-profile-handler") -> float:
