@@ -27,7 +27,7 @@ from epp.director.builtin import BUILTINS as DIRECTOR_BUILTINS
 from epp.director.director import Director
 from epp.director.lifecycle import RequestLifecycle
 from epp.flowcontrol.builtin import BUILTINS as FLOWCONTROL_BUILTINS
-from epp.metrics.llmd import Exposition
+from epp.metrics.llmd import FamilySetView
 from epp.metrics.series import REGISTRY
 from epp.parsers.builtin import BUILTINS as PARSERS_BUILTINS
 from epp.plugin.base import PluginBase, PluginParams
@@ -467,7 +467,7 @@ async def test_metrics_name_the_config_and_have_llmd_twins(live: tuple[App, Conf
     first = reloader.digest
     assert REGISTRY.get_sample_value("inference_extension_config_generation", {"hash": first}) == 1
     assert await reloader.reload(config("kv-cache-utilization-scorer").encode()) == SUCCESS
-    exposed = Exposition(REGISTRY)
+    exposed = FamilySetView(REGISTRY)
     assert exposed.get_sample_value("inference_extension_config_generation", {"hash": first}) is None
     assert exposed.get_sample_value("llm_d_epp_config_generation", {"hash": reloader.digest}) == 2
     total = exposed.get_sample_value("llm_d_epp_config_reload_total", {"result": "success"})

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from epp.admission.legacy import AlwaysAdmit
+from epp.admission.shedding import AlwaysAdmit
 from epp.config.build import Components, build
 from epp.config.load import load_config_file
 from epp.config.registry import default_registry

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epp.admission.api import AdmissionController
-from epp.admission.legacy import LegacyAdmission
+from epp.admission.shedding import LegacyAdmission
 from epp.datastore.store import Datastore
 from epp.flowcontrol.api import SaturationDetector
 

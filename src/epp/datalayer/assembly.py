@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from epp.datalayer.api import DataSource, EndpointObserver, Extractor, NotificationSource, SourceBinding
-from epp.datalayer.legacy import legacy_binding
+from epp.datalayer.legacy_poller import legacy_binding
 from epp.datalayer.runtime import DataLayerRuntime, ObservableEndpoints
 from epp.datalayer.sources.metrics_http import ModelServerMetricsFlags
 from epp.errors import ConfigError

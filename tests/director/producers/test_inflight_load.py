@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import orjson
 import pytest
 
-from epp.admission.legacy import AlwaysAdmit
+from epp.admission.shedding import AlwaysAdmit
 from epp.config.build import build as build_config
 from epp.config.load import load_config
 from epp.config.registry import default_registry

@@ -8,7 +8,7 @@ from typing import Any
 from epp.datalayer.api import Metrics
 from epp.datalayer.engines import ExtractionError
 from epp.datalayer.exposition import ExpositionParser
-from epp.datalayer.legacy import LEGACY_FETCH_TIMEOUT, LegacyMetricsExtractor, legacy_binding
+from epp.datalayer.legacy_poller import LEGACY_FETCH_TIMEOUT, LegacyMetricsExtractor, legacy_binding
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datalayer.sources.metrics_http import MetricsDataSource, ModelServerMetricsFlags
 from epp.datastore.store import Datastore
