@@ -1,6 +1,6 @@
 """The command line: GIE's pflag surface, plus our no-Kubernetes flags, parsed into a frozen ``Options``.
 
-The flags themselves are declared once, as the fields of ``Options`` (``cli/options.py``);
+The flags themselves are declared once, as the fields of ``Options`` (``app/options.py``);
 this module reads argv with pflag's syntax (``epp.pflag``), converts each value by its
 flag's type, runs each flag's checks, then what only the whole command line can check
 (GIE's ``Options.Complete`` + ``Validate`` and the runner's checks), and prints ``--help``.
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from epp import pflag
-from epp.cli.options import DEFAULTS, DEPRECATED_METRIC_FLAGS, FLAGS, Flag, HostPort, Mode, Options
+from epp.app.options import DEFAULTS, DEPRECATED_METRIC_FLAGS, FLAGS, Flag, HostPort, Mode, Options
 from epp.datalayer.sources.metrics_http import MODEL_SERVER_METRICS_FLAGS
 from epp.errors import ConfigError
 from epp.units import (

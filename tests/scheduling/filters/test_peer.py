@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.config.registry import default_registry
+from epp.app.registry import default_registry
 from epp.errors import ServiceUnavailable
 from epp.plugin.state import CycleState
 from epp.scheduling.filters.by_label import DecodeFilter, PrefillFilter

@@ -1,10 +1,13 @@
-"""``Options``: every command-line flag, declared once — name, type, default, help and checks.
+"""``Options``: every setting the command line gives the EPP, each flag declared once — name,
+type, default, help and checks.
 
-Each flag is a field of ``Options`` whose default is made by ``_flag`` (or ``_metrics_flag``
-for the deprecated ``--model-server-metrics-*`` flags, declared with the parameters they
-stand for): the flag's name is the field's name with dashes, and its pflag type, help group,
-help text and checks ride in the field's metadata.  ``FLAGS`` is read from the fields, so
-the parser (``cli/flags.py``), ``--help`` and docs/flags.md's test cannot drift from it.
+It lives with the application, not the command line, because the application is built from
+it (``compose``, ``serve``, ``reload``) and sits below ``epp.cli``.  Each flag is a field of
+``Options`` whose default is made by ``_flag`` (or ``_metrics_flag`` for the deprecated
+``--model-server-metrics-*`` flags, declared with the parameters they stand for): the flag's
+name is the field's name with dashes, and its pflag type, help group, help text and checks
+ride in the field's metadata.  ``FLAGS`` is read from the fields, so the parser
+(``cli/flags.py``), ``--help`` and docs/flags.md's test cannot drift from it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""The flag declarations (cli/options.py): one per flag, and docs/flags.md says what they say."""
+"""The flag declarations (app/options.py): one per flag, and docs/flags.md says what they say."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from epp.app.options import DEFAULTS, FLAGS, Options
 from epp.cli.flags import default_text, usage
-from epp.cli.options import DEFAULTS, FLAGS, Options
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "flags.md"
 _ROW = re.compile(
