@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from epp.app.build import MetricsFlags
 from epp.cli.flags import DEFAULTS, FLAGS, Options, parse_flags
-from epp.config.build import MetricsFlags
 from epp.datalayer import legacy_poller
 from epp.datalayer.engines import BUILTIN_ENGINES, EngineMapping, EngineTable, builtin_engine
 from epp.datalayer.extractors.core_metrics import EngineConfigParams

@@ -32,4 +32,4 @@ class AdmissionPlan:
             return LegacyAdmission(self.detector)
         from epp.admission.flow_control import FlowControlAdmission  # only with the gate on
 
-        return FlowControlAdmission.from_components(self.flow_control, datastore)
+        return FlowControlAdmission.from_plan(self.flow_control, datastore)

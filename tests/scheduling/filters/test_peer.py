@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.config.registry import default_registry
+from epp.app.registry import default_registry
 from epp.errors import ServiceUnavailable
 from epp.plugin.base import Plugin
 from epp.plugin.state import CycleState

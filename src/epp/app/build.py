@@ -93,7 +93,7 @@ class BuildOptions:
 
     metrics: ModelServerMetricsFlags = field(default_factory=ModelServerMetricsFlags)
     env: Mapping[str, str] = field(default_factory=dict)  # for ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER
-    # A live reload (config/reload.py): plugins of this build whose name, type and parameters
+    # A live reload (app/reload.py): plugins of this build whose name, type and parameters
     # are unchanged are taken over as the same instances, so their state survives.
     previous: Components | None = None
 
@@ -154,7 +154,7 @@ class Components:
     def flow_control(self) -> FlowControlConfig | None:
         """Resolved defaults; None unless the gate is on."""
         plan = self.admission.flow_control
-        return None if plan is None else plan.settings  # type: ignore[return-value]
+        return None if plan is None else plan.settings
 
     @property
     def observers(self) -> tuple[EndpointObserver, ...]:

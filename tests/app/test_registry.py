@@ -8,7 +8,7 @@ from typing import ClassVar
 import pytest
 
 import epp.plugin.registry as kernel_registry
-from epp.config.registry import default_registry
+from epp.app.registry import default_registry
 from epp.datalayer.builtin import BUILTINS as DATALAYER
 from epp.director.builtin import BUILTINS as DIRECTOR
 from epp.flowcontrol.builtin import BUILTINS as FLOWCONTROL

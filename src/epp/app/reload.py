@@ -34,11 +34,12 @@ from typing import Final
 
 import structlog
 
-from epp.config.build import BuildOptions, Components, build, parser_supports
+from epp.app.build import BuildOptions, Components, build, parser_supports
+from epp.app.compose import App
+from epp.app.registry import default_registry
+from epp.app.swap import ConfigSwap
+from epp.app.watcher import ConfigWatcher, digest
 from epp.config.load import DEFAULT_CONFIG_YAML, load_config
-from epp.config.registry import default_registry
-from epp.config.swap import ConfigSwap, LiveApp
-from epp.config.watcher import ConfigWatcher, digest
 from epp.errors import ConfigError
 from epp.metrics import series
 from epp.plugin.registry import Registry
@@ -60,7 +61,7 @@ class ConfigReloader:
     ``inference_extension_config_reload_total{result}``.
     """
 
-    def __init__(self, app: LiveApp, *, registry: Registry | None = None) -> None:
+    def __init__(self, app: App, *, registry: Registry | None = None) -> None:
         self.app = app
         opts = app.options
         self.path = opts.config_file
@@ -259,4 +260,4 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-__all__: Sequence[str] = ("FAILURE", "SUCCESS", "UNCHANGED", "ConfigReloader", "LiveApp")
+__all__: Sequence[str] = ("FAILURE", "SUCCESS", "UNCHANGED", "ConfigReloader")

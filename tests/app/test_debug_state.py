@@ -1,4 +1,4 @@
-"""/debug/plugins/state as the running EPP composes it (``cli.run.debug_state``): the live
+"""/debug/plugins/state as the running EPP composes it (``app.debug.debug_state``): the live
 plugins, detector verdicts and flow-control queues, also after a config reload."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from typing import Any
 
 import aiohttp
 
+from epp.app.compose import App, build_app
+from epp.app.debug import debug_state
+from epp.app.reload import SUCCESS, ConfigReloader
 from epp.cli.flags import parse_flags
-from epp.cli.run import App, build_app, debug_state
-from epp.config.reload import SUCCESS, ConfigReloader
 from epp.metrics.exporter import MetricsServer
 from epp.testing.builders import make_endpoint
 

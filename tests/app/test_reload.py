@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,13 +14,12 @@ from typing import Any, ClassVar
 import pytest
 from structlog.testing import capture_logs
 
-from epp.admission.api import AdmissionController
-from epp.config.build import BuildOptions, Components, build
+from epp.app.build import BuildOptions, build
+from epp.app.compose import App
+from epp.app.options import Options
+from epp.app.reload import FAILURE, SUCCESS, UNCHANGED, ConfigReloader
 from epp.config.load import load_config
-from epp.config.reload import FAILURE, SUCCESS, UNCHANGED, ConfigReloader
 from epp.datalayer.builtin import BUILTINS as DATALAYER_BUILTINS
-from epp.datalayer.runtime import DataLayerRuntime
-from epp.datalayer.sources.metrics_http import ModelServerMetricsFlags
 from epp.datastore.store import Datastore, PoolInfo
 from epp.director.builtin import BUILTINS as DIRECTOR_BUILTINS
 from epp.director.director import Director
@@ -36,6 +34,7 @@ from epp.scheduling.api import ScorerCategory
 from epp.scheduling.builtin import BUILTINS as SCHEDULING_BUILTINS
 from epp.testing import waiting
 from epp.testing.builders import make_endpoint
+from epp.tracing.otel import setup_tracing
 
 HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
 BODY = b'{"model": "m", "prompt": "%s"}' % (b"hello there, " * 100)
@@ -97,27 +96,9 @@ def registry() -> Registry:
     )
 
 
-@dataclass
-class Opts:
-    config_file: str = ""
-    config_text: str = ""
-    config_reload_interval: float = 0.0  # tests drive the watcher (or SIGHUP) themselves
-    model_server_metrics: ModelServerMetricsFlags = field(default_factory=ModelServerMetricsFlags)
-    refresh_metrics_interval: float = 0.05
-
-
-@dataclass
-class App:
-    """What ``epp.cli.run.App`` gives the reloader, built from a config file."""
-
-    options: Opts
-    components: Components
-    director: Director
-    datastore: Datastore
-    data_layer: DataLayerRuntime
-    admission: AdmissionController
-    env: dict[str, str] = field(default_factory=dict)
-    kubernetes: object | None = None
+def options(**flags: Any) -> Options:
+    """The command line's Options; tests drive the watcher (or SIGHUP) themselves unless they say."""
+    return Options(**{"config_reload_interval": 0.0, **flags})
 
 
 def make_app(path: Path, text: str, reg: Registry) -> App:
@@ -134,12 +115,13 @@ def make_app(path: Path, text: str, reg: Registry) -> App:
         scheduler=components.scheduler, admission=admission, staleness_threshold=0.0
     )
     return App(
-        options=Opts(config_file=str(path)),
+        options=options(config_file=str(path)),
         components=components,
         director=Director(ds, pipeline),
         datastore=ds,
         data_layer=components.data_layer.runtime(ds, refresh_interval=60.0),
         admission=admission,
+        tracing=setup_tracing(Options(tracing=False), {}, install_global=False),
     )
 
 
@@ -351,7 +333,7 @@ async def test_a_file_changed_between_startup_and_watching_is_applied(tmp_path: 
     reg = registry()
     app = make_app(tmp_path / "config.yaml", config(), reg)
     write(str(tmp_path / "config.yaml"), config("kv-cache-utilization-scorer"))  # after startup read it
-    app.options = Opts(config_file=str(tmp_path / "config.yaml"), config_reload_interval=0.01)
+    app.options = options(config_file=str(tmp_path / "config.yaml"), config_reload_interval=0.01)
     async with ConfigReloader(app, registry=reg) as reloader:
         await waiting.until(lambda: reloader.generation == 2, what="the newer file applied")
     lc, dest = await route(app)
@@ -372,7 +354,7 @@ async def test_sighup_rereads_the_file(live: tuple[App, ConfigReloader]) -> None
 async def test_sighup_without_a_file_says_why(tmp_path: Path) -> None:
     reg = registry()
     app = make_app(tmp_path / "config.yaml", config(), reg)
-    app.options = Opts(config_text=config())
+    app.options = options(config_text=config())
     with capture_logs() as logs:
         async with ConfigReloader(app, registry=reg):
             os.kill(os.getpid(), signal.SIGHUP)

@@ -18,18 +18,16 @@ other: when, and the build in a worker thread).  Given the serving app and the n
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import structlog
 
 from epp.admission.api import AdmissionController
 from epp.admission.assembly import AdmissionPlan
-from epp.config.build import Components
+from epp.app.build import Components
+from epp.app.compose import App
 from epp.datalayer.runtime import DataLayerRuntime
-from epp.datalayer.sources.metrics_http import ModelServerMetricsFlags
-from epp.datastore.store import Datastore
 from epp.director.director import Director
 from epp.plugin.base import Lifecycle
 
@@ -37,40 +35,6 @@ log = structlog.get_logger(__name__)
 
 DRAIN_LIMIT: Final = 600.0  # seconds a replaced pipeline may stay in use before its plugins stop anyway
 DRAIN_POLL: Final = 0.05
-
-
-class ReloadOptions(Protocol):
-    """The flags a reload reads (``epp.cli.flags.Options`` has them)."""
-
-    @property
-    def config_file(self) -> str: ...
-    @property
-    def config_text(self) -> str: ...
-    @property
-    def config_reload_interval(self) -> float: ...
-    @property
-    def model_server_metrics(self) -> ModelServerMetricsFlags: ...
-    @property
-    def refresh_metrics_interval(self) -> float: ...
-
-
-class LiveApp(Protocol):
-    """What the reloader reads and replaces (``epp.cli.run.App``)."""
-
-    components: Components
-    data_layer: DataLayerRuntime
-    admission: AdmissionController
-
-    @property
-    def options(self) -> ReloadOptions: ...
-    @property
-    def director(self) -> Director: ...
-    @property
-    def datastore(self) -> Datastore: ...
-    @property
-    def env(self) -> Mapping[str, str]: ...
-    @property
-    def kubernetes(self) -> object | None: ...
 
 
 @dataclass(slots=True)
@@ -86,7 +50,7 @@ class _Retiring:
 class ConfigSwap:
     """Swaps configs into ``app`` and retires the old ones; ``close`` stops what it started."""
 
-    def __init__(self, app: LiveApp) -> None:
+    def __init__(self, app: App) -> None:
         self.app = app
         self._retiring: set[asyncio.Task[None]] = set()
         self._original: tuple[Components, DataLayerRuntime, AdmissionController] = (
@@ -252,7 +216,7 @@ def _policy_refs(settings: Any) -> set[str]:
     return refs
 
 
-def _restart_only(old: Components, new: Components, data_layer: DataLayerRuntime, app: LiveApp) -> None:
+def _restart_only(old: Components, new: Components, data_layer: DataLayerRuntime, app: App) -> None:
     """Log what the new config changes that only a restart applies."""
     if app.kubernetes is None:
         return

@@ -1,4 +1,4 @@
-"""The EPP tunes the cyclic collector once it serves (epp.cli.run.tune_gc)."""
+"""The EPP tunes the cyclic collector once it serves (epp.app.serve.tune_gc)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from epp.cli.run import GC_THRESHOLDS, tune_gc
+from epp.app.serve import GC_THRESHOLDS, tune_gc
 
 
 @pytest.fixture

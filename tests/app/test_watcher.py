@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.config.watcher import ConfigWatcher, digest
+from epp.app.watcher import ConfigWatcher, digest
 from epp.testing import waiting
 
 

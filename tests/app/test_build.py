@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import epp.datalayer.assembly as datalayer_assembly
-from epp.config.build import BuildOptions, Components, MetricsFlags, build, parser_supports
+from epp.app.build import BuildOptions, Components, MetricsFlags, build, parser_supports
 from epp.config.features import FLOW_CONTROL_ENV
 from epp.datalayer.api import SourceBinding
 from epp.errors import ConfigError
