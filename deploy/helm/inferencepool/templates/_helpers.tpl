@@ -132,6 +132,10 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- $_ := set $standalone "selector" (join "," $labels) -}}
 {{- $_ := set $standalone "targetPorts" (join "," $ports) -}}
 {{- end -}}
+{{- /* llm-d-router's docs spell the InferencePool's FailClose as FailClosed */ -}}
+{{- if eq (toString $epp.failureMode) "FailClosed" -}}
+{{- $_ := set $epp "failureMode" "FailClose" -}}
+{{- end -}}
 {{- /* what the flags decide */ -}}
 {{- $flags := $epp.flags | default dict -}}
 {{- $leaderElection := gt (int $epp.replicas) 1 -}}

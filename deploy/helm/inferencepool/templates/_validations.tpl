@@ -34,14 +34,20 @@ render (so a user is told, rather than silently given less).
 {{- if not (has $v.pool.modelServerProtocol (list "http" "grpc")) -}}
 {{- fail (printf ".Values.inferencePool.modelServerProtocol must be http or grpc, got %q" $v.pool.modelServerProtocol) -}}
 {{- end -}}
-{{- if not (has $v.epp.failureMode (list "FailOpen" "FailClosed")) -}}
-{{- fail (printf ".Values.inferenceExtension.failureMode must be FailOpen or FailClosed, got %q" $v.epp.failureMode) -}}
+{{- if not (has $v.epp.failureMode (list "FailOpen" "FailClose")) -}}
+{{- fail (printf ".Values.inferenceExtension.failureMode must be FailOpen or FailClose, got %q" $v.epp.failureMode) -}}
 {{- end -}}
 {{- if lt (int $v.epp.replicas) 1 -}}
 {{- fail (printf ".Values.inferenceExtension.replicas must be at least 1, got %v" $v.epp.replicas) -}}
 {{- end -}}
 {{- if not (and $v.epp.resources $v.epp.resources.requests) -}}
 {{- fail ".Values.inferenceExtension.resources.requests is required: the EPP is on every request's path" -}}
+{{- end -}}
+{{- if ne $v.pool.apiVersion "inference.networking.k8s.io/v1" -}}
+{{- fail (printf ".Values.inferencePool.apiVersion: only inference.networking.k8s.io/v1 is rendered, got %q" $v.pool.apiVersion) -}}
+{{- end -}}
+{{- if hasKey ($v.epp.pluginsCustomConfig | default dict) "default-plugins.yaml" -}}
+{{- fail ".Values.inferenceExtension.pluginsCustomConfig: default-plugins.yaml is the chart's own; give yours another name and set pluginsConfigFile to it" -}}
 {{- end -}}
 {{- $files := keys ($v.epp.pluginsCustomConfig | default dict) | concat (list "default-plugins.yaml") -}}
 {{- if not (has $v.epp.pluginsConfigFile $files) -}}
