@@ -154,7 +154,7 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- if hasKey $flags "tracing" -}}
 {{- $tracing = eq (toString (index $flags "tracing")) "true" -}}
 {{- end -}}
-{{- toYaml (dict
+{{- $out := dict
   "epp" $epp
   "pool" $pool
   "route" $route
@@ -168,7 +168,9 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
   "tracing" $tracing
   "healthPort" (int ($epp.grpcHealthPort | default 9003))
   "providerName" (lower (.Values.provider.name | default "none"))
-) -}}
+-}}
+{{- include "inferencepool.validate" (dict "v" $out "root" .) -}}
+{{- toYaml $out -}}
 {{- end -}}
 
 {{/*

@@ -4,8 +4,9 @@ half-installs. What GIE's and llm-d-router's charts check, plus the values this 
 render (so a user is told, rather than silently given less).
 */}}
 {{- define "inferencepool.validate" -}}
-{{- $v := include "inferencepool.values" . | fromYaml -}}
-{{- $r := .Values.router | default dict -}}
+{{- $v := .v -}}
+{{- $root := .root -}}
+{{- $r := $root.Values.router | default dict -}}
 {{- if and $v.createPool (not ($v.pool.modelServers | default dict).matchLabels) -}}
 {{- fail (ternary ".Values.router.modelServers.matchLabels is required" ".Values.inferencePool.modelServers.matchLabels is required" (hasKey $r "modelServers")) -}}
 {{- end -}}
@@ -29,7 +30,7 @@ render (so a user is told, rather than silently given less).
 {{- end -}}
 {{- end -}}
 {{- if not (has $v.providerName (list "none" "gke" "istio")) -}}
-{{- fail (printf ".Values.provider.name must be one of gke, istio, none; got %q" .Values.provider.name) -}}
+{{- fail (printf ".Values.provider.name must be one of gke, istio, none; got %q" $root.Values.provider.name) -}}
 {{- end -}}
 {{- if not (has $v.pool.modelServerProtocol (list "http" "grpc")) -}}
 {{- fail (printf ".Values.inferencePool.modelServerProtocol must be http or grpc, got %q" $v.pool.modelServerProtocol) -}}
@@ -72,7 +73,7 @@ render (so a user is told, rather than silently given less).
 {{- if and $r.tokenizer $r.tokenizer.enabled -}}
 {{- fail "router.tokenizer: the vllm-render sidecar is not rendered by this chart; point token-producer at the model servers' render endpoint instead (docs/helm.md)" -}}
 {{- end -}}
-{{- with .Values.provider -}}
+{{- with $root.Values.provider -}}
 {{- if and .gke .gke.preferredBackends .gke.preferredBackends.enabled -}}
 {{- fail "provider.gke.preferredBackends: GKE preferred backends (a StatefulSet of active and backup EPPs) is not rendered by this chart" -}}
 {{- end -}}
