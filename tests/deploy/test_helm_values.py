@@ -26,6 +26,7 @@ from tests.deploy.helm import (
     render_error,
     render_values,
 )
+from tests.deploy.schemas import KUBERNETES_VERSIONS, validate_builtin
 
 Obj = dict[str, Any]
 MODEL_SERVERS = {"modelServers": {"matchLabels": {"app": "vllm-qwen3-32b"}}}
@@ -103,6 +104,31 @@ def test_env_may_be_a_map_as_in_gies_comments() -> None:
     )
     env = container_env(test_wiring.epp_container(deployment(objs)))
     assert (env["FEATURE"], env["WORKERS"]) == ("true", "3")
+
+
+def test_gies_sidecar_runs_beside_the_epp() -> None:
+    sidecar = {
+        "enabled": True,
+        "name": "log-shipper",
+        "image": "registry.example.com/shipper:1",
+        "args": ["--to", "collector:4317"],
+        "ports": [{"name": "shipper", "containerPort": 7070}],
+        "volumes": [{"name": "shipper-config", "configMap": {"name": "{{ .Release.Name }}-shipper"}}],
+        "volumeMounts": [{"name": "shipper-config", "mountPath": "/etc/shipper"}],
+        "configMap": {"name": f"{RELEASE}-shipper", "data": {"shipper.yaml": "level: info"}},
+    }
+    objs = render_values({"inferenceExtension": {"sidecar": sidecar}, "inferencePool": MODEL_SERVERS})
+    pod = deployment(objs)["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "log-shipper"]
+    assert container["args"] == ["--to", "collector:4317"]
+    assert container["volumeMounts"] == [{"name": "shipper-config", "mountPath": "/etc/shipper"}]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["shipper-config"]["configMap"]["name"] == f"{RELEASE}-shipper"  # templated, as GIE's
+    assert one(objs, "ConfigMap", f"{RELEASE}-shipper")["data"] == {"shipper.yaml": "level: info"}
+    assert options(objs).mode == "pool"  # the EPP container is still the one named epp
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "ConfigMap"):
+            assert validate_builtin(obj, KUBERNETES_VERSIONS[-1]) == [], obj["kind"]
 
 
 def test_ha_is_hot_standby_with_leader_election() -> None:
