@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml sim/pyproject.toml hatch_build.py protos/gen_envoy_stub
 
 # A real helm for the chart's tests, verified; offline, a missing one makes those tests fail, not install.
 $(HELM): deploy/helm/fetch_helm.py | $(STAMP)
-	$(BIN)/python deploy/helm/fetch_helm.py $(HELM) || echo "WARNING: helm not installed; tests/deploy/test_helm*.py will fail"
+	$(BIN)/python deploy/helm/fetch_helm.py $(HELM) || echo "WARNING: no helm, so the helm tests in tests/deploy will fail"
 
 install: $(STAMP) $(HELM) ## create .venv in the repo; install the EPP with its dev tools, the simulator (sim/) and helm
 
