@@ -17,13 +17,17 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.config.build import BuildOptions
+from epp.config.build import build as build_components
 from epp.config.load import load_config
+from epp.config.registry import default_registry
 from epp.server import health
 from tests.deploy import test_manifests, test_wiring
 from tests.deploy.helm import (
     EPP,
     NAMESPACE,
     RELEASE,
+    container_env,
     deployment,
     one,
     options,
@@ -144,12 +148,16 @@ def test_probes_and_ports_are_the_epps(values: str) -> None:
 
 
 @pytest.mark.parametrize("values", VALUES)
-def test_the_config_file_is_mounted_and_loads(values: str) -> None:
+def test_the_config_file_is_mounted_and_builds(values: str) -> None:
+    """The config the EPP would load builds, every plugin with its parameters, as at its start."""
     objs = render(values)
     opts = options(objs)
     text = test_wiring.mounted_file(deployment(objs), objs, opts.config_file)
-    cfg = load_config(text)
-    assert cfg.scheduling_profiles
+    env = container_env(test_wiring.epp_container(deployment(objs)))
+    components = build_components(
+        load_config(text), default_registry(), BuildOptions(metrics=opts.model_server_metrics, env=env)
+    )
+    assert components.scheduler.profiles
 
 
 def test_the_default_config_is_the_projects_default() -> None:

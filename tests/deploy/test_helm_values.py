@@ -150,7 +150,7 @@ def test_inline_config_is_the_one_loaded() -> None:
     objs = render("custom-config-values.yaml")
     assert options(objs).config_file == "/config/custom-plugins.yaml"
     config = config_of(objs)
-    assert plugin(config, "prefix-cache-scorer")["parameters"]["blockSizeTokens"] == 64
+    assert plugin(config, "approx-prefix-cache-producer")["parameters"]["blockSizeTokens"] == 64
     assert "default-plugins.yaml" in one(objs, "ConfigMap", EPP)["data"]  # still there to switch back to
 
 
