@@ -136,6 +136,11 @@ def test_ha_is_hot_standby_with_leader_election() -> None:
     assert deployment(objs)["spec"]["replicas"] == 3
     assert options(objs).ha_enable_leader_election is True
     assert "--ha-enable-leader-election=true" in args(objs)
+    budget = one(objs, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 2
+    labels = deployment(objs)["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert not [o for o in render("default-values.yaml") if o["kind"] == "PodDisruptionBudget"]
 
 
 def test_active_active_keeps_every_replica_ready() -> None:
