@@ -61,10 +61,7 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- $r := .Values.router | default dict -}}
 {{- /* llm-d-router: router.epp.* is inferenceExtension.*, with a few moves */ -}}
 {{- with $r.epp -}}
-{{- include "inferencepool.merge" (dict "dst" $epp "src" (omit . "parsers" "grpcHealthPort")) -}}
-{{- if hasKey . "grpcHealthPort" -}}
-{{- $_ := set $epp "grpcHealthPort" .grpcHealthPort -}}
-{{- end -}}
+{{- include "inferencepool.merge" (dict "dst" $epp "src" (omit . "parsers")) -}}
 {{- with .parsers -}}
 {{- if gt (len .) 1 -}}
 {{- fail (printf "router.epp.parsers: this EPP runs one request parser, got %v (openai-parser also reads Anthropic /v1/messages)" .) -}}
