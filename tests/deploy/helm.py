@@ -6,7 +6,9 @@ file is read by many tests. A missing helm is a failure with the way to fix it, 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,7 +53,9 @@ def helm_binary() -> Path:
 
 @cache
 def _helm_home() -> str:
-    return tempfile.mkdtemp(prefix="epp-helm-home-")
+    home = tempfile.mkdtemp(prefix="epp-helm-home-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return home
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
