@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+HELM := $(BIN)/helm
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test test-unit test-e2e test-fuzz check proto bench bench-quick clean
@@ -17,15 +18,19 @@ $(STAMP): pyproject.toml sim/pyproject.toml kubeapi/pyproject.toml hatch_build.p
 	$(BIN)/pip check
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv in the repo; install the EPP with its dev tools and the simulator (sim/)
+# A real helm for the chart's tests, verified; offline, a missing one makes those tests fail, not install.
+$(HELM): deploy/helm/fetch_helm.py | $(STAMP)
+	$(BIN)/python deploy/helm/fetch_helm.py $(HELM) || echo "WARNING: no helm, so the helm tests in tests/deploy will fail"
+
+install: $(STAMP) $(HELM) ## create .venv in the repo; install the EPP with its dev tools, the simulator (sim/) and helm
 
 demo: $(STAMP) ## run simulated model servers + EPP + Envoy, send a burst of requests, print a summary
 	$(BIN)/python -m epp_sim.demo
 
-test: $(STAMP) ## run the whole test suite (unit, contract and end-to-end through Envoy)
+test: $(STAMP) $(HELM) ## run the whole test suite (unit, contract and end-to-end through Envoy)
 	$(BIN)/pytest -q
 
-test-unit: $(STAMP) ## run the fast tests only (no Envoy)
+test-unit: $(STAMP) $(HELM) ## run the fast tests only (no Envoy)
 	$(BIN)/pytest -q -m "not e2e"
 
 test-e2e: $(STAMP) ## run the end-to-end tests through a real Envoy
