@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from epp.config.build import BuildOptions
-from epp.config.build import build as build_components
+from epp.app.build import BuildOptions
+from epp.app.build import build as build_components
+from epp.app.registry import default_registry
 from epp.config.load import load_config
-from epp.config.registry import default_registry
 from epp.server import health
 from tests.deploy import test_manifests, test_wiring
 from tests.deploy.helm import (

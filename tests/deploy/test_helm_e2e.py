@@ -14,8 +14,8 @@ import pathlib
 import aiohttp
 import pytest
 
-from epp.testing.kubeapi import KubeApiServer
-from epp.testing.kubeapi.objects import pod
+from epp_kubeapi import KubeApiServer
+from epp_kubeapi.objects import pod
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port
 from tests.deploy import test_wiring
