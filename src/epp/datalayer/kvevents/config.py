@@ -33,9 +33,12 @@ class KVEventsConfig(PluginParams):
     replay_port: int = 0  # the engines' replay_endpoint port; 0: no replay
     endpoints: dict[str, str] = Field(default_factory=dict)  # endpoint name or host:port → tcp://…
     replay_endpoints: dict[str, str] = Field(default_factory=dict)
-    silence_timeout_seconds: float = 10.0
-    replay_timeout_seconds: float = 2.0
-    verify_hashes: bool = True  # recompute sampled first blocks to catch an algorithm/seed mismatch
+    # no batch this long after the engine served a routed request that stores new blocks: inconsistent
+    silence_timeout_seconds: float = Field(default=3.0, gt=0.0)
+    replay_timeout_seconds: float = Field(default=2.0, gt=0.0)
+    verify_hashes: bool = True  # recompute sampled root blocks to catch an algorithm/seed mismatch
+    # a new verification round this often on a live stream (also on every new stream and restart)
+    verify_interval_seconds: float = Field(default=30.0, gt=0.0)
 
 
 def build_subscriber(
@@ -67,5 +70,6 @@ def build_subscriber(
         hasher=hasher if ke.verify_hashes else None,
         silence_timeout=ke.silence_timeout_seconds,
         replay_timeout=ke.replay_timeout_seconds,
+        verify_interval=ke.verify_interval_seconds,
     )
     return hasher, KVEventSubscriber(settings, BlockIndex(capacity))
