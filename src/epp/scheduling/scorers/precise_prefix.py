@@ -1,13 +1,16 @@
 """``precise-prefix-cache-scorer``: prefer endpoints whose engines report holding the prompt's prefix.
 
-llm-d's plugin of the same name, on the engines' own KV-cache events instead of a guess: the
-request is tokenised as the engine will (``tokenizerConfig``), its blocks hashed as the engine
-hashes them (``tokenProcessorConfig``), and each candidate scored by the longest run of those
-blocks, from the first, that its engine has reported storing and not evicting (the
-``kvEventsConfig`` subscriber feeds the index).  While an endpoint's event stream is not trusted
-(a gap, a restart mid-stream, a silent publisher, a configuration mismatch) its run is taken
-is the larger of what its events still say and the approximate index's (``approx-prefix-cache-producer``,
-auto-created) run.
+llm-d's plugin of the same name.  Where ``prefix-cache-scorer`` guesses what each engine holds
+from where earlier prompts were routed, this scorer reads what the engines say in their KV-cache
+events: the request is tokenised as the engine will (``tokenizerConfig``), its full blocks hashed
+as the engine hashes them (``tokenProcessorConfig``), and each candidate scored by the longest run
+of those blocks, from the first, that its engine has reported storing and not since evicting
+(the index is fed by this plugin's ``kvEventsConfig`` subscriber, or by a ``kvEventsSource``).
+
+Fallback: while an endpoint's event stream is not trusted (a sequence gap, a restart mid-stream,
+a silent publisher, a configuration mismatch), its run is the larger of what its events still say
+and the approximate index's run (``approx-prefix-cache-producer``, auto-created).  A request that
+cannot be tokenised is scored from the approximate index for every candidate.
 
 Speculative entries (``speculativeIndexing``, on by default): events arrive only after the engine
 has prefilled a request, so at routing time the request's blocks are recorded as pending on the
@@ -25,13 +28,14 @@ requests; placing the group by load alone then scatters it over the fleet (each 
 groups than fit, and evicts more), where returning it to its last endpoint keeps the groups
 partitioned.
 
-Prediction (``predictedVsObserved``): what the picked endpoint will still hold when the request
-runs, not only what it holds now.  A block some in-flight request there holds or computes counts;
-a block only the events report is in the engine's free queue, and survives if fewer new blocks
-are queued ahead of the request there (the EPP's own count, released at the first response byte)
-than there are free or older blocks to evict before it (``BlockIndex.older``, counted up to the free
-queue's cached blocks from the scraped KV use; the scorer touches a request's blocks tail first when
-it ends, as the engine frees them).
+Prediction (``predictedVsObserved``, a measurement: it does not change the score): what the picked
+endpoint will still hold when the request runs, not only what it holds now. A block some in-flight
+request there holds or computes counts; a block only the events report is in the engine's free
+queue, and survives if fewer new blocks are queued ahead of the request there (the EPP's own count,
+released at the first response byte) than there are free or older blocks to evict before it
+(``BlockIndex.older``, counted up to the free queue's cached blocks from the scraped KV use; the
+scorer touches a request's blocks tail first when it ends, as the engine frees them).
+``scheduling/reuse_sampler.py`` compares it with the engine's reported ``cached_tokens``.
 
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
 1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
@@ -40,9 +44,7 @@ approximate ``prefix-cache-scorer`` does.  docs/precise-prefix.md has the parame
 
 from __future__ import annotations
 
-import math
 import time
-from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -65,6 +67,7 @@ from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult, ScorerCategory
+from epp.scheduling.reuse_sampler import ReuseSampler
 
 log = structlog.get_logger(__name__)
 
@@ -125,58 +128,6 @@ class _Prediction:
     latest_decoding_ms: float = -1.0  # how long the latest computed holder has decoded (-1: none)
     holders_at_pick: tuple[int, int] = (0, 0)  # in-flight requests on the pick with this first block:
     # (past their first byte: the engine holds the prefix in use; not yet: still to compute it)
-
-
-SAMPLE_FIELDS = (
-    "predicted",
-    "predictedRouted",
-    "predictedConfirmed",
-    "observed",
-    "promptTokens",
-    "queuedNewBlocksAtPick",
-    "firstByteMs",
-    "waitingAtPick",
-    "kvUseAtPick",
-    "holdersComputedAtPick",
-    "holdersUncomputedAtPick",
-    "latestHolderDecodingMsAtPick",
-)
-SAMPLES = 2048  # the last routed requests' predictions kept for /debug/plugins/state
-
-
-class _Correlation:
-    """Running Pearson correlation and mean absolute error of (predicted, observed)."""
-
-    __slots__ = ("abs_err", "n", "sx", "sxx", "sxy", "sy", "syy")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.sx = self.sy = self.sxx = self.syy = self.sxy = self.abs_err = 0.0
-
-    def add(self, x: float, y: float) -> None:
-        self.n += 1
-        self.sx += x
-        self.sy += y
-        self.sxx += x * x
-        self.syy += y * y
-        self.sxy += x * y
-        self.abs_err += abs(x - y)
-
-    def state(self) -> dict[str, Any]:
-        n = self.n
-        r: float | None = None
-        if n > 1:
-            vx = n * self.sxx - self.sx * self.sx
-            vy = n * self.syy - self.sy * self.sy
-            if vx > 0 and vy > 0:
-                r = (n * self.sxy - self.sx * self.sy) / math.sqrt(vx * vy)
-        return {
-            "samples": n,
-            "pearson": r,
-            "meanPredictedTokens": self.sx / n if n else None,
-            "meanObservedTokens": self.sy / n if n else None,
-            "meanAbsErrorTokens": self.abs_err / n if n else None,
-        }
 
 
 class PrecisePrefixCacheScorer(PluginBase):
@@ -250,14 +201,9 @@ class PrecisePrefixCacheScorer(PluginBase):
             self.tokens = ServerTokenizer(timeout=tc.timeout_seconds, scheme=tc.scheme)
         self._key: StateKey[_Prediction] = StateKey(f"{name}/{self.TYPE}")
         self.approximate_when_unheld = params.approximate_when_unheld
-        self.correlation = _Correlation()  # predicted = what the pick will still hold when it runs
-        self.correlation_routed = _Correlation()  # what the scorer used, pending included
-        self.correlation_confirmed = _Correlation()  # predicted from reported blocks only
-        # (SAMPLE_FIELDS) per request, the latest SAMPLES: where predicted and observed part
-        self.samples: deque[tuple[float, ...]] = deque(maxlen=SAMPLES)
+        self.sampler = ReuseSampler()  # predicted vs observed reuse, for debug_state only
         self.ahead: dict[str, int] = {}  # endpoint -> new blocks queued there by routed requests
         self.unheld = 0  # requests scored from the approximate index because nobody held them
-        self.unreported = 0  # responses without cached_tokens
         self.tokenize_failures = 0
 
     # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
@@ -561,16 +507,13 @@ class PrecisePrefixCacheScorer(PluginBase):
             self.index.touch(st.slot, reversed(prediction.hashes))
         usage = response.usage
         if usage is None or usage.cached_tokens is None:
-            self.unreported += 1
+            self.sampler.missing()
             return
         observed = usage.cached_tokens
         m.PRECISE_OBSERVED_TOKENS.observe(observed)
         m.PRECISE_PREDICTION_ERROR_TOKENS.observe(abs(prediction.predicted - observed))
-        self.correlation.add(prediction.predicted, observed)
-        self.correlation_routed.add(prediction.predicted_routed, observed)
-        self.correlation_confirmed.add(prediction.predicted_confirmed, observed)
         first = prediction.first_byte_at
-        self.samples.append(
+        self.sampler.add(
             (
                 prediction.predicted,
                 prediction.predicted_routed,
@@ -594,17 +537,9 @@ class PrecisePrefixCacheScorer(PluginBase):
             "blockSize": self.block_size,
             "tokenizer": type(self.tokens).__name__,
             "tokenizeFailures": self.tokenize_failures,
-            "predictedVsObserved": {
-                **self.correlation.state(),
-                "responsesWithoutCachedTokens": self.unreported,
-            },
-            # what the pick held at routing (pending included), without the eviction estimate
-            "asRoutedVsObserved": self.correlation_routed.state(),
-            # the same with the prediction from reported blocks only (no pending entries)
-            "confirmedOnlyVsObserved": self.correlation_confirmed.state(),
+            **self.sampler.state(),
             "approximateWhenUnheld": {"enabled": self.approximate_when_unheld, "requests": self.unheld},
             "queuedNewBlocks": dict(self.ahead),
-            "recentPredictions": {"fields": list(SAMPLE_FIELDS), "rows": [list(r) for r in self.samples]},
             "speculative": {
                 "enabled": self.speculative,
                 "weight": self.speculative_weight,
