@@ -258,3 +258,77 @@ async def waiting_in_engines(s: Stack) -> float:
         async with s.http.get(f"http://{hostport}/metrics") as r:
             total += metric_sum(await r.text(), "vllm:num_requests_waiting")
     return total
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(w in line for w in want)
+    )
+
+
+async def test_lying_and_silent_publishers_fall_back(tmp_path: pathlib.Path) -> None:
+    """Issue 29's KV-event gray failures through Envoy: an engine restarted under another hash
+    algorithm and seed is a hash-scheme mismatch (log line, metric, inconsistent) from the first
+    batch it publishes, and trusted again once it restarts as configured; a publisher gone silent
+    while its engine serves is inconsistent within silenceTimeoutSeconds of the first response
+    and scored from the approximate index, and trusted again when its events resume."""
+    silence = 1.0
+
+    def short_silence(fleet: SimFleet) -> str:
+        return config(fleet).replace("silenceTimeoutSeconds: 30", f"silenceTimeoutSeconds: {silence}")
+
+    async with precise_stack(tmp_path, short_silence) as s:
+        a, b = s.fleet.hostports[0], s.fleet.hostports[1]
+        for hp in s.fleet.hostports:
+            await land_on(s, hp)
+        passed = (await endpoint_state(s, a))["hashChecks"]["passed"]
+        assert passed >= 1
+
+        # 1. a rolling upgrade: replica 0 restarts hashing with pickle and another seed
+        await s.sim_faults(0, restart_hash_algo="sha256", restart_hash_seed="7")
+        await land_on(s, a)  # a new prefix: its engine publishes blocks the EPP cannot reproduce
+        await until_state(s, a, lambda e: e["restarts"] == 1 and e["mismatch"] == "hash_scheme")
+        e = await endpoint_state(s, a)
+        assert not e["consistent"] and e["hashChecks"]["failed"] == 1  # decided in its first batch
+        assert "hash_scheme mismatch" in e["reason"]
+        metrics = await s.epp_metrics()
+        name = next(k for k, v in (await plugin_state(s))["endpoints"].items() if v["hostport"] == a)
+        assert metric_value(metrics, "epp_kv_events_mismatch_total", endpoint=name, kind="hash_scheme") == 1
+        assert metric_value(metrics, "epp_kv_events_hash_checks_total", endpoint=name, outcome="failed") == 1
+        assert (
+            metric_value(
+                metrics,
+                "epp_kv_events_consistency_transitions_total",
+                endpoint=name,
+                consistent="false",
+                cause="hash_scheme_mismatch",
+            )
+            == 1
+        )
+        assert "kv_events_config_mismatch" in s.epp.log_tail(200_000)
+        # restarted as configured: verified afresh and trusted
+        await s.sim_faults(0, restart_hash_algo="", restart_hash_seed=None)
+        await land_on(s, a)
+        await until_state(s, a, lambda e: e["restarts"] == 2 and e["consistent"] and e["mismatch"] is None)
+
+        # 2. replica 1's publisher goes silent while its engine serves
+        await s.sim_faults(1, kv_events_silent=True)
+        system_b = await land_on(s, b)
+        served = asyncio.get_running_loop().time()
+        await until_state(s, b, lambda e: not e["consistent"], timeout=10.0)
+        detected = asyncio.get_running_loop().time() - served
+        e = await endpoint_state(s, b)
+        assert e["reason"].startswith(f"silent publisher: no events for {silence:g}s")
+        # the watchdog checks every silence/4; allow for a loaded CI machine, well under 10 s
+        assert detected < 3 * silence, detected
+        fallbacks = await fallback_count(s, b)
+        assert await all_follow(s, system_b, 3) == {b}  # the approximate index routes the prefix
+        assert await fallback_count(s, b) >= fallbacks + 3
+        # events resume: the skipped batches are replayed and the endpoint is trusted again
+        await s.sim_faults(1, kv_events_silent=False)
+        await land_on(s, b)
+        await until_state(s, b, lambda e: e["consistent"] and e["replays"] >= 1)

@@ -146,8 +146,10 @@ class Rank:
             self._abort_connections()
             self.engine.reset(_CRASH_ERROR)
         elif (self.faults.restart_hash_algo, self.faults.restart_hash_seed) != hashing:
-            # vLLM reads both at start: the engine restarts under them (the process is new)
-            self._abort_connections()
+            # vLLM reads both at start: the engine restarts under them (the process is new); the
+            # requests in flight fail, this admin request is answered
+            for transport in list(self.busy_transports):
+                transport.abort()
             self.engine.reset(_RESTART_ERROR)
         if self.publisher is not None:
             self.publisher.silent = self.faults.kv_events_silent

@@ -121,6 +121,7 @@ class _Prediction:
     ahead: int = 0  # new blocks this request adds to its pick's queue, until its first response byte
     target: str = ""
     routed_at: float = 0.0  # monotonic time of PreRequest
+    events_due: bool = False  # the pick will store blocks the index does not show it holding
     first_byte_at: float = 0.0  # monotonic time of the first response byte (its prefill is done)
     ahead_at_pick: int = 0  # new blocks other routed requests had queued on the pick then
     waiting_at_pick: int = 0  # the pick's scraped waiting queue then
@@ -414,9 +415,9 @@ class PrecisePrefixCacheScorer(PluginBase):
         m.PRECISE_PREDICTED_TOKENS.observe(prediction.predicted)
         now = time.monotonic()
         # events are due only if the engine will store a block it does not hold yet: a request it
-        # has fully cached publishes nothing, and that silence is not a silent publisher
-        if reported < prediction.total_blocks:
-            self.subscriber.note_routed(name, now)
+        # has fully cached publishes nothing, and that silence is not a silent publisher.  They are
+        # awaited from its first response byte (response_body), not from now: it may queue there.
+        prediction.events_due = reported < prediction.total_blocks
         prediction.target = name
         prediction.routed_at = now
         prediction.ahead_at_pick = ahead
@@ -488,6 +489,12 @@ class PrecisePrefixCacheScorer(PluginBase):
                     if prediction.pending is not None:
                         prediction.pending.computed = True
                         prediction.pending.computed_at = prediction.first_byte_at
+                    if prediction.events_due and response.status < 300:
+                        # served: its BlockStored went out before this byte; silence from here on
+                        # is the publisher's (kvEventsConfig.silenceTimeoutSeconds)
+                        self.subscriber.expect_events(
+                            prediction.target, prediction.routed_at, prediction.first_byte_at
+                        )
                 self._release_ahead(prediction)
 
     def response_complete(
