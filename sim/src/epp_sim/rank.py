@@ -149,7 +149,8 @@ class Rank:
             # vLLM reads both at start: the engine restarts under them (the process is new); the
             # requests in flight fail, this admin request is answered
             for transport in list(self.busy_transports):
-                transport.abort()
+                if isinstance(transport, asyncio.Transport):
+                    transport.abort()
             self.engine.reset(_RESTART_ERROR)
         if self.publisher is not None:
             self.publisher.silent = self.faults.kv_events_silent

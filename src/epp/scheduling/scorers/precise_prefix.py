@@ -59,7 +59,7 @@ from epp.datalayer.kvevents.config import KVEventsConfig, TokenProcessorConfig, 
 from epp.datalayer.kvevents.hashing import BlockHasher
 from epp.datalayer.kvevents.pending import PendingRecord
 from epp.datalayer.kvevents.subscriber import KVEventSubscriber
-from epp.datalayer.kvevents.tokens import LocalTokenizer, ServerTokenizer, TokenSource
+from epp.datalayer.kvevents.tokens import TOKENIZED_PROMPT, LocalTokenizer, ServerTokenizer, TokenSource
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.counts import subtract
@@ -147,6 +147,8 @@ class PrecisePrefixCacheScorer(PluginBase):
     BOUNDED: ClassVar[bool] = True
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+    # after a token-producer, if one is configured: its ids are on the body and used as they are
+    READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({TOKENIZED_PROMPT})
 
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
