@@ -137,9 +137,11 @@ def test_each_prediction_is_kept_beside_what_the_engine_reported() -> None:
     ("params", "message"),
     [
         ({"tokenProcessorConfig": {"hashAlgo": "md5"}}, "hashAlgo"),
-        ({"tokenProcessorConfig": {"blockSize": 0}}, "blockSize"),
+        ({"tokenProcessorConfig": {"blockSize": -1}}, "blockSize. must be > 0, got -1"),
+        ({"tokenProcessorConfig": {"blockSizeTokens": -4, "blockSize": 16}}, "must be > 0, got -4"),
         ({"tokenizerConfig": {"mode": "local"}}, "tokenizerPath"),
-        ({"kvEventsConfig": {"discoverPods": False}}, "per-endpoint"),
+        ({"kvEventsConfig": {"discoverPods": False}}, "no event source: set zmqEndpoint"),
+        ({"kvEventsConfig": {"zmqEndpoint": "127.0.0.1:5557"}}, "zmqEndpoint must be a tcp:"),
     ],
 )
 def test_invalid_configuration_is_refused(params: dict[str, Any], message: str) -> None:

@@ -1,4 +1,11 @@
-"""One ZMQ SUB socket per endpoint feeding the ``BlockIndex``, with vLLM's sequence numbers checked.
+"""ZMQ SUB sockets feeding the ``BlockIndex``, with vLLM's sequence numbers checked.
+
+Two modes, alone or together (llm-d's): one SUB per endpoint connecting to the engine's bound
+PUB (pod discovery, ``socket_port`` or an explicit address), and *centralised*: one SUB the EPP
+binds at ``zmq_endpoint`` that every engine connects to, its topic ``kv@<ip>[:<port>]@<model>``
+naming the endpoint (``ip:port`` exactly, else the only endpoint with that address).  An engine
+moving from one mode to the other is a new process: its sequence restarts, which is a restart
+below, not an outage.
 
 Per message ``[topic, seq (8 bytes big-endian), payload]``:
 
@@ -61,6 +68,7 @@ from epp.datalayer.kvevents import metrics as m
 from epp.datalayer.kvevents.hashing import BlockHasher
 from epp.datalayer.kvevents.index import BlockIndex, EndpointState
 from epp.datalayer.kvevents.wire import Batch, Cleared, Removed, Stored, WireError, decode_batch
+from epp.errors import ConfigError
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +98,8 @@ class SubscriberSettings:
     silence_timeout: float = 3.0
     replay_timeout: float = 2.0
     verify_interval: float = 30.0  # seconds between verification rounds on a live stream
+    zmq_endpoint: str = ""  # centralised mode: the EPP binds this SUB address, engines connect
+    per_endpoint: bool = True  # one SUB per endpoint (pod discovery or the explicit map)
 
 
 @dataclass(slots=True)
@@ -122,6 +132,10 @@ class KVEventSubscriber:
         self._rounds: dict[str, _Round] = {}  # endpoint → its current verification round
         self._fresh: set[str] = set()  # endpoints whose socket is new: the next message starts a stream
         self._watchdog: asyncio.Task[None] | None = None
+        self._central: asyncio.Task[None] | None = None
+        self.bound_endpoint = ""  # the centralised SUB's address once bound (port 0 resolved)
+        self.unattributed = 0  # centralised messages whose topic named no endpoint
+        self._unattributed_topics: set[bytes] = set()
         self._running = False
         self.on_change: Callable[[EndpointState], None] | None = None
 
@@ -132,17 +146,23 @@ class KVEventSubscriber:
         self._context = zmq.asyncio.Context()
         self._running = True
         self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="kv-events:watchdog")
+        if self.settings.zmq_endpoint:
+            sock = self._bind_central()
+            self._central = asyncio.get_running_loop().create_task(
+                self._run_central(sock), name="kv-events:central"
+            )
         for endpoint in list(self._endpoints.values()):
             self._spawn(endpoint)
 
     async def stop(self) -> None:
         self._running = False
-        tasks = [*self._tasks.values(), *([self._watchdog] if self._watchdog else [])]
+        tasks = [*self._tasks.values(), *(t for t in (self._watchdog, self._central) if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         self._watchdog = None
+        self._central = None
         if self._context is not None:
             self._context.destroy(linger=0)
             self._context = None
@@ -227,6 +247,13 @@ class KVEventSubscriber:
     # the loops ----------------------------------------------------------------------------
     def _spawn(self, endpoint: Endpoint) -> None:
         name = endpoint.metadata.name
+        md = endpoint.metadata
+        if (
+            not self.settings.per_endpoint
+            and md.name not in self.settings.endpoints
+            and md.hostport not in self.settings.endpoints
+        ):
+            return  # centralised only: its engine publishes to the EPP's bound socket
         self._tasks[name] = asyncio.get_running_loop().create_task(
             self._run(endpoint), name=f"kv-events:{name}"
         )
@@ -258,6 +285,75 @@ class KVEventSubscriber:
             raise
         except Exception as e:
             log.exception("kv_events_subscriber_failed", endpoint=name, error=str(e))
+        finally:
+            sock.close(linger=0)
+
+    # centralised mode -------------------------------------------------------------------
+    def _bind_central(self) -> zmq.asyncio.Socket:
+        """Bind before start returns: a bad address is a startup error, and engines can connect."""
+        assert self._context is not None
+        s = self.settings
+        sock = self._context.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.SUBSCRIBE, s.topic_filter.encode())
+        try:
+            sock.bind(s.zmq_endpoint)
+        except zmq.ZMQError as e:
+            sock.close(linger=0)
+            raise ConfigError(f"kvEventsConfig.zmqEndpoint {s.zmq_endpoint!r}: cannot bind: {e}") from e
+        last = sock.getsockopt(zmq.LAST_ENDPOINT)
+        self.bound_endpoint = last.decode() if isinstance(last, bytes) else str(last)
+        log.info("kv_events_central_bound", address=self.bound_endpoint, topic=s.topic_filter)
+        return sock
+
+    def endpoint_for_topic(self, topic: bytes) -> str | None:
+        """The endpoint a centralised message's topic names: ``kv@<who>@<model>`` where ``who`` is
+        an endpoint's ``ip:port`` (or hostport), else an address only one endpoint has."""
+        parts = topic.decode(errors="replace").split("@")
+        if len(parts) < 2 or not parts[1]:
+            return None
+        who = parts[1]
+        match: str | None = None
+        for name, ep in self._endpoints.items():
+            md = ep.metadata
+            if who in (md.hostport, md.name):
+                return name
+            if who.strip("[]") == md.address:
+                if match is not None:
+                    return None  # several endpoints on that address: the topic must name the port
+                match = name
+        return match
+
+    async def _run_central(self, sock: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                frames = await sock.recv_multipart()
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    self._decode_error("central", "not a [topic, seq, payload] message")
+                    continue
+                name = self.endpoint_for_topic(frames[0])
+                if name is None:
+                    self.unattributed += 1
+                    if frames[0] not in self._unattributed_topics and len(self._unattributed_topics) < 64:
+                        self._unattributed_topics.add(frames[0])
+                        log.warning(
+                            "kv_events_topic_unattributed",
+                            topic=frames[0].decode(errors="replace"),
+                            detail="no endpoint, or several, has the address the topic names "
+                            "(kv@<ip>[:<port>]@<model>)",
+                        )
+                    continue
+                seq = int.from_bytes(frames[1], "big")
+                gap_from = self.on_message(name, seq, frames[2])
+                if gap_from is not None:
+                    endpoint = self._endpoints.get(name)
+                    replay = self.address(endpoint)[1] if endpoint is not None else None
+                    await self._recover(name, replay, gap_from, seq, frames[2])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("kv_events_central_failed", error=str(e))
         finally:
             sock.close(linger=0)
 
@@ -530,6 +626,8 @@ class KVEventSubscriber:
     def debug_state(self) -> dict[str, Any]:
         index = self.index
         return {
+            "centralEndpoint": self.bound_endpoint or None,
+            "unattributedMessages": self.unattributed,
             "indexedBlocks": len(index),
             "pendingBlocks": len(index.pending),
             "capacityPerEndpoint": index.capacity,

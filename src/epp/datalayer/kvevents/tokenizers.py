@@ -36,7 +36,14 @@ import structlog
 from epp.datalayer.api import Endpoint
 from epp.datalayer.http_client import ScrapeClient
 from epp.datalayer.kvevents import tokenizer_pb as pb
-from epp.datalayer.kvevents.tokens import TEMPLATE_FIELDS, chat_messages, given_ids, prompt_text
+from epp.datalayer.kvevents.tokens import (
+    TEMPLATE_FIELDS,
+    LocalTokenizer,
+    chat_messages,
+    given_ids,
+    prompt_text,
+)
+from epp.errors import ConfigError
 from epp.request import ApiKind, InferenceRequest
 
 log = structlog.get_logger(__name__)
@@ -400,3 +407,43 @@ def find_hf_cached(model: str, cache_dir: str) -> tuple[str | None, list[str]]:
             if candidate.is_file():
                 return str(candidate), searched
     return None, searched
+
+
+def pool_tokenizer(owner: str, pool: Any) -> UdsTokenizer | LocalTokenizer:
+    """The tokenizer llm-d-kv-cache's ``tokenizersPoolConfig`` configures (a ``TokenizersPoolConfig``):
+    its UDS service when ``uds.socketFile`` is set, else ``modelName``'s tokenizer.json from
+    ``local`` then ``hf`` (with neither block, the HuggingFace cache at its default directory, as
+    the Go pool's composite tokenizer falls back).  ConfigError names what was searched."""
+    where = f"{owner}: indexerConfig.tokenizersPoolConfig"
+    log.warning("deprecated_parameter", plugin=owner, parameter="indexerConfig.tokenizersPoolConfig",
+                replacement="a token-producer plugin")  # fmt: skip
+    model = pool.model_name
+    if not model:
+        raise ConfigError(f"{where}.modelName must be set")
+    if pool.uds is not None and pool.uds.socket_file:
+        try:
+            return UdsTokenizer(pool.uds.socket_file, model, use_tcp=pool.uds.use_tcp,
+                                model_tokenizer_map=pool.uds.model_tokenizer_map)  # fmt: skip
+        except ValueError as e:
+            raise ConfigError(f"{where}.uds: {e}") from e
+    searched: list[str] = []
+    if pool.local is not None:
+        path, looked = find_local(
+            model,
+            directory=pool.local.auto_discovery_dir,
+            filename=pool.local.auto_discovery_tokenizer_file_name,
+            model_tokenizer_map=pool.local.model_tokenizer_map,
+        )
+        searched += looked
+        if path:
+            return LocalTokenizer(path)
+    hf = pool.hf
+    if (hf is not None and hf.enabled) or (hf is None and pool.local is None):
+        path, looked = find_hf_cached(model, hf.tokenizers_cache_dir if hf is not None else "./bin")
+        searched += looked
+        if path:
+            return LocalTokenizer(path)
+    raise ConfigError(
+        f"{where}: no tokenizer.json for modelName {model!r} (searched: {'; '.join(searched) or 'nothing'}); "
+        "the EPP does not download tokenizers"
+    )

@@ -55,10 +55,19 @@ from pydantic import Field
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents import metrics as m
-from epp.datalayer.kvevents.config import KVEventsConfig, TokenProcessorConfig, build_subscriber
+from epp.datalayer.kvevents.config import (
+    KVBlockIndexConfig,
+    KVCacheBackendConfig,
+    KVEventsConfig,
+    TokenizersPoolConfig,
+    TokenProcessorConfig,
+    build_subscriber,
+    default_backends,
+)
 from epp.datalayer.kvevents.hashing import BlockHasher
 from epp.datalayer.kvevents.pending import PendingRecord
 from epp.datalayer.kvevents.subscriber import KVEventSubscriber
+from epp.datalayer.kvevents.tokenizers import UdsTokenizer, parse_duration, pool_tokenizer
 from epp.datalayer.kvevents.tokens import TOKENIZED_PROMPT, LocalTokenizer, ServerTokenizer, TokenSource
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
@@ -73,8 +82,16 @@ log = structlog.get_logger(__name__)
 
 
 class IndexerConfig(PluginParams):
+    """Ours (``lruCapacityPerServer``, ``maxPrefixBlocksToMatch``) and llm-d-kv-cache's indexer
+    configuration (``kvBlockIndexConfig``, ``kvCacheBackendConfigs``, ``tokenizersPoolConfig``, and
+    the older nesting of ``tokenProcessorConfig`` here); docs/precise-prefix.md maps each field."""
+
     lru_capacity_per_server: int = 31250  # blocks kept per endpoint (GIE's approximate default)
     max_prefix_blocks_to_match: int = 256
+    kv_block_index_config: KVBlockIndexConfig = Field(default_factory=KVBlockIndexConfig)
+    kv_cache_backend_configs: list[KVCacheBackendConfig] = Field(default_factory=default_backends)
+    tokenizers_pool_config: TokenizersPoolConfig | None = None
+    token_processor_config: TokenProcessorConfig | None = None  # llm-d-kv-cache before 0.3
 
 
 class TokenizerConfig(PluginParams):
@@ -96,6 +113,8 @@ class PrecisePrefixParams(PluginParams):
     speculative_indexing: bool = True  # count routed, not yet reported blocks (kvevents.pending)
     speculative_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # a pending block vs a reported one
     speculative_ttl_seconds: float = Field(default=30.0, gt=0.0)  # the longest a pending entry lives
+    # llm-d's name, a Go duration; overrides speculativeTtlSeconds when set
+    speculative_ttl: str = Field(default="", alias="speculativeTTL")
     speculative_grace_seconds: float = Field(default=2.0, ge=0.0)  # after its request ends
     approximate_when_unheld: bool = (
         True  # no candidate holds the first block: score from the approximate index
@@ -152,8 +171,29 @@ class PrecisePrefixCacheScorer(PluginBase):
 
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
-        tp = params.token_processor_config
         ic = params.indexer_config
+        tp = params.token_processor_config
+        if ic.token_processor_config is not None:  # the older nesting, under indexerConfig
+            if "token_processor_config" in params.model_fields_set and tp != ic.token_processor_config:
+                raise ConfigError(
+                    f"{self.TYPE}: tokenProcessorConfig and indexerConfig.tokenProcessorConfig differ: "
+                    "set one (indexerConfig.tokenProcessorConfig is the older place)"
+                )
+            tp = ic.token_processor_config
+        kbi = ic.kv_block_index_config
+        if kbi.redis_config is not None:
+            log.warning(
+                "precise_prefix_redis_index_ignored",
+                address=kbi.redis_config.address,
+                detail="each EPP replica keeps its own in-memory index, fed by the same events",
+            )
+        capacity = min(ic.lru_capacity_per_server, kbi.in_memory_config.size)
+        ttl = params.speculative_ttl_seconds
+        if params.speculative_ttl:
+            try:
+                ttl = parse_duration(params.speculative_ttl, "speculativeTTL")
+            except ValueError as e:
+                raise ConfigError(f"{self.TYPE}: {e}") from e
         if ic.max_prefix_blocks_to_match < 0:
             raise ConfigError(f"{self.TYPE}: indexerConfig.maxPrefixBlocksToMatch must be >= 0")
         # The subscriber: this plugin's own, or that of a kv-events-source in the data layer.
@@ -179,21 +219,21 @@ class PrecisePrefixCacheScorer(PluginBase):
             self.hasher = BlockHasher(tp.hash_algo, tp.block_size, tp.hash_seed)
             self.subscriber = subscriber
         else:
-            self.hasher, self.subscriber = build_subscriber(
-                self.TYPE, tp, params.kv_events_config, ic.lru_capacity_per_server
-            )
+            self.hasher, self.subscriber = build_subscriber(self.TYPE, tp, params.kv_events_config, capacity)
         self.index = self.subscriber.index
         self.speculative = params.speculative_indexing
         self.speculative_weight = params.speculative_weight
         pending = self.index.pending
-        pending.ttl = params.speculative_ttl_seconds
+        pending.ttl = ttl
         pending.grace = params.speculative_grace_seconds
         self.block_size = tp.block_size
         self.max_blocks = ic.max_prefix_blocks_to_match
         self.normalization = params.score_normalization
         tc = params.tokenizer_config
         self.tokens: TokenSource
-        if tc.mode == "local":
+        if ic.tokenizers_pool_config is not None:
+            self.tokens = pool_tokenizer(self.TYPE, ic.tokenizers_pool_config)
+        elif tc.mode == "local":
             if not tc.tokenizer_path:
                 raise ConfigError(f"{self.TYPE}: tokenizerConfig.mode local needs tokenizerPath")
             try:
@@ -211,13 +251,18 @@ class PrecisePrefixCacheScorer(PluginBase):
 
     # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
     async def start(self) -> None:
+        if isinstance(self.tokens, UdsTokenizer):
+            try:
+                await self.tokens.start()
+            except RuntimeError as e:
+                raise ConfigError(f"{self.TYPE}: indexerConfig.tokenizersPoolConfig.{e}") from e
         if self._owns_subscriber:
             await self.subscriber.start()
 
     async def stop(self) -> None:
         if self._owns_subscriber:
             await self.subscriber.stop()
-        if isinstance(self.tokens, ServerTokenizer):
+        if isinstance(self.tokens, (ServerTokenizer, UdsTokenizer)):
             await self.tokens.close()
 
     def endpoint_added(self, endpoint: Endpoint) -> None:
