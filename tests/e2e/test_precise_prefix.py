@@ -332,3 +332,58 @@ async def test_lying_and_silent_publishers_fall_back(tmp_path: pathlib.Path) -> 
         await s.sim_faults(1, kv_events_silent=False)
         await land_on(s, b)
         await until_state(s, b, lambda e: e["consistent"] and e["replays"] >= 1)
+
+
+async def test_centralised_kv_events_route_through_envoy(tmp_path: pathlib.Path) -> None:
+    """llm-d's centralised mode: the EPP binds ``kvEventsConfig.zmqEndpoint``, every simulated
+    engine connects to it (vLLM's publisher rule: no ``*`` in the endpoint) with a topic naming
+    its host:port, and requests sharing a prefix follow the replica whose events report it."""
+    central = free_port()
+    args = (
+        *FAST_SIM,
+        "--kv-events", f"tcp://127.0.0.1:{central}",
+        "--prefix-caching-hash-algo", "sha256_cbor",
+        "--hash-seed", "42",
+        "--enable-prompt-tokens-details",
+    )  # fmt: skip
+    async with SimFleet(3, *args) as fleet:
+        (tmp_path / "config.yaml").write_text(f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: precise-prefix-cache-scorer
+  parameters:
+    tokenProcessorConfig: {{blockSizeTokens: 16, hashSeed: "42", hashAlgo: sha256_cbor}}
+    kvEventsConfig: {{zmqEndpoint: "tcp://127.0.0.1:{central}", discoverPods: false, concurrency: 4}}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: precise-prefix-cache-scorer, weight: 4}}
+  - {{pluginRef: queue-scorer, weight: 1}}
+""")
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            "--v=3",
+            f"--config-file={tmp_path / 'config.yaml'}",
+        )
+        async with epp:
+            cfg = EnvoyConfig(ext_proc_port=epp.grpc_port, access_log=str(tmp_path / "access.log"))
+            async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
+                s = Stack(fleet, epp, proxy, http, tmp_path)
+                try:
+                    for hp in fleet.hostports:  # every engine's connection carries events
+                        await land_on(s, hp)
+                        await until_state(s, hp, lambda e: e["batches"] > 0 and e["consistent"])
+                    state = await plugin_state(s)
+                    assert state["centralEndpoint"] == f"tcp://127.0.0.1:{central}"
+                    assert state["unattributedMessages"] == 0
+                    system = "Centralised prefix. " + "Context line. " * 200
+                    first = await s.post("/v1/chat/completions", chat(system, "q0"))
+                    assert first.status == 200
+                    await until_state(s, first.served_by, lambda e: e["blocks"] >= 40)
+                    assert await all_follow(s, system) == {first.served_by}
+                except BaseException:
+                    print("---- epp log ----\n", epp.log_tail(), "\n---- envoy log ----\n", proxy.log_tail())
+                    raise
