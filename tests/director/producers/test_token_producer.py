@@ -206,6 +206,20 @@ async def test_unreachable_render_url_is_a_logged_fallback(capsys: pytest.Captur
     assert "token_producer_unreachable" in capsys.readouterr().out
 
 
+async def test_a_failing_backend_is_skipped_for_a_while() -> None:
+    """Three failures in a row: the next requests go on at once, untokenised, for 1 s (doubling
+    while the backend keeps failing), instead of each spending the producer budget waiting."""
+    async with serving({}) as port:
+        pass  # nothing listens there
+    plugin = load({"modelName": "m", "vllm": {"url": f"http://127.0.0.1:{port}"}})
+    for _ in range(5):
+        await plugin.prepare_request_data(CycleState(), make_request(prompt="x"), [])
+    await plugin.stop()
+    assert (plugin.failed, plugin.bypassed, plugin.tokens.calls) == (3, 2, 3)
+    state = plugin.debug_state()
+    assert 0 < state["backingOffSeconds"] <= 1.0 and plugin.backoff == 2.0
+
+
 def test_precise_scorer_runs_after_the_token_producer() -> None:
     config = """
 apiVersion: llm-d.ai/v1

@@ -15,7 +15,9 @@ Backends, as llm-d-router selects them (one at most, else a configuration error)
   sidecar), ``vllm.timeout`` (5s) and ``vllm.mmTimeout`` (30s, requests with content parts).
   ``/tokenize`` on a server without the render API.  Unreachable: as upstream, each request is
   logged and goes on without tokens (the readers estimate); counted in ``/debug/plugins/state``,
-  and a warning at start when the first render fails.
+  and a warning at start when the first render fails.  Ours: after 3 failures in a row the
+  backend is skipped for 1 s (doubling to 30 s while it keeps failing), so a dead render service
+  does not spend every request's producer budget waiting.
 * ``udsTokenizerConfig`` (``socketFile``, ``useTCP``, ``modelTokenizerMap``; deprecated upstream,
   warned): llm-d-kv-cache's gRPC tokenizer sidecar.  It must answer ``InitializeTokenizer`` at
   start (5 attempts, as upstream), else the EPP does not start.  An empty ``socketFile`` does not
@@ -29,6 +31,7 @@ Backends, as llm-d-router selects them (one at most, else a configuration error)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -51,6 +54,10 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 
 log = structlog.get_logger(__name__)
+
+_FAILURES_TO_BACK_OFF = 3  # consecutive failed calls before the backend is skipped for a while
+_BACKOFF_FIRST = 1.0  # seconds; doubled on each further round of failures
+_BACKOFF_MAX = 30.0
 
 _MODES = {
     ("image", "mode"): ("dynamic", "static"),
@@ -170,6 +177,10 @@ class TokenProducer(PluginBase):
         self.produced = 0
         self.skipped = 0  # requests that came tokenised
         self.failed = 0
+        self.failing = 0  # consecutive failures
+        self.resume_at = 0.0  # monotonic time before which the backend is not called (backing off)
+        self.backoff = _BACKOFF_FIRST
+        self.bypassed = 0  # requests sent on untokenised while backing off
 
     def _find(self, params: TokenProducerParams) -> str:
         model = params.model_name
@@ -225,12 +236,31 @@ class TokenProducer(PluginBase):
         if body.token_ids:
             self.skipped += 1
             return
+        now = time.monotonic()
+        if now < self.resume_at:
+            self.bypassed += 1
+            return
         ids = await self.tokens.token_ids(request, endpoints)
         if ids:
             body.token_ids = ids
             self.produced += 1
-        else:
-            self.failed += 1
+            self.failing = 0
+            self.backoff = _BACKOFF_FIRST
+            return
+        self.failed += 1
+        self.failing += 1
+        if self.failing >= _FAILURES_TO_BACK_OFF:
+            # a backend that keeps failing (down, or slower than its timeout) would spend every
+            # request's producer budget (0.4 s for all producers) on waiting: skip it for a while
+            self.resume_at = time.monotonic() + self.backoff
+            log.warning(
+                "token_producer_backing_off",
+                plugin=str(self.typed_name),
+                failures=self.failing,
+                seconds=self.backoff,
+            )
+            self.backoff = min(self.backoff * 2, _BACKOFF_MAX)
+            self.failing = 0
 
     def debug_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
@@ -238,6 +268,8 @@ class TokenProducer(PluginBase):
             "tokenised": self.produced,
             "alreadyTokenised": self.skipped,
             "failed": self.failed,
+            "bypassedWhileBackingOff": self.bypassed,
+            "backingOffSeconds": round(max(self.resume_at - time.monotonic(), 0.0), 2),
         }
         if self.tokenizer_path:
             state["tokenizerPath"] = self.tokenizer_path
