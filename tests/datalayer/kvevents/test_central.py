@@ -36,7 +36,13 @@ def test_topics_name_endpoints_by_ip_port_or_a_unique_ip() -> None:
         sub.add(ep)
     assert sub.endpoint_for_topic(b"kv@10.0.0.1@Qwen/Qwen3") == a.metadata.name  # llm-d's kv@<pod-ip>@<model>
     assert sub.endpoint_for_topic(b"kv@10.0.0.2:8001@m") == b1.metadata.name
-    assert sub.endpoint_for_topic(b"kv@10.0.0.2@m") is None  # two endpoints there: the port decides
+    assert sub.endpoint_for_topic(b"kv@10.0.0.2@m") is None  # two endpoints there, no rank: unknown
+    # a pod's data-parallel ranks share its IP: the batch's rank picks the rank-th port
+    for rank, ep in enumerate((b0, b1)):
+        batch = msgspec.msgpack.encode(KVEventBatch(ts=0.0, events=[], data_parallel_rank=rank))
+        assert sub.endpoint_for_topic(b"kv@10.0.0.2@m", batch) == ep.metadata.name
+    three = msgspec.msgpack.encode(KVEventBatch(ts=0.0, events=[], data_parallel_rank=2))
+    assert sub.endpoint_for_topic(b"kv@10.0.0.2@m", three) is None
     assert sub.endpoint_for_topic(b"kv@10.0.0.9@m") is None
     assert sub.endpoint_for_topic(b"kv") is None
 

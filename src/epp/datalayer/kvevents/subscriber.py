@@ -307,23 +307,32 @@ class KVEventSubscriber:
         log.info("kv_events_central_bound", address=self.bound_endpoint, topic=s.topic_filter)
         return sock
 
-    def endpoint_for_topic(self, topic: bytes) -> str | None:
+    def endpoint_for_topic(self, topic: bytes, payload: bytes = b"") -> str | None:
         """The endpoint a centralised message's topic names: ``kv@<who>@<model>`` where ``who`` is
-        an endpoint's ``ip:port`` (or hostport), else an address only one endpoint has."""
+        an endpoint's ``ip:port`` (or name), else an address only one endpoint has.  Several
+        endpoints on the address (a pod's data-parallel ranks, llm-d's topic naming the pod IP
+        only): the batch's ``data_parallel_rank`` picks the rank-th of them by port, the order
+        the pool lists a pod's rank ports in."""
         parts = topic.decode(errors="replace").split("@")
         if len(parts) < 2 or not parts[1]:
             return None
         who = parts[1]
-        match: str | None = None
+        same: list[tuple[int, str]] = []
         for name, ep in self._endpoints.items():
             md = ep.metadata
             if who in (md.hostport, md.name):
                 return name
             if who.strip("[]") == md.address:
-                if match is not None:
-                    return None  # several endpoints on that address: the topic must name the port
-                match = name
-        return match
+                same.append((md.port, name))
+        if len(same) <= 1:
+            return same[0][1] if same else None
+        try:
+            rank = decode_batch(payload).data_parallel_rank if payload else None
+        except WireError:
+            return None
+        if rank is None or not 0 <= rank < len(same):
+            return None
+        return sorted(same)[rank][1]
 
     async def _run_central(self, sock: zmq.asyncio.Socket) -> None:
         try:
@@ -332,7 +341,7 @@ class KVEventSubscriber:
                 if len(frames) != 3 or len(frames[1]) != 8:
                     self._decode_error("central", "not a [topic, seq, payload] message")
                     continue
-                name = self.endpoint_for_topic(frames[0])
+                name = self.endpoint_for_topic(frames[0], frames[2])
                 if name is None:
                     self.unattributed += 1
                     if frames[0] not in self._unattributed_topics and len(self._unattributed_topics) < 64:
@@ -340,8 +349,8 @@ class KVEventSubscriber:
                         log.warning(
                             "kv_events_topic_unattributed",
                             topic=frames[0].decode(errors="replace"),
-                            detail="no endpoint, or several, has the address the topic names "
-                            "(kv@<ip>[:<port>]@<model>)",
+                            detail="no endpoint has the address the topic names (kv@<ip>[:<port>]@<model>), "
+                            "or several do and the batch's data_parallel_rank does not pick one",
                         )
                     continue
                 seq = int.from_bytes(frames[1], "big")
