@@ -258,3 +258,132 @@ async def waiting_in_engines(s: Stack) -> float:
         async with s.http.get(f"http://{hostport}/metrics") as r:
             total += metric_sum(await r.text(), "vllm:num_requests_waiting")
     return total
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(w in line for w in want)
+    )
+
+
+async def test_lying_and_silent_publishers_fall_back(tmp_path: pathlib.Path) -> None:
+    """Issue 29's KV-event gray failures through Envoy: an engine restarted under another hash
+    algorithm and seed is a hash-scheme mismatch (log line, metric, inconsistent) from the first
+    batch it publishes, and trusted again once it restarts as configured; a publisher gone silent
+    while its engine serves is inconsistent within silenceTimeoutSeconds of the first response
+    and scored from the approximate index, and trusted again when its events resume."""
+    silence = 1.0
+
+    def short_silence(fleet: SimFleet) -> str:
+        return config(fleet).replace("silenceTimeoutSeconds: 30", f"silenceTimeoutSeconds: {silence}")
+
+    async with precise_stack(tmp_path, short_silence) as s:
+        a, b = s.fleet.hostports[0], s.fleet.hostports[1]
+        for hp in s.fleet.hostports:
+            await land_on(s, hp)
+        passed = (await endpoint_state(s, a))["hashChecks"]["passed"]
+        assert passed >= 1
+
+        # 1. a rolling upgrade: replica 0 restarts hashing with pickle and another seed
+        await s.sim_faults(0, restart_hash_algo="sha256", restart_hash_seed="7")
+        await land_on(s, a)  # a new prefix: its engine publishes blocks the EPP cannot reproduce
+        await until_state(s, a, lambda e: e["restarts"] == 1 and e["mismatch"] == "hash_scheme")
+        e = await endpoint_state(s, a)
+        assert not e["consistent"] and e["hashChecks"]["failed"] == 1  # decided in its first batch
+        assert "hash_scheme mismatch" in e["reason"]
+        metrics = await s.epp_metrics()
+        name = next(k for k, v in (await plugin_state(s))["endpoints"].items() if v["hostport"] == a)
+        assert metric_value(metrics, "epp_kv_events_mismatch_total", endpoint=name, kind="hash_scheme") == 1
+        assert metric_value(metrics, "epp_kv_events_hash_checks_total", endpoint=name, outcome="failed") == 1
+        assert (
+            metric_value(
+                metrics,
+                "epp_kv_events_consistency_transitions_total",
+                endpoint=name,
+                consistent="false",
+                cause="hash_scheme_mismatch",
+            )
+            == 1
+        )
+        assert "kv_events_config_mismatch" in s.epp.log_tail(200_000)
+        # restarted as configured: verified afresh and trusted
+        await s.sim_faults(0, restart_hash_algo="", restart_hash_seed=None)
+        await land_on(s, a)
+        await until_state(s, a, lambda e: e["restarts"] == 2 and e["consistent"] and e["mismatch"] is None)
+
+        # 2. replica 1's publisher goes silent while its engine serves
+        await s.sim_faults(1, kv_events_silent=True)
+        system_b = await land_on(s, b)
+        served = asyncio.get_running_loop().time()
+        await until_state(s, b, lambda e: not e["consistent"], timeout=10.0)
+        detected = asyncio.get_running_loop().time() - served
+        e = await endpoint_state(s, b)
+        assert e["reason"].startswith(f"silent publisher: no events for {silence:g}s")
+        # the watchdog checks every silence/4; allow for a loaded CI machine, well under 10 s
+        assert detected < 3 * silence, detected
+        fallbacks = await fallback_count(s, b)
+        assert await all_follow(s, system_b, 3) == {b}  # the approximate index routes the prefix
+        assert await fallback_count(s, b) >= fallbacks + 3
+        # events resume: the skipped batches are replayed and the endpoint is trusted again
+        await s.sim_faults(1, kv_events_silent=False)
+        await land_on(s, b)
+        await until_state(s, b, lambda e: e["consistent"] and e["replays"] >= 1)
+
+
+async def test_centralised_kv_events_route_through_envoy(tmp_path: pathlib.Path) -> None:
+    """llm-d's centralised mode: the EPP binds ``kvEventsConfig.zmqEndpoint``, every simulated
+    engine connects to it (vLLM's publisher rule: no ``*`` in the endpoint) with a topic naming
+    its host:port, and requests sharing a prefix follow the replica whose events report it."""
+    central = free_port()
+    args = (
+        *FAST_SIM,
+        "--kv-events", f"tcp://127.0.0.1:{central}",
+        "--prefix-caching-hash-algo", "sha256_cbor",
+        "--hash-seed", "42",
+        "--enable-prompt-tokens-details",
+    )  # fmt: skip
+    async with SimFleet(3, *args) as fleet:
+        (tmp_path / "config.yaml").write_text(f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: precise-prefix-cache-scorer
+  parameters:
+    tokenProcessorConfig: {{blockSizeTokens: 16, hashSeed: "42", hashAlgo: sha256_cbor}}
+    kvEventsConfig: {{zmqEndpoint: "tcp://127.0.0.1:{central}", discoverPods: false, concurrency: 4}}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: precise-prefix-cache-scorer, weight: 4}}
+  - {{pluginRef: queue-scorer, weight: 1}}
+""")
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            "--v=3",
+            f"--config-file={tmp_path / 'config.yaml'}",
+        )
+        async with epp:
+            cfg = EnvoyConfig(ext_proc_port=epp.grpc_port, access_log=str(tmp_path / "access.log"))
+            async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
+                s = Stack(fleet, epp, proxy, http, tmp_path)
+                try:
+                    for hp in fleet.hostports:  # every engine's connection carries events
+                        await land_on(s, hp)
+                        await until_state(s, hp, lambda e: e["batches"] > 0 and e["consistent"])
+                    state = await plugin_state(s)
+                    assert state["centralEndpoint"] == f"tcp://127.0.0.1:{central}"
+                    assert state["unattributedMessages"] == 0
+                    system = "Centralised prefix. " + "Context line. " * 200
+                    first = await s.post("/v1/chat/completions", chat(system, "q0"))
+                    assert first.status == 200
+                    await until_state(s, first.served_by, lambda e: e["blocks"] >= 40)
+                    assert await all_follow(s, system) == {first.served_by}
+                except BaseException:
+                    print("---- epp log ----\n", epp.log_tail(), "\n---- envoy log ----\n", proxy.log_tail())
+                    raise

@@ -13,7 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from epp_sim.config import FleetConfig
+from epp_sim.config import FleetConfig, SimConfigError
 from epp_sim.fleet import Fleet
 from epp_sim.kv_events import offset_endpoint
 from epp_sim.rank import Rank
@@ -377,3 +377,62 @@ async def test_cache_salt_is_hashed_into_the_first_block(
     hasher = BlockHasher("sha256_cbor", 16, "5")
     assert stored.block_hashes == hasher.hashes(ids, cache_salt="tenant-a")
     assert stored.block_hashes[0] != hasher.hashes(ids)[0]
+
+
+async def test_restart_under_another_hash_algo_and_seed(
+    zmq_context: zmq.asyncio.Context, http: aiohttp.ClientSession
+) -> None:
+    """Setting restart_hash_algo / restart_hash_seed restarts the engine (sequence numbers from 0)
+    and its blocks hash as vLLM's under the new algorithm and seed (a rolling upgrade)."""
+    sub = Subscriber(zmq_context)
+    config = FleetConfig(
+        engine=engine_config(
+            kv_events="tcp://127.0.0.1:0", prefix_caching_hash_algo="sha256_cbor", hash_seed="42"
+        )
+    )
+    prompt = "A rolling upgrade changes the hash. " * 4
+    tokens = token_ids(prompt).tolist()
+    async with Fleet(config) as fleet:
+        rank = fleet.rank(0)
+        assert rank.publisher is not None
+        sub.socket.connect(rank.publisher.endpoint)
+        await connected(sub, http, rank.url)
+        assert rank.publisher.seq > 0
+        await fleet.set_faults(restart_hash_algo="sha256", restart_hash_seed="7")
+        assert rank.publisher.seq == 0  # a new engine process: its connections were reset too
+        sub.seqs.clear()
+        async with aiohttp.ClientSession() as after:
+            await complete(after, rank.url, prompt)
+        (stored,) = [e for e in await sub.drain() if isinstance(e, BlockStored)]
+        assert sub.seqs[0] == 0
+        assert stored.block_hashes == vllm_reference_hashes(tokens, 16, "sha256", "7")
+        await fleet.set_faults(restart_hash_algo="", restart_hash_seed=None)  # back as configured
+        async with aiohttp.ClientSession() as after:
+            await complete(after, rank.url, prompt)
+        (stored,) = [e for e in await sub.drain() if isinstance(e, BlockStored)]
+        assert stored.block_hashes == vllm_reference_hashes(tokens, 16, "sha256_cbor", "42")
+        with pytest.raises(SimConfigError, match="restart_hash_algo"):
+            await fleet.set_faults(restart_hash_algo="md5")
+
+
+async def test_silent_publisher_serves_but_sends_nothing(
+    zmq_context: zmq.asyncio.Context, http: aiohttp.ClientSession
+) -> None:
+    """kv_events_silent: the engine still serves (and numbers its batches), nothing reaches a
+    subscriber; cleared, the next batch shows the sequence numbers it skipped."""
+    sub = Subscriber(zmq_context)
+    config = FleetConfig(engine=engine_config(kv_events="tcp://127.0.0.1:0"))
+    async with Fleet(config) as fleet:
+        rank = fleet.rank(0)
+        assert rank.publisher is not None
+        sub.socket.connect(rank.publisher.endpoint)
+        await connected(sub, http, rank.url)
+        before = rank.publisher.seq
+        await fleet.set_faults(kv_events_silent=True)
+        await complete(http, rank.url, "served while silent " * 8)
+        assert await sub.drain() == []
+        assert rank.publisher.seq > before
+        await fleet.set_faults(kv_events_silent=False)
+        await complete(http, rank.url, "heard again " * 8)
+        assert [e for e in await sub.drain() if isinstance(e, BlockStored)]
+        assert sub.seqs[-1] > before

@@ -36,6 +36,7 @@ EXPECTED: dict[str, set[str]] = {
         "speculativeWeight",
         "speculativeGraceSeconds",
         "speculativeTtlSeconds",
+        "speculativeTTL",  # llm-d-router's (a Go duration)
     },
     "prefix-cache-affinity-filter": {
         "affinityThreshold",

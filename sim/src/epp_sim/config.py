@@ -108,6 +108,12 @@ class Faults:
     paused: bool = False  # the engine stops stepping; requests queue up
     kv_events_drop: int = 0  # the next N KV event batches take a sequence number but are not sent (a gap)
     kv_transfer_stall: bool = False  # KV transfers into this rank move no bytes (they time out)
+    # KV events (issue 29): the publisher goes quiet while the engine serves (batches take their
+    # seq, nothing is sent); and a restart under another --prefix-caching-hash-algo / PYTHONHASHSEED
+    # (a rolling upgrade): changing either restarts the engine with it ("" / None: the configured one)
+    kv_events_silent: bool = False
+    restart_hash_algo: str = ""
+    restart_hash_seed: str | None = None
 
     def update(self, changes: Mapping[str, Any]) -> None:
         """Apply `changes` (snake or kebab keys), coercing strings; unknown keys raise SimConfigError."""
@@ -116,6 +122,9 @@ class Faults:
             if name not in FAULT_FIELDS:
                 raise SimConfigError(f"unknown fault {key!r}; known: {', '.join(sorted(FAULT_FIELDS))}")
             setattr(self, name, coerce(FAULT_FIELDS[name], value, name))
+        if self.restart_hash_algo and self.restart_hash_algo not in HASH_ALGOS:
+            bad, self.restart_hash_algo = self.restart_hash_algo, ""
+            raise SimConfigError(f"restart_hash_algo must be one of {HASH_ALGOS}, got {bad!r}")
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -54,7 +54,7 @@ class Engine:
         self.publisher = publisher
         self.time_model = TimeModel.from_config(config)
         self.cache = KVCache(config.num_gpu_blocks, config.block_size, record_events=publisher is not None)
-        self.hasher = BlockHasher(config.prefix_caching_hash_algo, config.hash_seed)
+        self.hasher = self._new_hasher()
         self.slots = LoraSlots(config.max_loras)
         self.stats = EngineStats()
         self.waiting: deque[Seq] = deque()
@@ -147,9 +147,15 @@ class Engine:
         self.cache.take_events()
         self.slots.clear()
         self.stats = EngineStats()
-        self.hasher = BlockHasher(self.config.prefix_caching_hash_algo, self.config.hash_seed)
+        self.hasher = self._new_hasher()
         if self.publisher is not None:
             self.publisher.restart()
+
+    def _new_hasher(self) -> BlockHasher:
+        """The hash the engine process starts with: the configured one, or the restart fault's."""
+        f, c = self.faults, self.config
+        seed = f.restart_hash_seed if f.restart_hash_seed is not None else c.hash_seed
+        return BlockHasher(f.restart_hash_algo or c.prefix_caching_hash_algo, seed)
 
     def reset_prefix_cache(self) -> bool:
         """vLLM's POST /reset_prefix_cache: drop every cached block (AllBlocksCleared); False while

@@ -71,6 +71,8 @@ class HttpApi:
         app.router.add_post("/v1/messages", self._inference(self.messages))
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/v1/completions/render", self.render_completions)
+        app.router.add_post("/v1/chat/completions/render", self.render_chat)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -587,6 +589,38 @@ class HttpApi:
             "tokens": tokens,
             "token_strs": None,
         }
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def render_completions(self, request: web.Request) -> web.Response:
+        """vLLM's POST /v1/completions/render (what `vllm launch render` serves): the prompt's
+        token ids without running it, one entry per prompt: ``[{"request_id", "token_ids"}]``."""
+        try:
+            data = await self._json(request)
+            prompt = data.get("prompt")
+            prompts = (
+                prompt if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt) else [prompt]
+            )
+            if not all(isinstance(p, str) for p in prompts):
+                raise _bad("prompt must be a string or a list of strings.", "prompt")
+        except _BadRequest as exc:
+            return exc.response
+        body = [
+            {"request_id": f"render-{i}", "token_ids": token_ids(p).tolist()} for i, p in enumerate(prompts)
+        ]
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def render_chat(self, request: web.Request) -> web.Response:
+        """vLLM's POST /v1/chat/completions/render: the chat template applied and tokenised,
+        ``{"request_id", "token_ids"}``."""
+        try:
+            data = await self._json(request)
+            messages = data.get("messages")
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise _bad("messages must be a list of message objects.", "messages")
+        except _BadRequest as exc:
+            return exc.response
+        ids = token_ids(render_chat(messages)).tolist() if messages else []
+        body = {"request_id": "render-chat", "token_ids": ids}
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:

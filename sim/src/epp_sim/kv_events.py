@@ -114,6 +114,7 @@ class KVEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._replay: zmq.Socket[bytes] | None = None
         self.replay_endpoint: str | None = None
+        self.silent = False  # the silent-publisher fault: batches take their seq, none is sent
         self._loop: asyncio.AbstractEventLoop | None = None
         if replay_endpoint is not None:
             self._replay = context.socket(zmq.ROUTER)
@@ -141,7 +142,7 @@ class KVEventPublisher:
         self._seq += 1
         if self._replay is not None:
             self._buffer.append((seq, payload))
-        if drop:
+        if drop or self.silent:
             return
         # zmq.Again: no peer yet on a connecting socket; the batch is lost, as it would be with vLLM
         with contextlib.suppress(zmq.Again):

@@ -22,6 +22,7 @@ from epp_sim.lora import LoraRegistry
 from epp_sim.metrics import MetricsRenderer
 
 _CRASH_ERROR = "The engine crashed (simulated crash fault)."
+_RESTART_ERROR = "The engine restarted (simulated restart under another hash algorithm or seed)."
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -108,6 +109,7 @@ class Rank:
                 buffer_steps=config.kv_events_buffer_steps,
             )
             self.engine.publisher = self.publisher
+            self.publisher.silent = self.faults.kv_events_silent
             self.engine.cache.record_events = True
         self._runner = web.AppRunner(self._http.build_app(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -138,10 +140,20 @@ class Rank:
     async def set_faults(self, changes: Mapping[str, Any]) -> None:
         """Apply fault changes and their side effects (crash, stop or resume listening, unpause)."""
         was_crashed = self.faults.crashed
+        hashing = (self.faults.restart_hash_algo, self.faults.restart_hash_seed)
         self.faults.update(changes)
         if self.faults.crashed and not was_crashed:
             self._abort_connections()
             self.engine.reset(_CRASH_ERROR)
+        elif (self.faults.restart_hash_algo, self.faults.restart_hash_seed) != hashing:
+            # vLLM reads both at start: the engine restarts under them (the process is new); the
+            # requests in flight fail, this admin request is answered
+            for transport in list(self.busy_transports):
+                if isinstance(transport, asyncio.Transport):
+                    transport.abort()
+            self.engine.reset(_RESTART_ERROR)
+        if self.publisher is not None:
+            self.publisher.silent = self.faults.kv_events_silent
         await self._sync_listening()
         self.engine.wake()
 

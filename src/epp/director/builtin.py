@@ -8,7 +8,7 @@ from epp.director.admitters.latency_slo import LatencySloAdmitter
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
 from epp.director.producers.predicted_latency import PredictedLatencyProducer
-from epp.director.producers.token_producer import TokenProducer
+from epp.director.producers.token_producer import LegacyTokenizer, TokenProducer
 from epp.director.reporters.attribute_reporter import RequestAttributeReporter
 from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
 from epp.plugin.base import Plugin
@@ -20,5 +20,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     DestinationEndpointServedVerifier,
     PredictedLatencyProducer,
     LatencySloAdmitter,
-    TokenProducer,  # llm-d-router's, estimate backend only (P/D configs)
+    TokenProducer,  # llm-d-router's: estimate, vllm render, UDS, local/hf tokenizer.json
+    LegacyTokenizer,  # its older type name `tokenizer`, with a deprecation warning
 )

@@ -137,9 +137,11 @@ def test_each_prediction_is_kept_beside_what_the_engine_reported() -> None:
     ("params", "message"),
     [
         ({"tokenProcessorConfig": {"hashAlgo": "md5"}}, "hashAlgo"),
-        ({"tokenProcessorConfig": {"blockSize": 0}}, "blockSize"),
+        ({"tokenProcessorConfig": {"blockSize": -1}}, "blockSize. must be > 0, got -1"),
+        ({"tokenProcessorConfig": {"blockSizeTokens": -4, "blockSize": 16}}, "must be > 0, got -4"),
         ({"tokenizerConfig": {"mode": "local"}}, "tokenizerPath"),
-        ({"kvEventsConfig": {"discoverPods": False}}, "per-endpoint"),
+        ({"kvEventsConfig": {"discoverPods": False}}, "no event source: set zmqEndpoint"),
+        ({"kvEventsConfig": {"zmqEndpoint": "127.0.0.1:5557"}}, "zmqEndpoint must be a tcp:"),
     ],
 )
 def test_invalid_configuration_is_refused(params: dict[str, Any], message: str) -> None:
@@ -148,17 +150,26 @@ def test_invalid_configuration_is_refused(params: dict[str, Any], message: str) 
 
 
 def test_events_are_expected_only_when_the_engine_stores_new_blocks() -> None:
-    """A fully cached prompt publishes nothing: routing it must not arm the silence watchdog."""
+    """A fully cached prompt publishes nothing: routing it must not arm the silence watchdog.  A
+    request that stores new blocks arms it at its first response byte (served), not at routing
+    (it may queue in the engine longer than the timeout), and only for a successful response."""
     s = scorer()
     eps = seed(s, [8, 3])
     s.subscriber.add(eps[0])
     s.subscriber.add(eps[1])
-    for picked in (0, 1):
+    states = []
+    for picked in (1, 0, 1):
         state = CycleState()
         s.prepare(state, request(), eps, TOKENS)
         s.pre_request(
             state, request(), SchedulingResult({"default": ProfileRunResult((eps[picked],))}, "default")
         )
+        states.append(state)
+    assert s.subscriber._expect == {}  # nothing is due before the engine serves
+    s.response_body(states[0], request(), ResponseInfo(request_id="r", status=503), b"error", eps[1])
+    assert s.subscriber._expect == {}  # an error response stored nothing
+    for state, ep in zip(states[1:], eps, strict=True):
+        s.response_body(state, request(), ResponseInfo(request_id="r", status=200), b"{", ep)
     assert set(s.subscriber._expect) == {eps[1].metadata.name}
 
 

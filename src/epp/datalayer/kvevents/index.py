@@ -49,6 +49,7 @@ class EndpointState:
     replays: int = 0
     clears: int = 0
     mismatches: int = 0
+    mismatch: str = ""  # the configuration mismatch in force (block_size, hash_scheme) until a restart
     verified: int = 0  # sampled first blocks whose hash the configured scheme reproduced
     verify_failures: int = 0
     rebuilding: bool = False  # after an unreplayable gap, until the engine's cache is known complete

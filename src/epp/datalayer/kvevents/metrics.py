@@ -38,6 +38,22 @@ KV_EVENT_CONSISTENT: Final = Gauge(
     "epp_kv_events_endpoint_consistent", "1 while the endpoint's KV event stream is trusted, 0 while scoring falls back to the approximate index.",
     ("endpoint",), registry=REGISTRY,
 )  # fmt: skip
+KV_EVENT_HASH_CHECKS: Final = Counter(
+    "epp_kv_events_hash_checks_total", "Sampled root blocks re-hashed with the configured algorithm and seed, by outcome (passed, failed).",
+    ("endpoint", "outcome"), registry=REGISTRY,
+)  # fmt: skip
+KV_EVENT_VERIFY_ROUNDS: Final = Counter(
+    "epp_kv_events_verify_rounds_total", "Hash verification rounds begun (a new stream, an engine restart, an unreplayed gap, periodic).",
+    ("endpoint",), registry=REGISTRY,
+)  # fmt: skip
+TRANSITION_CAUSES: Final = (
+    "in_sequence", "restart", "cleared", "replayed", "gap", "rebuilding", "undecodable", "silence",
+    "block_size_mismatch", "hash_scheme_mismatch",
+)  # fmt: skip
+KV_EVENT_TRANSITIONS: Final = Counter(
+    "epp_kv_events_consistency_transitions_total", "Consistency changes of an endpoint's KV event stream, by the state entered and its cause.",
+    ("endpoint", "consistent", "cause"), registry=REGISTRY,
+)  # fmt: skip
 KV_INDEX_BLOCKS: Final = Gauge(
     "epp_kv_events_index_blocks", "Distinct KV block hashes held by any endpoint in the precise index.",
     registry=REGISTRY,

@@ -24,11 +24,17 @@ import orjson
 
 from epp.datalayer.api import Endpoint
 from epp.datalayer.http_client import ScrapeClient
+from epp.plugin.keys import AttributeKey
 from epp.request import ApiKind, InferenceRequest
 
 _IDLE_PER_HOST: Final = 32  # keep-alive connections kept per engine (one per concurrent call)
 _MAX_CONCURRENT: Final = 100  # calls in flight at once, over all engines (aiohttp's pool limit)
 _MAX_REPLY_BYTES: Final = 64 << 20  # a 1M-token prompt's ids as JSON
+
+
+# Orders the readers of the prompt's token ids (``RequestBody.token_ids``) after a ``token-producer``
+# that writes them; nothing is stored under it (the ids are on the body, where every reader looks).
+TOKENIZED_PROMPT: Final = AttributeKey("TokenizedPrompt", list)
 
 
 class TokenSource(Protocol):
@@ -145,7 +151,7 @@ class LocalTokenizer:
 
 
 # Chat fields that change what the engine's template renders: passed through to /tokenize.
-_TEMPLATE_FIELDS = (
+TEMPLATE_FIELDS = (
     "tools", "documents", "chat_template", "chat_template_kwargs",
     "add_generation_prompt", "continue_final_message",
 )  # fmt: skip
@@ -187,7 +193,7 @@ class ServerTokenizer:
         if messages is not None:
             body = {"messages": messages, "add_generation_prompt": True}
             doc = request.body.json if request.body is not None and request.body.json is not None else {}
-            for key in _TEMPLATE_FIELDS:
+            for key in TEMPLATE_FIELDS:
                 if key in doc:
                     body[key] = doc[key]
         else:

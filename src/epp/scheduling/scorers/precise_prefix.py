@@ -1,13 +1,16 @@
 """``precise-prefix-cache-scorer``: prefer endpoints whose engines report holding the prompt's prefix.
 
-llm-d's plugin of the same name, on the engines' own KV-cache events instead of a guess: the
-request is tokenised as the engine will (``tokenizerConfig``), its blocks hashed as the engine
-hashes them (``tokenProcessorConfig``), and each candidate scored by the longest run of those
-blocks, from the first, that its engine has reported storing and not evicting (the
-``kvEventsConfig`` subscriber feeds the index).  While an endpoint's event stream is not trusted
-(a gap, a restart mid-stream, a silent publisher, a configuration mismatch) its run is taken
-is the larger of what its events still say and the approximate index's (``approx-prefix-cache-producer``,
-auto-created) run.
+llm-d's plugin of the same name.  Where ``prefix-cache-scorer`` guesses what each engine holds
+from where earlier prompts were routed, this scorer reads what the engines say in their KV-cache
+events: the request is tokenised as the engine will (``tokenizerConfig``), its full blocks hashed
+as the engine hashes them (``tokenProcessorConfig``), and each candidate scored by the longest run
+of those blocks, from the first, that its engine has reported storing and not since evicting
+(the index is fed by this plugin's ``kvEventsConfig`` subscriber, or by a ``kvEventsSource``).
+
+Fallback: while an endpoint's event stream is not trusted (a sequence gap, a restart mid-stream,
+a silent publisher, a configuration mismatch), its run is the larger of what its events still say
+and the approximate index's run (``approx-prefix-cache-producer``, auto-created).  A request that
+cannot be tokenised is scored from the approximate index for every candidate.
 
 Speculative entries (``speculativeIndexing``, on by default): events arrive only after the engine
 has prefilled a request, so at routing time the request's blocks are recorded as pending on the
@@ -25,13 +28,14 @@ requests; placing the group by load alone then scatters it over the fleet (each 
 groups than fit, and evicts more), where returning it to its last endpoint keeps the groups
 partitioned.
 
-Prediction (``predictedVsObserved``): what the picked endpoint will still hold when the request
-runs, not only what it holds now.  A block some in-flight request there holds or computes counts;
-a block only the events report is in the engine's free queue, and survives if fewer new blocks
-are queued ahead of the request there (the EPP's own count, released at the first response byte)
-than there are free or older blocks to evict before it (``BlockIndex.older``, counted up to the free
-queue's cached blocks from the scraped KV use; the scorer touches a request's blocks tail first when
-it ends, as the engine frees them).
+Prediction (``predictedVsObserved``, a measurement: it does not change the score): what the picked
+endpoint will still hold when the request runs, not only what it holds now. A block some in-flight
+request there holds or computes counts; a block only the events report is in the engine's free
+queue, and survives if fewer new blocks are queued ahead of the request there (the EPP's own count,
+released at the first response byte) than there are free or older blocks to evict before it
+(``BlockIndex.older``, counted up to the free queue's cached blocks from the scraped KV use; the
+scorer touches a request's blocks tail first when it ends, as the engine frees them).
+``scheduling/reuse_sampler.py`` compares it with the engine's reported ``cached_tokens``.
 
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
 1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
@@ -40,9 +44,7 @@ approximate ``prefix-cache-scorer`` does.  docs/precise-prefix.md has the parame
 
 from __future__ import annotations
 
-import math
 import time
-from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -53,11 +55,20 @@ from pydantic import Field
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents import metrics as m
-from epp.datalayer.kvevents.config import KVEventsConfig, TokenProcessorConfig, build_subscriber
+from epp.datalayer.kvevents.config import (
+    KVBlockIndexConfig,
+    KVCacheBackendConfig,
+    KVEventsConfig,
+    TokenizersPoolConfig,
+    TokenProcessorConfig,
+    build_subscriber,
+    default_backends,
+)
 from epp.datalayer.kvevents.hashing import BlockHasher
 from epp.datalayer.kvevents.pending import PendingRecord
 from epp.datalayer.kvevents.subscriber import KVEventSubscriber
-from epp.datalayer.kvevents.tokens import LocalTokenizer, ServerTokenizer, TokenSource
+from epp.datalayer.kvevents.tokenizers import UdsTokenizer, parse_duration, pool_tokenizer
+from epp.datalayer.kvevents.tokens import TOKENIZED_PROMPT, LocalTokenizer, ServerTokenizer, TokenSource
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.counts import subtract
@@ -65,13 +76,22 @@ from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult, ScorerCategory
+from epp.scheduling.reuse_sampler import ReuseSampler
 
 log = structlog.get_logger(__name__)
 
 
 class IndexerConfig(PluginParams):
+    """Ours (``lruCapacityPerServer``, ``maxPrefixBlocksToMatch``) and llm-d-kv-cache's indexer
+    configuration (``kvBlockIndexConfig``, ``kvCacheBackendConfigs``, ``tokenizersPoolConfig``, and
+    the older nesting of ``tokenProcessorConfig`` here); docs/precise-prefix.md maps each field."""
+
     lru_capacity_per_server: int = 31250  # blocks kept per endpoint (GIE's approximate default)
     max_prefix_blocks_to_match: int = 256
+    kv_block_index_config: KVBlockIndexConfig = Field(default_factory=KVBlockIndexConfig)
+    kv_cache_backend_configs: list[KVCacheBackendConfig] = Field(default_factory=default_backends)
+    tokenizers_pool_config: TokenizersPoolConfig | None = None
+    token_processor_config: TokenProcessorConfig | None = None  # llm-d-kv-cache before 0.3
 
 
 class TokenizerConfig(PluginParams):
@@ -93,6 +113,8 @@ class PrecisePrefixParams(PluginParams):
     speculative_indexing: bool = True  # count routed, not yet reported blocks (kvevents.pending)
     speculative_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # a pending block vs a reported one
     speculative_ttl_seconds: float = Field(default=30.0, gt=0.0)  # the longest a pending entry lives
+    # llm-d's name, a Go duration; overrides speculativeTtlSeconds when set
+    speculative_ttl: str = Field(default="", alias="speculativeTTL")
     speculative_grace_seconds: float = Field(default=2.0, ge=0.0)  # after its request ends
     approximate_when_unheld: bool = (
         True  # no candidate holds the first block: score from the approximate index
@@ -118,6 +140,7 @@ class _Prediction:
     ahead: int = 0  # new blocks this request adds to its pick's queue, until its first response byte
     target: str = ""
     routed_at: float = 0.0  # monotonic time of PreRequest
+    events_due: bool = False  # the pick will store blocks the index does not show it holding
     first_byte_at: float = 0.0  # monotonic time of the first response byte (its prefill is done)
     ahead_at_pick: int = 0  # new blocks other routed requests had queued on the pick then
     waiting_at_pick: int = 0  # the pick's scraped waiting queue then
@@ -125,58 +148,6 @@ class _Prediction:
     latest_decoding_ms: float = -1.0  # how long the latest computed holder has decoded (-1: none)
     holders_at_pick: tuple[int, int] = (0, 0)  # in-flight requests on the pick with this first block:
     # (past their first byte: the engine holds the prefix in use; not yet: still to compute it)
-
-
-SAMPLE_FIELDS = (
-    "predicted",
-    "predictedRouted",
-    "predictedConfirmed",
-    "observed",
-    "promptTokens",
-    "queuedNewBlocksAtPick",
-    "firstByteMs",
-    "waitingAtPick",
-    "kvUseAtPick",
-    "holdersComputedAtPick",
-    "holdersUncomputedAtPick",
-    "latestHolderDecodingMsAtPick",
-)
-SAMPLES = 2048  # the last routed requests' predictions kept for /debug/plugins/state
-
-
-class _Correlation:
-    """Running Pearson correlation and mean absolute error of (predicted, observed)."""
-
-    __slots__ = ("abs_err", "n", "sx", "sxx", "sxy", "sy", "syy")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.sx = self.sy = self.sxx = self.syy = self.sxy = self.abs_err = 0.0
-
-    def add(self, x: float, y: float) -> None:
-        self.n += 1
-        self.sx += x
-        self.sy += y
-        self.sxx += x * x
-        self.syy += y * y
-        self.sxy += x * y
-        self.abs_err += abs(x - y)
-
-    def state(self) -> dict[str, Any]:
-        n = self.n
-        r: float | None = None
-        if n > 1:
-            vx = n * self.sxx - self.sx * self.sx
-            vy = n * self.syy - self.sy * self.sy
-            if vx > 0 and vy > 0:
-                r = (n * self.sxy - self.sx * self.sy) / math.sqrt(vx * vy)
-        return {
-            "samples": n,
-            "pearson": r,
-            "meanPredictedTokens": self.sx / n if n else None,
-            "meanObservedTokens": self.sy / n if n else None,
-            "meanAbsErrorTokens": self.abs_err / n if n else None,
-        }
 
 
 class PrecisePrefixCacheScorer(PluginBase):
@@ -195,11 +166,34 @@ class PrecisePrefixCacheScorer(PluginBase):
     BOUNDED: ClassVar[bool] = True
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
+    # after a token-producer, if one is configured: its ids are on the body and used as they are
+    READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({TOKENIZED_PROMPT})
 
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
-        tp = params.token_processor_config
         ic = params.indexer_config
+        tp = params.token_processor_config
+        if ic.token_processor_config is not None:  # the older nesting, under indexerConfig
+            if "token_processor_config" in params.model_fields_set and tp != ic.token_processor_config:
+                raise ConfigError(
+                    f"{self.TYPE}: tokenProcessorConfig and indexerConfig.tokenProcessorConfig differ: "
+                    "set one (indexerConfig.tokenProcessorConfig is the older place)"
+                )
+            tp = ic.token_processor_config
+        kbi = ic.kv_block_index_config
+        if kbi.redis_config is not None:
+            log.warning(
+                "precise_prefix_redis_index_ignored",
+                address=kbi.redis_config.address,
+                detail="each EPP replica keeps its own in-memory index, fed by the same events",
+            )
+        capacity = min(ic.lru_capacity_per_server, kbi.in_memory_config.size)
+        ttl = params.speculative_ttl_seconds
+        if params.speculative_ttl:
+            try:
+                ttl = parse_duration(params.speculative_ttl, "speculativeTTL")
+            except ValueError as e:
+                raise ConfigError(f"{self.TYPE}: {e}") from e
         if ic.max_prefix_blocks_to_match < 0:
             raise ConfigError(f"{self.TYPE}: indexerConfig.maxPrefixBlocksToMatch must be >= 0")
         # The subscriber: this plugin's own, or that of a kv-events-source in the data layer.
@@ -225,21 +219,21 @@ class PrecisePrefixCacheScorer(PluginBase):
             self.hasher = BlockHasher(tp.hash_algo, tp.block_size, tp.hash_seed)
             self.subscriber = subscriber
         else:
-            self.hasher, self.subscriber = build_subscriber(
-                self.TYPE, tp, params.kv_events_config, ic.lru_capacity_per_server
-            )
+            self.hasher, self.subscriber = build_subscriber(self.TYPE, tp, params.kv_events_config, capacity)
         self.index = self.subscriber.index
         self.speculative = params.speculative_indexing
         self.speculative_weight = params.speculative_weight
         pending = self.index.pending
-        pending.ttl = params.speculative_ttl_seconds
+        pending.ttl = ttl
         pending.grace = params.speculative_grace_seconds
         self.block_size = tp.block_size
         self.max_blocks = ic.max_prefix_blocks_to_match
         self.normalization = params.score_normalization
         tc = params.tokenizer_config
         self.tokens: TokenSource
-        if tc.mode == "local":
+        if ic.tokenizers_pool_config is not None:
+            self.tokens = pool_tokenizer(self.TYPE, ic.tokenizers_pool_config)
+        elif tc.mode == "local":
             if not tc.tokenizer_path:
                 raise ConfigError(f"{self.TYPE}: tokenizerConfig.mode local needs tokenizerPath")
             try:
@@ -250,25 +244,25 @@ class PrecisePrefixCacheScorer(PluginBase):
             self.tokens = ServerTokenizer(timeout=tc.timeout_seconds, scheme=tc.scheme)
         self._key: StateKey[_Prediction] = StateKey(f"{name}/{self.TYPE}")
         self.approximate_when_unheld = params.approximate_when_unheld
-        self.correlation = _Correlation()  # predicted = what the pick will still hold when it runs
-        self.correlation_routed = _Correlation()  # what the scorer used, pending included
-        self.correlation_confirmed = _Correlation()  # predicted from reported blocks only
-        # (SAMPLE_FIELDS) per request, the latest SAMPLES: where predicted and observed part
-        self.samples: deque[tuple[float, ...]] = deque(maxlen=SAMPLES)
+        self.sampler = ReuseSampler()  # predicted vs observed reuse, for debug_state only
         self.ahead: dict[str, int] = {}  # endpoint -> new blocks queued there by routed requests
         self.unheld = 0  # requests scored from the approximate index because nobody held them
-        self.unreported = 0  # responses without cached_tokens
         self.tokenize_failures = 0
 
     # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
     async def start(self) -> None:
+        if isinstance(self.tokens, UdsTokenizer):
+            try:
+                await self.tokens.start()
+            except RuntimeError as e:
+                raise ConfigError(f"{self.TYPE}: indexerConfig.tokenizersPoolConfig.{e}") from e
         if self._owns_subscriber:
             await self.subscriber.start()
 
     async def stop(self) -> None:
         if self._owns_subscriber:
             await self.subscriber.stop()
-        if isinstance(self.tokens, ServerTokenizer):
+        if isinstance(self.tokens, (ServerTokenizer, UdsTokenizer)):
             await self.tokens.close()
 
     def endpoint_added(self, endpoint: Endpoint) -> None:
@@ -468,9 +462,9 @@ class PrecisePrefixCacheScorer(PluginBase):
         m.PRECISE_PREDICTED_TOKENS.observe(prediction.predicted)
         now = time.monotonic()
         # events are due only if the engine will store a block it does not hold yet: a request it
-        # has fully cached publishes nothing, and that silence is not a silent publisher
-        if reported < prediction.total_blocks:
-            self.subscriber.note_routed(name, now)
+        # has fully cached publishes nothing, and that silence is not a silent publisher.  They are
+        # awaited from its first response byte (response_body), not from now: it may queue there.
+        prediction.events_due = reported < prediction.total_blocks
         prediction.target = name
         prediction.routed_at = now
         prediction.ahead_at_pick = ahead
@@ -542,6 +536,12 @@ class PrecisePrefixCacheScorer(PluginBase):
                     if prediction.pending is not None:
                         prediction.pending.computed = True
                         prediction.pending.computed_at = prediction.first_byte_at
+                    if prediction.events_due and response.status < 300:
+                        # served: its BlockStored went out before this byte; silence from here on
+                        # is the publisher's (kvEventsConfig.silenceTimeoutSeconds)
+                        self.subscriber.expect_events(
+                            prediction.target, prediction.routed_at, prediction.first_byte_at
+                        )
                 self._release_ahead(prediction)
 
     def response_complete(
@@ -561,16 +561,13 @@ class PrecisePrefixCacheScorer(PluginBase):
             self.index.touch(st.slot, reversed(prediction.hashes))
         usage = response.usage
         if usage is None or usage.cached_tokens is None:
-            self.unreported += 1
+            self.sampler.missing()
             return
         observed = usage.cached_tokens
         m.PRECISE_OBSERVED_TOKENS.observe(observed)
         m.PRECISE_PREDICTION_ERROR_TOKENS.observe(abs(prediction.predicted - observed))
-        self.correlation.add(prediction.predicted, observed)
-        self.correlation_routed.add(prediction.predicted_routed, observed)
-        self.correlation_confirmed.add(prediction.predicted_confirmed, observed)
         first = prediction.first_byte_at
-        self.samples.append(
+        self.sampler.add(
             (
                 prediction.predicted,
                 prediction.predicted_routed,
@@ -594,17 +591,9 @@ class PrecisePrefixCacheScorer(PluginBase):
             "blockSize": self.block_size,
             "tokenizer": type(self.tokens).__name__,
             "tokenizeFailures": self.tokenize_failures,
-            "predictedVsObserved": {
-                **self.correlation.state(),
-                "responsesWithoutCachedTokens": self.unreported,
-            },
-            # what the pick held at routing (pending included), without the eviction estimate
-            "asRoutedVsObserved": self.correlation_routed.state(),
-            # the same with the prediction from reported blocks only (no pending entries)
-            "confirmedOnlyVsObserved": self.correlation_confirmed.state(),
+            **self.sampler.state(),
             "approximateWhenUnheld": {"enabled": self.approximate_when_unheld, "requests": self.unheld},
             "queuedNewBlocks": dict(self.ahead),
-            "recentPredictions": {"fields": list(SAMPLE_FIELDS), "rows": [list(r) for r in self.samples]},
             "speculative": {
                 "enabled": self.speculative,
                 "weight": self.speculative_weight,
