@@ -20,7 +20,10 @@ EXPECTED: dict[str, set[str]] = {
     "running-requests-size-scorer": set(),
     "lora-affinity-scorer": set(),
     "token-load-scorer": {"queueThresholdTokens"},
-    "prefix-cache-scorer": set(),
+    "prefix-cache-scorer": {"prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens"},
+    # llm-d-router's (docs/compatibility.md)
+    "load-aware-scorer": {"threshold"},
+    "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},
     "prefill-load-scorer": set(),  # ours, not GIE's
     # llm-d's name and config blocks, plus ours (docs/precise-prefix.md)
     "precise-prefix-cache-scorer": {

@@ -9,6 +9,7 @@ from typing import Any, Final
 import yaml
 from pydantic import ValidationError
 
+from epp.config.compat import upgrade
 from epp.config.features import validate_gates
 from epp.config.llmd import LLMD_API_VERSIONS, LlmdEndpointPickerConfig
 from epp.config.schema import EndpointPickerConfig
@@ -158,7 +159,7 @@ def load_config(text: str | bytes) -> EndpointPickerConfig:
     except ValidationError as e:
         raise ConfigError(_format(e)) from None
     check_structure(cfg)
-    return cfg
+    return upgrade(cfg)
 
 
 def load_config_file(path: str | Path) -> EndpointPickerConfig:

@@ -36,7 +36,9 @@ from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.active_request import ActiveRequestScorer
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.latency import LatencyScorer
+from epp.scheduling.scorers.load_aware import LoadAwareScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from epp.scheduling.scorers.no_hit_lru import NoHitLruScorer
 from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
@@ -80,4 +82,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     ActiveRequestScorer,
     SessionAffinityFilter,
     SessionAffinityScorer,
+    LoadAwareScorer,
+    NoHitLruScorer,
 )

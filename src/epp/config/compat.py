@@ -1,0 +1,161 @@
+"""Older upstream config forms rewritten to today's before the builder sees them.
+
+Real deployments carry configs written for GIE <= 1.4 and llm-d-router <= 0.5.  Where upstream
+moved a parameter to another plugin, the config is rewritten here (with a warning naming the
+replacement) instead of refused, so a config written for the Go EPP loads unchanged:
+
+* ``prefix-cache-scorer`` with GIE <= 1.4's index parameters (``blockSize``, ``hashBlockSize``,
+  ``maxPrefixBlocksToMatch``, ``lruCapacityPerServer``, ``autoTune``, ``blockSizeTokens``,
+  ``maxPrefixTokensToMatch``): GIE 1.5 moved the index into ``approx-prefix-cache-producer`` and
+  ignores them on the scorer.  They are moved onto an added producer (when the config declares
+  none), so their meaning is kept: ``blockSize`` was tokens up to GIE 1.3 and becomes
+  ``blockSizeTokens`` when that is absent; GIE 1.0's ``hashBlockSize`` was characters (4 a token).
+* ``pd-profile-handler`` with llm-d <= 0.5's ``threshold`` / ``hashBlockSize`` and no decider:
+  that handler decided itself (prefill when the uncached part of the prompt, in characters, is
+  at least ``threshold``; always when ``threshold`` is 0).  A ``prefix-based-pd-decider`` with
+  ``nonCachedTokens = ceil(threshold / 4)`` (or an ``always-disagg-pd-decider``) is added and named.
+
+Everything here is a pure function of the validated model: a config never half-loads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import structlog
+
+from epp.config.schema import EndpointPickerConfig, PluginSpec
+from epp.errors import ConfigError
+
+log = structlog.get_logger(__name__)
+
+PREFIX_SCORER: Final = "prefix-cache-scorer"
+APPROX_PRODUCER: Final = "approx-prefix-cache-producer"
+PD_HANDLER: Final = "pd-profile-handler"
+CHARS_PER_TOKEN: Final = 4  # GIE's estimate, used by the approximate prefix index too
+
+# GIE <= 1.4 prefix-cache-scorer parameters that now belong to the producer.
+LEGACY_PREFIX_PARAMS: Final = frozenset(
+    {
+        "autoTune",
+        "blockSize",
+        "blockSizeTokens",
+        "hashBlockSize",
+        "maxPrefixBlocksToMatch",
+        "maxPrefixTokensToMatch",
+        "lruCapacityPerServer",
+    }
+)
+
+
+def _producer_params(legacy: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in legacy.items() if k not in ("blockSize", "hashBlockSize")}
+    if "blockSizeTokens" not in out:
+        if isinstance(legacy.get("blockSize"), int) and legacy["blockSize"] > 0:
+            out["blockSizeTokens"] = legacy["blockSize"]  # GIE <= 1.3: tokens
+        elif isinstance(legacy.get("hashBlockSize"), int) and legacy["hashBlockSize"] > 0:
+            out["blockSizeTokens"] = max(1, legacy["hashBlockSize"] // CHARS_PER_TOKEN)  # GIE 1.0: chars
+    return out
+
+
+def _prefix_scorers(plugins: list[PluginSpec]) -> None:
+    has_producer = any(p.type == APPROX_PRODUCER for p in plugins)
+    added: list[PluginSpec] = []
+    for i, spec in enumerate(plugins):
+        params = spec.parameters
+        if spec.type != PREFIX_SCORER or not isinstance(params, dict):
+            continue
+        legacy = {k: v for k, v in params.items() if k in LEGACY_PREFIX_PARAMS}
+        if not legacy:
+            continue
+        plugins[i] = spec.model_copy(
+            update={"parameters": {k: v for k, v in params.items() if k not in LEGACY_PREFIX_PARAMS}}
+        )
+        if has_producer or added:
+            log.warning(
+                "deprecated_plugin_parameters_ignored",
+                path=f"plugins[{i}].parameters",
+                plugin=spec.name,
+                parameters=sorted(legacy),
+                reason=f"GIE 1.5 moved them to {APPROX_PRODUCER}, which this config declares itself",
+            )
+            continue
+        mapped = _producer_params(legacy)
+        log.warning(
+            "deprecated_plugin_parameters_moved",
+            path=f"plugins[{i}].parameters",
+            plugin=spec.name,
+            parameters=sorted(legacy),
+            replacement=f"{APPROX_PRODUCER} parameters {sorted(mapped)}",
+        )
+        name = APPROX_PRODUCER if all(p.name != APPROX_PRODUCER for p in plugins) else f"{spec.name}-producer"
+        added.append(PluginSpec(name=name, type=APPROX_PRODUCER, parameters=mapped))
+    plugins.extend(added)
+
+
+def _pd_handlers(plugins: list[PluginSpec]) -> None:
+    names = {p.name for p in plugins}
+    added: list[PluginSpec] = []
+    for i, spec in enumerate(plugins):
+        params = spec.parameters if isinstance(spec.parameters, dict) else {}
+        if spec.type != PD_HANDLER:
+            continue
+        old = {k: params[k] for k in ("threshold", "hashBlockSize") if k in params}
+        named = params.get("deciderPluginName")
+        if named or (not old and "prefix-based-pd-decider" in names):
+            if old:
+                log.warning(
+                    "deprecated_plugin_parameters_ignored",
+                    path=f"plugins[{i}].parameters",
+                    plugin=spec.name,
+                    parameters=sorted(old),
+                    reason="the handler names a decider (deciderPluginName), which decides instead",
+                )
+                plugins[i] = spec.model_copy(
+                    update={"parameters": {k: v for k, v in params.items() if k not in old}}
+                )
+            continue
+        threshold = old.get("threshold", 0)
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
+            raise ConfigError(
+                f"plugins[{i}].parameters.threshold: invalid threshold: must be >= 0, got {threshold!r}"
+            )
+        decider = f"{spec.name}-decider"
+        while decider in names:
+            decider += "-"
+        names.add(decider)
+        if threshold > 0:
+            tokens = math.ceil(threshold / CHARS_PER_TOKEN)
+            added.append(
+                PluginSpec(
+                    name=decider, type="prefix-based-pd-decider", parameters={"nonCachedTokens": tokens}
+                )
+            )
+            what = (
+                f"prefix-based-pd-decider '{decider}' with nonCachedTokens {tokens} "
+                f"(threshold {threshold} characters / 4)"
+            )
+        else:
+            added.append(PluginSpec(name=decider, type="always-disagg-pd-decider"))
+            what = f"always-disagg-pd-decider '{decider}' (threshold 0 always disaggregated)"
+        log.warning(
+            "deprecated_pd_profile_handler_decider_added",
+            path=f"plugins[{i}].parameters",
+            plugin=spec.name,
+            parameters=sorted(old),
+            replacement=what,
+        )
+        kept = {k: v for k, v in params.items() if k not in old}
+        plugins[i] = spec.model_copy(update={"parameters": {**kept, "deciderPluginName": decider}})
+    plugins.extend(added)
+
+
+def upgrade(cfg: EndpointPickerConfig) -> EndpointPickerConfig:
+    """``cfg`` with older upstream forms rewritten (module doc); the same object when none apply."""
+    plugins = list(cfg.plugins)
+    _prefix_scorers(plugins)
+    _pd_handlers(plugins)
+    if plugins == list(cfg.plugins):
+        return cfg
+    return cfg.model_copy(update={"plugins": tuple(plugins)})

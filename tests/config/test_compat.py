@@ -1,0 +1,106 @@
+"""Older upstream config forms load rewritten, with a warning naming what replaced them."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from epp.config.build import build
+from epp.config.load import load_config
+from epp.config.registry import default_registry
+from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.errors import ConfigError
+from epp.scheduling.profiles.deciders import AlwaysDisaggPDDecider, PrefixBasedPDDecider
+
+GIE_14_PREFIX = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters:
+    blockSize: 64
+    maxPrefixBlocksToMatch: 128
+    lruCapacityPerServer: 9000
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+"""
+
+
+def _producer(text: str) -> ApproxPrefixCacheProducer:
+    components = build(load_config(text), default_registry())
+    (producer,) = [p for p in components.producers if isinstance(p, ApproxPrefixCacheProducer)]
+    return producer
+
+
+def test_gie_14_prefix_parameters_move_to_the_producer() -> None:
+    with capture_logs() as logs:
+        producer = _producer(GIE_14_PREFIX)
+    # GIE <= 1.3's blockSize was tokens: it becomes blockSizeTokens.
+    assert (producer.block_size_tokens, producer.max_prefix_blocks, producer.lru_capacity) == (64, 128, 9000)
+    (warning,) = [e for e in logs if e["event"] == "deprecated_plugin_parameters_moved"]
+    assert warning["path"] == "plugins[0].parameters"
+    assert "approx-prefix-cache-producer" in warning["replacement"]
+
+
+def test_gie_10_hash_block_size_is_characters() -> None:
+    producer = _producer(GIE_14_PREFIX.replace("blockSize: 64", "hashBlockSize: 256"))
+    assert producer.block_size_tokens == 64
+
+
+def test_declared_producer_wins_and_legacy_parameters_are_ignored_with_a_warning() -> None:
+    text = GIE_14_PREFIX.replace(
+        "plugins:\n- type: prefix-cache-scorer",
+        "plugins:\n- type: approx-prefix-cache-producer\n  parameters: {blockSizeTokens: 32}\n"
+        "- type: prefix-cache-scorer",
+        1,
+    )
+    with capture_logs() as logs:
+        producer = _producer(text)
+    assert producer.block_size_tokens == 32
+    assert any(e["event"] == "deprecated_plugin_parameters_ignored" for e in logs)
+
+
+PD_05 = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-filter
+- type: decode-filter
+- type: prefix-cache-scorer
+- type: max-score-picker
+- type: pd-profile-handler
+  parameters:
+    threshold: {threshold}
+    hashBlockSize: 5
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: max-score-picker
+  - pluginRef: prefix-cache-scorer
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: max-score-picker
+  - pluginRef: prefix-cache-scorer
+"""
+
+
+def test_llmd_05_pd_handler_threshold_becomes_a_prefix_decider() -> None:
+    with capture_logs() as logs:
+        components = build(load_config(PD_05.replace("{threshold}", "100")), default_registry())
+    (decider,) = [p for p in components.plugins.values() if isinstance(p, PrefixBasedPDDecider)]
+    assert decider.non_cached_tokens == 25  # 100 characters at 4 a token
+    assert any(e["event"] == "deprecated_pd_profile_handler_decider_added" for e in logs)
+
+
+def test_llmd_05_pd_handler_threshold_zero_always_disaggregates() -> None:
+    components = build(load_config(PD_05.replace("{threshold}", "0")), default_registry())
+    assert any(isinstance(p, AlwaysDisaggPDDecider) for p in components.plugins.values())
+
+
+def test_negative_threshold_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"plugins\[4\]\.parameters\.threshold"):
+        load_config(PD_05.replace("{threshold}", "-1"))
