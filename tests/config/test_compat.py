@@ -104,3 +104,57 @@ def test_llmd_05_pd_handler_threshold_zero_always_disaggregates() -> None:
 def test_negative_threshold_names_the_field() -> None:
     with pytest.raises(ConfigError, match=r"plugins\[4\]\.parameters\.threshold"):
         load_config(PD_05.replace("{threshold}", "-1"))
+
+
+GIE_14_SECTIONS = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+saturationDetector:
+  queueDepthThreshold: 7
+  kvCacheUtilThreshold: 0.5
+data:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
+"""
+
+
+def test_gie_14_data_and_detector_thresholds() -> None:
+    with capture_logs() as logs:
+        cfg = load_config(GIE_14_SECTIONS)
+    assert cfg.data_layer is not None
+    assert cfg.saturation_detector is not None
+    assert cfg.saturation_detector.plugin_ref == "utilization-detector"
+    (spec,) = [p for p in cfg.plugins if p.type == "utilization-detector"]
+    assert spec.parameters == {"queueDepthThreshold": 7, "kvCacheUtilThreshold": 0.5}
+    components = build(cfg, default_registry())
+    detector = components.saturation_detector
+    assert getattr(detector, "queue_depth_threshold", None) == 7
+    assert {e["path"] for e in logs if e["event"] == "deprecated_config_field_moved"} == {
+        "data",
+        "saturationDetector",
+    }
+
+
+def test_flow_control_saturation_detector_in_a_gie_file() -> None:
+    text = GIE_14_SECTIONS.replace(
+        "saturationDetector:\n  queueDepthThreshold: 7\n  kvCacheUtilThreshold: 0.5\n",
+        "flowControl:\n  saturationDetector:\n    pluginRef: concurrency-detector\n",
+    )
+    cfg = load_config(text)
+    assert cfg.saturation_detector is not None
+    assert cfg.saturation_detector.plugin_ref == "concurrency-detector"
+
+
+def test_both_data_and_data_layer_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="^data: "):
+        load_config(GIE_14_SECTIONS + "dataLayer:\n  sources: []\n")

@@ -15,7 +15,17 @@ replacement) instead of refused, so a config written for the Go EPP loads unchan
   at least ``threshold``; always when ``threshold`` is 0).  A ``prefix-based-pd-decider`` with
   ``nonCachedTokens = ceil(threshold / 4)`` (or an ``always-disagg-pd-decider``) is added and named.
 
-Everything here is a pure function of the validated model: a config never half-loads.
+Before validation (``upgrade_raw``, on the parsed file):
+
+* GIE <= 1.4's ``data:`` section is today's ``dataLayer:``.
+* GIE <= 1.4's ``saturationDetector: {queueDepthThreshold, kvCacheUtilThreshold,
+  metricsStalenessThreshold}`` configured the built-in detector; GIE 1.5 made it a plugin
+  reference.  The thresholds become a ``utilization-detector`` plugin it references.
+* ``flowControl.saturationDetector`` (llm-d-router's place for it) in a GIE-apiVersion file is
+  moved to the top-level ``saturationDetector`` (``config/llmd.py`` does the same for llm-d's).
+
+Everything here is a pure function of the parsed file or validated model: a config never
+half-loads.
 """
 
 from __future__ import annotations
@@ -149,6 +159,63 @@ def _pd_handlers(plugins: list[PluginSpec]) -> None:
         kept = {k: v for k, v in params.items() if k not in old}
         plugins[i] = spec.model_copy(update={"parameters": {**kept, "deciderPluginName": decider}})
     plugins.extend(added)
+
+
+DETECTOR_THRESHOLDS: Final = frozenset(
+    {"queueDepthThreshold", "kvCacheUtilThreshold", "metricsStalenessThreshold"}
+)
+LEGACY_DETECTOR_NAME: Final = "utilization-detector"
+
+
+def _saturation_detector(data: dict[str, Any]) -> dict[str, Any]:
+    detector = data.get("saturationDetector")
+    if not isinstance(detector, dict) or not DETECTOR_THRESHOLDS & detector.keys():
+        return data
+    if "pluginRef" in detector:
+        raise ConfigError(
+            "saturationDetector: set either pluginRef (GIE >= 1.5) or the thresholds of GIE <= 1.4 "
+            f"({', '.join(sorted(DETECTOR_THRESHOLDS & detector.keys()))}), not both"
+        )
+    plugins = data.get("plugins") or []
+    if not isinstance(plugins, list):
+        return data  # the model reports the type error
+    names = {p.get("name") or p.get("type") for p in plugins if isinstance(p, dict)}
+    name = LEGACY_DETECTOR_NAME
+    while name in names:
+        name += "-legacy"
+    log.warning(
+        "deprecated_config_field_moved",
+        path="saturationDetector",
+        fields=sorted(detector),
+        replacement=f"utilization-detector plugin '{name}', named by saturationDetector.pluginRef",
+    )
+    plugin = {"name": name, "type": "utilization-detector", "parameters": dict(detector)}
+    return {**data, "plugins": [*plugins, plugin], "saturationDetector": {"pluginRef": name}}
+
+
+def upgrade_raw(data: dict[str, Any]) -> dict[str, Any]:
+    """The parsed file with older section layouts rewritten (module doc); ``data`` when none apply."""
+    if "data" in data:
+        if "dataLayer" in data:
+            raise ConfigError("data: GIE <= 1.4's name of dataLayer; set only dataLayer")
+        log.warning("deprecated_config_field_moved", path="data", replacement="dataLayer")
+        data = {("dataLayer" if k == "data" else k): v for k, v in data.items()}
+    flow = data.get("flowControl")
+    if (
+        data.get("apiVersion") not in ("llm-d.ai/v1alpha1", "llm-d.ai/v1")
+        and isinstance(flow, dict)
+        and "saturationDetector" in flow
+    ):
+        if data.get("saturationDetector") is not None:
+            raise ConfigError(
+                "flowControl.saturationDetector: set only one of it and the top-level saturationDetector"
+            )
+        log.warning(
+            "config_field_moved", path="flowControl.saturationDetector", replacement="saturationDetector"
+        )
+        rest = {k: v for k, v in flow.items() if k != "saturationDetector"}
+        data = {**data, "flowControl": rest, "saturationDetector": flow["saturationDetector"]}
+    return _saturation_detector(data)
 
 
 def upgrade(cfg: EndpointPickerConfig) -> EndpointPickerConfig:

@@ -9,7 +9,7 @@ from typing import Any, Final
 import yaml
 from pydantic import ValidationError
 
-from epp.config.compat import upgrade
+from epp.config.compat import upgrade, upgrade_raw
 from epp.config.features import validate_gates
 from epp.config.llmd import LLMD_API_VERSIONS, LlmdEndpointPickerConfig
 from epp.config.schema import EndpointPickerConfig
@@ -151,6 +151,7 @@ def load_config(text: str | bytes) -> EndpointPickerConfig:
         raise ConfigError(
             f"failed to parse config: expected a mapping (an EndpointPickerConfig), got {type(data).__name__}"
         )
+    data = upgrade_raw(data)
     try:
         if data.get("apiVersion") in LLMD_API_VERSIONS:  # llm-d-router's layout (config/llmd.py)
             cfg = LlmdEndpointPickerConfig.model_validate(data).to_gie()
