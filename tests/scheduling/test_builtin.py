@@ -23,6 +23,8 @@ EXPECTED: dict[str, set[str]] = {
     "prefix-cache-scorer": {"prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens"},
     # llm-d-router's (docs/compatibility.md)
     "load-aware-scorer": {"threshold"},
+    "topology-affinity-filter": {"minAffinity", "topologyProducerName"},
+    "topology-affinity-scorer": {"topologyProducerName"},
     "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},
     "prefill-load-scorer": set(),  # ours, not GIE's
     # llm-d's name and config blocks, plus ours (docs/precise-prefix.md)

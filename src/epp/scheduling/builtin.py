@@ -18,6 +18,7 @@ from epp.scheduling.filters.peer import ExcludePeerFilter
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.filters.slo_headroom_tier import SloHeadroomTierFilter
+from epp.scheduling.filters.topology_affinity import TopologyAffinityFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.random import RandomPicker
 from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
@@ -46,6 +47,7 @@ from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
 from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
+from epp.scheduling.scorers.topology_affinity import TopologyAffinityScorer
 
 BUILTINS: Final[tuple[type[Plugin], ...]] = (
     SingleProfileHandler,
@@ -84,4 +86,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     SessionAffinityScorer,
     LoadAwareScorer,
     NoHitLruScorer,
+    TopologyAffinityFilter,
+    TopologyAffinityScorer,
 )
