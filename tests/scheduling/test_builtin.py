@@ -23,6 +23,7 @@ EXPECTED: dict[str, set[str]] = {
     "prefix-cache-scorer": {"prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens"},
     # llm-d-router's (docs/compatibility.md)
     "load-aware-scorer": {"threshold"},
+    "data-parallel-profile-handler": {"primaryPort"},
     "topology-affinity-filter": {"minAffinity", "topologyProducerName"},
     "topology-affinity-scorer": {"topologyProducerName"},
     "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},

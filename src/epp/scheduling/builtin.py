@@ -22,6 +22,7 @@ from epp.scheduling.filters.topology_affinity import TopologyAffinityFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.random import RandomPicker
 from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
+from epp.scheduling.profiles.data_parallel import DataParallelProfileHandler
 from epp.scheduling.profiles.deciders import (
     AlwaysDisaggMultimodalDecider,
     AlwaysDisaggPDDecider,
@@ -88,4 +89,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     NoHitLruScorer,
     TopologyAffinityFilter,
     TopologyAffinityScorer,
+    DataParallelProfileHandler,
 )
