@@ -156,5 +156,5 @@ def test_flow_control_saturation_detector_in_a_gie_file() -> None:
 
 
 def test_both_data_and_data_layer_is_refused_naming_the_field() -> None:
-    with pytest.raises(ConfigError, match="^data: "):
+    with pytest.raises(ConfigError, match=r"^data: "):
         load_config(GIE_14_SECTIONS + "dataLayer:\n  sources: []\n")
