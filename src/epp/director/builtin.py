@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from epp.director.admitters.latency_slo import LatencySloAdmitter
+from epp.director.admitters.probabilistic import ProbabilisticAdmitter
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
 from epp.director.producers.predicted_latency import PredictedLatencyProducer
@@ -21,4 +22,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     PredictedLatencyProducer,
     LatencySloAdmitter,
     TokenProducer,  # llm-d-router's, estimate backend only (P/D configs)
+    ProbabilisticAdmitter,
 )
