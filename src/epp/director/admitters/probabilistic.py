@@ -1,4 +1,4 @@
-"""``probabilistic-admitter`` (llm-d-router): shed sheddable requests with a probability that rises steeply with load.
+"""``probabilistic-admitter`` (llm-d-router): shed sheddable requests more likely the fuller the pool.
 
 A hard saturation cut-off flips every sheddable request from admitted to refused at once; a
 probability that grows as a high power of the pool's saturation sheds a few early and almost
