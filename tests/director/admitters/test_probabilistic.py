@@ -63,6 +63,6 @@ def test_critical_requests_and_no_candidates_are_admitted() -> None:
 
 @pytest.mark.parametrize("field", ["queueDepthThreshold", "kvCacheUtilThreshold", "power", "k"])
 def test_non_positive_parameters_are_refused(field: str) -> None:
+    params: dict[str, Any] = {field: 0}
     with pytest.raises(ValueError, match=field):
-        params: dict[str, Any] = {field: 0}
         build(ProbabilisticAdmitter, **params)
