@@ -11,6 +11,7 @@ from epp.flowcontrol.fairness.round_robin import RoundRobinFairnessPolicy
 from epp.flowcontrol.ordering.edf import EdfOrderingPolicy
 from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
 from epp.flowcontrol.ordering.slo_deadline import SloDeadlineOrderingPolicy
+from epp.flowcontrol.usage_limits.soft_reflective import SoftReflectiveCeilingPolicy
 from epp.flowcontrol.usage_limits.static import StaticUsageLimitPolicy
 from epp.plugin.base import Plugin
 
@@ -23,4 +24,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     EdfOrderingPolicy,
     SloDeadlineOrderingPolicy,
     StaticUsageLimitPolicy,
+    SoftReflectiveCeilingPolicy,
 )
