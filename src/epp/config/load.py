@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from epp.config.compat import upgrade, upgrade_raw
 from epp.config.features import validate_gates
-from epp.config.llmd import LLMD_API_VERSIONS, LlmdEndpointPickerConfig
+from epp.config.llmd import LLMD_API_VERSIONS, LLMD_ONLY_FIELDS, LlmdEndpointPickerConfig
 from epp.config.schema import EndpointPickerConfig
 from epp.errors import ConfigError
 
@@ -153,7 +153,7 @@ def load_config(text: str | bytes) -> EndpointPickerConfig:
         )
     data = upgrade_raw(data)
     try:
-        if data.get("apiVersion") in LLMD_API_VERSIONS:  # llm-d-router's layout (config/llmd.py)
+        if data.get("apiVersion") in LLMD_API_VERSIONS or LLMD_ONLY_FIELDS & data.keys():  # config/llmd.py
             cfg = LlmdEndpointPickerConfig.model_validate(data).to_gie()
         else:
             cfg = EndpointPickerConfig.model_validate(data)
