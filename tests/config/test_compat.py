@@ -158,3 +158,34 @@ def test_flow_control_saturation_detector_in_a_gie_file() -> None:
 def test_both_data_and_data_layer_is_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"^data: "):
         load_config(GIE_14_SECTIONS + "dataLayer:\n  sources: []\n")
+
+
+PRODUCER_NAMES = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: inflight-load-producer
+  name: loads
+- type: active-request-scorer
+  parameters: {inFlightLoadProducerName: loads, idleThreshold: 2}
+- type: token-load-scorer
+  parameters: {inFlightLoadProducerName: inflight-load-producer}
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: active-request-scorer
+  - pluginRef: token-load-scorer
+"""
+
+
+def test_producer_name_parameters_name_the_one_producer() -> None:
+    components = build(load_config(PRODUCER_NAMES), default_registry())
+    scorer = components.plugins["active-request-scorer"]
+    assert getattr(scorer, "idle_threshold", None) == 2
+
+
+def test_producer_name_naming_nothing_is_refused_with_its_field() -> None:
+    with pytest.raises(ConfigError, match=r"plugins\[1\]\.parameters\.inFlightLoadProducerName: 'nope'"):
+        load_config(
+            PRODUCER_NAMES.replace("inFlightLoadProducerName: loads", "inFlightLoadProducerName: nope")
+        )

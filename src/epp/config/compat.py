@@ -15,6 +15,12 @@ replacement) instead of refused, so a config written for the Go EPP loads unchan
   at least ``threshold``; always when ``threshold`` is 0).  A ``prefix-based-pd-decider`` with
   ``nonCachedTokens = ceil(threshold / 4)`` (or an ``always-disagg-pd-decider``) is added and named.
 
+* llm-d-router v0.10's ``inFlightLoadProducerName``, ``latencyPredictionInfoProducerName`` and
+  ``prefixMatchInfoProducerName`` on the plugins that read those keys: they pick which producer
+  instance's output to read, and this EPP runs one producer per key, so a name that names a
+  declared plugin or the key's default producer is accepted and dropped; any other name is an
+  error naming the field.
+
 Before validation (``upgrade_raw``, on the parsed file):
 
 * GIE <= 1.4's ``data:`` section is today's ``dataLayer:``.
@@ -218,11 +224,50 @@ def upgrade_raw(data: dict[str, Any]) -> dict[str, Any]:
     return _saturation_detector(data)
 
 
+# parameter -> the key's default producer; on the types that do not take it themselves.
+PRODUCER_NAME_PARAMS: Final = {
+    "inFlightLoadProducerName": "inflight-load-producer",
+    "latencyPredictionInfoProducerName": "predicted-latency-producer",
+    "prefixMatchInfoProducerName": "approx-prefix-cache-producer",
+}
+PRODUCER_NAME_READERS: Final = frozenset(
+    {
+        "active-request-scorer",
+        "token-load-scorer",
+        "concurrency-detector",
+        "prefix-cache-affinity-filter",
+        "latency-scorer",
+        "latency-slo-admitter",
+        "slo-headroom-tier-filter",
+    }
+)
+
+
+def _producer_names(plugins: list[PluginSpec]) -> None:
+    names = {p.name for p in plugins}
+    for i, spec in enumerate(plugins):
+        params = spec.parameters
+        if spec.type not in PRODUCER_NAME_READERS or not isinstance(params, dict):
+            continue
+        given = {k: v for k, v in params.items() if k in PRODUCER_NAME_PARAMS}
+        if not given:
+            continue
+        for key, value in given.items():
+            if value and value not in names and value != PRODUCER_NAME_PARAMS[key]:
+                raise ConfigError(
+                    f"plugins[{i}].parameters.{key}: '{value}' names no plugin in this config "
+                    f"(the default producer is '{PRODUCER_NAME_PARAMS[key]}')"
+                )
+        kept = {k: v for k, v in params.items() if k not in PRODUCER_NAME_PARAMS}
+        plugins[i] = spec.model_copy(update={"parameters": kept or None})
+
+
 def upgrade(cfg: EndpointPickerConfig) -> EndpointPickerConfig:
     """``cfg`` with older upstream forms rewritten (module doc); the same object when none apply."""
     plugins = list(cfg.plugins)
     _prefix_scorers(plugins)
     _pd_handlers(plugins)
+    _producer_names(plugins)
     if plugins == list(cfg.plugins):
         return cfg
     return cfg.model_copy(update={"plugins": tuple(plugins)})
