@@ -46,6 +46,7 @@ REFUSED: dict[str, str] = {
     "llmd-router-v0.5.0--sim-epp-kvcache-config.yaml": "plugins[0].parameters.mode",
     "llmd-router-v0.7.0--sim-epp-kvcache-config.yaml": "plugins[0].parameters.kvEventsConfig.zmqEndpoint",
     "llmd-router-v0.7.0--sim-epp-no-hit-lru.yaml": "plugins[0].parameters.indexerConfig.tokenProcessorConfig",
+    "llmd-router-v0.10.0--sim-epp-no-hit-lru.yaml": "plugins[0].parameters.tokenProcessorConfig.blockSizeTokens",
     # upstream's test-only plugin (its integration harness registers it; no EPP binary has it)
     "gie-v1.5.0--integration-datalayer-config.yaml": "plugin type 'mock-metrics-source' is not registered",
     "llmd-router-v0.10.0--integration-datalayer-config.yaml": "plugin type 'mock-metrics-source'",
@@ -55,7 +56,6 @@ REFUSED: dict[str, str] = {
     # not built yet (docs/compatibility.md says why)
     "gie-v1.4.0--chart-latency-predictor.yaml": "plugin type 'predicted-latency-scorer' is not registered",
     "llmd-router-v0.10.0--sim-epp-gpu-config.yaml": "plugin type 'dcgm-data-source' is not registered",
-    "llmd-router-v0.10.0--sim-epp-no-hit-lru.yaml": "plugin type 'precise-prefix-cache-producer' is not registered",
     "llmd-router-v0.10.0--sim-program-aware-config.yaml": "plugin type 'program-aware-fairness' is not registered",
 }
 

@@ -8,6 +8,7 @@ from epp.director.admitters.latency_slo import LatencySloAdmitter
 from epp.director.admitters.probabilistic import ProbabilisticAdmitter
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
+from epp.director.producers.precise_prefix import PrecisePrefixCacheProducer
 from epp.director.producers.predicted_latency import PredictedLatencyProducer
 from epp.director.producers.token_producer import TokenProducer
 from epp.director.reporters.attribute_reporter import RequestAttributeReporter
@@ -23,4 +24,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     LatencySloAdmitter,
     TokenProducer,  # llm-d-router's, estimate backend only (P/D configs)
     ProbabilisticAdmitter,
+    PrecisePrefixCacheProducer,
 )
