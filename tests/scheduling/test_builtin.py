@@ -24,6 +24,7 @@ EXPECTED: dict[str, set[str]] = {
     # llm-d-router's (docs/compatibility.md)
     "load-aware-scorer": {"threshold"},
     "data-parallel-profile-handler": {"primaryPort"},
+    "context-length-aware": {"label", "enableFiltering"},
     "topology-affinity-filter": {"minAffinity", "topologyProducerName"},
     "topology-affinity-scorer": {"topologyProducerName"},
     "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},

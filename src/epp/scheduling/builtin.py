@@ -36,6 +36,7 @@ from epp.scheduling.profiles.disagg_deprecated import (
 )
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.active_request import ActiveRequestScorer
+from epp.scheduling.scorers.context_length_aware import ContextLengthAware
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.load_aware import LoadAwareScorer
@@ -90,4 +91,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     TopologyAffinityFilter,
     TopologyAffinityScorer,
     DataParallelProfileHandler,
+    ContextLengthAware,
 )
