@@ -25,6 +25,7 @@ EXPECTED: dict[str, set[str]] = {
     "load-aware-scorer": {"threshold"},
     "data-parallel-profile-handler": {"primaryPort"},
     "context-length-aware": {"label", "enableFiltering"},
+    "utilization-filter": {"conditions", "fallbackOnEmpty", "inFlightLoadProducerName"},
     "topology-affinity-filter": {"minAffinity", "topologyProducerName"},
     "topology-affinity-scorer": {"topologyProducerName"},
     "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},
@@ -134,7 +135,10 @@ EXPECTED: dict[str, set[str]] = {
 }
 
 # Types whose parameters have no valid empty form (llm-d rejects them empty too).
-REQUIRED_PARAMETERS: dict[str, dict[str, object]] = {"by-label": {"label": "x", "allowsNoLabel": True}}
+REQUIRED_PARAMETERS: dict[str, dict[str, object]] = {
+    "by-label": {"label": "x", "allowsNoLabel": True},
+    "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 0}]},
+}
 
 # Other concepts' plugins share the flow-control and director tuples; keep only these.
 _MINE = (

@@ -19,6 +19,7 @@ from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.filters.slo_headroom_tier import SloHeadroomTierFilter
 from epp.scheduling.filters.topology_affinity import TopologyAffinityFilter
+from epp.scheduling.filters.utilization import UtilizationFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.random import RandomPicker
 from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
@@ -92,4 +93,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     TopologyAffinityScorer,
     DataParallelProfileHandler,
     ContextLengthAware,
+    UtilizationFilter,
 )
