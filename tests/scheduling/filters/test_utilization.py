@@ -56,9 +56,9 @@ def test_any_exceeded_cap_drops_and_fallback_keeps_everyone() -> None:
 
 
 def test_only_active_requests_consumes_the_in_flight_load() -> None:
-    assert build(UtilizationFilter, conditions=[cap("active-requests", 1)]).CONSUMES == {INFLIGHT_LOAD}
+    assert {INFLIGHT_LOAD} == build(UtilizationFilter, conditions=[cap("active-requests", 1)]).CONSUMES
     for metric in ("running-requests", "waiting-queue", "kv-cache-utilization"):
-        assert build(UtilizationFilter, conditions=[cap(metric, 1)]).CONSUMES == frozenset()
+        assert frozenset() == build(UtilizationFilter, conditions=[cap(metric, 1)]).CONSUMES
 
 
 @pytest.mark.parametrize(
