@@ -11,6 +11,7 @@ from epp.flowcontrol.fairness.round_robin import RoundRobinFairnessPolicy
 from epp.flowcontrol.ordering.edf import EdfOrderingPolicy
 from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
 from epp.flowcontrol.ordering.slo_deadline import SloDeadlineOrderingPolicy
+from epp.flowcontrol.usage_limits.priority_holdback import PriorityHoldbackPolicy
 from epp.flowcontrol.usage_limits.soft_reflective import SoftReflectiveCeilingPolicy
 from epp.flowcontrol.usage_limits.static import StaticUsageLimitPolicy
 from epp.plugin.base import Plugin
@@ -25,4 +26,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     SloDeadlineOrderingPolicy,
     StaticUsageLimitPolicy,
     SoftReflectiveCeilingPolicy,
+    PriorityHoldbackPolicy,
 )
