@@ -26,6 +26,8 @@ EXPECTED: dict[str, set[str]] = {
     "data-parallel-profile-handler": {"primaryPort"},
     "context-length-aware": {"label", "enableFiltering"},
     "utilization-filter": {"conditions", "fallbackOnEmpty", "inFlightLoadProducerName"},
+    "header-label-affinity-scorer": {"headerName", "labelKey"},
+    "header-profile-handler": {"headerName", "defaultProfile"},
     "topology-affinity-filter": {"minAffinity", "topologyProducerName"},
     "topology-affinity-scorer": {"topologyProducerName"},
     "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},
@@ -138,6 +140,7 @@ EXPECTED: dict[str, set[str]] = {
 REQUIRED_PARAMETERS: dict[str, dict[str, object]] = {
     "by-label": {"label": "x", "allowsNoLabel": True},
     "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 0}]},
+    "header-label-affinity-scorer": {"headerName": "x-tier", "labelKey": "tier"},
 }
 
 # Other concepts' plugins share the flow-control and director tuples; keep only these.

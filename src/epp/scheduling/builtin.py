@@ -35,9 +35,11 @@ from epp.scheduling.profiles.disagg_deprecated import (
     PdProfileHandler,
     PrefillHeaderHandler,
 )
+from epp.scheduling.profiles.header_profile import HeaderProfileHandler
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.active_request import ActiveRequestScorer
 from epp.scheduling.scorers.context_length_aware import ContextLengthAware
+from epp.scheduling.scorers.header_label_affinity import HeaderLabelAffinityScorer
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.load_aware import LoadAwareScorer
@@ -94,4 +96,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     DataParallelProfileHandler,
     ContextLengthAware,
     UtilizationFilter,
+    HeaderLabelAffinityScorer,
+    HeaderProfileHandler,
 )
