@@ -189,3 +189,14 @@ def test_producer_name_naming_nothing_is_refused_with_its_field() -> None:
         load_config(
             PRODUCER_NAMES.replace("inFlightLoadProducerName: loads", "inFlightLoadProducerName: nope")
         )
+
+
+def test_removed_type_names_its_replacement() -> None:
+    text = (
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "plugins:\n- type: predicted-latency-scorer\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"plugins\[0\]\.type: .*predicted-latency-producer.*latency-scorer"
+    ):
+        load_config(text)

@@ -54,7 +54,8 @@ REFUSED: dict[str, str] = {
     # a deploy template: ${PRIMARY_PORT} is replaced by envsubst before the Go EPP reads it
     "llmd-router-v0.5.0--sim-pd-epp-config.yaml": "plugins[5].parameters.primaryPort",
     # not built yet (docs/compatibility.md says why)
-    "gie-v1.4.0--chart-latency-predictor.yaml": "plugin type 'predicted-latency-scorer' is not registered",
+    "gie-v1.4.0--chart-latency-predictor.yaml": "plugins[3].type: plugin type 'predicted-latency-scorer' was "
+    "removed in GIE 1.5: declare predicted-latency-producer",
     "llmd-router-v0.10.0--sim-epp-gpu-config.yaml": "plugin type 'dcgm-data-source' is not registered",
     "llmd-router-v0.10.0--sim-program-aware-config.yaml": "plugin type 'program-aware-fairness' is not registered",
 }

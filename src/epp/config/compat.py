@@ -262,9 +262,24 @@ def _producer_names(plugins: list[PluginSpec]) -> None:
         plugins[i] = spec.model_copy(update={"parameters": kept or None})
 
 
+# Types upstream removed (and now refuses): the error names what replaced them.
+REMOVED_TYPES: Final = {
+    "predicted-latency-scorer": "removed in GIE 1.5: declare predicted-latency-producer and put "
+    "latency-scorer (with slo-headroom-tier-filter / prefix-cache-affinity-filter as needed) in the "
+    "profile; docs/latency-prediction.md",
+}
+
+
+def _removed_types(plugins: list[PluginSpec]) -> None:
+    for i, spec in enumerate(plugins):
+        if spec.type in REMOVED_TYPES:
+            raise ConfigError(f"plugins[{i}].type: plugin type '{spec.type}' was {REMOVED_TYPES[spec.type]}")
+
+
 def upgrade(cfg: EndpointPickerConfig) -> EndpointPickerConfig:
     """``cfg`` with older upstream forms rewritten (module doc); the same object when none apply."""
     plugins = list(cfg.plugins)
+    _removed_types(plugins)
     _prefix_scorers(plugins)
     _pd_handlers(plugins)
     _producer_names(plugins)
