@@ -7,6 +7,7 @@ from typing import Final
 from epp.flowcontrol.detectors.concurrency import ConcurrencyDetector
 from epp.flowcontrol.detectors.utilization import UtilizationDetector
 from epp.flowcontrol.fairness.global_strict import GlobalStrictFairnessPolicy
+from epp.flowcontrol.fairness.program_aware import ProgramAwareFairness
 from epp.flowcontrol.fairness.round_robin import RoundRobinFairnessPolicy
 from epp.flowcontrol.ordering.edf import EdfOrderingPolicy
 from epp.flowcontrol.ordering.fcfs import FcfsOrderingPolicy
@@ -27,4 +28,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     StaticUsageLimitPolicy,
     SoftReflectiveCeilingPolicy,
     PriorityHoldbackPolicy,
+    ProgramAwareFairness,
 )
