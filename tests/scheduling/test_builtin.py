@@ -133,6 +133,10 @@ EXPECTED: dict[str, set[str]] = {
         "missThreshold",
         "maxSessions",
         "skipWhenSaturated",
+        # llm-d-router v0.10's form (the filter's)
+        "strategy",
+        "encodedEndpointHeaderConfig",
+        "sessionIdConfig",
     },
 }
 
