@@ -200,3 +200,47 @@ def test_removed_type_names_its_replacement() -> None:
         ConfigError, match=r"plugins\[0\]\.type: .*predicted-latency-producer.*latency-scorer"
     ):
         load_config(text)
+
+
+FLAT_DISAGG = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: always-disagg-pd-decider
+  name: always
+- type: disagg-profile-handler
+  parameters:
+    decodeProfile: dec
+    prefillProfile: pre
+    deciderPluginName: always
+schedulingProfiles:
+- name: pre
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: max-score-picker
+- name: dec
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: max-score-picker
+"""
+
+
+def test_disagg_handler_flat_parameters_are_nested_with_a_warning() -> None:
+    with capture_logs() as logs:
+        cfg = load_config(FLAT_DISAGG)
+    (spec,) = [p for p in cfg.plugins if p.type == "disagg-profile-handler"]
+    assert spec.parameters == {
+        "profiles": {"decode": "dec", "prefill": "pre"},
+        "deciders": {"prefill": "always"},
+    }
+    assert any(e["event"] == "deprecated_plugin_parameters_moved" for e in logs)
+    build(cfg, default_registry())
+
+
+def test_disagg_handler_mixed_forms_are_refused_naming_the_field() -> None:
+    mixed = FLAT_DISAGG.replace("    deciderPluginName: always", "    deciders: {prefill: always}")
+    with pytest.raises(ConfigError, match="decodeProfile"):
+        build(load_config(mixed), default_registry())

@@ -15,6 +15,9 @@ replacement) instead of refused, so a config written for the Go EPP loads unchan
   at least ``threshold``; always when ``threshold`` is 0).  A ``prefix-based-pd-decider`` with
   ``nonCachedTokens = ceil(threshold / 4)`` (or an ``always-disagg-pd-decider``) is added and named.
 
+* ``disagg-profile-handler``'s deprecated flat parameters (``decodeProfile``, ``prefillProfile``,
+  ``encodeProfile``, ``prefillDeciderPluginName``, ``encodeDeciderPluginName``,
+  ``deciderPluginName``), which llm-d-router still reads: nested into ``profiles`` / ``deciders``.
 * llm-d-router v0.10's ``inFlightLoadProducerName``, ``latencyPredictionInfoProducerName`` and
   ``prefixMatchInfoProducerName`` on the plugins that read those keys: they pick which producer
   instance's output to read, and this EPP runs one producer per key, so a name that names a
@@ -276,12 +279,49 @@ def _removed_types(plugins: list[PluginSpec]) -> None:
             raise ConfigError(f"plugins[{i}].type: plugin type '{spec.type}' was {REMOVED_TYPES[spec.type]}")
 
 
+# disagg-profile-handler's deprecated flat form (llm-d-router keeps reading it): flat key -> nested.
+DISAGG_FLAT: Final = {
+    "decodeProfile": ("profiles", "decode"),
+    "prefillProfile": ("profiles", "prefill"),
+    "encodeProfile": ("profiles", "encode"),
+    "prefillDeciderPluginName": ("deciders", "prefill"),
+    "encodeDeciderPluginName": ("deciders", "encode"),
+    "deciderPluginName": ("deciders", "prefill"),  # lower priority than prefillDeciderPluginName
+}
+
+
+def _disagg_flat(plugins: list[PluginSpec]) -> None:
+    for i, spec in enumerate(plugins):
+        params = spec.parameters
+        if spec.type != "disagg-profile-handler" or not isinstance(params, dict):
+            continue
+        flat = [k for k in params if k in DISAGG_FLAT]
+        if not flat or not set(params) <= {*DISAGG_FLAT, "stageOrder"}:
+            continue  # nested (or mixed: the handler's model names the stray field)
+        nested: dict[str, Any] = {"profiles": {}, "deciders": {}}
+        if "stageOrder" in params:
+            nested["stageOrder"] = params["stageOrder"]
+        for key in sorted(flat, key=lambda k: k == "deciderPluginName"):  # the alias last
+            section, name = DISAGG_FLAT[key]
+            if params[key] and name not in nested[section]:
+                nested[section][name] = params[key]
+        log.warning(
+            "deprecated_plugin_parameters_moved",
+            path=f"plugins[{i}].parameters",
+            plugin=spec.name,
+            parameters=sorted(flat),
+            replacement="profiles.{decode,prefill,encode} and deciders.{prefill,encode}",
+        )
+        plugins[i] = spec.model_copy(update={"parameters": nested})
+
+
 def upgrade(cfg: EndpointPickerConfig) -> EndpointPickerConfig:
     """``cfg`` with older upstream forms rewritten (module doc); the same object when none apply."""
     plugins = list(cfg.plugins)
     _removed_types(plugins)
     _prefix_scorers(plugins)
     _pd_handlers(plugins)
+    _disagg_flat(plugins)
     _producer_names(plugins)
     if plugins == list(cfg.plugins):
         return cfg
