@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
 
 from epp.flowcontrol.api import FairnessPolicy
+from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.fairness.program_aware import ProgramAwareFairness
+from epp.flowcontrol.usage_limits.static import StaticUsageLimitParams, StaticUsageLimitPolicy
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, Usage
-from epp.testing.flowcontrol import FakeItem, FakeQueue
-from epp.testing.plugins import build
+from epp.testing.builders import make_endpoint
+from epp.testing.flowcontrol import FakeDetector, FakeItem, FakeQueue
+from epp.testing.plugins import FakeHandle, build
+from tests.flowcontrol.helpers import policy_plugins, queue_up, req, settings
 
 
 class Clock:
@@ -96,3 +102,35 @@ def test_per_pick_decay_factor_and_in_flight_programs_keep_their_service() -> No
 def test_invalid_parameters_are_refused(params: dict[str, Any]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - each case fails on its own field
         build(ProgramAwareFairness, **params)
+
+
+async def test_flow_controller_dispatches_the_least_served_program_first() -> None:
+    """Through the real controller: a program that consumed many tokens waits behind a fresh one."""
+    policy, _ = _policy()
+    policy.clock = time.monotonic
+    _serve(policy, "heavy", 1000, 500)
+    plugins = policy_plugins()
+    plugins[policy.TYPE] = policy
+    detector = FakeDetector(1.0)
+    controller = FlowController(
+        settings(
+            defaultPriorityBand={
+                "orderingPolicyRef": "fcfs-ordering-policy",
+                "fairnessPolicyRef": policy.TYPE,
+            }
+        ),
+        detector=detector,
+        usage_limit=StaticUsageLimitPolicy("limits", StaticUsageLimitParams(), FakeHandle()),
+        plugins=plugins,
+        endpoints=lambda: (make_endpoint(0),),
+        pool_name="pool-program-aware",
+    )
+    done: list[str] = []
+    async with controller:
+        tasks = await queue_up(
+            controller, [req("h1", flow="heavy"), req("h2", flow="heavy"), req("l1", flow="light")], done
+        )
+        detector.value = 0.0
+        controller.notify()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert done == ["l1", "h1", "h2"]
