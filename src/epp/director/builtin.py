@@ -10,6 +10,7 @@ from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
 from epp.director.producers.precise_prefix import PrecisePrefixCacheProducer
 from epp.director.producers.predicted_latency import PredictedLatencyProducer
+from epp.director.producers.session_id import SessionIdProducer
 from epp.director.producers.token_producer import TokenProducer
 from epp.director.reporters.attribute_reporter import RequestAttributeReporter
 from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
@@ -25,4 +26,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     TokenProducer,  # llm-d-router's, estimate backend only (P/D configs)
     ProbabilisticAdmitter,
     PrecisePrefixCacheProducer,
+    SessionIdProducer,
 )
