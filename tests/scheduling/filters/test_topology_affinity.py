@@ -90,11 +90,3 @@ def test_scorer_grades_by_level() -> None:
     ]
     assert scorer.score(_state(ep(*PEER)), make_request(), eps) == [1.0, 0.2, 0.05, 0.02, 0.0, 0.0]
     assert scorer.score(_state(None), make_request(), eps) == [0.0] * 6
-
-
-def test_extractor_custom_labels() -> None:
-    extractor = build(TopologyExtractor, hostname="node", zone="az")
-    topo = extractor.topology(make_endpoint(0, labels={"node": "n1", "az": "a"}))
-    assert topo is not None
-    assert (topo.hostname, topo.rack, topo.zone, topo.region) == ("n1", "", "a", "")
-    assert extractor.topology(make_endpoint(0, labels={HOSTNAME_LABEL: "x"})) is None
