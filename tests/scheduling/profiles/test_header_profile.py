@@ -1,4 +1,4 @@
-"""header-profile-handler and header-label-affinity-scorer: llm-d-router's behaviour and messages."""
+"""header-profile-handler: llm-d-router's behaviour and messages."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from epp.plugin.state import CycleState
 from epp.scheduling.api import ProfileRunResult
 from epp.scheduling.profiles.header_profile import HeaderProfileHandler
-from epp.scheduling.scorers.header_label_affinity import HeaderLabelAffinityScorer
 from epp.testing.builders import make_endpoint, make_request
 from epp.testing.plugins import build
 
@@ -48,16 +47,3 @@ def test_result_is_the_one_profile_run() -> None:
     with pytest.raises(ValueError, match="failed to run scheduler profile 'prefill'"):
         handler.process_results(CycleState(), make_request(), {"prefill": None})
     assert handler.pick_profiles(CycleState(), make_request(), PROFILES, {"prefill": None}) == ()
-
-
-def test_header_label_affinity_scores_matching_label() -> None:
-    scorer = build(HeaderLabelAffinityScorer, headerName="X-Tier", labelKey="tier")
-    eps = [
-        make_endpoint(0, labels={"tier": "gold"}),
-        make_endpoint(1, labels={"tier": "bronze"}),
-        make_endpoint(2),
-    ]
-    assert scorer.score(CycleState(), make_request(headers={"x-tier": "gold"}), eps) == [1.0, 0.0, 0.0]
-    assert scorer.score(CycleState(), make_request(), eps) == [0.0, 0.0, 0.0]
-    with pytest.raises(ValueError, match="labelKey"):
-        build(HeaderLabelAffinityScorer, headerName="X-Tier", labelKey="")
