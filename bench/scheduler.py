@@ -44,7 +44,7 @@ from epp.scheduling.picking import PickerParams
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scheduler import Scheduler, SchedulerProfile
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
-from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer, PrefixCacheScorerParams
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.testing.plugins import FakeHandle
 
@@ -111,7 +111,7 @@ def _build(producer: ApproxPrefixCacheProducer) -> Scheduler:
     scorers: list[tuple[Scorer, float]] = [
         (QueueScorer("queue-scorer", NoParams(), h), 2.0),
         (KVCacheUtilizationScorer("kv-cache-utilization-scorer", NoParams(), h), 2.0),
-        (PrefixCacheScorer("prefix-cache-scorer", NoParams(), h), 3.0),
+        (PrefixCacheScorer("prefix-cache-scorer", PrefixCacheScorerParams(), h), 3.0),
     ]
     picker = MaxScorePicker("max-score-picker", PickerParams(), h)
     profile = SchedulerProfile("default", filters=[], scorers=scorers, picker=picker)

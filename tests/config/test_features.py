@@ -10,6 +10,7 @@ from epp.config.features import (
     ENABLE_LEGACY_METRICS,
     FLOW_CONTROL,
     FLOW_CONTROL_ENV,
+    RETIRED_GATES,
     effective_gates,
     env_gates,
     registered_gates,
@@ -19,10 +20,20 @@ from epp.errors import ConfigError
 
 
 def test_registered_gates_come_from_their_owners() -> None:
-    """Exactly GIE's three gates are known, and only dataLayer is deprecated."""
+    """GIE's three gates plus the retired prepareDataPlugins; dataLayer and it are deprecated."""
     gates = registered_gates()
-    assert set(gates) == {FLOW_CONTROL, ENABLE_LEGACY_METRICS, DATA_LAYER}
-    assert [g for g, notice in gates.items() if notice] == [DATA_LAYER]
+    assert set(gates) == {FLOW_CONTROL, ENABLE_LEGACY_METRICS, DATA_LAYER, *RETIRED_GATES}
+    assert sorted(g for g, notice in gates.items() if notice) == [DATA_LAYER, "prepareDataPlugins"]
+
+
+def test_retired_gate_loads_with_a_warning_naming_its_replacement() -> None:
+    """Upstream dropped prepareDataPlugins; real configs still list it (GIE 1.4 chart default)."""
+    with capture_logs() as logs:
+        gates = effective_gates(["prepareDataPlugins", FLOW_CONTROL], {})
+    assert FLOW_CONTROL in gates
+    (warning,) = [e for e in logs if e["event"] == "deprecated_feature_gate_set"]
+    assert warning["gate"] == "prepareDataPlugins"
+    assert "data producers" in warning["notice"]
 
 
 def test_unknown_gate_names_its_index() -> None:

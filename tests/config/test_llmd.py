@@ -154,12 +154,20 @@ def test_strict_validation_with_field_paths(body: str, expected: str) -> None:
     assert expected in str(e.value)
 
 
-def test_gie_api_version_rejects_llm_d_only_fields() -> None:
-    """The GIE apiVersion stays exactly GIE's schema."""
-    with pytest.raises(ConfigError, match="requestHandler: Extra inputs are not permitted"):
+def test_gie_api_version_with_llm_d_only_fields_is_read_as_llm_d_router_reads_it() -> None:
+    """llm-d-router decodes GIE's group with its own schema (its integration configs use
+    ``requestHandler`` under GIE's apiVersion), so such a file is read with llm-d's layout."""
+    cfg = load_config(
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+        "requestHandler: {parsers: [{pluginRef: passthrough-parser}]}\n"
+    )
+    assert cfg.api_version == "inference.networking.x-k8s.io/v1alpha1"
+    assert cfg.parser is not None
+    assert cfg.parser.plugin_ref == "passthrough-parser"
+    with pytest.raises(ConfigError, match="peerDiscovery"):
         load_config(
             "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
-            "requestHandler: {parsers: [{pluginRef: openai-parser}]}\n"
+            "requestHandler: {parsers: []}\ndataLayer: {peerDiscovery: {pluginRef: x}}\n"
         )
 
 

@@ -164,3 +164,55 @@ async def test_pd_replay_keeps_both_profiles_and_the_disaggregation() -> None:
     assert d["destination"] in runs["decode"]["filters"][0]["kept"]
     assert d["disagg"]["decisionType"] == "prefill-decode"
     assert d["disagg"]["prefill"] == runs["prefill"]["picked"][0]
+
+
+LORA_CONFIG = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: lora-affinity-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: lora-affinity-scorer
+"""
+
+
+async def test_snapshot_takes_every_input_the_scorers_read() -> None:
+    """maxActiveModels (LoRA slots) and the cache geometry reach the scorers, the age the detector."""
+    text = orjson.dumps(
+        {
+            "endpoints": [
+                {
+                    "address": "10.3.0.1:8000",
+                    "namespace": "prod",
+                    "podName": "vllm-0",
+                    "metricsAgeSeconds": 7.5,
+                    "metrics": {"activeModels": ["other"], "maxActiveModels": 2, "cacheBlockSize": 64},
+                },
+                {"address": "10.3.0.2:8000", "metrics": {"activeModels": ["other"], "maxActiveModels": 1}},
+            ]
+        }
+    ).decode()
+    eps = load_snapshot(text)
+    m = eps[0].metrics
+    assert (m.max_active_models, m.cache_block_size) == (2, 64)
+    assert (eps[0].metadata.namespace, eps[0].metadata.pod_name) == ("prod", "vllm-0")
+    body = b'{"model": "my-adapter", "prompt": "x"}'
+    d = await replay(Replay(config_text=LORA_CONFIG, endpoints=eps, body=body, path="/v1/completions"))
+    [run] = d["profiles"]
+    scores = {e["address"]: e["scores"]["lora-affinity-scorer"] for e in run["endpoints"]}
+    # a free LoRA slot scores 0.8; a full one with the adapter absent 0.0
+    assert scores == {"10.3.0.1:8000": pytest.approx(0.8), "10.3.0.2:8000": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("endpoints: [{address: '10.0.0.1:80', metrics: {maxLoras: 2}}]", "endpoints[0].metrics.maxLoras"),
+        ("endpoints: [{address: '10.0.0.1:80', weight: 2}]", "endpoints[0].weight: unknown field"),
+    ],
+)
+def test_unknown_snapshot_fields_are_errors_not_ignored(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_snapshot(text)

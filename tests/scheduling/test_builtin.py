@@ -20,7 +20,17 @@ EXPECTED: dict[str, set[str]] = {
     "running-requests-size-scorer": set(),
     "lora-affinity-scorer": set(),
     "token-load-scorer": {"queueThresholdTokens"},
-    "prefix-cache-scorer": set(),
+    "prefix-cache-scorer": {"prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens"},
+    # llm-d-router's (docs/compatibility.md)
+    "load-aware-scorer": {"threshold"},
+    "data-parallel-profile-handler": {"primaryPort"},
+    "context-length-aware": {"label", "enableFiltering"},
+    "utilization-filter": {"conditions", "fallbackOnEmpty", "inFlightLoadProducerName"},
+    "header-label-affinity-scorer": {"headerName", "labelKey"},
+    "header-profile-handler": {"headerName", "defaultProfile"},
+    "topology-affinity-filter": {"minAffinity", "topologyProducerName"},
+    "topology-affinity-scorer": {"topologyProducerName"},
+    "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},
     "prefill-load-scorer": set(),  # ours, not GIE's
     # llm-d's name and config blocks, plus ours (docs/precise-prefix.md)
     "precise-prefix-cache-scorer": {
@@ -124,11 +134,19 @@ EXPECTED: dict[str, set[str]] = {
         "missThreshold",
         "maxSessions",
         "skipWhenSaturated",
+        # llm-d-router v0.10's form (the filter's)
+        "strategy",
+        "encodedEndpointHeaderConfig",
+        "sessionIdConfig",
     },
 }
 
 # Types whose parameters have no valid empty form (llm-d rejects them empty too).
-REQUIRED_PARAMETERS: dict[str, dict[str, object]] = {"by-label": {"label": "x", "allowsNoLabel": True}}
+REQUIRED_PARAMETERS: dict[str, dict[str, object]] = {
+    "by-label": {"label": "x", "allowsNoLabel": True},
+    "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 0}]},
+    "header-label-affinity-scorer": {"headerName": "x-tier", "labelKey": "tier"},
+}
 
 # Other concepts' plugins share the flow-control and director tuples; keep only these.
 _MINE = (

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from epp.scheduling.sessions import SessionBindings, decode_token, encode_token
+import base64
+
+from epp.datalayer.api import Endpoint, EndpointMetadata
+from epp.scheduling.sessions import SessionBindings, decode_token, encode_token, find
 from epp.testing.builders import make_endpoint
 
 
@@ -67,3 +70,28 @@ def test_token_round_trip_and_garbage() -> None:
     assert decode_token(encode_token(ep)) == ep.name
     assert decode_token("not base64 !") is None
     assert decode_token("") == ""
+
+
+def _k8s_endpoint(pod: str, rank: int = 0, namespace: str = "prod") -> Endpoint:
+    """As the pool reconciler names them: ``<pod>-rank-<i>``, namespace separate."""
+    return Endpoint(
+        EndpointMetadata(
+            name=f"{pod}-rank-{rank}", address="10.0.0.1", port=8000 + rank, pod_name=pod, namespace=namespace
+        )
+    )
+
+
+def test_token_is_llm_ds_namespaced_name() -> None:
+    """llm-d-router issues base64 of ``NamespacedName.String()``: ``prod/vllm-0-rank-0``."""
+    ep = _k8s_endpoint("vllm-0")
+    assert encode_token(ep) == base64.b64encode(b"prod/vllm-0-rank-0").decode()
+
+
+def test_every_token_form_finds_its_endpoint() -> None:
+    eps = [_k8s_endpoint("vllm-0"), _k8s_endpoint("vllm-1"), _k8s_endpoint("vllm-1", rank=1)]
+    assert find(eps, decode_token(encode_token(eps[2]))) is eps[2]  # ours = llm-d's
+    assert find(eps, "prod/vllm-1-rank-1") is eps[2]  # a token from the Go EPP
+    assert find(eps, "vllm-1-rank-1") is eps[2]  # this EPP's tokens before it issued llm-d's form
+    assert find(eps, "prod/vllm-1") is eps[1]  # <namespace>/<pod>: the pod's first rank
+    assert find(eps, "staging/vllm-1-rank-1") is None  # another namespace's pod
+    assert find(eps, "prod/vllm-9") is None

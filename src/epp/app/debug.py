@@ -30,6 +30,8 @@ def debug_state(app: App, cluster: Cluster | None) -> dict[str, Any]:
         endpoints.append(
             {
                 "name": ep.name,
+                "namespace": ep.metadata.namespace,
+                "podName": ep.metadata.pod_name,
                 "address": ep.hostport,
                 "labels": dict(ep.metadata.labels),
                 "metrics": {
@@ -38,6 +40,10 @@ def debug_state(app: App, cluster: Cluster | None) -> dict[str, Any]:
                     "kvCacheUsagePercent": m.kv_cache_usage_percent,
                     "activeModels": sorted(m.active_models),
                     "waitingModels": sorted(m.waiting_models),
+                    "maxActiveModels": m.max_active_models,
+                    "kvCacheMaxTokenCapacity": m.kv_cache_max_token_capacity,
+                    "cacheBlockSize": m.cache_block_size,
+                    "cacheNumBlocks": m.cache_num_blocks,
                 },
                 "metricsAgeSeconds": round(now - m.update_time, 3) if m.update_time else None,
                 "health": {

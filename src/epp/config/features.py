@@ -23,6 +23,16 @@ FLOW_CONTROL_ENV: Final = "ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER"
 
 _OWNERS: Final = (FLOWCONTROL_GATES, DATALAYER_GATES)
 
+# Gates upstream removed: real configs still list them, so they load with a warning that names
+# what replaced them (upstream refuses them as unknown; a refusal helps nobody here).
+RETIRED_GATES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "prepareDataPlugins": "removed upstream (GIE 1.5, llm-d-router 0.6): data producers such as "
+        "approx-prefix-cache-producer now always run when a configured plugin consumes their data; "
+        "drop the gate",
+    }
+)
+
 # Go's strconv.ParseBool vocabulary.
 _GO_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE: Final = frozenset({"0", "f", "F", "FALSE", "false", "False"})
@@ -33,6 +43,7 @@ def registered_gates() -> Mapping[str, str]:
     merged: dict[str, str] = {}
     for owned in _OWNERS:
         merged.update(owned)
+    merged.update(RETIRED_GATES)
     return MappingProxyType(merged)
 
 

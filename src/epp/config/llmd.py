@@ -42,6 +42,9 @@ from epp.config.schema import (
 from epp.errors import ConfigError
 
 LLMD_API_VERSIONS: Final = ("llm-d.ai/v1alpha1", "llm-d.ai/v1")
+# Top-level fields only llm-d-router's schema has: a GIE-apiVersion file using them was written
+# for llm-d-router (which accepts GIE's group as an alias) and is read with its schema.
+LLMD_ONLY_FIELDS: Final = frozenset({"requestHandler"})
 
 # Gates llm-d-router registers that have nothing to switch here; accepted and dropped.
 LLMD_NOOP_GATES: Final = frozenset({"haPopulateNonLeaderDatastore"})
@@ -144,7 +147,9 @@ def _gates(value: object) -> object:
 class LlmdEndpointPickerConfig(_Model):
     """The llm-d-router file, strictly decoded like GIE's; ``to_gie`` gives the model the builder reads."""
 
-    api_version: Literal["llm-d.ai/v1alpha1", "llm-d.ai/v1"]
+    # GIE's group too: llm-d-router decodes it with this same schema (a deprecated alias there),
+    # so a GIE-apiVersion file using llm-d's fields (``requestHandler``) is read with this model.
+    api_version: Literal["llm-d.ai/v1alpha1", "llm-d.ai/v1", "inference.networking.x-k8s.io/v1alpha1"]
     kind: Literal["EndpointPickerConfig"]
     feature_gates: Seq[str] = ()
     plugins: Seq[PluginSpec] = ()

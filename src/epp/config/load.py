@@ -9,8 +9,9 @@ from typing import Any, Final
 import yaml
 from pydantic import ValidationError
 
+from epp.config.compat import upgrade, upgrade_raw
 from epp.config.features import validate_gates
-from epp.config.llmd import LLMD_API_VERSIONS, LlmdEndpointPickerConfig
+from epp.config.llmd import LLMD_API_VERSIONS, LLMD_ONLY_FIELDS, LlmdEndpointPickerConfig
 from epp.config.schema import EndpointPickerConfig
 from epp.errors import ConfigError
 
@@ -150,15 +151,16 @@ def load_config(text: str | bytes) -> EndpointPickerConfig:
         raise ConfigError(
             f"failed to parse config: expected a mapping (an EndpointPickerConfig), got {type(data).__name__}"
         )
+    data = upgrade_raw(data)
     try:
-        if data.get("apiVersion") in LLMD_API_VERSIONS:  # llm-d-router's layout (config/llmd.py)
+        if data.get("apiVersion") in LLMD_API_VERSIONS or LLMD_ONLY_FIELDS & data.keys():  # config/llmd.py
             cfg = LlmdEndpointPickerConfig.model_validate(data).to_gie()
         else:
             cfg = EndpointPickerConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format(e)) from None
     check_structure(cfg)
-    return cfg
+    return upgrade(cfg)
 
 
 def load_config_file(path: str | Path) -> EndpointPickerConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from epp.datalayer.extractors.core_metrics import CoreMetricsExtractor
+from epp.datalayer.extractors.topology import TopologyExtractor
 from epp.datalayer.sources.kv_events import KVEventsSource
 from epp.datalayer.sources.metrics_http import MetricsDataSource
 from epp.datalayer.sources.notifications import EndpointNotificationSource, K8sNotificationSource
@@ -16,4 +17,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     EndpointNotificationSource,
     K8sNotificationSource,
     KVEventsSource,
+    TopologyExtractor,
 )

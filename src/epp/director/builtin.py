@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Final
 
 from epp.director.admitters.latency_slo import LatencySloAdmitter
+from epp.director.admitters.probabilistic import ProbabilisticAdmitter
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
+from epp.director.producers.precise_prefix import PrecisePrefixCacheProducer
 from epp.director.producers.predicted_latency import PredictedLatencyProducer
+from epp.director.producers.session_id import SessionIdProducer
 from epp.director.producers.token_producer import LegacyTokenizer, TokenProducer
 from epp.director.reporters.attribute_reporter import RequestAttributeReporter
 from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
@@ -22,4 +25,7 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     LatencySloAdmitter,
     TokenProducer,  # llm-d-router's: estimate, vllm render, UDS, local/hf tokenizer.json
     LegacyTokenizer,  # its older type name `tokenizer`, with a deprecation warning
+    ProbabilisticAdmitter,
+    PrecisePrefixCacheProducer,
+    SessionIdProducer,
 )

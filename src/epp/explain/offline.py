@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -38,12 +38,61 @@ class SnapshotEndpoint:
     metrics: Metrics
 
 
+# snapshot key -> (Metrics field, type): every reading a filter, scorer or detector uses, so any
+# upstream test case can be replayed offline.  An unknown key is an error, never ignored.
+METRIC_FIELDS: Final[Mapping[str, tuple[str, type]]] = {
+    "waitingQueueSize": ("waiting_queue_size", int),
+    "runningRequestsSize": ("running_requests_size", int),
+    "kvCacheUsagePercent": ("kv_cache_usage_percent", float),
+    "activeModels": ("active_models", frozenset),
+    "waitingModels": ("waiting_models", frozenset),
+    "maxActiveModels": ("max_active_models", int),
+    "kvCacheMaxTokenCapacity": ("kv_cache_max_token_capacity", int),
+    "cacheBlockSize": ("cache_block_size", int),
+    "cacheNumBlocks": ("cache_num_blocks", int),
+}
+ENDPOINT_FIELDS: Final = frozenset(
+    {
+        "address",
+        "port",
+        "name",
+        "namespace",
+        "podName",
+        "labels",
+        "metrics",
+        "metricsAgeSeconds",
+        "health",
+        "scrape",
+    }  # health and scrape: /debug/plugins/state output, not inputs
+)
+
+
+def _metrics(m: Mapping[str, Any], age: float | None, where: str) -> Metrics:
+    values: dict[str, Any] = {}
+    for key, raw in m.items():
+        field_type = METRIC_FIELDS.get(key)
+        if field_type is None:
+            raise ConfigError(f"{where}.metrics.{key}: unknown metric; known: {', '.join(METRIC_FIELDS)}")
+        name, typ = field_type
+        if typ is frozenset:
+            if not isinstance(raw, list | tuple):
+                raise ConfigError(f"{where}.metrics.{key}: expected a list of adapter names")
+            values[name] = frozenset(str(x) for x in raw)
+        else:
+            values[name] = typ(raw)
+    now = time.monotonic()
+    # a snapshot's age carries over, so staleness rules (utilization-detector) see what the EPP saw
+    values["update_time"] = now - age if age is not None and age >= 0 else now
+    return Metrics(**values)
+
+
 def load_snapshot(text: str, *, source: str = "endpoints") -> list[SnapshotEndpoint]:
     """Endpoints from ``/debug/plugins/state`` JSON or the simple file (YAML or JSON), see docs/explain.md.
 
     Each item of ``endpoints``: ``address`` ("ip:port", or an IP with ``port``), optional
-    ``name``, ``labels`` and ``metrics`` (``waitingQueueSize``, ``runningRequestsSize``,
-    ``kvCacheUsagePercent`` in 0..1, ``activeModels``, ``waitingModels``).
+    ``name``, ``namespace``, ``podName``, ``labels``, ``metricsAgeSeconds`` and ``metrics``
+    (every key of ``METRIC_FIELDS``: ``kvCacheUsagePercent`` in 0..1, ``activeModels`` /
+    ``waitingModels`` lists, ``maxActiveModels`` the LoRA slot count, cache geometry).
     """
     try:
         data = yaml.safe_load(text)
@@ -57,26 +106,32 @@ def load_snapshot(text: str, *, source: str = "endpoints") -> list[SnapshotEndpo
         where = f"{source}: endpoints[{i}]"
         if not isinstance(item, dict) or not isinstance(item.get("address"), str):
             raise ConfigError(f"{where}: needs an 'address'")
+        unknown = sorted(set(item) - ENDPOINT_FIELDS)
+        if unknown:
+            raise ConfigError(
+                f"{where}.{unknown[0]}: unknown field; known: {', '.join(sorted(ENDPOINT_FIELDS))}"
+            )
         try:
             if "port" in item:
                 host, port = item["address"].strip("[]"), int(item["port"])
             else:
                 host, port = split_hostport(item["address"])
             m = item.get("metrics") or {}
-            metrics = Metrics(
-                waiting_queue_size=int(m.get("waitingQueueSize", 0)),
-                running_requests_size=int(m.get("runningRequestsSize", 0)),
-                kv_cache_usage_percent=float(m.get("kvCacheUsagePercent", 0.0)),
-                active_models=frozenset(m.get("activeModels", ())),
-                waiting_models=frozenset(m.get("waitingModels", ())),
-                update_time=time.monotonic(),
-            )
+            if not isinstance(m, dict):
+                raise ConfigError(f"{where}.metrics: expected a mapping")
+            age = item.get("metricsAgeSeconds")
+            metrics = _metrics(m, None if age is None else float(age), where)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{where}: {e}") from None
         name = str(item.get("name") or f"{host}:{port}")
         labels = {str(k): str(v) for k, v in (item.get("labels") or {}).items()}
         md = EndpointMetadata(
-            name=name, address=host, port=port, pod_name=name, namespace="default", labels=labels
+            name=name,
+            address=host,
+            port=port,
+            pod_name=str(item.get("podName") or name),
+            namespace=str(item.get("namespace") or "default"),
+            labels=labels,
         )
         out.append(SnapshotEndpoint(md, metrics))
     return out

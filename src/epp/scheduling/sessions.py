@@ -34,9 +34,17 @@ from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
 
 
+def token_name(endpoint: Endpoint) -> str:
+    """What a token names: ``<namespace>/<name>``, the Go EPP's ``NamespacedName`` of the endpoint
+    (its endpoints are ``<pod>-rank-<i>`` too), so a token either EPP issued routes on the other
+    after a swap; the bare name when the endpoint has no namespace or its name already has one."""
+    md = endpoint.metadata
+    return f"{md.namespace}/{md.name}" if md.namespace and "/" not in md.name else md.name
+
+
 def encode_token(endpoint: Endpoint) -> str:
-    """The ``encoded_endpoint_header`` value that names ``endpoint`` (base64 of its name)."""
-    return base64.b64encode(endpoint.name.encode()).decode("ascii")
+    """The ``encoded_endpoint_header`` value that names ``endpoint``: base64 of ``token_name``."""
+    return base64.b64encode(token_name(endpoint).encode()).decode("ascii")
 
 
 def decode_token(token: str) -> str | None:
@@ -48,12 +56,24 @@ def decode_token(token: str) -> str | None:
 
 
 def find(endpoints: Sequence[Endpoint], name: str | None) -> Endpoint | None:
+    """The endpoint ``name`` names, in any form a token may carry: the bare endpoint name (this
+    EPP before it issued llm-d's form; a session binding), ``<namespace>/<endpoint name>`` (llm-d's
+    form, issued here too), or ``<namespace>/<pod name>`` (a pod's first listed rank)."""
     if not name:
         return None
+    ns, sep, rest = name.partition("/")
+    by_pod: Endpoint | None = None
     for ep in endpoints:
         if ep.name == name:
             return ep
-    return None
+        if sep:
+            md = ep.metadata
+            if md.namespace == ns:
+                if md.name == rest:
+                    return ep
+                if by_pod is None and md.pod_name == rest:
+                    by_pod = ep
+    return by_pod
 
 
 def header_value(request: InferenceRequest, names: Sequence[str]) -> str:

@@ -166,3 +166,17 @@ def test_tokenizers_pool_config_selects_the_tokenizer(tmp_path: Path) -> None:
         build(PrecisePrefixCacheScorer, indexerConfig={"tokenizersPoolConfig": pool})
     with pytest.raises(ConfigError, match=r"tokenizersPoolConfig\.modelName must be set"):
         build(PrecisePrefixCacheScorer, indexerConfig={"tokenizersPoolConfig": {"local": {}}})
+
+
+@pytest.mark.parametrize(
+    ("indexer", "cap"),
+    [
+        ({}, 256),  # the default
+        ({"maxPrefixBlocksToMatch": 64}, 64),
+        ({"kvBlockIndexConfig": {"maxPrefixBlocksToMatch": 32}}, 32),  # llm-d-kv-cache before 0.3
+        ({"maxPrefixBlocksToMatch": 64, "kvBlockIndexConfig": {"maxPrefixBlocksToMatch": 32}}, 64),
+    ],
+)
+def test_the_older_kv_block_index_lookup_cap_is_read(indexer: dict[str, Any], cap: int) -> None:
+    """Older configs capped the lookup in kvBlockIndexConfig; the indexer's own field wins."""
+    assert build(PrecisePrefixCacheScorer, indexerConfig=indexer).max_blocks == cap

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.errors import ConfigError
 from epp.plugin.state import CycleState
 from epp.scheduling.api import ScorerCategory
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
@@ -37,3 +40,45 @@ def test_prefix_scorer_without_producer() -> None:
     assert scorer.score(CycleState(), request(), [endpoint(0), endpoint(1)]) == [0.0, 0.0]
     assert frozenset({PREFIX_MATCH}) == PrefixCacheScorer.CONSUMES
     assert scorer.CATEGORY is ScorerCategory.AFFINITY
+
+
+def _weighted(infos: list[tuple[int, int, int]], **params: Any) -> list[float]:
+    scorer = build(PrefixCacheScorer, **params)
+    eps = [endpoint(i) for i in range(len(infos))]
+    state = CycleState()
+    for ep, (m, t, bs) in zip(eps, infos, strict=True):
+        state.put_attribute(PREFIX_MATCH, ep, PrefixMatchInfo(m, t, bs))
+    scores = list(scorer.score(state, request(), eps))
+    fast = scorer.add_weighted_scores(state, request(), eps, None, 2.0)
+    assert fast == pytest.approx([s * 2.0 for s in scores])
+    return scores
+
+
+def test_upstream_ratio_vector() -> None:
+    """llm-d-router plugin_test.go TestPrefixPluginScore: 5/10 → 0.5, 2/10 → 0.2."""
+    assert _weighted([(5, 10, 1), (2, 10, 1)]) == pytest.approx([0.5, 0.2])
+
+
+def test_upstream_match_length_weight_vector() -> None:
+    """TestPrefixPluginScoreWithWeights: same ratio, the longer match scores higher."""
+    scores = _weighted([(5, 10, 1), (50, 100, 1)], matchLengthWeight=0.5, matchLengthScaleTokens=100)
+    assert scores == pytest.approx([0.25125, 0.375], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"matchLengthWeight": -0.1, "matchLengthScaleTokens": 100},
+        {"matchLengthWeight": 1.1, "matchLengthScaleTokens": 100},
+        {"matchLengthWeight": 0.5, "matchLengthScaleTokens": 0},
+    ],
+)
+def test_upstream_invalid_params(params: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="matchLength"):
+        build(PrefixCacheScorer, **params)
+
+
+def test_zero_weight_needs_no_scale_and_producer_name_is_accepted() -> None:
+    scorer = build(PrefixCacheScorer, matchLengthWeight=0.0, prefixMatchInfoProducerName="precise")
+    assert scorer.match_length_scale_tokens == 8192
+    assert scorer.producer_name == "precise"

@@ -116,3 +116,24 @@ def test_a_new_session_is_not_placed_on_a_saturated_endpoint() -> None:
     assert s.score(CycleState(), req("new"), busy) == [0.0, 1.0, 0.0]
     every = [make_endpoint(i, queue=9) for i in range(3)]
     assert s.score(CycleState(), req("new2"), every) == [1.0, 0.0, 0.0]
+
+
+def test_llm_d_v0_10_parameters_configure_the_scorer_like_the_filter() -> None:
+    """v0.10 moved the scorer to the filter's ``strategy`` / ``sessionIdConfig`` form."""
+    eps = [make_endpoint(i) for i in range(3)]
+    s: SessionAffinityScorer = build(
+        SessionAffinityScorer,
+        strategy="session_id",
+        sessionIdConfig={"sources": [{"header": "x-conversation"}], "evictionTtlSeconds": 60},
+    )
+    assert s.affinity.stateful and s.affinity.headers == ("x-conversation",) and s.affinity.bindings.ttl == 60
+    first = make_request(headers={"x-conversation": "c1"})
+    turn(s, first, eps, pick=eps[1])
+    assert turn(s, make_request(headers={"x-conversation": "c1"}), eps)[0] == [0.0, 1.0, 0.0]
+    token: SessionAffinityScorer = build(
+        SessionAffinityScorer,
+        strategy="encoded_endpoint_header",
+        encodedEndpointHeaderConfig={"header": "x-t"},
+    )
+    _, resp = turn(token, make_request(), eps, pick=eps[0])
+    assert resp.headers["x-t"] == encode_token(eps[0])

@@ -158,6 +158,9 @@ class KVBlockIndexConfig(PluginParams):
     redis_config: RedisIndexConfig | None = None
     enable_metrics: bool = False  # this EPP's index metrics are always on
     metrics_logging_interval: str | int = "0s"  # Go duration (or nanoseconds): accepted, no effect
+    # llm-d-kv-cache before 0.3 capped the lookup here; the scorer reads it as
+    # indexerConfig.maxPrefixBlocksToMatch when that is not set
+    max_prefix_blocks_to_match: int | None = Field(default=None, ge=0)
 
 
 class KVCacheBackendConfig(PluginParams):

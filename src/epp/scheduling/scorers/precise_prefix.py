@@ -87,7 +87,7 @@ class IndexerConfig(PluginParams):
     the older nesting of ``tokenProcessorConfig`` here); docs/precise-prefix.md maps each field."""
 
     lru_capacity_per_server: int = 31250  # blocks kept per endpoint (GIE's approximate default)
-    max_prefix_blocks_to_match: int = 256
+    max_prefix_blocks_to_match: int | None = None  # default 256, or kvBlockIndexConfig's older field
     kv_block_index_config: KVBlockIndexConfig = Field(default_factory=KVBlockIndexConfig)
     kv_cache_backend_configs: list[KVCacheBackendConfig] = Field(default_factory=default_backends)
     tokenizers_pool_config: TokenizersPoolConfig | None = None
@@ -194,7 +194,12 @@ class PrecisePrefixCacheScorer(PluginBase):
                 ttl = parse_duration(params.speculative_ttl, "speculativeTTL")
             except ValueError as e:
                 raise ConfigError(f"{self.TYPE}: {e}") from e
-        if ic.max_prefix_blocks_to_match < 0:
+        max_blocks = ic.max_prefix_blocks_to_match
+        if max_blocks is None:
+            max_blocks = ic.kv_block_index_config.max_prefix_blocks_to_match
+        if max_blocks is None:
+            max_blocks = 256
+        if max_blocks < 0:
             raise ConfigError(f"{self.TYPE}: indexerConfig.maxPrefixBlocksToMatch must be >= 0")
         # The subscriber: this plugin's own, or that of a kv-events-source in the data layer.
         self._owns_subscriber = not params.kv_events_source
@@ -227,7 +232,7 @@ class PrecisePrefixCacheScorer(PluginBase):
         pending.ttl = ttl
         pending.grace = params.speculative_grace_seconds
         self.block_size = tp.block_size
-        self.max_blocks = ic.max_prefix_blocks_to_match
+        self.max_blocks = max_blocks
         self.normalization = params.score_normalization
         tc = params.tokenizer_config
         self.tokens: TokenSource

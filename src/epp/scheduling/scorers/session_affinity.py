@@ -13,6 +13,7 @@ from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import ScorerCategory
+from epp.scheduling.filters.session_affinity import EncodedEndpointHeaderConfig, SessionIdConfig
 from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks, find
 
 
@@ -27,6 +28,12 @@ class SessionAffinityScorerParams(PluginParams):
     miss_threshold: int = Field(3, ge=1)  # accepted; a session rebinds on its first miss
     max_sessions: int = Field(100_000, gt=0)
     skip_when_saturated: bool = True
+    # llm-d-router v0.10's form, the filter's: when ``strategy`` is set it wins over the above.
+    strategy: Literal["encoded_endpoint_header", "session_id"] | None = None
+    encoded_endpoint_header_config: EncodedEndpointHeaderConfig = Field(
+        default_factory=EncodedEndpointHeaderConfig
+    )
+    session_id_config: SessionIdConfig = SessionIdConfig.model_validate({})
 
 
 class SessionAffinityScorer(SessionHooks, PluginBase):
@@ -42,7 +49,10 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
     ``algorithm`` (``encoded_endpoint_header`` | ``session_id_header``), ``headerName``
     (``x-session-token``), ``profileName``, ``evictionTtlSeconds`` (600), ``maxSessions``
     (100000), ``skipWhenSaturated`` (true); ``evictionSweepSeconds`` and ``missThreshold`` are
-    accepted for llm-d configs and have no effect.
+    accepted for llm-d configs and have no effect.  llm-d-router v0.10 configures the scorer like
+    the filter: ``strategy`` (``encoded_endpoint_header`` | ``session_id``),
+    ``encodedEndpointHeaderConfig.header``, ``sessionIdConfig`` (sources, TTL); when ``strategy``
+    is set those win.
     """
 
     TYPE: ClassVar[str] = "session-affinity-scorer"
@@ -52,16 +62,25 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
 
     def __init__(self, name: str, params: SessionAffinityScorerParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
+        if params.strategy is None:  # llm-d-router <= v0.9's form
+            stateful = params.algorithm == "session_id_header"
+            headers, token = [params.header_name], params.header_name
+            max_sessions, ttl = params.max_sessions, params.eviction_ttl_seconds
+        else:  # v0.10's, the filter's
+            stateful = params.strategy == "session_id"
+            sid, token = params.session_id_config, params.encoded_endpoint_header_config.header
+            headers = [src.header for src in sid.sources] if stateful else [token]
+            max_sessions, ttl = sid.max_sessions, sid.eviction_ttl_seconds
         self.affinity = SessionAffinity(
             handle,
             self,
-            stateful=params.algorithm == "session_id_header",
-            headers=[params.header_name],
-            response_header=params.header_name,
+            stateful=stateful,
+            headers=headers,
+            response_header=token,
             profile_name=params.profile_name,
             skip_when_saturated=params.skip_when_saturated,
-            max_sessions=params.max_sessions,
-            ttl=params.eviction_ttl_seconds,
+            max_sessions=max_sessions,
+            ttl=ttl,
         )
         self._cursor = itertools.count()
 
