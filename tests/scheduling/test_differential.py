@@ -30,6 +30,7 @@ from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.picking import PickerParams
 from epp.scheduling.scheduler import SchedulerProfile, SchedulingError
+from epp.scheduling.score_cache import MetricsScoreCache
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
@@ -359,24 +360,30 @@ def test_samples_applied_on_arrival_pick_exactly_like_the_reference(
 
 def test_samples_applied_on_arrival_serve_requests_without_a_rescan(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a steady candidate tuple and a few samples per request, samples are applied at arrival
-    (``_update_one``) and requests neither rescan nor rebuild; the picks are the reference's."""
+    (``metrics_stored`` → ``_apply``) and requests neither rescan nor rebuild; the picks are the
+    reference's."""
     calls = {"arrival": 0, "rescan": 0}
-    update_one, rebuild, update = (
-        SchedulerProfile._update_one,
-        SchedulerProfile._rebuild,
-        SchedulerProfile._update,
-    )
+    refresh, rebuild, apply = MetricsScoreCache.refresh, MetricsScoreCache._rebuild, MetricsScoreCache._apply
+    in_request = [False]
 
-    def counting(name: str, fn: Any) -> Any:
-        def wrapped(self: SchedulerProfile, *args: Any) -> Any:
-            calls[name] += 1
-            return fn(self, *args)
+    def refreshing(self: MetricsScoreCache, *args: Any) -> None:
+        in_request[0] = True
+        try:
+            refresh(self, *args)
+        finally:
+            in_request[0] = False
 
-        return wrapped
+    def rebuilding(self: MetricsScoreCache, *args: Any) -> None:
+        calls["rescan"] += 1
+        rebuild(self, *args)
 
-    monkeypatch.setattr(SchedulerProfile, "_update_one", counting("arrival", update_one))
-    monkeypatch.setattr(SchedulerProfile, "_rebuild", counting("rescan", rebuild))
-    monkeypatch.setattr(SchedulerProfile, "_update", counting("rescan", update))
+    def applying(self: MetricsScoreCache, *args: Any) -> int:
+        calls["rescan" if in_request[0] else "arrival"] += 1
+        return apply(self, *args)
+
+    monkeypatch.setattr(MetricsScoreCache, "refresh", refreshing)
+    monkeypatch.setattr(MetricsScoreCache, "_rebuild", rebuilding)
+    monkeypatch.setattr(MetricsScoreCache, "_apply", applying)
     world = random.Random(5)
     fleet = [_new_endpoint(world, i) for i in range(100)]
     sc = {
@@ -395,7 +402,7 @@ def test_samples_applied_on_arrival_serve_requests_without_a_rescan(monkeypatch:
     candidates = tuple(fleet)
     check(world, candidates)
     check(world, candidates)  # the second request with these candidates adopts them
-    assert profile._live
+    assert _live(profile)
     before = dict(calls)
     for _ in range(200):
         for _ in range(2):
@@ -406,7 +413,7 @@ def test_samples_applied_on_arrival_serve_requests_without_a_rescan(monkeypatch:
     # The datastore rebuilds its tuple with the same endpoints: the shortcut follows the new tuple.
     candidates = tuple(list(candidates))
     check(world, candidates)
-    assert profile._cand is candidates
+    assert _cache(profile).tracked is candidates
     _sample(world, fleet[0])
     check(world, candidates)
     assert calls["rescan"] == before["rescan"]
@@ -452,9 +459,15 @@ def test_metrics_scorers_agree_with_their_per_endpoint_scores() -> None:
         assert s.scores_for(values[10:13], s.summarize(values)) == expected[10:13]
 
 
+def _cache(profile: SchedulerProfile) -> MetricsScoreCache:
+    cache = profile.cache
+    assert cache is not None
+    return cache
+
+
 def _live(profile: SchedulerProfile) -> bool:
     """Whether the profile applies samples on arrival (a call, so mypy does not narrow it)."""
-    return profile._live
+    return _cache(profile).live
 
 
 class _FlakyQueueScorer(QueueScorer):
