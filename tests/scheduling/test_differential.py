@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,13 +22,10 @@ from hypothesis import strategies as st
 
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
 from epp.datalayer.attributes import INFLIGHT_LOAD, PREFIX_MATCH, InFlightLoad, PrefixMatchInfo
-from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
 from epp.scheduling.api import PROFILE_TRACES, ProfileRunResult
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
-from epp.scheduling.picking import PickerParams
 from epp.scheduling.scheduler import SchedulerProfile, SchedulingError
 from epp.scheduling.score_cache import MetricsScoreCache
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
@@ -39,7 +36,7 @@ from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
 from epp.testing.plugins import build
 from tests.scheduling import reference as ref
-from tests.scheduling.builders import request
+from tests.scheduling.builders import DropFilter, Recording, request
 
 MODELS = ("base", "lora-a", "lora-b", "lora-c")
 SCORER_TYPES = (
@@ -58,45 +55,6 @@ _CLASSES: dict[str, Any] = {
     "lora-affinity-scorer": LoraAffinityScorer,
     "token-load-scorer": TokenLoadScorer,
 }
-
-
-class RecordingMaxScore(MaxScorePicker):
-    """The real max-score picker, recording the totals it is handed."""
-
-    TYPE: ClassVar[str] = "max-score-picker"
-
-    def __init__(self, k: int) -> None:
-        super().__init__(
-            "max-score-picker",
-            PickerParams.model_validate({"maxNumOfEndpoints": k}),
-            None,  # type: ignore[arg-type]  # the picker uses no handle
-        )
-        self.seen: list[float] = []
-
-    def pick(
-        self,
-        state: CycleState,
-        request: InferenceRequest,
-        endpoints: Sequence[Endpoint],
-        scores: Sequence[float],
-    ) -> ProfileRunResult:
-        self.seen = list(scores)
-        return super().pick(state, request, endpoints, scores)
-
-
-class DropFilter(PluginBase):
-    """Drops the endpoints whose index is in ``drop`` (a new list: the snapshot cannot be keyed on it)."""
-
-    TYPE: ClassVar[str] = "test-drop-filter"
-
-    def __init__(self, drop: frozenset[int]) -> None:
-        super().__init__("drop", None, None)  # type: ignore[arg-type]
-        self.drop = drop
-
-    def filter(
-        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
-    ) -> Sequence[Endpoint]:
-        return [e for e in endpoints if int(e.metadata.pod_name) not in self.drop]
 
 
 # --- generators -------------------------------------------------------------------------------
@@ -246,8 +204,9 @@ def _pair(sc: dict[str, Any], eps: Sequence[Endpoint]) -> tuple[SchedulerProfile
             ref_scorers.append((formula, bounded, w))
         plugins.append((plugin, w))
 
-    picker = RecordingMaxScore(k)
-    picker.rng = random.Random(seed)
+    inner = build(MaxScorePicker, maxNumOfEndpoints=k)
+    inner.rng = random.Random(seed)
+    picker = Recording(inner)
     ref_rng = random.Random(seed)
     filters: list[Any] = []
     ref_filters: list[Any] = []
@@ -487,7 +446,7 @@ def test_a_failing_update_on_arrival_stays_off_the_data_layer_and_the_next_reque
     world = random.Random(8)
     fleet = [_new_endpoint(world, i) for i in range(20)]
     scorer = build(_FlakyQueueScorer)
-    picker = RecordingMaxScore(1)
+    picker = Recording(build(MaxScorePicker))
     profile = SchedulerProfile("p", filters=[], scorers=[(scorer, 1.0)], picker=picker)
     candidates = tuple(fleet)
     for _ in range(2):
