@@ -147,7 +147,7 @@ class SchedulerProfile:
             scores = cached[i]
             if scores is None:
                 add = sc.add_weighted
-                if add is not None and contributions is None and lists:  # the totals it adds to
+                if lists and add is not None and contributions is None:  # the totals it adds to
                     partial = combine(lists, weights, n, partial)
                     lists, weights = [], []
                 t0 = perf_counter()
