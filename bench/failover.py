@@ -3,7 +3,7 @@
 Run ``python -m bench.failover [--quick]``; prints a table and writes bench/results/failover.json.
 
 Two ``epp --pool-name`` replicas with leader election watch the test API server
-(``epp.testing.kubeapi``); Envoy health-checks both on the gRPC ``readiness`` service, as a
+(``epp_kubeapi``); Envoy health-checks both on the gRPC ``readiness`` service, as a
 Kubernetes Service would route only to the ready (leading) one.  Requests flow at a steady
 pace; the leader gets SIGTERM (it releases the lease) or SIGKILL (the lease must expire).
 Reported per signal: time until the lease has a new holder, requests that failed, and the
@@ -27,9 +27,9 @@ from typing import Any
 import aiohttp
 
 from bench.common import log, rnd, write_result
-from epp.testing.kubeapi import KubeApiServer
-from epp.testing.kubeapi.objects import inference_pool, pod
 from epp.testing.waiting import until
+from epp_kubeapi import KubeApiServer
+from epp_kubeapi.objects import inference_pool, pod
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port
 

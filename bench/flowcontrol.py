@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from epp.admission.legacy import LegacyAdmission
+from epp.admission.shedding import LegacyAdmission
 from epp.config.schema import FlowControlConfig
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
 from epp.flowcontrol.api import Outcome

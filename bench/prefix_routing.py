@@ -306,7 +306,7 @@ def unique_tokens(wl: Workload) -> int:
 
 
 def precise_available() -> bool:
-    from epp.config.registry import default_registry
+    from epp.app.registry import default_registry
 
     return (
         PRECISE_TYPE in set(default_registry(entry_points=False).types())

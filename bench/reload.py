@@ -256,8 +256,9 @@ async def _reload_until(reloader: Any, end: float, swaps: list[float], totals: l
 
 async def loop_lag(seconds: float) -> dict[str, Any]:
     """Event-loop stalls in-process while configs are reloaded back to back (see the module doc)."""
+    from epp.app.compose import build_app
+    from epp.app.serve import tune_gc
     from epp.cli.flags import parse_flags
-    from epp.cli.run import build_app, tune_gc
     from epp.log import configure_logging
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-reload-lag-"))
@@ -272,8 +273,8 @@ async def loop_lag(seconds: float) -> dict[str, Any]:
 
 
 async def _loop_lag(app: Any, seconds: float) -> dict[str, Any]:
-    import epp.config.reload as reload_module
-    from epp.config.reload import ConfigReloader
+    import epp.app.reload as reload_module
+    from epp.app.reload import ConfigReloader
 
     out: dict[str, Any] = {"idle": _gap_stats(await _gaps(seconds))}
     fine = reload_module.BUILD_SWITCH_INTERVAL

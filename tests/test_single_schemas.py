@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from epp.app.build import MetricsFlags
 from epp.cli.flags import DEFAULTS, FLAGS, Options, parse_flags
-from epp.config.build import MetricsFlags
-from epp.datalayer import legacy
+from epp.datalayer import legacy_poller
 from epp.datalayer.engines import BUILTIN_ENGINES, EngineMapping, EngineTable, builtin_engine
 from epp.datalayer.extractors.core_metrics import EngineConfigParams
 from epp.datalayer.sources.metrics_http import (
@@ -54,6 +54,12 @@ def test_engine_tables_have_one_schema() -> None:
         mapping.kv_usage,
         mapping.lora,
         mapping.cache_info,
-    ) == (legacy.QUEUED, legacy.RUNNING, legacy.KV_USAGE, legacy.LORA_INFO, legacy.CACHE_INFO)
+    ) == (
+        legacy_poller.QUEUED,
+        legacy_poller.RUNNING,
+        legacy_poller.KV_USAGE,
+        legacy_poller.LORA_INFO,
+        legacy_poller.CACHE_INFO,
+    )
     assert DEFAULTS.total_queued_requests_metric == vllm.queued_requests_spec
     assert DEFAULTS.cache_info_metric == vllm.cache_info_spec

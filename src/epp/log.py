@@ -41,7 +41,7 @@ STDLIB_LEVEL: Final = logging.WARNING  # grpc, aiohttp, asyncio: only their warn
 
 
 class LogOptions(Protocol):
-    """What logging reads from ``epp.cli.flags.Options``."""
+    """What logging reads from ``epp.app.options.Options``."""
 
     @property
     def v(self) -> int: ...

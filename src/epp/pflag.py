@@ -5,7 +5,7 @@ added): ``--name=value``, ``--name value``, a bool flag alone (``--name`` is ``t
 value only inline, ``--name=false``), the single-dash long form of Go's ``flag`` package
 (``-name=value``, ``-name value``), and shorthands (``-v=3``, ``-v3``, ``-v 3``).  This module
 only splits the command line; converting the text (``strconv``, durations) is
-``epp.units``'s, and the flag table and its checks are ``epp.cli.flags``'s.  Errors carry
+``epp.units``'s, and the flags and their checks are ``epp.app.options``'s.  Errors carry
 pflag's messages (``unknown flag: --x``, ``flag needs an argument: --x``, ...).
 
 No reference implementation of pflag exists in Python (argparse's grammar differs: it

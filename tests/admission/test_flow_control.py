@@ -9,9 +9,9 @@ import pytest
 
 from epp.admission.api import AdmissionController
 from epp.admission.flow_control import FlowControlAdmission, outcome_error
-from epp.config.build import build
+from epp.app.build import build
+from epp.app.registry import default_registry
 from epp.config.load import load_config_file
-from epp.config.registry import default_registry
 from epp.datalayer.api import EndpointMetadata
 from epp.datastore.store import Datastore, PoolInfo
 from epp.errors import EppError, Internal, ResourceExhausted, ServiceUnavailable
@@ -148,13 +148,14 @@ async def test_outside_context_manager_requests_are_refused() -> None:
         await FlowControlAdmission(controller).admit(req(), [])
 
 
-async def test_from_components_with_datastore() -> None:
+async def test_from_plan_with_datastore() -> None:
     """Built from the shipped example and a datastore: the datastore's endpoints are the pool."""
-    components = build(load_config_file(EXAMPLE), default_registry(entry_points=False))
+    plan = build(load_config_file(EXAMPLE), default_registry(entry_points=False)).admission.flow_control
+    assert plan is not None
     ds = Datastore()
     ds.pool = PoolInfo(name="my-pool")
     ds.upsert(EndpointMetadata(name="default/pod-0-rank-0", address="10.0.0.1", port=8000))
-    admission = FlowControlAdmission.from_components(components, ds)
+    admission = FlowControlAdmission.from_plan(plan, ds)
     assert not admission.controller.pool_is_empty()
     ds.clear()
     assert admission.controller.pool_is_empty()

@@ -247,9 +247,9 @@ def test_prediction_breakdown_splits_over_predictions_by_holder_and_decode_age()
 def test_every_epp_router_config_builds_and_the_event_routers_run_the_precise_scorer(tmp_path: Path) -> None:
     """A router's config is a real file the registry accepts once the harness has filled in the
     replicas' event sockets; a router whose replicas publish KV events runs the precise scorer."""
-    from epp.config.build import build
+    from epp.app.build import build
+    from epp.app.registry import default_registry
     from epp.config.load import load_config_file
-    from epp.config.registry import default_registry
 
     for r in ROUTERS:
         if r.kind != "epp":

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from epp.config.build import build
+from epp.app.build import build
+from epp.app.registry import default_registry
 from epp.config.load import load_config_file
-from epp.config.registry import default_registry
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 FILES = sorted([*CONFIG_DIR.glob("*.yaml"), *CONFIG_DIR.glob("examples/*.yaml")])

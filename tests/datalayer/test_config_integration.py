@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from epp.config.build import BuildOptions, MetricsFlags, build
+from epp.app.build import BuildOptions, MetricsFlags, build
+from epp.app.registry import default_registry
 from epp.config.load import default_config, load_config
-from epp.config.registry import default_registry
-from epp.datalayer.legacy import LegacyMetricsExtractor
+from epp.datalayer.legacy_poller import LegacyMetricsExtractor
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datalayer.sources.metrics_http import MetricsDataSource
 from epp.datastore.store import Datastore

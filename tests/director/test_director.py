@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import orjson
 import pytest
 
-from epp.admission.legacy import AlwaysAdmit, LegacyAdmission
+from epp.admission.shedding import AlwaysAdmit, LegacyAdmission
 from epp.datalayer.api import Endpoint
 from epp.datastore.rewrites import ModelRewrite, RewriteRule, RewriteTarget
 from epp.datastore.store import Datastore, Objective

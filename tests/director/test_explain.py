@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from epp.admission.legacy import AlwaysAdmit
+from epp.admission.shedding import AlwaysAdmit
 from epp.datastore.store import Datastore
 from epp.director.director import Director, Pipeline
 from epp.errors import EppError, PayloadTooLarge

@@ -11,10 +11,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from epp.admission.legacy import AlwaysAdmit
-from epp.config.build import Components, build
+from epp.admission.shedding import AlwaysAdmit
+from epp.app.build import Components, build
+from epp.app.registry import default_registry
 from epp.config.load import load_config_file
-from epp.config.registry import default_registry
 from epp.datalayer.api import EndpointMetadata
 from epp.datalayer.roles import ROLE_LABEL
 from epp.datastore.store import Datastore

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from epp.testing.kubeapi import KubeApiServer, UserInfo
-from epp.testing.kubeapi.objects import inference_pool, pod
 from epp.testing.waiting import until
+from epp_kubeapi import KubeApiServer, UserInfo
+from epp_kubeapi.objects import inference_pool, pod
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port
 from tests.e2e.conftest import FAST_SIM

@@ -19,7 +19,7 @@ CONFORMANCE = str(ROOT / "config/examples/conformance.yaml")
 SNAPSHOT = str(ROOT / "docs/examples/explain-endpoints.yaml")
 BODY = str(ROOT / "docs/examples/explain-body.json")
 
-# The shape /debug/plugins/state serves (cli.run.debug_state): only what the replay reads matters.
+# The shape /debug/plugins/state serves (app.debug.debug_state): only what the replay reads matters.
 DEBUG_STATE: dict[str, Any] = {
     "pool": None,
     "endpoints": [

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from epp.config.build import build
+from epp.app.build import build
+from epp.app.registry import default_registry
 from epp.config.load import load_config, load_config_file
-from epp.config.registry import default_registry
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.api import Outcome, TransitAwareDetector
@@ -482,10 +482,11 @@ async def test_jit_band_uses_template() -> None:
 # --- construction --------------------------------------------------------------------------------
 
 
-def test_from_components_builds_the_shipped_example() -> None:
+def test_from_plan_builds_the_shipped_example() -> None:
     """config/examples/flow-control.yaml builds with the real registry into a working controller."""
-    components = build(load_config_file(EXAMPLE), default_registry(entry_points=False))
-    controller = FlowController.from_components(components, endpoints=tuple, pool_name="example")
+    plan = build(load_config_file(EXAMPLE), default_registry(entry_points=False)).admission.flow_control
+    assert plan is not None
+    controller = FlowController.from_plan(plan, endpoints=tuple, pool_name="example")
     band = controller._bands[100]
     assert (band.jit, band.max_bytes, band.max_requests) == (False, 500_000_000, 0)
     assert isinstance(band.new_flow("x", 0.0).queue, ListQueue)

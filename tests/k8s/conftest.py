@@ -10,7 +10,7 @@ import pytest
 
 from epp.k8s.client import Kube
 from epp.k8s.reflector import Obj, object_key
-from epp.testing.kubeapi import KubeApiServer
+from epp_kubeapi import KubeApiServer
 
 
 @pytest.fixture

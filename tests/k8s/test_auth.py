@@ -7,7 +7,7 @@ import aiohttp
 from epp.k8s.auth import MetricsAuthorizer
 from epp.k8s.client import Kube
 from epp.metrics.exporter import MetricsServer
-from epp.testing.kubeapi import KubeApiServer, UserInfo
+from epp_kubeapi import KubeApiServer, UserInfo
 
 
 def users(api: KubeApiServer) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from epp.errors import ConfigError
 from epp.k8s.client import Kube, TokenBucket, load_configuration, resource_path
-from epp.testing.kubeapi import KubeApiServer
+from epp_kubeapi import KubeApiServer
 
 
 async def test_no_configuration_anywhere(tmp_path: pathlib.Path) -> None:

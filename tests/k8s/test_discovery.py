@@ -10,9 +10,9 @@ from epp.datalayer.api import GroupVersionKind, NotificationEvent
 from epp.datastore.store import Datastore
 from epp.k8s.client import Kube
 from epp.k8s.discovery import DiscoverySpec, KubernetesDiscovery
-from epp.testing.kubeapi import KubeApiServer, Resource
-from epp.testing.kubeapi.objects import inference_pool, pod
 from epp.testing.waiting import until
+from epp_kubeapi import KubeApiServer, Resource
+from epp_kubeapi.objects import inference_pool, pod
 
 X = "inference.networking.x-k8s.io/v1alpha2"
 

@@ -11,8 +11,8 @@ import pytest
 
 from epp.k8s.client import Kube
 from epp.k8s.leader import LeaderElector, Timings, lease_name
-from epp.testing.kubeapi import KubeApiServer
 from epp.testing.waiting import until
+from epp_kubeapi import KubeApiServer
 
 FAST = Timings(lease_duration=1.5, renew_deadline=1.0, retry_period=0.1)
 NAME = lease_name("default", "pool")

@@ -7,7 +7,7 @@ import pytest
 from epp.datalayer.api import Endpoint, EndpointObserver
 from epp.datastore.store import Datastore
 from epp.k8s.pool import PoolEndpoints, PoolObject, PoolSpecError, pod_endpoints, pool_from_object
-from epp.testing.kubeapi.objects import inference_pool, pod
+from epp_kubeapi.objects import inference_pool, pod
 
 
 class Events(EndpointObserver):

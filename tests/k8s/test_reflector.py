@@ -10,9 +10,9 @@ import pytest
 
 from epp.k8s.client import Kube, ResourceWatch
 from epp.k8s.reflector import Backoff, Reflector
-from epp.testing.kubeapi import KubeApiServer
-from epp.testing.kubeapi.objects import pod
 from epp.testing.waiting import until
+from epp_kubeapi import KubeApiServer
+from epp_kubeapi.objects import pod
 from tests.k8s.conftest import Recorder
 
 

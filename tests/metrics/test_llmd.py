@@ -20,7 +20,7 @@ from epp.datastore.store import Datastore, PoolInfo
 from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
 from epp.metrics.fast import Counter, Gauge, Histogram
-from epp.metrics.llmd import NATIVE_COUNTERPARTS, TWINS, Exposition, parse_families
+from epp.metrics.llmd import NATIVE_COUNTERPARTS, TWINS, FamilySetView, parse_families
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "grafana").glob("*.json"))
 M = "llmd-test-model"
@@ -43,7 +43,7 @@ def test_request_family_twin_adds_fairness_and_priority(reg: CollectorRegistry) 
     )
     total.labels("m", "t", "2").inc(3)
     errors.labels("m", "t", "BadRequest").inc()
-    view = Exposition(reg)
+    view = FamilySetView(reg)
     assert (
         view.get_sample_value(
             "inference_objective_request_total",
@@ -72,7 +72,7 @@ def test_histogram_twin_keeps_buckets_sum_and_count(reg: CollectorRegistry) -> N
         registry=reg,
     )
     h.labels("m", "t").observe(100)
-    view = Exposition(reg)
+    view = FamilySetView(reg)
     base = {"model_name": "m", "target_model_name": "t", "fairness_id": "", "priority": ""}
     name = "llm_d_epp_request_size_bytes"
     assert view.get_sample_value(f"{name}_bucket", {**base, "le": "64.0"}) == 0
@@ -105,7 +105,7 @@ def test_renamed_labels_and_flow_control_requests(reg: CollectorRegistry) -> Non
     fc.labels("a", "0", "Dispatched", "pool", "m", "t").observe(0.1)
     fc.labels("b", "0", "Dispatched", "pool", "m2", "t2").observe(0.1)
     fc.labels("b", "0", "RejectedCapacity", "pool", "m2", "t2").observe(0.1)
-    view = Exposition(reg)
+    view = FamilySetView(reg)
     assert (
         view.get_sample_value(
             "llm_d_epp_scheduler_attempts_total",
@@ -136,7 +136,7 @@ def test_family_switch(reg: CollectorRegistry) -> None:
     Gauge("unrelated_gauge", "h", registry=reg)
 
     def names(families: str) -> set[str]:
-        return {f.name for f in Exposition(reg, parse_families(families)).collect()}
+        return {f.name for f in FamilySetView(reg, parse_families(families)).collect()}
 
     assert names("gie,llm-d") == {"inference_objective_request", "llm_d_epp_request", "unrelated_gauge"}
     assert names("gie") == {"inference_objective_request", "unrelated_gauge"}
@@ -255,7 +255,7 @@ def test_native_llmd_families_follow_the_llmd_set(reg: CollectorRegistry) -> Non
     Gauge("llm_d_epp_flow_control_pool_saturation", "h", ("inference_pool", "stage"), registry=reg).labels(
         "pool", "prefill"
     ).set(0.5)
-    both = Exposition(reg)
+    both = FamilySetView(reg)
     assert both.get_sample_value("llm_d_epp_pd_decision_total", {"decision_type": "prefill-decode"}) == 1
     assert (
         both.get_sample_value(
@@ -263,7 +263,7 @@ def test_native_llmd_families_follow_the_llmd_set(reg: CollectorRegistry) -> Non
         )
         == 0.5
     )
-    gie_only = Exposition(reg, ["gie"])
+    gie_only = FamilySetView(reg, ["gie"])
     assert (
         gie_only.get_sample_value("llm_d_epp_pd_decision_total", {"decision_type": "prefill-decode"}) is None
     )

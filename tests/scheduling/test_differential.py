@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
 from epp.datalayer.attributes import INFLIGHT_LOAD, PREFIX_MATCH, InFlightLoad, PrefixMatchInfo
 from epp.plugin.state import CycleState
-from epp.scheduling.api import PROFILE_TRACES, ProfileRunResult
+from epp.scheduling.api import PROFILE_TRACES, IncrementalMetricsScorer, ProfileRunResult, Scorer
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.scheduler import SchedulerProfile, SchedulingError
@@ -34,7 +34,7 @@ from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
-from epp.testing.plugins import build
+from epp.testing.plugins import PluginClass, build
 from tests.scheduling import reference as ref
 from tests.scheduling.builders import DropFilter, Recording, request
 
@@ -55,6 +55,10 @@ _CLASSES: dict[str, Any] = {
     "lora-affinity-scorer": LoraAffinityScorer,
     "token-load-scorer": TokenLoadScorer,
 }
+
+
+class _IncrementalScorer(Scorer, IncrementalMetricsScorer, Protocol):
+    """A scorer with both the per-request and the incremental metrics path."""
 
 
 # --- generators -------------------------------------------------------------------------------
@@ -408,7 +412,12 @@ def test_metrics_scorers_agree_with_their_per_endpoint_scores() -> None:
         )
         for i in range(50)
     ]
-    for cls in (QueueScorer, RunningRequestsSizeScorer, KVCacheUtilizationScorer):
+    classes: tuple[PluginClass[_IncrementalScorer], ...] = (
+        QueueScorer,
+        RunningRequestsSizeScorer,
+        KVCacheUtilizationScorer,
+    )
+    for cls in classes:
         s = build(cls)
         ms = [ep.metrics for ep in eps]
         expected = list(s.score(CycleState(), request(), eps))

@@ -18,6 +18,7 @@ from epp.scheduling.api import (
     ProfileRunResult,
     SchedulerProfileView,
     SchedulingResult,
+    Scorer,
     ScorerCategory,
 )
 from epp.scheduling.pickers.max_score import MaxScorePicker
@@ -27,7 +28,7 @@ from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
-from epp.testing.plugins import build
+from epp.testing.plugins import PluginClass, build
 from tests.scheduling.builders import endpoint, request
 
 
@@ -93,10 +94,13 @@ def test_weighted_sum_hermetic_case_1() -> None:
     """GIE hermetic #1: queue (0.7,1,0) + kv (0.8,0.9,0.8) + prefix 0 + lora 0 = (1.5,1.9,0.8) → pod-1."""
     eps = [endpoint(0, queue=3, kv=0.2), endpoint(1, queue=0, kv=0.1), endpoint(2, queue=10, kv=0.2)]
     picker = RecordingPicker()
-    scorers = [
-        (build(c), 1.0)
-        for c in (QueueScorer, KVCacheUtilizationScorer, PrefixCacheScorer, LoraAffinityScorer)
-    ]
+    classes: tuple[PluginClass[Scorer], ...] = (
+        QueueScorer,
+        KVCacheUtilizationScorer,
+        PrefixCacheScorer,
+        LoraAffinityScorer,
+    )
+    scorers = [(build(c), 1.0) for c in classes]
     profile = SchedulerProfile("default", filters=[], scorers=scorers, picker=picker)
     result = _single(profile).schedule(CycleState(), request(model="my-model-12345"), eps)
     assert picker.seen[0] == pytest.approx([1.5, 1.9, 0.8])
@@ -108,7 +112,8 @@ def test_weighted_sum_hermetic_case_1() -> None:
 def test_explain_keeps_every_candidates_total_and_the_same_pick() -> None:
     """``request.explain`` (--emit-endpoint-scores): the result lists each candidate with its total."""
     eps = [endpoint(0, queue=3, kv=0.2), endpoint(1, queue=0, kv=0.1), endpoint(2, queue=10, kv=0.2)]
-    scorers = [(build(c), 1.0) for c in (QueueScorer, KVCacheUtilizationScorer)]
+    classes: tuple[PluginClass[Scorer], ...] = (QueueScorer, KVCacheUtilizationScorer)
+    scorers = [(build(c), 1.0) for c in classes]
     profile = SchedulerProfile("default", filters=[], scorers=scorers, picker=build(MaxScorePicker))
     plain = _single(profile).schedule(CycleState(), request(), eps).primary
     assert plain.scored == ()

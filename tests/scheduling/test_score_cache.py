@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epp.datalayer.api import Endpoint, Metrics
+from epp.scheduling.api import Scorer
 from epp.scheduling.score_cache import MetricsScoreCache
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
@@ -16,7 +17,7 @@ from tests.scheduling.builders import endpoint
 
 def _cache() -> MetricsScoreCache:
     """queue (w2) and kv-cache (w3) lead; the prefix scorer (request-dependent) comes last."""
-    scorers = [
+    scorers: list[tuple[Scorer, float]] = [
         (build(QueueScorer), 2.0),
         (build(KVCacheUtilizationScorer), 3.0),
         (build(PrefixCacheScorer), 1.0),

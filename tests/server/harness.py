@@ -12,10 +12,10 @@ from google.protobuf import struct_pb2
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from epp.admission.legacy import LegacyAdmission
-from epp.config.build import build
+from epp.admission.shedding import LegacyAdmission
+from epp.app.build import build
+from epp.app.registry import default_registry
 from epp.config.load import load_config
-from epp.config.registry import default_registry
 from epp.datalayer.api import Endpoint
 from epp.datastore.objects import apply_objects, load_objects
 from epp.datastore.store import Datastore, PoolInfo

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epp.admission.api import AdmissionController
-from epp.admission.legacy import LegacyAdmission
+from epp.admission.shedding import LegacyAdmission
 from epp.datastore.store import Datastore
 from epp.flowcontrol.api import SaturationDetector
 
@@ -32,4 +32,4 @@ class AdmissionPlan:
             return LegacyAdmission(self.detector)
         from epp.admission.flow_control import FlowControlAdmission  # only with the gate on
 
-        return FlowControlAdmission.from_components(self.flow_control, datastore)
+        return FlowControlAdmission.from_plan(self.flow_control, datastore)

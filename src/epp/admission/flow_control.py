@@ -10,7 +10,8 @@ from epp.datalayer.api import Endpoint
 from epp.datastore.store import Datastore
 from epp.errors import EppError, Internal, ResourceExhausted, ServiceUnavailable
 from epp.flowcontrol.api import Outcome
-from epp.flowcontrol.controller import OUTCOME_MESSAGES, ComponentsView, FlowController
+from epp.flowcontrol.assembly import FlowControlPlan
+from epp.flowcontrol.controller import OUTCOME_MESSAGES, FlowController
 from epp.request import InferenceRequest
 
 
@@ -53,14 +54,14 @@ class FlowControlAdmission:
         self.controller = controller
 
     @classmethod
-    def from_components(
-        cls, components: ComponentsView, datastore: Datastore, *, pool_name: str | None = None, **kwargs: Any
+    def from_plan(
+        cls, plan: FlowControlPlan, datastore: Datastore, *, pool_name: str | None = None, **kwargs: Any
     ) -> FlowControlAdmission:
         """Built from the config; the pool is the datastore's endpoints, named for metric labels."""
         if pool_name is None:
             pool_name = datastore.pool.name if datastore.pool is not None else ""
-        controller = FlowController.from_components(
-            components, endpoints=datastore.endpoints, pool_name=pool_name, **kwargs
+        controller = FlowController.from_plan(
+            plan, endpoints=datastore.endpoints, pool_name=pool_name, **kwargs
         )
         return cls(controller)
 

@@ -1,4 +1,10 @@
-"""Command-line flags: GIE's pflag surface, plus our no-Kubernetes flags, parsed into a frozen ``Options``."""
+"""The command line: GIE's pflag surface, plus our no-Kubernetes flags, parsed into a frozen ``Options``.
+
+The flags themselves are declared once, as the fields of ``Options`` (``app/options.py``);
+this module reads argv with pflag's syntax (``epp.pflag``), converts each value by its
+flag's type, runs each flag's checks, then what only the whole command line can check
+(GIE's ``Options.Complete`` + ``Validate`` and the runner's checks), and prints ``--help``.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,13 @@ import dataclasses
 import ipaddress
 import re
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 from epp import pflag
-from epp.datalayer.engines import builtin_engine
-from epp.datalayer.sources.metrics_http import MODEL_SERVER_METRICS_FLAGS, ModelServerMetricsFlags
+from epp.app.options import DEFAULTS, DEPRECATED_METRIC_FLAGS, FLAGS, Flag, HostPort, Mode, Options
+from epp.datalayer.sources.metrics_http import MODEL_SERVER_METRICS_FLAGS
 from epp.errors import ConfigError
-from epp.metrics.llmd import parse_families
 from epp.units import (
     format_go_duration,
     go_quote,
@@ -24,26 +28,31 @@ from epp.units import (
     parse_go_int,
 )
 
-T = TypeVar("T")
-
-Mode = Literal["pool", "selector", "endpoints", "endpoints-file"]
+__all__ = [
+    "DEFAULTS",
+    "DEPRECATED_METRIC_FLAGS",
+    "FLAGS",
+    "Flag",
+    "HelpRequested",
+    "HostPort",
+    "Mode",
+    "Options",
+    "default_text",
+    "deployment_from_pod_name",
+    "parse_endpoint",
+    "parse_flags",
+    "parse_selector",
+    "usage",
+]
 
 DEFAULT_POOL_NAMESPACE: Final = "default"
-STATIC_POOL_NAME: Final = "epp"  # pool label in --endpoints/--endpoints-file mode when POD_NAME says nothing
 MAX_TARGET_PORTS: Final = 8
-DEPRECATED_METRIC_FLAGS: Final = (
-    "total-queued-requests-metric",
-    "total-running-requests-metric",
-    "kv-cache-usage-percentage-metric",
-    "lora-info-metric",
-    "cache-info-metric",
-)
-# Declared once with the metrics-data-source parameters they stand for (datalayer/sources/metrics_http.py).
-_METRICS_FLAG_ATTRS: Final = {f.flag: f.attr for f in MODEL_SERVER_METRICS_FLAGS}
-_METRICS_DEFAULTS: Final = ModelServerMetricsFlags()
-_VLLM: Final = builtin_engine("vllm")  # the deprecated --*-metric flags' defaults
+_METRICS_FLAG_NAMES: Final = tuple(f.flag for f in MODEL_SERVER_METRICS_FLAGS)  # deprecated: a notice each
 _DISCOVERY_FLAGS: Final = ("pool-name", "endpoint-selector", "endpoints", "endpoints-file")
 _DEPLOYMENT_FROM_POD: Final = re.compile(r"^(.+)-[a-z0-9]+-[a-z0-9]+$")
+_BY_NAME: Final = {f.name: f for f in FLAGS}
+_IS_BOOL: Final = {f.name: f.kind == "bool" for f in FLAGS}
+_SHORTHANDS: Final = {f.shorthand: f.name for f in FLAGS if f.shorthand}
 
 
 class HelpRequested(Exception):
@@ -54,495 +63,7 @@ class HelpRequested(Exception):
         self.text = text
 
 
-@dataclass(frozen=True, slots=True)
-class HostPort:
-    """One ``--endpoints`` entry; ``host`` is an IP literal (IPv6 without brackets) or a DNS name."""
-
-    host: str
-    port: int
-
-    @property
-    def is_ip(self) -> bool:
-        try:
-            ipaddress.ip_address(self.host)
-        except ValueError:
-            return False
-        return True
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Options:
-    """Every flag, by its flag name in snake_case; durations are float seconds."""
-
-    # Envoy ext_proc server
-    grpc_port: int = 9002
-    bind_address: str = ""  # all interfaces, as GIE's ":<port>"
-    secure_serving: bool = True
-    cert_path: str = ""
-    enable_cert_reload: bool = False
-    health_checking: bool = False
-    grpc_health_port: int = 9003
-    ha_enable_leader_election: bool = False
-    leader_election_lease_duration: float = 15.0
-    leader_election_renew_deadline: float = 10.0
-    leader_election_retry_period: float = 2.0
-    max_request_body_bytes: int = 64 * 1024 * 1024
-    shutdown_grace_period: float = 20.0
-    shutdown_delay: float = 5.0
-    ext_proc_transport: str = "h2"
-    grpc_max_concurrent_streams: int = 1000
-    grpc_max_message_bytes: int = 20 * 1024 * 1024
-    grpc_keepalive_time: float = 7200.0
-    grpc_keepalive_timeout: float = 20.0
-    grpc_max_connection_idle: float = 3600.0
-    # endpoint discovery
-    pool_name: str = ""
-    pool_namespace: str = ""
-    pool_group: str = "inference.networking.k8s.io"
-    kubeconfig: str = ""
-    endpoint_selector: str = ""
-    endpoint_target_ports: tuple[int, ...] = ()
-    endpoints: tuple[HostPort, ...] = ()
-    endpoints_file: str = ""
-    objectives_file: str = ""
-    disable_endpoint_subset_filter: bool = False
-    emit_endpoint_scores: bool = False
-    explain_request_header: str = ""  # docs/explain.md
-    decisions_buffer_size: int = 0
-    # configuration
-    config_file: str = ""
-    config_text: str = ""
-    config_reload_interval: float = 0.25  # poll --config-file's content (0: only SIGHUP reloads)
-    # model-server metrics
-    model_server_metrics_scheme: str = _METRICS_DEFAULTS.scheme
-    model_server_metrics_path: str = _METRICS_DEFAULTS.path
-    model_server_metrics_port: int = _METRICS_DEFAULTS.port
-    model_server_metrics_https_insecure_skip_verify: bool = _METRICS_DEFAULTS.insecure_skip_verify
-    refresh_metrics_interval: float = 0.05
-    refresh_prometheus_metrics_interval: float = 5.0
-    metrics_staleness_threshold: float = 2.0
-    total_queued_requests_metric: str = _VLLM.queued_requests_spec
-    total_running_requests_metric: str = _VLLM.running_requests_spec
-    kv_cache_usage_percentage_metric: str = _VLLM.kv_usage_spec
-    lora_info_metric: str = _VLLM.lora_spec
-    cache_info_metric: str = _VLLM.cache_info_spec
-    # observability
-    metrics_port: int = 9090
-    metrics_endpoint_auth: bool = True
-    enable_pprof: bool = True
-    metrics_families: str = "gie,llm-d"
-    tracing: bool = True
-    # logging
-    v: int = 2
-    log_format: str = "json"
-    zap_devel: bool = True
-    zap_encoder: str = ""
-    zap_log_level: str = ""
-    zap_stacktrace_level: str = ""
-    zap_time_encoding: str = ""
-    # derived, not flags
-    explicit: frozenset[str] = frozenset()  # flag names given on the command line (Go's fs.Changed)
-    endpoint_selector_labels: tuple[tuple[str, str], ...] = ()
-    deployment_name: str = ""  # standalone mode: the EPP's Deployment, parsed from POD_NAME
-    notices: tuple[str, ...] = field(default=(), compare=False)  # deprecation notes for the log
-
-    @property
-    def mode(self) -> Mode:
-        """How endpoints are discovered; validation guarantees exactly one applies."""
-        if self.pool_name:
-            return "pool"
-        if self.endpoint_selector:
-            return "selector"
-        if self.endpoints:
-            return "endpoints"
-        return "endpoints-file"
-
-    @property
-    def pool_label(self) -> str:
-        """The pool's name as used in metrics labels and logs, whatever the mode."""
-        return self.pool_name or self.deployment_name or STATIC_POOL_NAME
-
-    @property
-    def model_server_metrics(self) -> ModelServerMetricsFlags:
-        """The deprecated ``--model-server-metrics-*`` values, as the config builder takes them."""
-        return ModelServerMetricsFlags(**self._metrics_flag_values())
-
-    def build_metrics_flags(self, factory: Callable[..., T]) -> T:
-        """The same values handed to ``factory`` (keyword arguments named as the fields)."""
-        return factory(**self._metrics_flag_values())
-
-    def _metrics_flag_values(self) -> dict[str, Any]:
-        values: dict[str, Any] = {
-            f.attr: getattr(self, f.flag.replace("-", "_")) for f in MODEL_SERVER_METRICS_FLAGS
-        }
-        values["explicitly_set"] = frozenset(
-            f.attr for f in MODEL_SERVER_METRICS_FLAGS if f.flag in self.explicit
-        )
-        return values
-
-
-# --- controller-runtime zap flag values (parsed so typos fail; only the level is used) -------------
-
-_ZAP_LEVELS: Final = frozenset({"debug", "info", "error", "panic"})
-_ZAP_STACK_LEVELS: Final = frozenset({"info", "error", "panic"})
-_ZAP_TIME_ENCODINGS: Final = frozenset({"rfc3339nano", "rfc3339", "iso8601", "millis", "nanos", "epoch"})
-
-
-def _check_zap_encoder(s: str) -> None:
-    if s.lower() not in ("json", "console"):
-        raise ValueError(f"invalid encoder value {go_quote(s)}")
-
-
-def _check_zap_level(s: str) -> None:
-    if s.lower() in _ZAP_LEVELS:
-        return
-    try:
-        n = parse_go_atoi(s)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise ValueError(f"invalid log level {go_quote(s)}")
-
-
-def _check_zap_stacktrace(s: str) -> None:
-    if s.lower() not in _ZAP_STACK_LEVELS:
-        raise ValueError(f"invalid stacktrace level {go_quote(s)}")
-
-
-def _check_zap_time_encoding(s: str) -> None:
-    if s.lower() not in _ZAP_TIME_ENCODINGS:
-        raise ValueError(f"invalid time-encoding value {go_quote(s)}")
-
-
-# --- the flag table --------------------------------------------------------------------------------
-
-Kind = Literal["bool", "int", "str", "duration", "ints"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Flag:
-    name: str
-    kind: Kind
-    group: str
-    help: str
-    new: bool = False  # not a GIE flag
-    shorthand: str = ""
-    check: Callable[[str], None] | None = None
-
-    @property
-    def attr(self) -> str:
-        return self.name.replace("-", "_")
-
-    @property
-    def display(self) -> str:
-        return f"-{self.shorthand}, --{self.name}" if self.shorthand else f"--{self.name}"
-
-
-_SERVER, _DISCOVERY, _CONFIG, _METRICS, _OBS, _LOG = (
-    "Envoy ext_proc server",
-    "Endpoint discovery (exactly one of --pool-name, --endpoint-selector, --endpoints, --endpoints-file)",
-    "Configuration",
-    "Model-server metrics",
-    "Observability",
-    "Logging",
-)
-
-FLAGS: Final[tuple[_Flag, ...]] = (
-    _Flag("grpc-port", "int", _SERVER, "gRPC port used for communicating with Envoy proxy."),
-    _Flag(
-        "bind-address",
-        "str",
-        _SERVER,
-        "IP address the ext_proc, health and metrics servers listen on; empty means all interfaces.",
-        new=True,
-    ),
-    _Flag("secure-serving", "bool", _SERVER, "Enables secure serving (TLS on the ext_proc port)."),
-    _Flag(
-        "cert-path",
-        "str",
-        _SERVER,
-        "Directory holding tls.crt and tls.key for secure serving; if empty and secure serving is "
-        "enabled, a self-signed certificate is generated at startup.",
-    ),
-    _Flag(
-        "enable-cert-reload", "bool", _SERVER, "Reload the certificate in --cert-path when its files change."
-    ),
-    _Flag(
-        "health-checking",
-        "bool",
-        _SERVER,
-        "Also serve the gRPC health service on the ext_proc port (reports SERVING).",
-    ),
-    _Flag("grpc-health-port", "int", _SERVER, "The port used for gRPC liveness and readiness probes."),
-    _Flag(
-        "ha-enable-leader-election",
-        "bool",
-        _SERVER,
-        "Enables leader election for high availability; readiness passes only on the leader.",
-    ),
-    _Flag(
-        "leader-election-lease-duration",
-        "duration",
-        _SERVER,
-        "How long a leader's lease lasts without renewal before another replica may take it.",
-        new=True,
-    ),
-    _Flag(
-        "leader-election-renew-deadline",
-        "duration",
-        _SERVER,
-        "How long the leader keeps trying to renew its lease before it stops acting as leader.",
-        new=True,
-    ),
-    _Flag(
-        "leader-election-retry-period",
-        "duration",
-        _SERVER,
-        "How often candidates try to acquire, and the leader to renew, the lease.",
-        new=True,
-    ),
-    _Flag(
-        "max-request-body-bytes",
-        "int",
-        _SERVER,
-        "Largest request body buffered for parsing; larger requests get 413. 0 means unlimited.",
-        new=True,
-    ),
-    _Flag(
-        "shutdown-delay",
-        "duration",
-        _SERVER,
-        "On SIGTERM, keep accepting new streams (while health says NOT_SERVING) until none arrived for "
-        "500ms, at most this long, so the proxy moves traffic away before the port closes.",
-        new=True,
-    ),
-    _Flag(
-        "shutdown-grace-period",
-        "duration",
-        _SERVER,
-        "On SIGTERM, how long open streams may finish before the server stops.",
-        new=True,
-    ),
-    _Flag(
-        "ext-proc-transport",
-        "str",
-        _SERVER,
-        "gRPC implementation serving ext_proc: h2 (the EPP's own HTTP/2 framing on the event loop) "
-        "or grpcio (grpc.aio).",
-        new=True,
-    ),
-    _Flag(
-        "grpc-max-concurrent-streams",
-        "int",
-        _SERVER,
-        "Streams one ext_proc client connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS); "
-        "more are refused with REFUSED_STREAM and the proxy opens another connection.",
-        new=True,
-    ),
-    _Flag(
-        "grpc-max-message-bytes",
-        "int",
-        _SERVER,
-        "Largest gRPC message received on the ext_proc port; a longer one ends its call with "
-        "RESOURCE_EXHAUSTED. Must hold the largest body Envoy sends in one message (BUFFERED mode: "
-        "its buffer limit).",
-        new=True,
-    ),
-    _Flag(
-        "grpc-keepalive-time",
-        "duration",
-        _SERVER,
-        "After this long without reading anything from an ext_proc connection, PING it; 0 disables.",
-        new=True,
-    ),
-    _Flag(
-        "grpc-keepalive-timeout",
-        "duration",
-        _SERVER,
-        "How long a keepalive PING may go unanswered before the connection is closed.",
-        new=True,
-    ),
-    _Flag(
-        "grpc-max-connection-idle",
-        "duration",
-        _SERVER,
-        "Close (GOAWAY) an ext_proc connection that had no open stream for this long; 0 disables.",
-        new=True,
-    ),
-    _Flag(
-        "pool-name", "str", _DISCOVERY, "Name of the InferencePool this Endpoint Picker is associated with."
-    ),
-    _Flag(
-        "pool-namespace",
-        "str",
-        _DISCOVERY,
-        "Namespace of the InferencePool (and of the EPP in standalone mode); "
-        "empty means env NAMESPACE, else 'default'.",
-    ),
-    _Flag("pool-group", "str", _DISCOVERY, "Kubernetes API group of the InferencePool."),
-    _Flag(
-        "kubeconfig",
-        "str",
-        _DISCOVERY,
-        "Path to a kubeconfig; empty means $KUBECONFIG, then the in-cluster service account, "
-        "then ~/.kube/config.",
-    ),
-    _Flag(
-        "endpoint-selector",
-        "str",
-        _DISCOVERY,
-        "Standalone mode: select model server pods by labels, 'key=value' pairs separated by commas "
-        "(e.g. 'app=vllm-llama3-8b-instruct,env=prod'); needs env POD_NAME.",
-    ),
-    _Flag(
-        "endpoint-target-ports",
-        "ints",
-        _DISCOVERY,
-        "Standalone mode: target ports of model server pods, comma-separated (e.g. '3000,3001').",
-    ),
-    _Flag(
-        "endpoints",
-        "str",
-        _DISCOVERY,
-        "Without Kubernetes: a fixed list of model servers, HOST:PORT[,HOST:PORT...] ([::1]:8000 for IPv6).",
-        new=True,
-    ),
-    _Flag(
-        "endpoints-file",
-        "str",
-        _DISCOVERY,
-        "Without Kubernetes: a YAML file listing model servers.",
-        new=True,
-    ),
-    _Flag(
-        "objectives-file",
-        "str",
-        _DISCOVERY,
-        "Without an InferencePool: a YAML file of InferenceObjective and InferenceModelRewrite objects.",
-        new=True,
-    ),
-    _Flag(
-        "emit-endpoint-scores",
-        "bool",
-        _DISCOVERY,
-        "Add every candidate's final scheduler score to the routing reply's envoy.lb dynamic metadata "
-        "under 'x-gateway-destination-endpoint-scores' (llm-d-router's flag), and each scorer's weighted "
-        "score under 'x-gateway-destination-endpoint-score-breakdown'.",
-    ),
-    _Flag(
-        "explain-request-header",
-        "str",
-        _OBS,
-        "A request carrying this header (any value but 0/false) gets every candidate's per-scorer scores "
-        "in envoy.lb metadata and in the x-gateway-destination-endpoint-scores response header. Empty: off. "
-        "The gateway must strip the header from untrusted clients (docs/explain.md).",
-        new=True,
-    ),
-    _Flag(
-        "decisions-buffer-size",
-        "int",
-        _OBS,
-        "Keep the last N routing decisions for /debug/decisions on the metrics port (0: off).",
-        new=True,
-    ),
-    _Flag(
-        "disable-endpoint-subset-filter",
-        "bool",
-        _DISCOVERY,
-        "Ignore the x-gateway-destination-endpoint-subset hint sent by the proxy.",
-    ),
-    _Flag("config-file", "str", _CONFIG, "The path to the EndpointPickerConfig file."),
-    _Flag("config-text", "str", _CONFIG, "The EndpointPickerConfig as text, in lieu of a file."),
-    _Flag(
-        "config-reload-interval",
-        "duration",
-        _CONFIG,
-        "How often --config-file's content is checked for a change to apply live (0: on SIGHUP only).",
-        new=True,
-    ),
-    *(_Flag(f.flag, f.kind, _METRICS, f.help) for f in MODEL_SERVER_METRICS_FLAGS),
-    _Flag("refresh-metrics-interval", "duration", _METRICS, "Interval to refresh metrics of each endpoint."),
-    _Flag(
-        "refresh-prometheus-metrics-interval",
-        "duration",
-        _METRICS,
-        "Interval to recompute the inference_pool_* gauges.",
-    ),
-    _Flag(
-        "metrics-staleness-threshold",
-        "duration",
-        _METRICS,
-        "Endpoint metrics older than this are left out of the pool gauges.",
-    ),
-    _Flag("total-queued-requests-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
-    _Flag("total-running-requests-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
-    _Flag("kv-cache-usage-percentage-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
-    _Flag("lora-info-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
-    _Flag("cache-info-metric", "str", _METRICS, "Rejected if set: use engineConfigs."),
-    _Flag("metrics-port", "int", _OBS, "The port of the Prometheus /metrics endpoint (and pprof)."),
-    _Flag(
-        "metrics-endpoint-auth",
-        "bool",
-        _OBS,
-        "Require a Kubernetes bearer token allowed to GET /metrics (TokenReview + SubjectAccessReview).",
-    ),
-    _Flag("enable-pprof", "bool", _OBS, "Serve profiling handlers under /debug/pprof on the metrics port."),
-    _Flag(
-        "metrics-families",
-        "str",
-        _OBS,
-        "Metric names /metrics serves: gie (inference_objective_*, inference_pool_*, inference_extension_*), "
-        "llm-d (llm-d-router's llm_d_epp_*), or both, comma-separated.",
-        new=True,
-    ),
-    _Flag(
-        "tracing",
-        "bool",
-        _OBS,
-        "Enables OpenTelemetry tracing; spans are exported only when OTEL_TRACES_EXPORTER is set.",
-    ),
-    _Flag("v", "int", _LOG, "Log verbosity: 2 info (default), 3 verbose, 4 debug, 5 trace.", shorthand="v"),
-    _Flag("log-format", "str", _LOG, "Log line format: json or console.", new=True),
-    _Flag("zap-devel", "bool", _LOG, "Accepted for compatibility; has no effect."),
-    _Flag(
-        "zap-encoder",
-        "str",
-        _LOG,
-        "Accepted for compatibility (json or console); use --log-format.",
-        check=_check_zap_encoder,
-    ),
-    _Flag(
-        "zap-log-level",
-        "str",
-        _LOG,
-        "Log level, overrides -v: debug, info, error, panic, or an integer > 0 meaning -v=N.",
-        check=_check_zap_level,
-    ),
-    _Flag(
-        "zap-stacktrace-level",
-        "str",
-        _LOG,
-        "Accepted for compatibility (info, error or panic); has no effect.",
-        check=_check_zap_stacktrace,
-    ),
-    _Flag(
-        "zap-time-encoding",
-        "str",
-        _LOG,
-        "Accepted for compatibility (epoch, millis, nanos, iso8601, rfc3339, rfc3339nano); has no effect.",
-        check=_check_zap_time_encoding,
-    ),
-)
-_BY_NAME: Final = {f.name: f for f in FLAGS}
-_IS_BOOL: Final = {f.name: f.kind == "bool" for f in FLAGS}
-_SHORTHANDS: Final = {f.shorthand: f.name for f in FLAGS if f.shorthand}
-DEFAULTS: Final = Options()
-
-
-def _convert(flag: _Flag, raw: str, previous: object) -> object:
+def _convert(flag: Flag, raw: str, previous: object) -> object:
     """One flag value, or a pflag-worded error naming the flag and the value."""
     try:
         match flag.kind:
@@ -555,9 +76,9 @@ def _convert(flag: _Flag, raw: str, previous: object) -> object:
             case "ints":
                 parsed = tuple(parse_go_atoi(p) for p in raw.split(","))
                 return (previous if isinstance(previous, tuple) else ()) + parsed
-            case "str":
-                if flag.check is not None:
-                    flag.check(raw)
+            case "str" | "hostports":  # host ports are parsed once discovery is validated
+                if flag.syntax is not None:
+                    flag.syntax(raw)
                 return raw
     except ValueError as e:
         raise ConfigError(
@@ -605,18 +126,12 @@ def _complete(opts: Options, raw_endpoints: str, env: Mapping[str, str]) -> Opti
     _validate_discovery(opts, raw_endpoints)
     if opts.config_text and opts.config_file:
         raise ConfigError('both the "configText" and "configFile" flags can not be set at the same time')
-    if opts.model_server_metrics_scheme not in ("http", "https"):
-        raise ConfigError(
-            f"unexpected {go_quote(opts.model_server_metrics_scheme)} value for "
-            "\"model-server-metrics-scheme\" flag, it can only be set to 'http' or 'https'"
-        )
-    for name in DEPRECATED_METRIC_FLAGS:
-        if name in opts.explicit:
-            raise ConfigError(
-                f"flag {go_quote(name)} is deprecated and cannot be used; "
-                "configure metrics via engineConfigs in EndpointPickerConfig instead"
-            )
-    _validate_new(opts)
+    for flag in FLAGS:
+        if flag.rejected and flag.name in opts.explicit:
+            raise ConfigError(f"flag {go_quote(flag.name)} is deprecated and cannot be used; {flag.rejected}")
+        if flag.check is not None:
+            flag.check(flag.name, getattr(opts, flag.attr))
+    _validate_combinations(opts)
     endpoints = _parse_endpoints(raw_endpoints) if raw_endpoints else ()
     labels: tuple[tuple[str, str], ...] = ()
     deployment = ""
@@ -668,72 +183,8 @@ def _validate_discovery(opts: Options, raw_endpoints: str) -> None:
                 raise ConfigError(f'invalid port number {port} in "endpoint-target-ports"')
 
 
-def _validate_new(opts: Options) -> None:
-    """Checks GIE lacks: our own flags, and ports that could never be bound."""
-    for name in ("grpc-port", "grpc-health-port", "metrics-port"):
-        port = getattr(opts, name.replace("-", "_"))
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"invalid port number {port} in {go_quote(name)}")
-    if opts.bind_address:
-        try:
-            ipaddress.ip_address(opts.bind_address.removeprefix("[").removesuffix("]"))
-        except ValueError:
-            raise ConfigError(
-                f'invalid value {go_quote(opts.bind_address)} for "bind-address": not an IP address'
-            ) from None
-    if opts.ext_proc_transport not in ("h2", "grpcio"):
-        raise ConfigError(
-            f'unexpected {go_quote(opts.ext_proc_transport)} value for "ext-proc-transport" flag, '
-            "it can only be set to 'h2' or 'grpcio'"
-        )
-    try:
-        parse_families(opts.metrics_families)
-    except ValueError as e:
-        raise ConfigError(
-            f'invalid value {go_quote(opts.metrics_families)} for "metrics-families": {e}'
-        ) from None
-    if opts.log_format not in ("json", "console"):
-        raise ConfigError(
-            f'unexpected {go_quote(opts.log_format)} value for "log-format" flag, '
-            "it can only be set to 'json' or 'console'"
-        )
-    if opts.max_request_body_bytes < 0:
-        raise ConfigError(
-            f'invalid value {opts.max_request_body_bytes} for "max-request-body-bytes": '
-            "must be >= 0 (0 means unlimited)"
-        )
-    if opts.grpc_max_concurrent_streams < 1 or opts.grpc_max_concurrent_streams > 0x7FFFFFFF:
-        raise ConfigError(
-            f'invalid value {opts.grpc_max_concurrent_streams} for "grpc-max-concurrent-streams": '
-            "must be in [1, 2147483647]"
-        )
-    if opts.grpc_max_message_bytes < 1 or opts.grpc_max_message_bytes > 0x7FFFFFFF - 5:
-        raise ConfigError(
-            f'invalid value {opts.grpc_max_message_bytes} for "grpc-max-message-bytes": '
-            "must be in [1, 2147483642]"
-        )
-    for name in (
-        "grpc-keepalive-time",
-        "grpc-keepalive-timeout",
-        "grpc-max-connection-idle",
-        "config-reload-interval",
-    ):
-        value = getattr(opts, name.replace("-", "_"))
-        if value < 0:
-            raise ConfigError(
-                f"invalid value {go_quote(format_go_duration(value))} for {go_quote(name)}: "
-                "must not be negative"
-            )
-    if opts.shutdown_grace_period < 0:
-        raise ConfigError(
-            f"invalid value {go_quote(format_go_duration(opts.shutdown_grace_period))} "
-            'for "shutdown-grace-period": must not be negative'
-        )
-    if opts.shutdown_delay < 0:
-        raise ConfigError(
-            f"invalid value {go_quote(format_go_duration(opts.shutdown_delay))} "
-            'for "shutdown-delay": must not be negative'
-        )
+def _validate_combinations(opts: Options) -> None:
+    """Checks GIE lacks that involve more than one flag (each flag's own checks are declared with it)."""
     if opts.ha_enable_leader_election and not (opts.pool_name or opts.endpoint_selector):
         raise ConfigError(
             'flag "ha-enable-leader-election" needs Kubernetes: set "pool-name" or "endpoint-selector" '
@@ -761,7 +212,7 @@ def _notices(opts: Options) -> tuple[str, ...]:
     out = [
         f"flag {go_quote(name)} is deprecated and will be removed; "
         "set the metrics-data-source plugin parameters in EndpointPickerConfig instead"
-        for name in _METRICS_FLAG_ATTRS
+        for name in _METRICS_FLAG_NAMES
         if name in opts.explicit
     ]
     if opts.enable_cert_reload and not opts.cert_path:
@@ -863,10 +314,18 @@ def _parse_endpoints(raw: str) -> tuple[HostPort, ...]:
 
 # --- --help ----------------------------------------------------------------------------------------
 
-_TYPE_NAMES: Final = {"bool": "", "int": "int", "str": "string", "duration": "duration", "ints": "ints"}
+_TYPE_NAMES: Final = {
+    "bool": "",
+    "int": "int",
+    "str": "string",
+    "duration": "duration",
+    "ints": "ints",
+    "hostports": "string",
+}
 
 
-def _default_text(flag: _Flag) -> str:
+def default_text(flag: Flag) -> str:
+    """A flag's default as ``--help`` and docs/flags.md show it (Go's formatting)."""
     value = getattr(DEFAULTS, flag.attr)
     match flag.kind:
         case "bool":
@@ -876,7 +335,9 @@ def _default_text(flag: _Flag) -> str:
         case "ints":
             return "[" + ",".join(str(p) for p in value) + "]"
         case "str":
-            return go_quote(str(value)) if flag.name != "endpoints" else '""'
+            return go_quote(str(value))
+        case "hostports":
+            return go_quote(",".join(str(hp) for hp in value))
         case _:
             return str(value)
 
@@ -896,7 +357,7 @@ def usage() -> str:
             lines += ["", f"{group}:"]
         lines.append(f"  {f.display} {_TYPE_NAMES[f.kind]}".rstrip())
         tag = " [new]" if f.new else ""
-        text = f"{f.help}{tag} (default {_default_text(f)})"
+        text = f"{f.help}{tag} (default {default_text(f)})"
         lines += textwrap.wrap(text, width=100, initial_indent=" " * 8, subsequent_indent=" " * 8)
     lines += [
         "",

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 
 import structlog
 
+from epp.app.compose import App, build_app
+from epp.app.serve import serve
 from epp.cli.flags import HelpRequested, parse_flags
-from epp.cli.run import App, build_app, serve
 from epp.errors import ConfigError
 from epp.log import configure_logging
 

@@ -10,12 +10,12 @@ runtime that polls them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
+from epp.config.schema import DataLayerConfig
 from epp.datalayer.api import DataSource, EndpointObserver, Extractor, NotificationSource, SourceBinding
-from epp.datalayer.legacy import legacy_binding
+from epp.datalayer.legacy_poller import legacy_binding
 from epp.datalayer.runtime import DataLayerRuntime, ObservableEndpoints
 from epp.datalayer.sources.metrics_http import ModelServerMetricsFlags
 from epp.errors import ConfigError
@@ -24,28 +24,6 @@ from epp.plugin.base import Plugin
 
 METRICS_DATA_SOURCE: Final = "metrics-data-source"
 CORE_METRICS_EXTRACTOR: Final = "core-metrics-extractor"
-
-
-class RefSection(Protocol):
-    @property
-    def plugin_ref(self) -> str: ...
-
-
-class SourceSection(Protocol):
-    """One ``dataLayer.sources[]`` entry."""
-
-    @property
-    def plugin_ref(self) -> str: ...
-
-    @property
-    def extractors(self) -> Sequence[RefSection]: ...
-
-
-class DataLayerSection(Protocol):
-    """The ``dataLayer`` section."""
-
-    @property
-    def sources(self) -> Sequence[SourceSection]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +55,7 @@ def legacy(metrics: ModelServerMetricsFlags) -> tuple[SourceBinding, ...]:
         raise ConfigError(f"featureGates: failed to set up the legacy metrics poller: {e!r}") from e
 
 
-def bindings(section: DataLayerSection | None, plugins: PluginSet) -> tuple[SourceBinding, ...]:
+def bindings(section: DataLayerConfig | None, plugins: PluginSet) -> tuple[SourceBinding, ...]:
     """Steps 6 and 9: the default metrics source and extractor, or the ``dataLayer`` wiring."""
     # (path, source ref, [(path, extractor ref)])
     wiring: list[tuple[str, str, list[tuple[str, str]]]]

@@ -1,7 +1,7 @@
 """``epp explain``: replay one request through the server's own pipeline, offline.
 
-The pipeline is assembled exactly as ``epp.cli.run.build_app`` assembles it (``config.load``,
-``config.build``, ``components.admission.controller``, ``components.request_control.pipeline``
+The pipeline is assembled exactly as ``epp.app.compose.build_app`` assembles it (``config.load``,
+``app.build``, ``components.admission.controller``, ``components.request_control.pipeline``
 and a ``Director``), so the replay runs the real parser, data producers, admission and
 scheduler; only the endpoints come from a snapshot instead of discovery and scraping, and
 no socket is opened.  Plugin state that a running EPP learns from traffic (the prefix index,
@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from epp.config.build import BuildOptions, build
+from epp.app.build import BuildOptions, build
+from epp.app.registry import default_registry
 from epp.config.load import load
-from epp.config.registry import default_registry
 from epp.datalayer.api import EndpointMetadata, Metrics
 from epp.datastore.static import split_hostport
 from epp.datastore.store import Datastore, PoolInfo

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epp.config.schema import FlowControlConfig
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol import api as flowcontrol_api
@@ -21,14 +22,14 @@ from epp.plugin.assembly import PluginSet
 from epp.plugin.base import Plugin
 
 if TYPE_CHECKING:  # the controller is imported only when the flowControl gate is on
-    from epp.flowcontrol.controller import FlowController, FlowControlSettings
+    from epp.flowcontrol.controller import FlowController
 
 
 @dataclass(frozen=True, slots=True)
 class FlowControlPlan:
     """Validated settings and the plugins a ``FlowController`` is made of; nothing runs yet."""
 
-    settings: FlowControlSettings
+    settings: FlowControlConfig  # resolved: every default explicit
     detector: SaturationDetector
     plugins: Mapping[str, Plugin]
 
@@ -36,18 +37,10 @@ class FlowControlPlan:
         """The controller; ``endpoints`` is the pool (``Datastore.endpoints``)."""
         from epp.flowcontrol.controller import FlowController
 
-        return FlowController.from_components(self, endpoints=endpoints, **kwargs)
-
-    @property
-    def flow_control(self) -> FlowControlSettings:  # FlowController.from_components reads these
-        return self.settings
-
-    @property
-    def saturation_detector(self) -> SaturationDetector:
-        return self.detector
+        return FlowController.from_plan(self, endpoints=endpoints, **kwargs)
 
 
-def check_policies(settings: FlowControlSettings, plugins: PluginSet) -> FlowControlSettings:
+def check_policies(settings: FlowControlConfig, plugins: PluginSet) -> FlowControlConfig:
     """Step 10: every band's policy references and the usage limit policy; returns ``settings``."""
     bands = []
     if settings.default_priority_band is not None:

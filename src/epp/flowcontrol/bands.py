@@ -5,29 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from epp.config.schema import PriorityBandConfig
 from epp.errors import ConfigError
 from epp.flowcontrol.api import FairnessPolicy, FairnessState, FlowKey, OrderingPolicy, Outcome
 from epp.flowcontrol.queues import HeapQueue, ListQueue, queue_type
 from epp.metrics import series
 from epp.plugin.base import Plugin
 from epp.request import InferenceRequest
-
-
-class BandSettings(Protocol):
-    """A priority band's limits and policy names (``config.schema.PriorityBandConfig``, resolved)."""
-
-    @property
-    def priority(self) -> int: ...
-    @property
-    def max_bytes(self) -> int | None: ...
-    @property
-    def max_requests(self) -> int | None: ...
-    @property
-    def fairness_policy_ref(self) -> str: ...
-    @property
-    def ordering_policy_ref(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +25,7 @@ class BandPolicies:
     queue: type[ListQueue[Any]] | type[HeapQueue[Any]]
 
     @staticmethod
-    def resolve(band: BandSettings, path: str, plugins: Mapping[str, Plugin]) -> BandPolicies:
+    def resolve(band: PriorityBandConfig, path: str, plugins: Mapping[str, Plugin]) -> BandPolicies:
         ordering = plugins.get(band.ordering_policy_ref)
         if not isinstance(ordering, OrderingPolicy):
             ref = band.ordering_policy_ref
@@ -148,7 +134,7 @@ class Band:
 
     def __init__(
         self,
-        limits: BandSettings,
+        limits: PriorityBandConfig,
         policies: BandPolicies,
         pool: str,
         *,

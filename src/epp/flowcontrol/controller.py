@@ -8,20 +8,24 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import structlog
 
+from epp.config.schema import FlowControlConfig, PriorityBandConfig
 from epp.datalayer import roles
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.api import Outcome, SaturationDetector, TransitAwareDetector, UsageLimitPolicy
-from epp.flowcontrol.bands import Band, BandPolicies, BandSettings, Flow, Item
+from epp.flowcontrol.bands import Band, BandPolicies, Flow, Item
 from epp.flowcontrol.verdict import stage_saturation, verdict
 from epp.metrics import disagg as disagg_metrics
 from epp.metrics import series
 from epp.plugin.base import Plugin
 from epp.request import InferenceRequest
+
+if TYPE_CHECKING:  # the plan imports the controller only when the flowControl gate is on
+    from epp.flowcontrol.assembly import FlowControlPlan
 
 log = structlog.get_logger(__name__)
 
@@ -42,37 +46,6 @@ OUTCOME_MESSAGES: Final[Mapping[Outcome, str]] = {
     ),
     Outcome.EVICTED_OTHER: "request evicted from queue: flow controller is not running",
 }
-
-
-class FlowControlSettings(Protocol):
-    """``config.schema.FlowControlConfig`` after ``resolved()``: None and 0 limits are unlimited."""
-
-    @property
-    def max_bytes(self) -> int | None: ...
-    @property
-    def max_requests(self) -> int | None: ...
-    @property
-    def default_request_ttl(self) -> float | None: ...
-    @property
-    def default_priority_band(self) -> BandSettings | None: ...
-    @property
-    def priority_bands(self) -> Sequence[BandSettings]: ...
-    @property
-    def usage_limit_policy_plugin_ref(self) -> str: ...
-
-
-class ComponentsView(Protocol):
-    """What the controller is made of: ``flowcontrol.assembly.FlowControlPlan``.
-
-    ``config.build.Components`` fits too.
-    """
-
-    @property
-    def flow_control(self) -> FlowControlSettings | None: ...
-    @property
-    def plugins(self) -> Mapping[str, Plugin]: ...
-    @property
-    def saturation_detector(self) -> SaturationDetector: ...
 
 
 class FlowController:
@@ -101,7 +74,7 @@ class FlowController:
 
     def __init__(
         self,
-        settings: FlowControlSettings,
+        settings: FlowControlConfig,
         *,
         detector: SaturationDetector,
         usage_limit: UsageLimitPolicy,
@@ -162,22 +135,20 @@ class FlowController:
         self._cycle_failed = False
 
     @classmethod
-    def from_components(
-        cls, components: ComponentsView, *, endpoints: Callable[[], Sequence[Endpoint]], **kwargs: Any
+    def from_plan(
+        cls, plan: FlowControlPlan, *, endpoints: Callable[[], Sequence[Endpoint]], **kwargs: Any
     ) -> FlowController:
         """The controller the config asked for; ``endpoints`` is the pool (``Datastore.endpoints``)."""
-        settings = components.flow_control
-        if settings is None:
-            raise ConfigError("flowControl: the flowControl feature gate is off")
+        settings = plan.settings
         ref = settings.usage_limit_policy_plugin_ref
-        usage = components.plugins.get(ref)
+        usage = plan.plugins.get(ref)
         if not isinstance(usage, UsageLimitPolicy):
             raise ConfigError(f"flowControl.usageLimitPolicyPluginRef: '{ref}' is not a usage limit policy")
         return cls(
             settings,
-            detector=components.saturation_detector,
+            detector=plan.detector,
             usage_limit=usage,
-            plugins=components.plugins,
+            plugins=plan.plugins,
             endpoints=endpoints,
             **kwargs,
         )
@@ -510,7 +481,9 @@ class FlowController:
             item.future.set_result(outcome)
 
     # --- bands and garbage collection ----------------------------------------------------------
-    def _policies_for(self, band: BandSettings, path: str, plugins: Mapping[str, Plugin]) -> BandPolicies:
+    def _policies_for(
+        self, band: PriorityBandConfig, path: str, plugins: Mapping[str, Plugin]
+    ) -> BandPolicies:
         key = f"{band.ordering_policy_ref}\x00{band.fairness_policy_ref}"
         policies = self._policies.get(key)
         if policies is None:

@@ -5,7 +5,7 @@
 labelled ``plugin_name, plugin_type, model_name, decision_type`` (an empty model is
 ``unknown``), each with its deprecated ``llm_d_inference_scheduler_*`` twin labelled
 ``model_name, decision_type`` (llm-d-router issue #1070).  Being llm-d names, they follow the
-``llm-d`` family set of ``--metrics-families`` (``epp.metrics.llmd.Exposition``).
+``llm-d`` family set of ``--metrics-families`` (``epp.metrics.llmd.FamilySetView``).
 
 ``llm_d_epp_flow_control_pool_saturation{inference_pool, stage}`` is flow control's
 saturation per stage (``prefill``, ``decode``, ``effective``), set by the flow controller.

@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from epp.metrics.llmd import FAMILY_SETS, Exposition
+from epp.metrics.llmd import FAMILY_SETS, FamilySetView
 from epp.metrics.series import REGISTRY
 
 log = structlog.get_logger(__name__)
@@ -27,7 +27,7 @@ MAX_PROFILE_SECONDS = 60.0
 Authorize = Callable[[str, str], Awaitable[tuple[int, str]]]
 
 
-_EXPOSITION: Final = web.AppKey("exposition", Exposition)
+_EXPOSITION: Final = web.AppKey("exposition", FamilySetView)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -128,7 +128,7 @@ def build_app(
     ``decisions``: the last routing decisions ``/debug/decisions`` shows (``?request_id=``, ``?limit=``).
     """
     app = web.Application(middlewares=[_auth_middleware(authorize)] if authorize is not None else [])
-    app[_EXPOSITION] = Exposition(REGISTRY, families)
+    app[_EXPOSITION] = FamilySetView(REGISTRY, families)
     app.router.add_get("/metrics", _metrics)
     if debug_state is not None:
         app.router.add_get("/debug/plugins/state", _debug_state(debug_state))

@@ -2,10 +2,10 @@
 
 llm-d-router (v0.10) writes every request metric twice: its ``llm_d_epp_*`` family and the legacy
 GIE one.  Here the request path records GIE's series once (``epp.metrics.series``, lock-free) and
-``Exposition`` renames them while ``/metrics`` is being rendered: no second increment per
+``FamilySetView`` renames them while ``/metrics`` is being rendered: no second increment per
 request, and the cost of the twin is paid by the scraper thread.
 
-``Exposition`` wraps the registry: one pass over its families yields each GIE family (unless the
+``FamilySetView`` wraps the registry: one pass over its families yields each GIE family (unless the
 ``gie`` family set is off) followed by its llm-d twin (unless ``llm-d`` is off).  Families of
 other collectors (process, platform, latency predictor, per-endpoint queue) go through the same
 table, so a GIE family added elsewhere gets its twin by adding one row here.
@@ -214,7 +214,7 @@ def flow_control_requests(queue_duration: Metric) -> Metric:
     return out
 
 
-class Exposition:
+class FamilySetView:
     """What ``/metrics`` serves: ``registry``'s families, GIE's and/or their llm-d twins.
 
     Has the ``collect`` that ``generate_latest`` needs, so it stands in for the registry.

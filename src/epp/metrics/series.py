@@ -1,8 +1,13 @@
-"""Every EPP metric, with GIE's names, labels and buckets verbatim (gie-inventory §9.1).
+"""GIE's request, pool and flow-control metrics, with names, labels and buckets verbatim (gie-inventory §9.1).
 
-All series live in ``REGISTRY`` (ours, not prometheus_client's global one) so the
-exporter serves exactly the EPP's metrics plus process/platform collectors.  The metric
-classes are the lock-free ones of ``epp.metrics.fast``: this module is on every request.
+This module also owns ``REGISTRY`` (ours, not prometheus_client's global one), where every
+series of the EPP lives, so the exporter serves exactly the EPP's metrics plus the
+process/platform collectors. Not every series is declared here: the concepts that own a metric
+GIE lacks declare it beside their code, in the same registry — the KV-event subscriber and the
+precise prefix scorer (``datalayer/kvevents/metrics.py``), P/D decisions (``metrics/disagg.py``)
+and the per-endpoint pool gauges (``datalayer/pool_metrics.py``). ``metrics/llmd.py`` derives
+llm-d-router's ``llm_d_epp_*`` twins from all of them at scrape time. The metric classes are the
+lock-free ones of ``epp.metrics.fast``: this module is on every request.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Scheduling assembles itself: ``schedulingProfiles`` + instantiated plugins → a ``Scheduler``.
 
-Why here and not in ``epp.config``: which plugin is a filter, scorer, picker or profile
+Why here and not in ``epp.app``: which plugin is a filter, scorer, picker or profile
 handler, what a profile without a picker gets and how weights apply is scheduling's
-knowledge (gie-inventory §8.2 steps 6-8).  The config layer hands over its
-``schedulingProfiles`` section and a ``PluginSet``; nothing here knows the registry or the
-file format, only the two-field shape of a profile (``ProfileSection``).
+knowledge (gie-inventory §8.2 steps 6-8).  The builder (``epp.app.build``) hands over the
+file's ``schedulingProfiles`` section (``epp.config.schema``'s models, a layer below) and a
+``PluginSet``; nothing here knows the registry.
 
 Two steps, as in GIE's loader: ``plan`` runs with the other system defaults (step 6), so a
 default profile sees only the configured plugins and other concepts may still add theirs;
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import structlog
 
+from epp.config.schema import SchedulingProfile
 from epp.errors import ConfigError
 from epp.plugin.assembly import PluginSet, label
 from epp.scheduling.api import Filter, Picker, ProfileHandler, Scorer
@@ -30,26 +31,6 @@ DEFAULT_PROFILE: Final = "default"
 DEFAULT_SCORER_WEIGHT: Final = 1.0
 SINGLE_PROFILE_HANDLER: Final = "single-profile-handler"
 MAX_SCORE_PICKER: Final = "max-score-picker"
-
-
-class ProfilePluginSection(Protocol):
-    """One ``schedulingProfiles[].plugins[]`` entry."""
-
-    @property
-    def plugin_ref(self) -> str: ...
-
-    @property
-    def weight(self) -> float | None: ...
-
-
-class ProfileSection(Protocol):
-    """One ``schedulingProfiles[]`` entry."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def plugins(self) -> Sequence[ProfilePluginSection]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +125,7 @@ class SchedulingPlan:
             raise ConfigError(f"schedulingProfiles[{name}]: {e}") from None
 
 
-def plan(sections: Sequence[ProfileSection], plugins: PluginSet) -> SchedulingPlan:
+def plan(sections: Sequence[SchedulingProfile], plugins: PluginSet) -> SchedulingPlan:
     """Step 6 for scheduling: the default profile, profile handler and picker.
 
     Without ``schedulingProfiles`` the one profile holds every filter, scorer and picker

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from epp.plugin.base import PluginParams
+from epp.plugin.base import Handle, PluginParams
+
+P = TypeVar("P")
+P_co = TypeVar("P_co", covariant=True)
+
+
+class PluginClass(Protocol[P_co]):
+    """A plugin class as the registry sees it: its type name, its parameter model, its constructor."""
+
+    TYPE: str
+    PARAMS: type[PluginParams]
+
+    def __call__(self, name: str, params: Any, handle: Handle, /) -> P_co: ...
 
 
 class FakeHandle:
@@ -24,11 +36,12 @@ class FakeHandle:
         return self._plugins
 
 
-def build(cls: Any, name: str = "", handle: FakeHandle | None = None, **params: Any) -> Any:
+def build(cls: PluginClass[P], name: str = "", handle: FakeHandle | None = None, **params: Any) -> P:
     """Instantiate plugin ``cls`` from camelCase ``params`` validated by its PARAMS model.
 
     The instance is named ``name`` (default: the plugin's TYPE) and sees ``handle`` (default: an
-    empty :class:`FakeHandle`).
+    empty :class:`FakeHandle`). The result has the plugin's own type, so a test's use of it is
+    type-checked against the plugin, not against ``Any``.
     """
     p: PluginParams = cls.PARAMS.model_validate(params)
     return cls(name or cls.TYPE, p, handle or FakeHandle())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from epp.config.build import build
+from epp.app.build import build
+from epp.app.registry import default_registry
 from epp.config.load import load_config
-from epp.config.registry import default_registry
 from epp.datalayer.api import EndpointEvent
 from epp.datalayer.sources.kv_events import KVEventsSource
 from epp.errors import ConfigError

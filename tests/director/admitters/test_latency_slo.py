@@ -9,6 +9,7 @@ from epp.datalayer.attributes import LATENCY_PREDICTION, LatencyPredictionInfo
 from epp.director.admitters.latency_slo import LatencySloAdmitter
 from epp.director.api import Admitter
 from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
 from epp.testing.plugins import build
 from tests.scheduling.builders import endpoint, request
 
@@ -27,7 +28,7 @@ def pred(ttft_h: float, tpot_h: float = 1.0, valid: bool = True) -> LatencyPredi
     return LatencyPredictionInfo(valid, valid, ttft_h, tpot_h, 100 - ttft_h, 10 - tpot_h, 1)
 
 
-def req(priority: int, **headers: str) -> object:
+def req(priority: int, **headers: str) -> InferenceRequest:
     r = request(headers={k.replace("_", "-"): v for k, v in headers.items()})
     r.priority = priority
     return r

@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 import orjson
 import pytest
 
-from epp.admission.legacy import AlwaysAdmit
-from epp.config.build import build as build_config
+from epp.admission.shedding import AlwaysAdmit
+from epp.app.build import build as build_config
+from epp.app.registry import default_registry
 from epp.config.load import load_config
-from epp.config.registry import default_registry
 from epp.datalayer.api import Endpoint, EndpointObserver
 from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.datastore.store import Datastore

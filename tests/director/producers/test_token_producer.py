@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from epp.config.build import build
+from epp.app.build import build
+from epp.app.registry import default_registry
 from epp.config.load import load_config
-from epp.config.registry import default_registry
 from epp.errors import ConfigError
 
 CONFIG = """

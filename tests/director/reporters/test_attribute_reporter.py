@@ -12,10 +12,10 @@ from google.protobuf import json_format
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from epp.admission.legacy import AlwaysAdmit
-from epp.config.build import build as build_config
+from epp.admission.shedding import AlwaysAdmit
+from epp.app.build import build as build_config
+from epp.app.registry import default_registry
 from epp.config.load import load_config_file
-from epp.config.registry import default_registry
 from epp.datalayer.api import EndpointMetadata
 from epp.datastore.store import Datastore
 from epp.director.api import ResponseCompleteProcessor

@@ -10,7 +10,7 @@ from google.protobuf import struct_pb2
 
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from epp.admission.legacy import AlwaysAdmit
+from epp.admission.shedding import AlwaysAdmit
 from epp.datalayer.api import Endpoint, EndpointMetadata
 from epp.datastore.store import Datastore
 from epp.director.api import ResponseHeaderProcessor

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from epp.config.registry import default_registry
+from epp.app.registry import default_registry
 from epp.errors import ConfigError
 from epp.flowcontrol.api import UsageLimitPolicy
 from epp.testing.plugins import FakeHandle

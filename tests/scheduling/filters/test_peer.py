@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from epp.config.registry import default_registry
+from epp.app.registry import default_registry
 from epp.errors import ServiceUnavailable
+from epp.plugin.base import Plugin
 from epp.plugin.state import CycleState
+from epp.scheduling.api import Filter
 from epp.scheduling.filters.by_label import DecodeFilter, PrefillFilter
 from epp.scheduling.filters.peer import ExcludePeerFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
@@ -44,12 +46,13 @@ def test_peer_alone_leaves_nothing() -> None:
     assert list(build(ExcludePeerFilter).filter(state, make_request("m"), eps)) == []
 
 
-def symmetric_scheduler(decider: object, *, exclude: bool = True) -> Scheduler:
+def symmetric_scheduler(decider: Plugin, *, exclude: bool = True) -> Scheduler:
     """decode: decode-filter + queue; prefill: prefill-filter (+ exclude-peer-filter) + queue."""
     handler = build(DisaggProfileHandler, handle=FakeHandle([decider]), deciders={"prefill": "d"})
-    handler.bind_plugins({"d": decider}.get)
+    deciders: dict[str, Plugin] = {"d": decider}
+    handler.bind_plugins(deciders.get)
     picker, queue = build(MaxScorePicker), build(QueueScorer)
-    prefill_filters = [build(PrefillFilter), *([build(ExcludePeerFilter)] if exclude else [])]
+    prefill_filters: list[Filter] = [build(PrefillFilter), *([build(ExcludePeerFilter)] if exclude else [])]
     return Scheduler(
         handler,
         [

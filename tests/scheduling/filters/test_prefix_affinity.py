@@ -35,6 +35,13 @@ class _FixedRng(random.Random):
         return self.value
 
 
+class _UnusedRng(random.Random):
+    """Fails the test if the filter draws from it."""
+
+    def random(self) -> float:
+        raise AssertionError("the filter consulted the RNG")
+
+
 def _state(eps: list[Endpoint], matches: list[int], ttfts: list[float | None] | None = None) -> CycleState:
     state = CycleState()
     for ep, m in zip(eps, matches, strict=False):
@@ -86,7 +93,7 @@ def test_affinity_filter(
 def test_single_endpoint_passthrough() -> None:
     """One candidate is returned as is, without consulting the RNG."""
     f = build(PrefixCacheAffinityFilter)
-    f.rng = None  # would fail if used
+    f.rng = _UnusedRng(0)
     eps = [endpoint(0)]
     assert list(f.filter(CycleState(), request(), eps)) == eps
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from epp.config.build import build as build_config
+from epp.app.build import build as build_config
+from epp.app.registry import default_registry
 from epp.config.load import load_config
-from epp.config.registry import default_registry
 from epp.errors import ConfigError, ServiceUnavailable
 from epp.metrics.series import REGISTRY
 from epp.plugin.state import CycleState
@@ -33,7 +33,7 @@ ALWAYS = "always"
 
 
 def always() -> AlwaysDisaggPDDecider:
-    return build(AlwaysDisaggPDDecider, name=ALWAYS)  # type: ignore[no-any-return]
+    return build(AlwaysDisaggPDDecider, name=ALWAYS)
 
 
 def decisions(decision: str, model: str = "m", name: str = "disagg-profile-handler") -> float:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from epp.config.build import build as build_config
+from epp.app.build import build as build_config
+from epp.app.registry import default_registry
 from epp.config.load import load_config
-from epp.config.registry import default_registry
 from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.errors import ConfigError, ServiceUnavailable
 from epp.metrics.series import REGISTRY

@@ -8,7 +8,7 @@ from epp.plugin.state import CycleState
 from epp.scheduling.api import Scorer, ScorerCategory
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
-from epp.testing.plugins import build
+from epp.testing.plugins import PluginClass, build
 from tests.scheduling.builders import endpoint, request
 
 
@@ -50,7 +50,7 @@ def test_running_requests_scorer(values: list[int], expected: list[float]) -> No
         pytest.param(RunningRequestsSizeScorer, ScorerCategory.DISTRIBUTION, id="running"),
     ],
 )
-def test_scorer_protocol_and_category(cls: type, category: ScorerCategory) -> None:
+def test_scorer_protocol_and_category(cls: PluginClass[Scorer], category: ScorerCategory) -> None:
     """Both satisfy the Scorer protocol and declare GIE's category."""
     scorer = build(cls)
     assert isinstance(scorer, Scorer)

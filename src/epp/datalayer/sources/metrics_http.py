@@ -56,7 +56,7 @@ class MetricsDataSourceParams(PluginParams):
 
 
 # --- the deprecated --model-server-metrics-* flags: their one declaration (gie-inventory §1.1, §6.4) ---
-# The command line (cli/flags.py) derives its flags and Options defaults from this table, the
+# The command line (app/options.py) derives its flags and Options defaults from this table, the
 # config builder merges ``ModelServerMetricsFlags.explicit_params()`` below the plugin's
 # parameters, and the legacy poller reads the values: each flag is declared here only.
 

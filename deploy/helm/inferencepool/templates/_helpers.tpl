@@ -1,0 +1,182 @@
+{{/*
+Names and labels as GIE's chart has them, so selectors and ServiceMonitors written for it still match.
+*/}}
+{{- define "inferencepool.name" -}}
+{{- $base := .Release.Name | default "default-pool" | lower | trim | trunc 40 -}}
+{{ $base }}-epp
+{{- end -}}
+
+{{- define "inferencepool.clusterName" -}}
+{{- $base := .Release.Name | default "default-pool" | lower | trim | trunc 40 -}}
+{{- $ns := .Release.Namespace | default "default" | lower | trim | trunc 40 -}}
+{{ printf "%s-%s-epp" $base $ns }}
+{{- end -}}
+
+{{- define "inferencepool.labels" -}}
+app.kubernetes.io/name: {{ include "inferencepool.name" . }}
+app.kubernetes.io/component: endpoint-picker
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "inferencepool.selectorLabels" -}}
+{{- $v := include "inferencepool.values" . | fromYaml -}}
+{{- if $v.createPool -}}
+inferencepool: {{ include "inferencepool.name" . }}
+{{- else -}}
+epp: {{ include "inferencepool.name" . }}
+{{- end -}}
+{{- end -}}
+
+{{- define "inferencepool.modeLabels" -}}
+{{- $v := include "inferencepool.values" . | fromYaml -}}
+inference.networking.k8s.io/igw-mode: {{ ternary "inferencepool" "standalone" $v.createPool }}
+{{- end -}}
+
+{{/*
+Merge src into dst as Helm merges values: maps key by key, anything else replaced. Mutates dst.
+*/}}
+{{- define "inferencepool.merge" -}}
+{{- $dst := .dst -}}
+{{- range $k, $val := .src -}}
+{{- if and (kindIs "map" $val) (kindIs "map" (index $dst $k)) -}}
+{{- include "inferencepool.merge" (dict "dst" (index $dst $k) "src" $val) -}}
+{{- else -}}
+{{- $_ := set $dst $k $val -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+One normalised view of the values, as YAML: GIE's keys, with llm-d-router's router.* / httpRoute.*
+mapped onto them (docs/helm.md), and what the templates derive from both. Every template reads this.
+*/}}
+{{- define "inferencepool.values" -}}
+{{- $epp := deepCopy .Values.inferenceExtension -}}
+{{- $pool := deepCopy .Values.inferencePool -}}
+{{- $route := deepCopy .Values.experimentalHttpRoute -}}
+{{- $objectives := .Values.inferenceObjectives | default list -}}
+{{- $createPool := true -}}
+{{- $r := .Values.router | default dict -}}
+{{- /* llm-d-router: router.epp.* is inferenceExtension.*, with a few moves */ -}}
+{{- with $r.epp -}}
+{{- include "inferencepool.merge" (dict "dst" $epp "src" (omit . "parsers")) -}}
+{{- with .parsers -}}
+{{- if gt (len .) 1 -}}
+{{- fail (printf "router.epp.parsers: this EPP runs one request parser, got %v (openai-parser also reads Anthropic /v1/messages)" .) -}}
+{{- end -}}
+{{- $_ := set $pool "parser" (first .) -}}
+{{- end -}}
+{{- end -}}
+{{- range $from, $to := dict "monitoring" "monitoring" "tracing" "tracing" "latencyPredictor" "latencyPredictor" -}}
+{{- with index $r $from -}}
+{{- include "inferencepool.merge" (dict "dst" (index $epp $to) "src" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $r "extraServicePorts" -}}
+{{- $_ := set $epp "extraServicePorts" $r.extraServicePorts -}}
+{{- end -}}
+{{- with $r.modelServers -}}
+{{- if hasKey . "matchLabels" -}}
+{{- $_ := set $pool "modelServers" (dict "matchLabels" .matchLabels) -}}
+{{- end -}}
+{{- range $from, $to := dict "type" "modelServerType" "protocol" "modelServerProtocol" "targetPorts" "targetPorts" -}}
+{{- if hasKey $.Values.router.modelServers $from -}}
+{{- $_ := set $pool $to (index $.Values.router.modelServers $from) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $r.inferencePool -}}
+{{- if hasKey . "failureMode" -}}
+{{- $_ := set $epp "failureMode" .failureMode -}}
+{{- end -}}
+{{- if and (hasKey . "create") (not .create) -}}
+{{- $createPool = false -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $r "inferenceObjectives" -}}
+{{- $objectives = $r.inferenceObjectives | default list -}}
+{{- end -}}
+{{- with .Values.httpRoute -}}
+{{- include "inferencepool.merge" (dict "dst" $route "src" (omit . "create")) -}}
+{{- if hasKey . "create" -}}
+{{- $_ := set $route "enabled" .create -}}
+{{- end -}}
+{{- end -}}
+{{- /* GIE's standalone chart: inferenceExtension.endpointsServer */ -}}
+{{- $standalone := dict -}}
+{{- $es := $epp.endpointsServer | default dict -}}
+{{- if and $es (hasKey $es "createInferencePool") (not $es.createInferencePool) -}}
+{{- $createPool = false -}}
+{{- $_ := set $standalone "selector" ($es.endpointSelector | default "") -}}
+{{- $_ := set $standalone "targetPorts" (toString ($es.targetPorts | default "")) -}}
+{{- with $es.modelServerType -}}
+{{- $_ := set $pool "modelServerType" . -}}
+{{- end -}}
+{{- with $es.modelServerProtocol -}}
+{{- $_ := set $pool "modelServerProtocol" . -}}
+{{- end -}}
+{{- else if not $createPool -}}
+{{- $labels := list -}}
+{{- range $k, $val := ($pool.modelServers | default dict).matchLabels -}}
+{{- $labels = append $labels (printf "%s=%v" $k $val) -}}
+{{- end -}}
+{{- $ports := list -}}
+{{- range $pool.targetPorts -}}
+{{- $ports = append $ports (toString .number) -}}
+{{- end -}}
+{{- $_ := set $standalone "selector" (join "," $labels) -}}
+{{- $_ := set $standalone "targetPorts" (join "," $ports) -}}
+{{- end -}}
+{{- /* llm-d-router's docs spell the InferencePool's FailClose as FailClosed */ -}}
+{{- if eq (toString $epp.failureMode) "FailClosed" -}}
+{{- $_ := set $epp "failureMode" "FailClose" -}}
+{{- end -}}
+{{- /* what the flags decide */ -}}
+{{- $flags := $epp.flags | default dict -}}
+{{- $leaderElection := gt (int $epp.replicas) 1 -}}
+{{- if hasKey $flags "ha-enable-leader-election" -}}
+{{- $leaderElection = eq (toString (index $flags "ha-enable-leader-election")) "true" -}}
+{{- end -}}
+{{- $secureServing := $epp.tls.secureServing -}}
+{{- if hasKey $flags "secure-serving" -}}
+{{- $secureServing = eq (toString (index $flags "secure-serving")) "true" -}}
+{{- end -}}
+{{- $metricsAuth := $epp.monitoring.prometheus.auth.enabled -}}
+{{- if hasKey $flags "metrics-endpoint-auth" -}}
+{{- $metricsAuth = eq (toString (index $flags "metrics-endpoint-auth")) "true" -}}
+{{- end -}}
+{{- $tracing := $epp.tracing.enabled -}}
+{{- if hasKey $flags "tracing" -}}
+{{- $tracing = eq (toString (index $flags "tracing")) "true" -}}
+{{- end -}}
+{{- $out := dict
+  "epp" $epp
+  "pool" $pool
+  "route" $route
+  "objectives" $objectives
+  "provider" (.Values.provider | default (dict "name" "none"))
+  "createPool" $createPool
+  "standalone" $standalone
+  "leaderElection" $leaderElection
+  "secureServing" $secureServing
+  "metricsAuth" $metricsAuth
+  "tracing" $tracing
+  "healthPort" (int ($epp.grpcHealthPort | default 9003))
+  "providerName" (lower (.Values.provider.name | default "none"))
+-}}
+{{- include "inferencepool.validate" (dict "v" $out "root" .) -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/*
+A flag value as the EPP's parser reads it: integers stay integers (YAML numbers arrive as floats).
+*/}}
+{{- define "inferencepool.flagValue" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{ int64 . }}
+{{- else -}}
+{{ . }}
+{{- end -}}
+{{- end -}}
