@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,14 +22,12 @@ from hypothesis import strategies as st
 
 from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
 from epp.datalayer.attributes import INFLIGHT_LOAD, PREFIX_MATCH, InFlightLoad, PrefixMatchInfo
-from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
 from epp.scheduling.api import PROFILE_TRACES, IncrementalMetricsScorer, ProfileRunResult, Scorer
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.pickers.max_score import MaxScorePicker
-from epp.scheduling.picking import PickerParams
 from epp.scheduling.scheduler import SchedulerProfile, SchedulingError
+from epp.scheduling.score_cache import MetricsScoreCache
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
@@ -38,7 +36,7 @@ from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
 from epp.testing.plugins import PluginClass, build
 from tests.scheduling import reference as ref
-from tests.scheduling.builders import request
+from tests.scheduling.builders import DropFilter, Recording, request
 
 MODELS = ("base", "lora-a", "lora-b", "lora-c")
 SCORER_TYPES = (
@@ -61,45 +59,6 @@ _CLASSES: dict[str, Any] = {
 
 class _IncrementalScorer(Scorer, IncrementalMetricsScorer, Protocol):
     """A scorer with both the per-request and the incremental metrics path."""
-
-
-class RecordingMaxScore(MaxScorePicker):
-    """The real max-score picker, recording the totals it is handed."""
-
-    TYPE: ClassVar[str] = "max-score-picker"
-
-    def __init__(self, k: int) -> None:
-        super().__init__(
-            "max-score-picker",
-            PickerParams.model_validate({"maxNumOfEndpoints": k}),
-            None,  # type: ignore[arg-type]  # the picker uses no handle
-        )
-        self.seen: list[float] = []
-
-    def pick(
-        self,
-        state: CycleState,
-        request: InferenceRequest,
-        endpoints: Sequence[Endpoint],
-        scores: Sequence[float],
-    ) -> ProfileRunResult:
-        self.seen = list(scores)
-        return super().pick(state, request, endpoints, scores)
-
-
-class DropFilter(PluginBase):
-    """Drops the endpoints whose index is in ``drop`` (a new list: the snapshot cannot be keyed on it)."""
-
-    TYPE: ClassVar[str] = "test-drop-filter"
-
-    def __init__(self, drop: frozenset[int]) -> None:
-        super().__init__("drop", None, None)  # type: ignore[arg-type]
-        self.drop = drop
-
-    def filter(
-        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
-    ) -> Sequence[Endpoint]:
-        return [e for e in endpoints if int(e.metadata.pod_name) not in self.drop]
 
 
 # --- generators -------------------------------------------------------------------------------
@@ -249,8 +208,9 @@ def _pair(sc: dict[str, Any], eps: Sequence[Endpoint]) -> tuple[SchedulerProfile
             ref_scorers.append((formula, bounded, w))
         plugins.append((plugin, w))
 
-    picker = RecordingMaxScore(k)
-    picker.rng = random.Random(seed)
+    inner = build(MaxScorePicker, maxNumOfEndpoints=k)
+    inner.rng = random.Random(seed)
+    picker = Recording(inner)
     ref_rng = random.Random(seed)
     filters: list[Any] = []
     ref_filters: list[Any] = []
@@ -363,24 +323,30 @@ def test_samples_applied_on_arrival_pick_exactly_like_the_reference(
 
 def test_samples_applied_on_arrival_serve_requests_without_a_rescan(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a steady candidate tuple and a few samples per request, samples are applied at arrival
-    (``_update_one``) and requests neither rescan nor rebuild; the picks are the reference's."""
+    (``metrics_stored`` → ``_apply``) and requests neither rescan nor rebuild; the picks are the
+    reference's."""
     calls = {"arrival": 0, "rescan": 0}
-    update_one, rebuild, update = (
-        SchedulerProfile._update_one,
-        SchedulerProfile._rebuild,
-        SchedulerProfile._update,
-    )
+    refresh, rebuild, apply = MetricsScoreCache.refresh, MetricsScoreCache._rebuild, MetricsScoreCache._apply
+    in_request = [False]
 
-    def counting(name: str, fn: Any) -> Any:
-        def wrapped(self: SchedulerProfile, *args: Any) -> Any:
-            calls[name] += 1
-            return fn(self, *args)
+    def refreshing(self: MetricsScoreCache, *args: Any) -> None:
+        in_request[0] = True
+        try:
+            refresh(self, *args)
+        finally:
+            in_request[0] = False
 
-        return wrapped
+    def rebuilding(self: MetricsScoreCache, *args: Any) -> None:
+        calls["rescan"] += 1
+        rebuild(self, *args)
 
-    monkeypatch.setattr(SchedulerProfile, "_update_one", counting("arrival", update_one))
-    monkeypatch.setattr(SchedulerProfile, "_rebuild", counting("rescan", rebuild))
-    monkeypatch.setattr(SchedulerProfile, "_update", counting("rescan", update))
+    def applying(self: MetricsScoreCache, *args: Any) -> int:
+        calls["rescan" if in_request[0] else "arrival"] += 1
+        return apply(self, *args)
+
+    monkeypatch.setattr(MetricsScoreCache, "refresh", refreshing)
+    monkeypatch.setattr(MetricsScoreCache, "_rebuild", rebuilding)
+    monkeypatch.setattr(MetricsScoreCache, "_apply", applying)
     world = random.Random(5)
     fleet = [_new_endpoint(world, i) for i in range(100)]
     sc = {
@@ -399,7 +365,7 @@ def test_samples_applied_on_arrival_serve_requests_without_a_rescan(monkeypatch:
     candidates = tuple(fleet)
     check(world, candidates)
     check(world, candidates)  # the second request with these candidates adopts them
-    assert profile._live
+    assert _live(profile)
     before = dict(calls)
     for _ in range(200):
         for _ in range(2):
@@ -410,7 +376,7 @@ def test_samples_applied_on_arrival_serve_requests_without_a_rescan(monkeypatch:
     # The datastore rebuilds its tuple with the same endpoints: the shortcut follows the new tuple.
     candidates = tuple(list(candidates))
     check(world, candidates)
-    assert profile._cand is candidates
+    assert _cache(profile).tracked is candidates
     _sample(world, fleet[0])
     check(world, candidates)
     assert calls["rescan"] == before["rescan"]
@@ -461,9 +427,15 @@ def test_metrics_scorers_agree_with_their_per_endpoint_scores() -> None:
         assert s.scores_for(values[10:13], s.summarize(values)) == expected[10:13]
 
 
+def _cache(profile: SchedulerProfile) -> MetricsScoreCache:
+    cache = profile.cache
+    assert cache is not None
+    return cache
+
+
 def _live(profile: SchedulerProfile) -> bool:
     """Whether the profile applies samples on arrival (a call, so mypy does not narrow it)."""
-    return profile._live
+    return _cache(profile).live
 
 
 class _FlakyQueueScorer(QueueScorer):
@@ -483,7 +455,7 @@ def test_a_failing_update_on_arrival_stays_off_the_data_layer_and_the_next_reque
     world = random.Random(8)
     fleet = [_new_endpoint(world, i) for i in range(20)]
     scorer = build(_FlakyQueueScorer)
-    picker = RecordingMaxScore(1)
+    picker = Recording(build(MaxScorePicker))
     profile = SchedulerProfile("p", filters=[], scorers=[(scorer, 1.0)], picker=picker)
     candidates = tuple(fleet)
     for _ in range(2):

@@ -14,6 +14,7 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import (
     PROFILE_TRACES,
+    BoundedScorer,
     ProfileRunResult,
     SchedulerProfileView,
     SchedulingResult,
@@ -150,6 +151,27 @@ def test_weighted_sum(scorers: list[tuple[list[float], float]], expected: list[f
     )
     profile.run(CycleState(), request(), [endpoint(0), endpoint(1)])
     assert picker.seen[0] == pytest.approx(expected)
+
+
+class BoundedFixedScorer(FixedScorer):
+    """A fixed scorer that promises scores in [0, 1] (``BoundedScorer``), here falsely."""
+
+    BOUNDED: ClassVar[bool] = True
+
+
+def test_a_bounded_scorer_is_taken_at_its_word() -> None:
+    """``BOUNDED = True`` skips the clamp (the promise is the scorer's); without it, the profile clamps."""
+    assert isinstance(BoundedFixedScorer("b", []), BoundedScorer)
+    assert not isinstance(FixedScorer("f", []), BoundedScorer)
+    assert isinstance(build(QueueScorer), BoundedScorer)
+    assert not isinstance(build(KVCacheUtilizationScorer), BoundedScorer)  # a scraped usage may exceed 1
+    seen = []
+    for cls in (BoundedFixedScorer, FixedScorer):
+        picker = RecordingPicker()
+        profile = SchedulerProfile("p", filters=[], scorers=[(cls("s", [1.5, -0.5]), 2.0)], picker=picker)
+        profile.run(CycleState(), request(), [endpoint(0), endpoint(1)])
+        seen.append(picker.seen[0])
+    assert seen == [[3.0, -1.0], [2.0, 0.0]]
 
 
 def test_filters_run_in_order_and_stop_at_empty() -> None:

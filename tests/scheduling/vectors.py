@@ -30,7 +30,7 @@ from epp.datalayer.attributes import INFLIGHT_LOAD, PREFIX_MATCH, InFlightLoad, 
 from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
-from epp.scheduling.api import PROFILE_TRACES, Picker, ProfileRunResult, ScorerCategory
+from epp.scheduling.api import PROFILE_TRACES, ScorerCategory
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
 from epp.scheduling.scheduler import SchedulerProfile, SchedulingError
@@ -41,7 +41,7 @@ from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.running_requests import RunningRequestsSizeScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
 from epp.testing.plugins import build
-from tests.scheduling.builders import request
+from tests.scheduling.builders import DropFilter, Recording, request
 
 VECTORS = Path(__file__).with_name("scheduler_vectors.json")
 SCENARIOS = 60
@@ -65,42 +65,13 @@ class WildScorer(PluginBase):
         return [rng.choice((rng.random(), -0.25, 1.5, math.nan, 1.0)) for _ in endpoints]
 
 
-class DropFilter(PluginBase):
-    """Drops the endpoints whose pod number is in ``drop``; drops every one for a request id ending in 7."""
-
-    TYPE: ClassVar[str] = "test-drop-filter"
-
-    def __init__(self, drop: frozenset[int]) -> None:
-        super().__init__("drop", None, None)  # type: ignore[arg-type]
-        self.drop = drop
+class DropAllOnSevens(DropFilter):
+    """``DropFilter``, and every endpoint for a request id ending in 7 (a run with no survivors)."""
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[Endpoint]:
-        if request.request_id.endswith("7"):
-            return []
-        return [e for e in endpoints if int(e.metadata.pod_name) not in self.drop]
-
-
-class Recording(PluginBase):
-    """A picker that keeps a copy of the totals it is handed, then asks ``inner``."""
-
-    TYPE: ClassVar[str] = "test-recording-picker"
-
-    def __init__(self, inner: Picker) -> None:
-        super().__init__("rec", None, None)  # type: ignore[arg-type]
-        self.inner = inner
-        self.seen: list[float] = []
-
-    def pick(
-        self,
-        state: CycleState,
-        request: InferenceRequest,
-        endpoints: Sequence[Endpoint],
-        scores: Sequence[float],
-    ) -> ProfileRunResult:
-        self.seen = list(scores)  # before the picker, which may reorder its list
-        return self.inner.pick(state, request, endpoints, scores)
+        return [] if request.request_id.endswith("7") else super().filter(state, request, endpoints)
 
 
 def _metrics(rng: random.Random, hi: int) -> Metrics:
@@ -196,7 +167,7 @@ def scenario(seed: int) -> Iterator[str]:
     picker = Recording(inner)
     filters: list[Any] = []
     if rng.random() < 0.4:
-        filters.append(DropFilter(frozenset(i for i in range(len(fleet)) if rng.random() < 0.2)))
+        filters.append(DropAllOnSevens(frozenset(i for i in range(len(fleet)) if rng.random() < 0.2)))
     profile = SchedulerProfile("p", filters=filters, scorers=_scorers(rng), picker=picker)
     candidates: Sequence[Endpoint] = tuple(fleet)
     for r in range(REQUESTS):

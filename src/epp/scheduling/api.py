@@ -119,7 +119,8 @@ class Filter(Plugin, Protocol):
 class Scorer(Plugin, Protocol):
     """Score each endpoint in [0, 1], 1 best, aligned with ``endpoints``.
 
-    The profile clamps values outside [0, 1] and multiplies by the configured weight.
+    The profile clamps values outside [0, 1] (NaN reads as 0) and multiplies by the configured
+    weight; a scorer that promises never to need the clamp says so with ``BoundedScorer``.
     """
 
     CATEGORY: ClassVar[ScorerCategory]
@@ -127,6 +128,20 @@ class Scorer(Plugin, Protocol):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class BoundedScorer(Protocol):
+    """Optional promise of a ``Scorer``: with ``BOUNDED = True`` every score it returns is in [0, 1].
+
+    The profile then skips its range check (three C-speed passes per scorer and request) for
+    ``score``, ``score_metrics`` and ``scores_for`` alike; a value outside [0, 1] from such a
+    scorer reaches the picker as is.  Declare it only where the formula guarantees it (the
+    min-max scorers, the prefix and LoRA scorers); a scorer without the attribute, or with
+    ``BOUNDED = False``, is clamped.
+    """
+
+    BOUNDED: ClassVar[bool]
 
 
 @runtime_checkable
