@@ -17,6 +17,7 @@ from opentelemetry.trace import StatusCode
 from epp.datalayer.api import Endpoint
 from epp.director.director import Director
 from epp.director.lifecycle import RequestLifecycle
+from epp.director.observer import NOT_OBSERVED, ActiveObserver
 from epp.errors import EppError, ResourceExhausted
 from epp.explain.record import Decision, DecisionRing
 from epp.plugin.state import CycleState
@@ -210,3 +211,32 @@ async def test_a_failure_between_stages_fails_no_span(exporter: InMemorySpanExpo
     assert set(found) == {spans.STAGE_PARSE, spans.STAGE_ADMISSION}
     assert all(s.status.status_code is StatusCode.UNSET for s in found.values())
     assert record(ring, "empty").reason == "rejected-no-endpoints"
+
+
+async def test_an_unobserved_request_gets_no_observer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither sampled nor recorded: no observer is made, and routing is the same."""
+    d, _ = director(producers=(Producer("p1"),), hooks=Hooks())
+    plain = await d.start({}, {}).route(body())
+
+    def made(self: Director, ctx: object) -> ActiveObserver:
+        raise AssertionError("an observer was made")
+
+    monkeypatch.setattr(Director, "_observe", made)
+    assert (await d.start({}, {}).route(body())).destination == plain.destination
+    recording(d)
+    with pytest.raises(AssertionError, match="an observer was made"):  # the check does tell them apart
+        await d.start({}, {}).route(body())
+
+
+def test_the_no_op_observer_may_be_called_unchecked() -> None:
+    """``active`` is a shortcut: every call on the shared no-op does nothing."""
+    assert not NOT_OBSERVED.active and ActiveObserver.active
+    hooks = Hooks()
+    NOT_OBSERVED.begin(spans.STAGE_PARSE)
+    NOT_OBSERVED.admitting((hooks,))  # type: ignore[arg-type]
+    NOT_OBSERVED.denied(hooks, "no")  # type: ignore[arg-type]
+    NOT_OBSERVED.plugins_admitted()
+    NOT_OBSERVED.scheduled()
+    NOT_OBSERVED.failed(RuntimeError("x"))
+    with pytest.raises(NotImplementedError):  # the director schedules an unobserved request itself
+        NOT_OBSERVED.schedule(CycleState(), InferenceRequest(request_id="r", headers={}), ())
