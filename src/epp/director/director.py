@@ -73,7 +73,8 @@ class Director:
             pipeline.emit_endpoint_scores or pipeline.explain_header or pipeline.decisions is not None
         )
         self._explain_header = pipeline.explain_header.lower()
-        self._live: Director | None = None  # after a swap: the director new requests start on
+        # The director a swap put in place (new requests start there); None until one does.
+        self._replaced_by: Director | None = None
 
     @property
     def pipeline(self) -> Pipeline:
@@ -83,7 +84,7 @@ class Director:
     @property
     def current(self) -> Director:
         """The director new requests start on (``self`` until the first ``swap``)."""
-        return self._live or self
+        return self._replaced_by or self
 
     def swap(self, pipeline: Pipeline) -> Director:
         """New requests run ``pipeline`` from now on; returns the director they start on.
@@ -92,9 +93,9 @@ class Director:
         pipeline it started with) or after it.  ``in_flight`` of the returned director of
         the previous swap tells when the old pipeline is no longer used.
         """
-        live = Director(self._datastore, pipeline, rng=self._rng)
-        self._live = live
-        return live
+        replacement = Director(self._datastore, pipeline, rng=self._rng)
+        self._replaced_by = replacement
+        return replacement
 
     @property
     def in_flight(self) -> int:
@@ -125,7 +126,7 @@ class Director:
             received_at=time.monotonic(),
         )
         ctx = RequestContext(request=req, generated_request_id=generated)
-        director = self._live or self
+        director = self._replaced_by or self
         if director._explaining:  # the pipeline the request starts on decides
             director._start_explaining(ctx, headers)
         responses = director.responses

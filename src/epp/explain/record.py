@@ -48,13 +48,13 @@ class Decision:
     reason: str = ""  # machine-readable rejection reason (x-llm-d-request-dropped-reason)
     error: str = ""
     stages: dict[str, int] = field(default_factory=dict)  # stage -> nanoseconds
-    _last: int = field(default_factory=perf_counter_ns)
+    _marked_at: int = field(default_factory=perf_counter_ns)
 
     def mark(self, stage: str) -> None:
         """The stage that just ended took the time since the previous mark (or the start)."""
         now = perf_counter_ns()
-        self.stages[stage] = now - self._last
-        self._last = now
+        self.stages[stage] = now - self._marked_at
+        self._marked_at = now
 
 
 class DecisionRing:
@@ -133,13 +133,13 @@ def header_value(trace: ProfileTrace) -> str:
     names = [name for name, _ in trace.scorers]
     items = []
     for i in order:
-        parts = [trace.scored[i].hostport, f"total={_num(trace.totals[i])}"]
-        parts.extend(f"{n}={_num(c[i])}" for n, c in zip(names, trace.contributions, strict=True))
+        parts = [trace.scored[i].hostport, f"total={_decimal(trace.totals[i])}"]
+        parts.extend(f"{n}={_decimal(c[i])}" for n, c in zip(names, trace.contributions, strict=True))
         items.append(";".join(parts))
     return ", ".join(items)
 
 
-def _num(x: float) -> str:
+def _decimal(x: float) -> str:
     """Shortest decimal of ``x`` rounded to six digits ("0.5", "1", "0.333333")."""
     s = f"{x:.{_DIGITS}f}".rstrip("0").rstrip(".")
     return s if s not in ("", "-0") else "0"
