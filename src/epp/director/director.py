@@ -15,12 +15,13 @@ import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import structlog
 
 from epp.datalayer.api import Endpoint
 from epp.datastore.store import Datastore
+from epp.director.api import Admitter
 from epp.director.candidates import locate, usable
 from epp.director.context import RequestContext, RoutingDecision
 from epp.director.lifecycle import RequestLifecycle
@@ -269,7 +270,10 @@ class Director:
         if pipeline.admitters:
             if observed:
                 observer.admitting(pipeline.admitters)
-            self._run_admitters(observer, state, req, candidates)
+            for admitter in pipeline.admitters:
+                reason = admitter.admit_request(state, req, candidates)
+                if reason is not None:
+                    self._denied(observer, admitter, reason, req)
             if observed:
                 observer.plugins_admitted()
 
@@ -309,26 +313,14 @@ class Director:
             observer.picked(result, targets, destination)
         return self._decision(ctx, result, destination, out, out is not body)
 
-    def _run_admitters(
-        self,
-        observer: StageObserver,
-        state: CycleState,
-        req: InferenceRequest,
-        candidates: Sequence[Endpoint],
-    ) -> None:
-        """The admit plugins in config order; the first refusal rejects the request."""
-        for admitter in self._pipeline.admitters:
-            reason = admitter.admit_request(state, req, candidates)
-            if reason is not None:
-                log.info(
-                    "request_denied",
-                    plugin=str(admitter.typed_name),
-                    reason=reason,
-                    request_id=req.request_id,
-                )
-                if observer.active:
-                    observer.denied(admitter, reason)
-                raise Internal("request cannot be admitted", reason="rejected-admission")
+    def _denied(
+        self, observer: StageObserver, admitter: Admitter, reason: str, req: InferenceRequest
+    ) -> NoReturn:
+        """An admit plugin refused the request: log it and reject (GIE answers 500)."""
+        log.info("request_denied", plugin=str(admitter.typed_name), reason=reason, request_id=req.request_id)
+        if observer.active:
+            observer.denied(admitter, reason)
+        raise Internal("request cannot be admitted", reason="rejected-admission")
 
     def _decision(
         self, ctx: RequestContext, result: SchedulingResult, destination: str, out: bytes, changed: bool

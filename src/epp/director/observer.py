@@ -112,19 +112,11 @@ class ActiveObserver(StageObserver):
         if self.stages is not None:
             self._open = self.stages.start(stage)
 
-    def _close(self) -> Span | None:
-        """The open stage is over; its span (None when not traced) for the caller to finish."""
-        span = self._open
-        self._open = None
-        self._stage = ""
-        return span
-
-    def _mark(self, stage: str) -> None:
-        if self.record is not None:
-            self.record.mark(stage)
+    # Each stage's method closes the stage inline (``span, self._open, self._stage = ...``) and
+    # marks the record itself: a helper call per step would double a recorded request's calls.
 
     def parsed(self, request: InferenceRequest, body_bytes: int, rewrite: str) -> None:
-        span = self._close()
+        span, self._open, self._stage = self._open, None, ""
         if span is not None:
             span.set_attributes(
                 {
@@ -137,21 +129,23 @@ class ActiveObserver(StageObserver):
                 }
             )
             span.end()
-        self._mark("parse")
+        if self.record is not None:
+            self.record.mark("parse")
 
     def admitted(self, candidates: Sequence[Endpoint]) -> None:
-        span = self._close()
+        span, self._open, self._stage = self._open, None, ""
         if span is not None:
             span.set_attributes({spans.ATTR_CANDIDATES: len(candidates), spans.ATTR_OUTCOME: "admitted"})
             span.end()
-        self._mark("admission")
+        if self.record is not None:
+            self.record.mark("admission")
 
     def saw(self, candidates: Sequence[Endpoint]) -> None:
         if self.record is not None:
             self.record.candidates = candidates
 
     def produced(self, producers: Sequence[DataProducer], candidates: Sequence[Endpoint]) -> None:
-        span = self._close()
+        span, self._open, self._stage = self._open, None, ""
         if span is not None:
             span.set_attributes(
                 {
@@ -160,23 +154,26 @@ class ActiveObserver(StageObserver):
                 }
             )
             span.end()
-        self._mark("producers")
+        if self.record is not None:
+            self.record.mark("producers")
 
     def admitting(self, admitters: Sequence[Admitter]) -> None:
-        self.begin(spans.STAGE_ADMIT_PLUGINS)
-        if self._open is not None:
-            self._open.set_attribute(spans.ATTR_PLUGINS, [str(a.typed_name) for a in admitters])
+        self._stage = spans.STAGE_ADMIT_PLUGINS
+        if self.stages is not None:
+            span = self._open = self.stages.start(spans.STAGE_ADMIT_PLUGINS)
+            span.set_attribute(spans.ATTR_PLUGINS, [str(a.typed_name) for a in admitters])
 
     def denied(self, admitter: Admitter, reason: str) -> None:
         if self._open is not None:
             self._open.set_attribute(spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}")
 
     def plugins_admitted(self) -> None:
-        span = self._close()
+        span, self._open, self._stage = self._open, None, ""
         if span is not None:
             span.set_attribute(spans.ATTR_OUTCOME, "admitted")
             span.end()
-        self._mark("admit-plugins")
+        if self.record is not None:
+            self.record.mark("admit-plugins")
 
     def schedule(
         self, state: CycleState, request: InferenceRequest, candidates: Sequence[Endpoint]
@@ -191,9 +188,8 @@ class ActiveObserver(StageObserver):
         stages = self.stages
         if stages is None:
             return self._scheduler.schedule(state, request, candidates)
-        self.begin(spans.STAGE_SCHEDULE)
-        span = self._open
-        assert span is not None
+        self._stage = spans.STAGE_SCHEDULE
+        span = self._open = stages.start(spans.STAGE_SCHEDULE)
         span.set_attribute(spans.ATTR_CANDIDATES, len(candidates))
         token = CURRENT.set(stages.under(span))  # profile runs hang their spans from this one
         try:
@@ -203,7 +199,7 @@ class ActiveObserver(StageObserver):
             raise
         finally:
             CURRENT.reset(token)
-        self._close()
+        self._open, self._stage = None, ""
         span.set_attribute(spans.ATTR_PRIMARY_PROFILE, result.primary_profile_name)
         span.set_attribute(
             spans.ATTR_PROFILE_RESULTS,
@@ -213,10 +209,11 @@ class ActiveObserver(StageObserver):
         return result
 
     def scheduled(self) -> None:
-        self._mark("schedule")
+        if self.record is not None:
+            self.record.mark("schedule")
 
     def picked(self, result: SchedulingResult, targets: Sequence[Endpoint], destination: str) -> None:
-        span = self._close()
+        span, self._open, self._stage = self._open, None, ""
         if span is not None:
             span.set_attributes(
                 {
@@ -234,8 +231,9 @@ class ActiveObserver(StageObserver):
             record.destination = destination
 
     def failed(self, exc: BaseException) -> None:
-        stage = self._stage
-        fail(self._close(), exc)
+        span, stage = self._open, self._stage
+        self._open, self._stage = None, ""
+        fail(span, exc)
         if self.record is not None and stage in _ADMISSION_STAGES:
             self.record.admission = "rejected"
 
