@@ -3,8 +3,8 @@
 Nothing here runs for a request that is not explained: the director makes a ``Decision``
 only when ``--decisions-buffer-size`` is set, and the scheduler keeps ``ProfileTrace`` s
 only for a request whose ``explain`` is true.  A decision keeps references (endpoints,
-traces) and is turned into JSON only when someone asks (``to_json``), so recording costs a
-few attribute writes and one ``perf_counter_ns`` per stage.
+traces) and is turned into JSON only when someone asks (``to_json``), so recording costs
+per stage two observer calls, an attribute write or two and one ``perf_counter_ns``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ REJECTED: Final = "rejected"
 
 @dataclass(slots=True, eq=False)
 class Decision:
-    """One request's routing decision, filled in by the director as routing proceeds."""
+    """One request's routing decision, filled in as routing proceeds (director/observer.py)."""
 
     request_id: str
     wall_time: float  # time.time() when the request headers arrived
