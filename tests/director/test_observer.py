@@ -17,7 +17,7 @@ from opentelemetry.trace import StatusCode
 from epp.datalayer.api import Endpoint
 from epp.director.director import Director
 from epp.director.lifecycle import RequestLifecycle
-from epp.director.observer import NOT_OBSERVED, ActiveObserver
+from epp.director.observer import NOT_OBSERVED, ActiveObserver, StageObserver
 from epp.errors import EppError, ResourceExhausted
 from epp.explain.record import Decision, DecisionRing
 from epp.plugin.state import CycleState
@@ -226,6 +226,23 @@ async def test_an_unobserved_request_gets_no_observer(monkeypatch: pytest.Monkey
     recording(d)
     with pytest.raises(AssertionError, match="an observer was made"):  # the check does tell them apart
         await d.start({}, {}).route(body())
+
+
+async def test_an_unobserved_request_makes_no_observer_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stage present (producers, admit plugins): still not one call on the shared no-op."""
+
+    def called(*args: object) -> None:
+        raise AssertionError("the no-op observer was called")
+
+    for name in ("begin", "parsed", "admitted", "saw", "produced", "admitting", "plugins_admitted"):
+        monkeypatch.setattr(StageObserver, name, called)
+    for name in ("schedule", "scheduled", "picked", "failed", "denied"):
+        monkeypatch.setattr(StageObserver, name, called)
+    d, _ = director(producers=(Producer("p1"),), hooks=Hooks())
+    assert (await d.start({}, {}).route(body())).destination == "192.168.1.2:8000"
+    denied, _ = director(hooks=Hooks(deny="no"))
+    with pytest.raises(EppError, match="cannot be admitted"):
+        await denied.start({}, {}).route(body())
 
 
 def test_the_no_op_observer_may_be_called_unchecked() -> None:
