@@ -78,6 +78,18 @@ def record(ring: DecisionRing, request_id: str) -> Decision:
     return rec
 
 
+async def rejected(
+    d: Director, exporter: InMemorySpanExporter, error: type[BaseException], match: str = ""
+) -> tuple[dict[str, ReadableSpan], Decision, RequestLifecycle]:
+    """Route one observed request that fails with ``error``: its spans by name, its record, its lifecycle."""
+    ring = recording(d)
+    lc = observed(d, exporter, "failing")
+    with pytest.raises(error, match=match or None):
+        await lc.route(body())
+    lc.close()
+    return by_name(exporter), record(ring, "failing"), lc
+
+
 async def test_every_stage_has_a_span_and_a_timing(exporter: InMemorySpanExporter) -> None:
     d, _ = director(producers=(Producer("p1"),), hooks=Hooks())
     ring = recording(d)
@@ -127,13 +139,7 @@ async def test_every_stage_has_a_span_and_a_timing(exporter: InMemorySpanExporte
 
 
 async def test_admission_refusal_fails_its_span_and_is_recorded(exporter: InMemorySpanExporter) -> None:
-    d, _ = director(admission=Refuse())
-    ring = recording(d)
-    lc = observed(d, exporter, "full")
-    with pytest.raises(ResourceExhausted):
-        await lc.route(body())
-    lc.close()
-    found = by_name(exporter)
+    found, rec, _ = await rejected(director(admission=Refuse())[0], exporter, ResourceExhausted)
     assert set(found) == {spans.STAGE_PARSE, spans.STAGE_ADMISSION}
     admission = found[spans.STAGE_ADMISSION]
     assert admission.status.status_code is StatusCode.ERROR
@@ -142,19 +148,12 @@ async def test_admission_refusal_fails_its_span_and_is_recorded(exporter: InMemo
         == "ResourceExhausted: inference error: ResourceExhausted - system saturated"
     )
     assert [e.name for e in admission.events] == ["exception"]
-    rec = record(ring, "full")
     assert (rec.admission, rec.outcome, rec.reason) == ("rejected", "rejected", "rejected-saturated")
     assert list(rec.stages) == ["body", "parse"]
 
 
 async def test_admit_plugin_denial_names_the_plugin(exporter: InMemorySpanExporter) -> None:
-    d, _ = director(hooks=Hooks(deny="too big"))
-    ring = recording(d)
-    lc = observed(d, exporter, "denied")
-    with pytest.raises(EppError):
-        await lc.route(body())
-    lc.close()
-    found = by_name(exporter)
+    found, rec, _ = await rejected(director(hooks=Hooks(deny="too big"))[0], exporter, EppError)
     assert spans.STAGE_SCHEDULE not in found
     denied = found[spans.STAGE_ADMIT_PLUGINS]
     assert denied.status.status_code is StatusCode.ERROR
@@ -162,55 +161,39 @@ async def test_admit_plugin_denial_names_the_plugin(exporter: InMemorySpanExport
         spans.ATTR_PLUGINS: ("hooks/hooks",),
         spans.ATTR_OUTCOME: "denied by hooks/hooks: too big",
     }
-    rec = record(ring, "denied")
     assert (rec.admission, rec.reason) == ("rejected", "rejected-admission")
     assert list(rec.stages) == ["body", "parse", "admission"]
 
 
 async def test_scheduler_failure_records_the_schedulers_own_error(exporter: InMemorySpanExporter) -> None:
     d, _ = director(scheduler=LowestQueue(fail=ValueError("no profile fits")))
-    ring = recording(d)
-    lc = observed(d, exporter, "nofit")
-    with pytest.raises(ResourceExhausted, match="no profile fits"):
-        await lc.route(body())
-    lc.close()
-    schedule = by_name(exporter)[spans.STAGE_SCHEDULE]
+    found, rec, _ = await rejected(d, exporter, ResourceExhausted, "no profile fits")
+    schedule = found[spans.STAGE_SCHEDULE]
     assert schedule.status.status_code is StatusCode.ERROR
     assert schedule.status.description == "ValueError: no profile fits"  # not the 429 it becomes
-    assert spans.STAGE_PICK not in by_name(exporter)
-    rec = record(ring, "nofit")
+    assert spans.STAGE_PICK not in found
     assert (rec.admission, rec.reason) == ("admitted", "rejected-no-candidates")
     assert list(rec.stages) == ["body", "parse", "admission"]
 
 
 async def test_pre_request_failure_fails_the_pick_span(exporter: InMemorySpanExporter) -> None:
-    d, _ = director(hooks=FailingPreRequest())
-    ring = recording(d)
-    lc = observed(d, exporter, "hook")
-    with pytest.raises(RuntimeError, match="hook broke"):
-        await lc.route(body())
+    found, rec, lc = await rejected(
+        director(hooks=FailingPreRequest())[0], exporter, RuntimeError, "hook broke"
+    )
     assert lc.scheduled  # the completion hooks still release what pre-request took
-    lc.close()
-    pick = by_name(exporter)[spans.STAGE_PICK]
+    pick = found[spans.STAGE_PICK]
     assert pick.status.status_code is StatusCode.ERROR
     assert pick.status.description == "RuntimeError: hook broke"
-    rec = record(ring, "hook")
     assert (rec.admission, rec.reason, rec.destination) == ("admitted", "rejected-internal", "")
     assert list(rec.stages) == ["body", "parse", "admission", "admit-plugins", "schedule"]
 
 
 async def test_a_failure_between_stages_fails_no_span(exporter: InMemorySpanExporter) -> None:
     """No candidates after admission: the admission span ended well and no later one started."""
-    d, _ = director(eps=[])
-    ring = recording(d)
-    lc = observed(d, exporter, "empty")
-    with pytest.raises(EppError):
-        await lc.route(body())
-    lc.close()
-    found = by_name(exporter)
+    found, rec, _ = await rejected(director(eps=[])[0], exporter, EppError)
     assert set(found) == {spans.STAGE_PARSE, spans.STAGE_ADMISSION}
     assert all(s.status.status_code is StatusCode.UNSET for s in found.values())
-    assert record(ring, "empty").reason == "rejected-no-endpoints"
+    assert rec.reason == "rejected-no-endpoints"
 
 
 async def test_an_unobserved_request_gets_no_observer(monkeypatch: pytest.MonkeyPatch) -> None:
