@@ -97,7 +97,7 @@ async def test_prefix_is_recorded_on_both_picks_and_loads_release_at_their_stage
     lc = d.start({}, {})
     decision = await lc.route(_body("remember me on both pods " * 40))
     prefill_hostport = dict(decision.headers)[PREFILLER_HOST_PORT_HEADER]
-    by_hostport = {ep.hostport: ep for ep in d._ds.endpoints()}
+    by_hostport = {ep.hostport: ep for ep in d._datastore.endpoints()}
     decode_ep, prefill_ep = by_hostport[decision.destination], by_hostport[prefill_hostport]
     assert {decode_ep.name, prefill_ep.name} <= set(prefix.index.servers())
     assert inflight.load_of(decode_ep).requests == 1

@@ -37,7 +37,7 @@ async def test_a_declined_request_runs_on_an_idle_prefill_pod_and_is_recorded_th
     records each prompt on the pod that served it, never on the decode pick it replaced."""
     d, components = _director(CONFIG)
     prefix = next(p for p in components.plugins.values() if isinstance(p, ApproxPrefixCacheProducer))
-    by_hostport = {ep.hostport: ep for ep in d._ds.endpoints()}
+    by_hostport = {ep.hostport: ep for ep in d._datastore.endpoints()}
     for hostport, ep in by_hostport.items():
         ep.metrics = Metrics(waiting_queue_size=0 if hostport in PREFILL_PODS else 3)
     served: list[str] = []

@@ -1,4 +1,4 @@
-"""Request control assembles itself: instantiated plugins → ``RequestControl`` → ``Pipeline``.
+"""The director's plugins put in place: instantiated plugins → ``RequestControl`` → ``Pipeline``.
 
 Why here: which plugins run at which extension point, in which order (data producers as a
 DAG over the attribute keys they produce and consume), and which default producer a

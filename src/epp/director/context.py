@@ -1,7 +1,9 @@
-"""Per-request data the director keeps between the request and response phases.
+"""Per-request data: what routing hands the edge, and what the director keeps about a request.
 
-What a request *is* and what routing learned about it; where it *is* in its lifecycle is
-``RequestLifecycle.phase`` (lifecycle.py), kept nowhere else.
+``RoutingDecision`` is what the ext_proc edge tells Envoy.  ``RequestContext`` lives from the
+request headers to the end of the stream: what a request *is* and what routing learned about
+it; where it *is* in its lifecycle is ``RequestLifecycle.phase`` (lifecycle.py), kept nowhere
+else.
 """
 
 from __future__ import annotations

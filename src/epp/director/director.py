@@ -4,8 +4,8 @@ Order (GIE §3.1): parse → model rewrite → objective priority → candidates
 data producers (DAG order, shared timeout) → admit plugins → scheduler → pre-request
 plugins → body repackaging.  The director hands out one ``RequestLifecycle`` per request
 (``start``); the lifecycle calls back here to route and into ``ResponseSide`` (response.py)
-for the response, so routing, the response side and the per-request state each live in one
-module.
+for the response.  What is noted about routing (a span per stage for a sampled request, the
+decision record) is observer.py's, so ``route`` reads as the pipeline it runs.
 """
 
 from __future__ import annotations
@@ -15,26 +15,27 @@ import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import structlog
 
 from epp.datalayer.api import Endpoint
 from epp.datastore.store import Datastore
+from epp.director.api import Admitter
 from epp.director.candidates import locate, usable
 from epp.director.context import RequestContext, RoutingDecision
 from epp.director.lifecycle import RequestLifecycle
+from epp.director.observer import NOT_OBSERVED, ActiveObserver, StageObserver, commit
 from epp.director.pipeline import Pipeline
 from epp.director.response import ResponseSide, plugin_timer
 from epp.director.traced import traced_scheduler
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
-from epp.explain.record import REJECTED, ROUTED, Decision, breakdown, header_value, primary_trace
+from epp.explain.record import Decision, breakdown, header_value, primary_trace
 from epp.metrics import series
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, RequestBody
-from epp.scheduling.api import PROFILE_TRACES, DisaggDecision, ProfileRunResult, SchedulingResult
+from epp.scheduling.api import PROFILE_TRACES, SchedulingResult
 from epp.tracing import spans
-from epp.tracing.stages import CURRENT, StageSpans, fail, stage
 
 # Pipeline lives in pipeline.py (the response side needs it too); callers import it from here.
 __all__ = ["Director", "Pipeline", "RequestLifecycle"]
@@ -49,18 +50,23 @@ DEFAULT_FAIRNESS_ID: Final = "default-flow"
 
 
 class Director:
-    """Runs the pipeline for each request.  Stateless between requests except the RNG.
+    """Runs one pipeline for each request it starts.
 
-    A live config reload (``swap``) puts a new pipeline in place between requests: new
-    requests start on it, and each ``RequestLifecycle`` keeps the director (pipeline and
-    response side) it started with until it closes.
+    Per-request state lives in each request's ``RequestContext``; what a director keeps
+    between requests is its RNG (weighted model rewrites, the pick for a request without a
+    body), the count of requests started and closed on its pipeline (``in_flight``, kept by
+    its ``ResponseSide``), and after a live config reload the director that replaced it.
+
+    ``swap`` puts a new pipeline in place between requests: new requests start on it, and
+    each ``RequestLifecycle`` keeps the director (pipeline and response side) it started with
+    until it closes.
     """
 
     def __init__(self, datastore: Datastore, pipeline: Pipeline, *, rng: random.Random | None = None) -> None:
-        self._ds = datastore
-        self._p = pipeline
+        self._datastore = datastore
+        self._pipeline = pipeline
         self._rng = rng or random.Random()
-        self._pre_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
+        self._pre_request_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -68,17 +74,18 @@ class Director:
             pipeline.emit_endpoint_scores or pipeline.explain_header or pipeline.decisions is not None
         )
         self._explain_header = pipeline.explain_header.lower()
-        self._live: Director | None = None  # after a swap: the director new requests start on
+        # The director a swap put in place (new requests start there); None until one does.
+        self._replaced_by: Director | None = None
 
     @property
     def pipeline(self) -> Pipeline:
         """The pipeline new requests start on."""
-        return (self._live or self)._p
+        return self.current._pipeline
 
     @property
     def current(self) -> Director:
         """The director new requests start on (``self`` until the first ``swap``)."""
-        return self._live or self
+        return self._replaced_by or self
 
     def swap(self, pipeline: Pipeline) -> Director:
         """New requests run ``pipeline`` from now on; returns the director they start on.
@@ -87,9 +94,9 @@ class Director:
         pipeline it started with) or after it.  ``in_flight`` of the returned director of
         the previous swap tells when the old pipeline is no longer used.
         """
-        live = Director(self._ds, pipeline, rng=self._rng)
-        self._live = live
-        return live
+        replacement = Director(self._datastore, pipeline, rng=self._rng)
+        self._replaced_by = replacement
+        return replacement
 
     @property
     def in_flight(self) -> int:
@@ -120,50 +127,29 @@ class Director:
             received_at=time.monotonic(),
         )
         ctx = RequestContext(request=req, generated_request_id=generated)
-        d = self._live or self
-        if d._explaining:  # the pipeline the request starts on decides
-            d._start_explaining(ctx, headers)
-        responses = d.responses
+        director = self._replaced_by or self
+        if director._explaining:  # the pipeline the request starts on decides
+            director._start_explaining(ctx, headers)
+        responses = director.responses
         responses.opened += 1
-        return RequestLifecycle(d, responses, ctx, can_hold_response=can_hold_response)
+        return RequestLifecycle(director, responses, ctx, can_hold_response=can_hold_response)
 
     def _start_explaining(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
         """Decide whether the scheduler keeps traces for this request, and start its record."""
-        p = self._p
+        pipeline = self._pipeline
         req = ctx.request
         if self._explain_header:
             value = headers.get(self._explain_header, "")
             ctx.explain_asked = bool(value) and value.lower() not in ("0", "false", "no", "off")
-        req.explain = p.emit_endpoint_scores or ctx.explain_asked or p.decisions is not None
-        if p.decisions is not None:
+        req.explain = pipeline.emit_endpoint_scores or ctx.explain_asked or pipeline.decisions is not None
+        if pipeline.decisions is not None:
             ctx.record = Decision(req.request_id, time.time())
 
     def commit(self, ctx: RequestContext, error: BaseException | None) -> None:
         """Put the request's decision (if one is being recorded) into the ring; once per request."""
-        rec = ctx.record
-        ring = self._p.decisions
-        if rec is None or ring is None:
-            return
-        ctx.record = None
-        req = ctx.request
-        rec.model = req.incoming_model
-        rec.target_model = req.target_model
-        traces = ctx.state.get(PROFILE_TRACES)
-        if traces:
-            rec.profiles = tuple(traces)
-        if ctx.result is not None:
-            rec.primary_profile = ctx.result.primary_profile_name
-            rec.disagg = ctx.result.disagg
-        if error is None:
-            rec.outcome = ROUTED
-        else:
-            rec.outcome = REJECTED
-            if isinstance(error, EppError):
-                rec.reason = error.reason
-            else:  # the client went away (the stream was cancelled), or a crash
-                rec.reason = "cancelled" if isinstance(error, asyncio.CancelledError) else "rejected-internal"
-            rec.error = str(error)
-        ring.add(rec)
+        ring = self._pipeline.decisions
+        if ring is not None:
+            commit(ring, ctx, error)
 
     def _extra_headers(self, ctx: RequestContext) -> tuple[tuple[str, str], ...]:
         if ctx.generated_request_id:
@@ -178,17 +164,17 @@ class Director:
         GIE picks a uniformly random pod from the whole pool here, ignoring the subset
         hint; we honour the hint and let the scheduler prefer the least-loaded endpoint.
         """
-        all_eps = self._ds.endpoints()
-        if not all_eps:
+        endpoints = self._datastore.endpoints()
+        if not endpoints:
             raise Internal("no pods available in datastore")
-        candidates = locate(all_eps, ctx.request.metadata, subset_filter=self._p.subset_filter)
+        candidates = locate(endpoints, ctx.request.metadata, subset_filter=self._pipeline.subset_filter)
         if not candidates:
             raise ServiceUnavailable(
                 "failed to find endpoint candidates for serving the request", reason="rejected-subset-empty"
             )
         candidates = usable(candidates, time.monotonic(), 0.0)  # available (no freshness step here)
         try:
-            result = self._p.scheduler.schedule(ctx.state, ctx.request, candidates)
+            result = self._pipeline.scheduler.schedule(ctx.state, ctx.request, candidates)
             targets = result.primary.target_endpoints
         except Exception:  # the scheduler may rely on a body; any endpoint will do for a GET
             targets = ()
@@ -207,134 +193,95 @@ class Director:
     async def route(self, ctx: RequestContext, body: bytes) -> RoutingDecision:
         """Route a request whose complete body has arrived.  Raises ``EppError``.
 
-        Called by ``RequestLifecycle.route``.
+        Called by ``RequestLifecycle.route``.  Parse (model rewrite, priority), then admission;
+        the rest runs in ``_route_admitted``.  ``observer`` notes each stage of a sampled or
+        recorded request; any other request is not ``observed`` and nothing is noted.
         """
-        p = self._p
+        pipeline = self._pipeline
         req = ctx.request
-        stages = ctx.stages
-        rec = ctx.record  # --decisions-buffer-size: stage timings and what routing saw
-        if rec is not None:
-            rec.mark("body")  # from the request headers to the end of the body
+        observer = NOT_OBSERVED if ctx.stages is None and ctx.record is None else self._observe(ctx)
+        observed = observer.active
         req.request_size_bytes = len(body)
-        # Stage spans (sampled requests only) are opened and closed by hand: a with-block per
-        # stage would cost every untraced request several context-manager calls.
-        span = None if stages is None else stages.start(spans.STAGE_PARSE)
         try:
+            if observed:
+                observer.begin(spans.STAGE_PARSE)
             parsed, changed, rewrite = self._parse(ctx, body)
-        except BaseException as e:
-            fail(span, e)
-            raise
-        if span is not None:
-            span.set_attributes(
-                {
-                    spans.ATTR_BODY_BYTES: len(body),
-                    spans.ATTR_MODEL: req.incoming_model,
-                    spans.ATTR_TARGET: req.target_model,
-                    spans.ATTR_MODEL_REWRITE: rewrite,
-                    spans.ATTR_OBJECTIVE: req.objective,
-                    spans.ATTR_PRIORITY: req.priority,
-                }
-            )
-            span.end()
-        if rec is not None:
-            rec.mark("parse")
+            if observed:
+                observer.parsed(req, len(body), rewrite)
 
-        snapshot = self._ds.endpoints()
-        candidates = locate(snapshot, req.metadata, subset_filter=p.subset_filter)
-        span = None if stages is None else stages.start(spans.STAGE_ADMISSION)
-        try:
-            # before the empty check: flow control waits for endpoints
-            await p.admission.admit(req, candidates)
+            snapshot = self._datastore.endpoints()
+            candidates = locate(snapshot, req.metadata, subset_filter=pipeline.subset_filter)
+            if observed:
+                observer.begin(spans.STAGE_ADMISSION)
+            await pipeline.admission.admit(req, candidates)  # before the empty check: flow control waits
+            if observed:
+                observer.admitted(candidates)
+            # Until its pre-request hooks count it on its endpoint, the admitted request is in
+            # transit: flow control counts it against the pool, so a burst does not pass whole.
+            try:
+                return await self._route_admitted(ctx, observer, body, parsed, changed, candidates, snapshot)
+            finally:
+                pipeline.admission.placed(req, scheduled=ctx.result is not None)
         except BaseException as e:
-            fail(span, e)
-            if rec is not None:
-                rec.admission = "rejected"
+            if observed:
+                observer.failed(e)
             raise
-        if span is not None:
-            span.set_attributes({spans.ATTR_CANDIDATES: len(candidates), spans.ATTR_OUTCOME: "admitted"})
-            span.end()
-        if rec is not None:
-            rec.mark("admission")
-        # Until its pre-request hooks count it on its endpoint, the admitted request is in
-        # transit: flow control counts it against the pool, so a burst does not pass whole.
-        try:
-            return await self._route_admitted(ctx, body, parsed, changed, candidates, snapshot)
-        finally:
-            p.admission.placed(req, scheduled=ctx.result is not None)
+
+    def _observe(self, ctx: RequestContext) -> ActiveObserver:
+        """The observer of a sampled or recorded request (a sampled one runs the traced scheduler)."""
+        scheduler = self._pipeline.scheduler if ctx.stages is None else self._traced_scheduler
+        return ActiveObserver(ctx.stages, ctx.record, scheduler)
 
     async def _route_admitted(
         self,
         ctx: RequestContext,
+        observer: StageObserver,
         body: bytes,
         parsed: RequestBody,
         changed: bool,
         candidates: Sequence[Endpoint],
         snapshot: Sequence[Endpoint],
     ) -> RoutingDecision:
-        """After admission: candidates, data producers, admit plugins, scheduler, pre-request."""
-        p = self._p
+        """After admission: candidates, data producers, admit plugins, scheduler, pre-request hooks."""
+        pipeline = self._pipeline
         req = ctx.request
-        stages = ctx.stages
-        rec = ctx.record
-        if self._ds.endpoints() is not snapshot:  # the pool changed while the request waited
-            candidates = locate(self._ds.endpoints(), req.metadata, subset_filter=p.subset_filter)
+        state = ctx.state
+        observed = observer.active
+        if self._datastore.endpoints() is not snapshot:  # the pool changed while the request waited
+            candidates = locate(
+                self._datastore.endpoints(), req.metadata, subset_filter=pipeline.subset_filter
+            )
         # Fresh metrics (when a staleness threshold is set), then not a crashed or failing replica.
-        candidates = usable(candidates, time.monotonic(), p.staleness_threshold)
-        if rec is not None:
-            rec.candidates = candidates
+        candidates = usable(candidates, time.monotonic(), pipeline.staleness_threshold)
+        if observed:
+            observer.saw(candidates)
         if not candidates:
             raise ServiceUnavailable(
                 "failed to find endpoint candidates for serving the request",
-                reason="rejected-subset-empty" if self._ds.endpoints() else "rejected-no-endpoints",
+                reason="rejected-subset-empty" if self._datastore.endpoints() else "rejected-no-endpoints",
             )
 
-        state = ctx.state
-        if p.producers:
-            span = None if stages is None else stages.start(spans.STAGE_PRODUCERS)
-            try:
-                await self._prepare_data(state, req, candidates)
-            except BaseException as e:
-                fail(span, e)
-                raise
-            if span is not None:
-                span.set_attributes(
-                    {
-                        spans.ATTR_PRODUCERS: [str(x.typed_name) for x in p.producers],
-                        spans.ATTR_CANDIDATES: len(candidates),
-                    }
-                )
-                span.end()
-            if rec is not None:
-                rec.mark("producers")
-        if p.admitters:
-            span = None if stages is None else stages.start(spans.STAGE_ADMIT_PLUGINS)
-            if span is not None:
-                span.set_attribute(spans.ATTR_PLUGINS, [str(a.typed_name) for a in p.admitters])
-            for admitter in p.admitters:
+        if pipeline.producers:
+            if observed:
+                observer.begin(spans.STAGE_PRODUCERS)
+            await self._prepare_data(state, req, candidates)
+            if observed:
+                observer.produced(pipeline.producers, candidates)
+        if pipeline.admitters:
+            if observed:
+                observer.admitting(pipeline.admitters)
+            for admitter in pipeline.admitters:
                 reason = admitter.admit_request(state, req, candidates)
                 if reason is not None:
-                    log.info(
-                        "request_denied",
-                        plugin=str(admitter.typed_name),
-                        reason=reason,
-                        request_id=req.request_id,
-                    )
-                    if span is not None:
-                        span.set_attribute(spans.ATTR_OUTCOME, f"denied by {admitter.typed_name}: {reason}")
-                    err = Internal("request cannot be admitted", reason="rejected-admission")
-                    if rec is not None:
-                        rec.admission = "rejected"
-                    fail(span, err)
-                    raise err
-            if span is not None:
-                span.set_attribute(spans.ATTR_OUTCOME, "admitted")
-                span.end()
-            if rec is not None:
-                rec.mark("admit-plugins")
-        if rec is not None:
-            rec.admission = "admitted"
+                    self._denied(observer, admitter, reason, req)
+            if observed:
+                observer.plugins_admitted()
+
         try:
-            result = self._schedule(stages, state, req, candidates)
+            if observed:
+                result = observer.schedule(state, req, candidates)
+            else:
+                result = pipeline.scheduler.schedule(state, req, candidates)
             targets = result.primary.target_endpoints
         except EppError:
             raise
@@ -342,8 +289,8 @@ class Director:
             raise ResourceExhausted(
                 f"failed to find target endpoint: {e}", reason="rejected-no-candidates"
             ) from e
-        if rec is not None:
-            rec.mark("schedule")
+        if observed:
+            observer.scheduled()
         if not targets:
             raise Internal("results must be greater than zero")
         # From here on the request counts as scheduled: if a pre-request hook or the body
@@ -351,57 +298,57 @@ class Director:
         # release what the pre-request hooks took (in-flight counters).
         ctx.result = result
         ctx.target = targets[0]
-        span = None if stages is None else stages.start(spans.STAGE_PICK)
-        try:
-            for plugin, timer in self._pre_timers:
-                t0 = time.perf_counter()
-                plugin.pre_request(state, req, result)
-                timer.observe(time.perf_counter() - t0)
 
-            out = p.parser.serialize_request(parsed) if changed else body
-        except BaseException as e:
-            fail(span, e)
-            raise
+        if observed:
+            observer.begin(spans.STAGE_PICK)
+        for plugin, timer in self._pre_request_timers:
+            started = time.perf_counter()
+            plugin.pre_request(state, req, result)
+            timer.observe(time.perf_counter() - started)
+        out = pipeline.parser.serialize_request(parsed) if changed else body
         series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
         series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
         destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
-        if span is not None:
-            span.set_attributes(
-                {
-                    spans.ATTR_DESTINATION: destination,
-                    spans.ATTR_PRIMARY_PROFILE: result.primary_profile_name,
-                    spans.ATTR_TARGETS: [t.hostport for t in targets],
-                }
-            )
-            if result.disagg is not None:
-                span.set_attributes(_disagg_attributes(result.disagg))
-            span.end()
-        if rec is not None:
-            rec.mark("pick")
-            rec.destination = destination
+        if observed:
+            observer.picked(result, targets, destination)
+        return self._decision(ctx, result, destination, out, out is not body)
+
+    def _denied(
+        self, observer: StageObserver, admitter: Admitter, reason: str, req: InferenceRequest
+    ) -> NoReturn:
+        """An admit plugin refused the request: log it and reject (GIE answers 500)."""
+        log.info("request_denied", plugin=str(admitter.typed_name), reason=reason, request_id=req.request_id)
+        if observer.active:
+            observer.denied(admitter, reason)
+        raise Internal("request cannot be admitted", reason="rejected-admission")
+
+    def _decision(
+        self, ctx: RequestContext, result: SchedulingResult, destination: str, out: bytes, changed: bool
+    ) -> RoutingDecision:
+        """What the edge tells Envoy; an explained request also gets its scores and breakdown."""
         headers = self._extra_headers(ctx)
         remove: tuple[str, ...] = ()
-        mutation = req.header_mutation  # None unless a pre-request plugin (P/D) asked for one
+        mutation = ctx.request.header_mutation  # None unless a pre-request plugin (P/D) asked for one
         if mutation is not None:
             headers = (*headers, *mutation.set.items())
             remove = tuple(mutation.remove)
-        if not (p.emit_endpoint_scores or ctx.explain_asked):
+        if not (self._pipeline.emit_endpoint_scores or ctx.explain_asked):
             return RoutingDecision(
                 destination=destination,
                 body=out,
-                body_changed=out is not body,
+                body_changed=changed,
                 headers=headers,
                 remove_headers=remove,
             )
         scored = result.primary.scored
-        traces = state.get(PROFILE_TRACES)
+        traces = ctx.state.get(PROFILE_TRACES)
         trace = primary_trace(traces, result.primary_profile_name) if traces else None
         if trace is not None and ctx.explain_asked:
             ctx.explain_header = header_value(trace)
         return RoutingDecision(
             destination=destination,
             body=out,
-            body_changed=out is not body,
+            body_changed=changed,
             headers=headers,
             scores={ep.hostport: round(score, 6) for ep, score in scored} if scored else None,
             remove_headers=remove,
@@ -411,7 +358,7 @@ class Director:
     def _parse(self, ctx: RequestContext, body: bytes) -> tuple[RequestBody, bool, str]:
         """Parse, rewrite the model, take the objective's priority: (parsed body, body changed, rewrite)."""
         req = ctx.request
-        parsed = self._p.parser.parse_request(body, req.headers)
+        parsed = self._pipeline.parser.parse_request(body, req.headers)
         req.body = parsed
         changed = False
         rewrite = ""
@@ -421,7 +368,11 @@ class Director:
                 raise BadRequest("model not found in request body")
             req.incoming_model = incoming
             target = req.target_model or incoming
-            decision = self._ds.rewrites.decide(incoming, self._rng) if len(self._ds.rewrites) else None
+            decision = (
+                self._datastore.rewrites.decide(incoming, self._rng)
+                if len(self._datastore.rewrites)
+                else None
+            )
             if decision is not None:
                 target = decision.target_model
                 rewrite = decision.rewrite_name
@@ -434,35 +385,10 @@ class Director:
         else:
             req.target_model = ""
         if req.objective:
-            obj = self._ds.objective(req.objective)
+            obj = self._datastore.objective(req.objective)
             if obj is not None:
                 req.priority = obj.priority
         return parsed, changed, rewrite
-
-    def _schedule(
-        self,
-        stages: StageSpans | None,
-        state: CycleState,
-        req: InferenceRequest,
-        candidates: Sequence[Endpoint],
-    ) -> SchedulingResult:
-        """The scheduler's verdict; for a sampled request inside ``epp.schedule`` with a span per profile."""
-        if stages is None:
-            return self._p.scheduler.schedule(state, req, candidates)
-        with stage(stages, spans.STAGE_SCHEDULE) as span:
-            assert span is not None
-            span.set_attribute(spans.ATTR_CANDIDATES, len(candidates))
-            token = CURRENT.set(stages.under(span))
-            try:
-                result = self._traced_scheduler.schedule(state, req, candidates)
-            finally:
-                CURRENT.reset(token)
-            span.set_attribute(spans.ATTR_PRIMARY_PROFILE, result.primary_profile_name)
-            span.set_attribute(
-                spans.ATTR_PROFILE_RESULTS,
-                [f"{name}={_picked(r)}" for name, r in result.profile_results.items()],
-            )
-            return result
 
     async def _prepare_data(self, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]) -> None:
         """Run producers in DAG order under one timeout; a failure is logged and the request goes on.
@@ -471,8 +397,8 @@ class Director:
         consumers of missing data see no attribute (scorers treat that as no signal).
         """
         try:
-            async with asyncio.timeout(self._p.producer_timeout):
-                for producer in self._p.producers:
+            async with asyncio.timeout(self._pipeline.producer_timeout):
+                for producer in self._pipeline.producers:
                     try:
                         await producer.prepare_request_data(state, req, eps)
                     except asyncio.CancelledError:
@@ -485,24 +411,6 @@ class Director:
                             exc_info=True,
                         )
         except TimeoutError:
-            log.warning("prepare_data_timed_out", request_id=req.request_id, timeout=self._p.producer_timeout)
-
-
-def _disagg_attributes(d: DisaggDecision) -> dict[str, Any]:
-    """llm-d-router's span attributes for a P/D decision (sampled requests only)."""
-    attrs: dict[str, Any] = {
-        spans.ATTR_PD_USED: bool(d.prefill),
-        spans.ATTR_PD_REASON: d.reason,
-        spans.ATTR_PROFILE_HANDLER_DECISION: f"complete_{d.decision_type}",
-    }
-    if d.declined_profile:
-        attrs[spans.ATTR_PD_DECLINED_PROFILE] = d.declined_profile
-    if d.prefill:
-        host, _, port = d.prefill.rpartition(":")
-        attrs[spans.ATTR_PD_PREFILL_ADDRESS] = host.strip("[]")
-        attrs[spans.ATTR_PD_PREFILL_PORT] = port
-    return attrs
-
-
-def _picked(result: ProfileRunResult | None) -> str:
-    return ",".join(t.hostport for t in result.target_endpoints) if result is not None else "failed"
+            log.warning(
+                "prepare_data_timed_out", request_id=req.request_id, timeout=self._pipeline.producer_timeout
+            )

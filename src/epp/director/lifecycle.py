@@ -58,14 +58,14 @@ CLOSED: Final = Phase.CLOSED
 class RequestLifecycle:
     """One request from its headers to the end of its ext_proc stream.  Made by ``Director.start``."""
 
-    __slots__ = ("_director", "_held", "_hold", "_responses", "ctx", "phase")
+    __slots__ = ("_can_hold", "_director", "_held", "_responses", "ctx", "phase")
 
     def __init__(
         self, director: Director, responses: ResponseSide, ctx: RequestContext, *, can_hold_response: bool
     ) -> None:
         self._director = director
         self._responses = responses
-        self._hold = can_hold_response
+        self._can_hold = can_hold_response
         self._held: list[bytes] | None = None  # a response held to its end (see response_headers)
         self.ctx = ctx
         self.phase: Phase = RECEIVING
@@ -141,10 +141,10 @@ class RequestLifecycle:
             self.phase = RESPONDING
         # Restoring the model name works chunk by chunk except in a non-streamed body, where the
         # name could straddle two chunks: hold such a body to its end when the edge can.
-        if self._hold and ctx.rewrite_response_model and not (ctx.response and ctx.response.streaming):
+        if self._can_hold and ctx.rewrite_response_model and not (ctx.response and ctx.response.streaming):
             self._held = []
         if end_of_stream:
-            self._last(b"")
+            self._final_chunk(b"")
         return [(k, v) for k, v in headers.items() if before.get(k) != v]  # new or overridden
 
     def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
@@ -164,7 +164,7 @@ class RequestLifecycle:
             self._held = None
             chunk = held[0] if len(held) == 1 else b"".join(held)
         if end_of_stream:
-            return self._last(chunk)
+            return self._final_chunk(chunk)
         if self.phase < RESPONDING:  # a body without headers
             self.phase = RESPONDING
         return self._responses.chunk(self.ctx, chunk, False)
@@ -178,11 +178,11 @@ class RequestLifecycle:
             return None
         held, self._held = self._held, None
         if held:
-            return self._last(held[0] if len(held) == 1 else b"".join(held))
-        self._last(b"")
+            return self._final_chunk(held[0] if len(held) == 1 else b"".join(held))
+        self._final_chunk(b"")
         return None
 
-    def _last(self, chunk: bytes) -> bytes:
+    def _final_chunk(self, chunk: bytes) -> bytes:
         out = self._responses.chunk(self.ctx, chunk, True)
         if self.phase < COMPLETE:
             self.phase = COMPLETE

@@ -1,8 +1,14 @@
-"""The plugins one director runs, shared by its routing side (director.py) and response side (response.py).
+"""What one director runs, shared by its routing side (director.py) and response side (response.py).
 
-``RequestControl`` is the one list of request-control hooks (the parser and the plugins of
-each extension point); a ``Pipeline`` is those hooks plus the scheduler, the admission
-controller and the tuning, so the hook fields are declared once.
+Two things, one name each, because they are known at different times:
+
+- ``RequestControl`` (GIE's request-control extension points): the parser and the plugins of
+  each hook, ordered.  The config file alone decides it (``config.build`` makes it).
+- ``Pipeline``: those hooks plus what only the running EPP has: the scheduler, the admission
+  controller (it needs the datastore) and the command line's tuning.  ``RequestControl.pipeline``
+  makes one; ``Director.swap`` takes a new one on a config reload.
+
+``Pipeline`` extends ``RequestControl``, so the hook fields are declared once.
 """
 
 from __future__ import annotations
@@ -62,10 +68,10 @@ class RequestControl:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pipeline(RequestControl):
-    """The plugins a director runs, already ordered (producers topologically, the rest by config).
+    """Everything a director runs for a request, plugins already ordered (producers in DAG order).
 
     The hooks are ``RequestControl``'s fields; the scheduler, the admission controller and the
-    tuning are added here.
+    tuning (flags) are added here.
     """
 
     scheduler: SchedulerLike

@@ -2,8 +2,8 @@
 
 Built once from the pipeline's scheduler (same handler, same profiles, wrapped), so tracing
 needs no hook inside the scheduling package and untraced requests run the plain scheduler.
-The parent span comes from ``epp.tracing.stages.CURRENT``, which the director sets around the
-call; a profile run outside it records nothing.
+The parent span comes from ``epp.tracing.stages.CURRENT``, which the stage observer
+(observer.py) sets around the call; a profile run outside it records nothing.
 """
 
 from __future__ import annotations

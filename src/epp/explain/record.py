@@ -3,8 +3,8 @@
 Nothing here runs for a request that is not explained: the director makes a ``Decision``
 only when ``--decisions-buffer-size`` is set, and the scheduler keeps ``ProfileTrace`` s
 only for a request whose ``explain`` is true.  A decision keeps references (endpoints,
-traces) and is turned into JSON only when someone asks (``to_json``), so recording costs a
-few attribute writes and one ``perf_counter_ns`` per stage.
+traces) and is turned into JSON only when someone asks (``to_json``), so recording costs
+per stage two observer calls, an attribute write or two and one ``perf_counter_ns``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ REJECTED: Final = "rejected"
 
 @dataclass(slots=True, eq=False)
 class Decision:
-    """One request's routing decision, filled in by the director as routing proceeds."""
+    """One request's routing decision, filled in as routing proceeds (director/observer.py)."""
 
     request_id: str
     wall_time: float  # time.time() when the request headers arrived
@@ -48,13 +48,13 @@ class Decision:
     reason: str = ""  # machine-readable rejection reason (x-llm-d-request-dropped-reason)
     error: str = ""
     stages: dict[str, int] = field(default_factory=dict)  # stage -> nanoseconds
-    _last: int = field(default_factory=perf_counter_ns)
+    _marked_at: int = field(default_factory=perf_counter_ns)
 
     def mark(self, stage: str) -> None:
         """The stage that just ended took the time since the previous mark (or the start)."""
         now = perf_counter_ns()
-        self.stages[stage] = now - self._last
-        self._last = now
+        self.stages[stage] = now - self._marked_at
+        self._marked_at = now
 
 
 class DecisionRing:
@@ -133,13 +133,13 @@ def header_value(trace: ProfileTrace) -> str:
     names = [name for name, _ in trace.scorers]
     items = []
     for i in order:
-        parts = [trace.scored[i].hostport, f"total={_num(trace.totals[i])}"]
-        parts.extend(f"{n}={_num(c[i])}" for n, c in zip(names, trace.contributions, strict=True))
+        parts = [trace.scored[i].hostport, f"total={_decimal(trace.totals[i])}"]
+        parts.extend(f"{n}={_decimal(c[i])}" for n, c in zip(names, trace.contributions, strict=True))
         items.append(";".join(parts))
     return ", ".join(items)
 
 
-def _num(x: float) -> str:
+def _decimal(x: float) -> str:
     """Shortest decimal of ``x`` rounded to six digits ("0.5", "1", "0.333333")."""
     s = f"{x:.{_DIGITS}f}".rstrip("0").rstrip(".")
     return s if s not in ("", "-0") else "0"

@@ -1,1 +1,1 @@
-"""OpenTelemetry tracing setup and span names."""
+"""OpenTelemetry tracing: setup, span names, and the spans of the routing stages."""

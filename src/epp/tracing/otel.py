@@ -132,7 +132,7 @@ class OtelTracing(Tracing):
 
     def __init__(self, provider: TracerProvider, ids: _IdGenerator, root_sampler: TraceIdRatioBased) -> None:
         self._provider = provider
-        self._ids = ids
+        self._id_generator = ids
         self._root_bound = root_sampler.bound
         self._request_tracer = provider.get_tracer(spans.REQUEST_TRACER)
         self._orchestration_tracer = provider.get_tracer(spans.ORCHESTRATION_TRACER)
@@ -166,7 +166,7 @@ class OtelTracing(Tracing):
         if trace_id & _TRACE_ID_LIMIT >= self._root_bound:
             ctx = SpanContext(trace_id, _span_id(), False, _UNSAMPLED_ROOT)
             return RequestTrace(NonRecordingSpan(ctx), None, baggage)
-        self._ids.preset = trace_id  # the SDK's sampler then tests this very id and samples it too
+        self._id_generator.preset = trace_id  # the SDK's sampler then tests this very id and samples it too
         return self._sampled(_ROOT, baggage)
 
     def _sampled(self, parent: Context, baggage: str) -> RequestTrace:

@@ -1,4 +1,5 @@
-"""Span and tracer names and attribute keys, verbatim from GIE so traces line up across both EPPs."""
+"""Span and tracer names and attribute keys: GIE's and llm-d-router's verbatim where they have one,
+so traces line up across the EPPs; the per-stage spans are ours (marked below)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Child spans of ``gateway.request_orchestration``, one per routing stage, with the decision as attributes.
 
-Only sampled requests get a ``StageSpans``; everywhere else the director passes ``None`` and
-``stage(None, ...)`` is a shared no-op context manager (no allocation, two trivial calls).
+Only sampled requests get a ``StageSpans`` (the director's stage observer opens and closes the
+routing stages' spans with it); elsewhere ``stages`` is ``None``, and ``stage(None, ...)``, which
+a scheduler profile run uses, is a shared no-op context manager (no allocation, two trivial calls).
 """
 
 from __future__ import annotations
