@@ -97,7 +97,9 @@ def server_settings(max_streams: int, stream_window: int, max_header_list: int) 
 SETTINGS_ACK_FRAME: Final = frame(SETTINGS, ACK, 0)
 
 
-class ConnectionError_(Exception):
+class H2ConnectionError(Exception):
+    """GOAWAY with ``code``: the peer broke the protocol or a limit; the connection is over."""
+
     def __init__(self, code: int, reason: str = "") -> None:
         super().__init__(code, reason)
         self.code = code
@@ -115,8 +117,8 @@ class StreamError(Exception):
 
 def unpad(payload: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
     if not payload:
-        raise ConnectionError_(PROTOCOL_ERROR)
+        raise H2ConnectionError(PROTOCOL_ERROR)
     pad = payload[0]
     if pad >= len(payload):
-        raise ConnectionError_(PROTOCOL_ERROR)
+        raise H2ConnectionError(PROTOCOL_ERROR)
     return payload[1 : len(payload) - pad]
