@@ -60,36 +60,36 @@ Route = tuple[Decode, Callable[["Call"], Driver]]  # a method's request decoder 
 class Call(H2Stream):
     """One gRPC call on one HTTP/2 stream."""
 
-    __slots__ = ("buf", "decode", "driver", "need")
+    __slots__ = ("decode", "driver", "partial", "partial_size")
 
     def __init__(self, conn: Connection, stream_id: int, decode: Decode) -> None:
         super().__init__(conn, stream_id)
         self.decode = decode
-        self.buf = bytearray()  # the start of a message spread over DATA frames
-        self.need = 0  # the length of that message with its prefix, once the prefix is in
+        self.partial = bytearray()  # the start of a message spread over DATA frames
+        self.partial_size = 0  # the length of that message with its prefix, once the prefix is in
         self.driver: Driver | None = None
 
     # -- requests in ----------------------------------------------------------------------
     def receive(self, payload: Buffer) -> int:
-        buf = self.buf
+        partial = self.partial
         data: Buffer = payload
-        if buf:  # a message spread over frames: gather it, decode it once it is whole
-            buf += payload
-            if not self.need and len(buf) >= 5 and self._check_prefix(buf, 0) < 0:
+        if partial:  # a message spread over frames: gather it, decode it once it is whole
+            partial += payload
+            if not self.partial_size and len(partial) >= 5 and self._check_prefix(partial, 0) < 0:
                 return -1
-            if not self.need or len(buf) < self.need:
-                self.pending = len(buf)
+            if not self.partial_size or len(partial) < self.partial_size:
+                self.pending = len(partial)
                 return 0
-            data = bytes(buf)
-            buf.clear()
+            data = bytes(partial)
+            partial.clear()
         if not data:
             return 0
-        pos = self._messages(data)
+        pos = self._deliver(data)
         if pos < 0:
             return -1
         if pos < len(data):
-            buf += data[pos:]
-        self.pending = len(buf)
+            partial += data[pos:]
+        self.pending = len(partial)
         return 1
 
     def _check_prefix(self, data: Buffer, pos: int) -> int:
@@ -102,10 +102,10 @@ class Call(H2Stream):
         if n > limit:
             self.fail(RESOURCE_EXHAUSTED, f"received message larger than max ({n} vs. {limit})")
             return -1
-        self.need = 5 + n
+        self.partial_size = 5 + n
         return n
 
-    def _messages(self, data: Buffer) -> int:
+    def _deliver(self, data: Buffer) -> int:
         """Decode and deliver the whole gRPC messages in ``data``; how far it got, or -1 when the
         call is over.  Whole messages are credited to the peer unless the driver queued them."""
         pos, end = 0, len(data)
@@ -122,7 +122,7 @@ class Call(H2Stream):
                 self._check_prefix(data, pos)
                 return -1
             if end - pos - 5 < n:
-                self.need = 5 + n
+                self.partial_size = 5 + n
                 self.recv_unacked += pos - (self.held - held)
                 return pos
             try:
@@ -136,12 +136,12 @@ class Call(H2Stream):
                 self.held_cost += 5 + n + QUEUED_MESSAGE_COST
             if self.ended:
                 return -1
-        self.need = 0
+        self.partial_size = 0
         self.recv_unacked += pos - (self.held - held)
         return pos
 
     def on_end_stream(self) -> None:
-        if self.buf:
+        if self.partial:
             self.fail(INTERNAL, "the stream ended inside a message")
             return
         self.driver.on_end_stream()  # type: ignore[union-attr]

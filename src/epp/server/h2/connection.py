@@ -87,7 +87,7 @@ class Connection(asyncio.Protocol):
         self.limits = limits
         self._transport: asyncio.Transport | None = None
         self._frame_tail = bytearray()  # a frame cut by the end of a read
-        self._preface = False
+        self._preface_seen = False
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = 4 * limits.max_header_list_bytes  # an HPACK bomb stops here
         self._header_cache: dict[bytes, tuple[list[tuple[bytes, bytes]], int]] = {}
@@ -99,7 +99,7 @@ class Connection(asyncio.Protocol):
         self._eof_sent = False  # after write_eof the transport refuses writes though it is not closing
         self._loop = asyncio.get_running_loop()
         self._continuation: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
-        self._continuations = 0
+        self._continuation_frames = 0
         self._recv_window = RECV_WINDOW  # what the peer may still send on the connection
         self._recv_unacked = 0
         self.stream_window = limits.stream_window
@@ -178,7 +178,7 @@ class Connection(asyncio.Protocol):
         if self._frame_tail:  # the tail of a frame cut by the last read: at most one frame, so bounded
             data = bytes(self._frame_tail) + data
             self._frame_tail.clear()
-        if not self._preface:
+        if not self._preface_seen:
             n = min(len(data), len(PREFACE))
             if data[:n] != PREFACE[:n]:
                 self._close_with(PROTOCOL_ERROR, "not the HTTP/2 client preface")
@@ -187,7 +187,7 @@ class Connection(asyncio.Protocol):
                 self._frame_tail += data
                 return
             data = data[len(PREFACE) :]
-            self._preface = True
+            self._preface_seen = True
         view = memoryview(data)  # frames are sliced out of the read without copying
         pos = 0
         end = len(data)
@@ -291,14 +291,14 @@ class Connection(asyncio.Protocol):
             if len(payload) > self.limits.max_header_list_bytes:
                 raise H2ConnectionError(ENHANCE_YOUR_CALM, "header block too large")
             self._continuation = (sid, flags, bytearray(payload))
-            self._continuations = 0
+            self._continuation_frames = 0
 
     def _on_continuation(self, flags: int, sid: int, payload: Buffer) -> None:
         cont = self._continuation
         if cont is None or cont[0] != sid:
             raise H2ConnectionError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
-        self._continuations += 1
-        if self._continuations > self.limits.max_continuations:
+        self._continuation_frames += 1
+        if self._continuation_frames > self.limits.max_continuations:
             raise H2ConnectionError(ENHANCE_YOUR_CALM, "too many CONTINUATION frames")
         cont[2].extend(payload)
         if len(cont[2]) > self.limits.max_header_list_bytes:

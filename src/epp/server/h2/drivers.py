@@ -81,17 +81,17 @@ class TaskDriver:
     """A coroutine handler per call of a unary request; returning ends the call OK, ``GrpcError``
     with its status.  A second request message ends the call INTERNAL, as grpc-go does."""
 
-    __slots__ = ("_call", "_inbox", "_messages", "_task")
+    __slots__ = ("_call", "_inbox", "_received", "_task")
 
     def __init__(self, call: Call, handler: Handler) -> None:
         self._call = call
         self._inbox = Inbox()
-        self._messages = 0
+        self._received = 0
         self._task = asyncio.get_running_loop().create_task(self._run(handler))
 
     def on_message(self, msg: Any) -> bool:
-        self._messages += 1
-        if self._messages > 1:
+        self._received += 1
+        if self._received > 1:
             self._task.cancel()
             self._call.end(INTERNAL, "grpc: too many request messages for a unary call")
             return False

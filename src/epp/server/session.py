@@ -1,4 +1,5 @@
-"""One ext_proc stream (= one HTTP request): ext_proc messages and body modes in, lifecycle calls out.
+"""One ext_proc session (one ``Process`` call, one HTTP request): messages and body modes in,
+lifecycle calls out.
 
 The request's state lives in the director's ``RequestLifecycle`` (one per request, one
 ``Phase``); this module only translates.  Body modes come from ``protocol_config`` on the
@@ -12,7 +13,7 @@ first message:
   (or only in BUFFERED mode), so the request is routed from its headers alone, like a GET,
   and any body is passed through untouched.
 
-A transport drives a ``Stream`` with two calls.  ``handle(msg)`` is synchronous and answers
+A transport drives an ``ExtProcSession`` with two calls.  ``handle(msg)`` is synchronous and answers
 every message that needs no I/O, so a transport that writes from its read callback (the h2
 transport) answers response chunks without a task switch (docs/decisions.md, "ext_proc
 transport").  Only the message that completes a request body (or the request trailers that
@@ -57,12 +58,12 @@ def headers_to_dict(hm: Any) -> dict[str, str]:
     return out
 
 
-class Stream:
-    """One ext_proc stream, message by message.
+class ExtProcSession:
+    """One ext_proc session, message by message.
 
     Request-phase errors become an ImmediateResponse (GIE's status and body) and set
     ``finished``: the call then ends OK.  An unexpected exception is logged with its
-    traceback and answered as a 500, so one bad request never takes the stream machinery
+    traceback and answered as a 500, so one bad request never takes the transport
     down with it.  ``close`` must run exactly once whatever happens (it is idempotent).
     """
 
@@ -100,7 +101,7 @@ class Stream:
         self._body: list[bytes] = []
         self._body_size = 0
         self._ended_by_trailers = False
-        self.lifecycle: RequestLifecycle | None = None  # None: no request headers (response-only stream)
+        self.lifecycle: RequestLifecycle | None = None  # None: no request headers (a response-only session)
         self.error: EppError | None = None
         self.finished = False
         self.closed = False
@@ -166,7 +167,7 @@ class Stream:
                 if self.trace is not None:
                     self._tracing.end_request(self.trace)
         except Exception:
-            log.exception("stream_close_failed", **self._ids())
+            log.exception("session_close_failed", **self._log_ids())
         if self._on_close is not None:
             self._on_close()
 
@@ -298,7 +299,7 @@ class Stream:
     # response phases --------------------------------------------------------------
     def _response_headers(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
         lc = self.lifecycle
-        if lc is None:  # a response-only stream (GIE ReqResponseOnly): nothing to account
+        if lc is None:  # a response-only session (GIE ReqResponseOnly): nothing to account
             return [r.response_headers_reply(())]
         rh = msg.response_headers
         if msg.HasField("metadata_context"):  # e.g. envoy.lb's destination-endpoint-served
@@ -323,14 +324,14 @@ class Stream:
         self.route_pending = False
         if isinstance(e, EppError):
             self.error = e
-            log.info("request_failed", code=e.code, reason=e.reason, error=e.msg, **self._ids())
+            log.info("request_failed", code=e.code, reason=e.reason, error=e.msg, **self._log_ids())
             return [r.immediate_error(e)]
         err = Internal("internal error while processing the request")
         self.error = err
-        log.exception("request_crashed", phase=kind, error=repr(e), **self._ids())  # in an except
+        log.exception("request_crashed", phase=kind, error=repr(e), **self._log_ids())  # in an except
         return [r.immediate_error(err)]
 
-    def _ids(self) -> dict[str, str]:
+    def _log_ids(self) -> dict[str, str]:
         lc = self.lifecycle
         return {"request_id": lc.request.request_id} if lc is not None else {}
 
