@@ -17,14 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-import hpack
 import structlog
 
 from epp.server.h2.frames import (
     ACK,
-    COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
     DEFAULT_WINDOW,
@@ -64,10 +62,10 @@ from epp.server.h2.frames import (
     server_settings,
     unpad,
 )
+from epp.server.h2.headers import HeaderDecoder, HeaderList
 
 if TYPE_CHECKING:
     from epp.server.h2.limits import H2Limits
-    from epp.server.h2.server import H2GrpcServer
     from epp.server.h2.stream import H2Stream
 
 log = structlog.get_logger(__name__)
@@ -78,19 +76,34 @@ WRITE_LOW_WATER = 1 << 20
 KEEPALIVE_PING = b"epp-kapg"
 
 
+class StreamServer(Protocol):
+    """What a connection needs of its server (``H2GrpcServer``): limits, and a taker per stream."""
+
+    limits: H2Limits
+    connections: set[Connection]
+
+    def open_stream(
+        self, conn: Connection, stream_id: int, headers: HeaderList, size: int
+    ) -> H2Stream | None:
+        """The stream a client's ``headers`` opened; None if the server answered it and it is over."""
+        ...
+
+    def forget(self, conn: Connection) -> None:
+        """``conn`` is closed."""
+        ...
+
+
 class Connection(asyncio.Protocol):
     """One client connection: frames in, stream events to each ``H2Stream``, frames out."""
 
-    def __init__(self, server: H2GrpcServer) -> None:
+    def __init__(self, server: StreamServer) -> None:
         self._server = server
         limits: H2Limits = server.limits
         self.limits = limits
         self._transport: asyncio.Transport | None = None
         self._frame_tail = bytearray()  # a frame cut by the end of a read
         self._preface_seen = False
-        self._decoder = hpack.Decoder()
-        self._decoder.max_header_list_size = 4 * limits.max_header_list_bytes  # an HPACK bomb stops here
-        self._header_cache: dict[bytes, tuple[list[tuple[bytes, bytes]], int]] = {}
+        self._decode_headers = HeaderDecoder(limits.max_header_list_bytes).decode
         self._streams: dict[int, H2Stream] = {}  # the open ones
         self._last_stream = 0
         self._reset_ids: dict[int, None] = {}  # streams we reset lately: what the peer still sends is ignored
@@ -413,37 +426,6 @@ class Connection(asyncio.Protocol):
             stream.held_cost = 0
             if stream.recv_unacked + stream.pending >= self._credit_at:
                 self._credit(stream)
-
-    def _decode_headers(self, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
-        """HPACK-decode ``block`` (and the header list's size), from a cache while the dynamic
-        table stays as it was.
-
-        A proxy opens every ext_proc stream with the same headers; Envoy sends them as the
-        same bytes each time (indexed fields and literals without indexing), which leave
-        the table untouched.  A block's meaning depends only on its bytes and the table, so
-        a decode that did not change the table is cached until one that did; ``hpack`` in
-        pure Python costs tens of µs per block, this is a dict lookup.
-        """
-        cache = self._header_cache
-        hit = cache.get(block)
-        if hit is not None:
-            return hit
-        table = self._decoder.header_table
-        entries = table.dynamic_entries
-        before = (entries[0] if entries else None, len(entries), table.maxsize)  # holds the front entry
-        try:
-            headers = [(bytes(k), bytes(v)) for k, v in self._decoder.decode(block, raw=True)]
-        except Exception as e:
-            raise H2ConnectionError(COMPRESSION_ERROR, "HPACK") from e  # the HPACK state is lost
-        decoded = (headers, sum(len(k) + len(v) + 32 for k, v in headers))
-        front = entries[0] if entries else None
-        if front is before[0] and len(entries) == before[1] and table.maxsize == before[2]:
-            if len(cache) >= 64:
-                cache.clear()
-            cache[block] = decoded
-        else:
-            cache.clear()  # entries moved: cached blocks may mean something else now
-        return decoded
 
     def _on_headers(self, sid: int, flags: int, block: Buffer) -> None:
         headers, size = self._decode_headers(bytes(block))
