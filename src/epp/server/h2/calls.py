@@ -71,6 +71,12 @@ class Call(H2Stream):
 
     # -- requests in ----------------------------------------------------------------------
     def receive(self, payload: Buffer) -> int:
+        """Gather ``payload`` and deliver the whole gRPC messages it completes to the driver.
+
+        Delivered messages are credited to the peer unless the driver queued them (``held``);
+        the start of an unfinished message stays in ``partial`` (``pending``).  One method for
+        both, because it runs once per DATA frame.
+        """
         partial = self.partial
         data: Buffer = payload
         if partial:  # a message spread over frames: gather it, decode it once it is whole
@@ -82,32 +88,8 @@ class Call(H2Stream):
                 return 0
             data = bytes(partial)
             partial.clear()
-        if not data:
+        elif not data:
             return 0
-        pos = self._deliver(data)
-        if pos < 0:
-            return -1
-        if pos < len(data):
-            partial += data[pos:]
-        self.pending = len(partial)
-        return 1
-
-    def _check_prefix(self, data: Buffer, pos: int) -> int:
-        """The length of the message whose prefix is at ``pos``; -1 (the call failed) if refused."""
-        if data[pos] != 0:
-            self.fail(UNIMPLEMENTED, "compressed messages are not supported")
-            return -1
-        n: int = U32.unpack_from(data, pos + 1)[0]
-        limit = self.conn.limits.max_message_bytes
-        if n > limit:
-            self.fail(RESOURCE_EXHAUSTED, f"received message larger than max ({n} vs. {limit})")
-            return -1
-        self.partial_size = 5 + n
-        return n
-
-    def _deliver(self, data: Buffer) -> int:
-        """Decode and deliver the whole gRPC messages in ``data``; how far it got, or -1 when the
-        call is over.  Whole messages are credited to the peer unless the driver queued them."""
         pos, end = 0, len(data)
         decode, driver = self.decode, self.driver
         assert driver is not None
@@ -123,8 +105,7 @@ class Call(H2Stream):
                 return -1
             if end - pos - 5 < n:
                 self.partial_size = 5 + n
-                self.recv_unacked += pos - (self.held - held)
-                return pos
+                break
             try:
                 msg = decode(data[pos + 5 : pos + 5 + n])
             except Exception:
@@ -136,9 +117,28 @@ class Call(H2Stream):
                 self.held_cost += 5 + n + QUEUED_MESSAGE_COST
             if self.ended:
                 return -1
-        self.partial_size = 0
+        else:
+            self.partial_size = 0
         self.recv_unacked += pos - (self.held - held)
-        return pos
+        if pos < end:
+            partial += data[pos:]
+            self.pending = len(partial)
+        elif self.pending:
+            self.pending = 0
+        return 1
+
+    def _check_prefix(self, data: Buffer, pos: int) -> int:
+        """The length of the message whose prefix is at ``pos``; -1 (the call failed) if refused."""
+        if data[pos] != 0:
+            self.fail(UNIMPLEMENTED, "compressed messages are not supported")
+            return -1
+        n: int = U32.unpack_from(data, pos + 1)[0]
+        limit = self.conn.limits.max_message_bytes
+        if n > limit:
+            self.fail(RESOURCE_EXHAUSTED, f"received message larger than max ({n} vs. {limit})")
+            return -1
+        self.partial_size = 5 + n
+        return n
 
     def on_end_stream(self) -> None:
         if self.partial:
