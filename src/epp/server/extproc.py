@@ -11,7 +11,7 @@ import grpc
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.director.director import Director
-from epp.server import responses as r
+from epp.server import responses
 from epp.server.session import ExtProcSession
 from epp.tracing.otel import Tracing
 
@@ -54,7 +54,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[r.Reply]:
+    ) -> AsyncIterator[responses.Reply]:
         """The gRPC method, for transports that drive a servicer by async iterators (grpc.aio)."""
         session = self.open()
         try:
@@ -78,7 +78,7 @@ def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
             "Process": grpc.stream_stream_rpc_method_handler(
                 servicer.Process,
                 request_deserializer=pb.ProcessingRequest.FromString,
-                response_serializer=r.serialize,
+                response_serializer=responses.serialize,
             )
         },
     )

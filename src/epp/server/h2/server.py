@@ -12,7 +12,7 @@ import structlog
 from grpc_health.v1 import health_pb2
 
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from epp.server import responses as r
+from epp.server import responses
 from epp.server.extproc import SERVICE_NAME, ExtProcServicer
 from epp.server.h2.calls import Call, Driver, Route, open_call
 from epp.server.h2.connection import Connection
@@ -63,7 +63,7 @@ class H2GrpcServer:
         return open_call(conn, stream_id, headers, size, self.routes, self.limits, stopping=self.stopping)
 
     def _ext_proc_driver(self, call: Call) -> Driver:
-        return SessionDriver(call, self._servicer.open(), r.serialize)
+        return SessionDriver(call, self._servicer.open(), responses.serialize)
 
     async def _check(self, call: Call, inbox: Inbox) -> None:
         req = await inbox.one()
