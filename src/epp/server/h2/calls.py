@@ -33,7 +33,9 @@ from epp.server.h2.frames import (
 from epp.server.h2.stream import H2Stream
 
 if TYPE_CHECKING:
-    from epp.server.h2.connection import Buffer, Connection
+    from epp.server.h2.connection import Connection
+    from epp.server.h2.frames import Buffer
+    from epp.server.h2.headers import HeaderList
     from epp.server.h2.limits import H2Limits
 
 QUEUED_MESSAGE_COST = 256  # what a decoded message waiting for a busy call costs beyond its bytes
@@ -204,7 +206,7 @@ class Call(H2Stream):
 def open_call(
     conn: Connection,
     stream_id: int,
-    headers: list[tuple[bytes, bytes]],
+    headers: HeaderList,
     size: int,
     routes: dict[bytes, Route],
     limits: H2Limits,

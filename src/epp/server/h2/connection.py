@@ -56,6 +56,7 @@ from epp.server.h2.frames import (
     TYPE_FLAGS_ID,
     U32,
     WINDOW_UPDATE,
+    Buffer,
     H2ConnectionError,
     StreamError,
     frame,
@@ -69,7 +70,6 @@ if TYPE_CHECKING:
     from epp.server.h2.stream import H2Stream
 
 log = structlog.get_logger(__name__)
-Buffer = bytes | bytearray | memoryview  # frames are memoryview slices of the read
 RECENT_RESETS = 1000  # reset streams remembered (RFC 9113 §5.4.2: frames may still be in flight)
 WRITE_HIGH_WATER = 4 << 20  # the transport's buffer above which reading and sending pause
 WRITE_LOW_WATER = 1 << 20

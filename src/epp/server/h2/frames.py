@@ -36,6 +36,7 @@ RECV_WINDOW: Final = (
 )  # what we grant the connection (streams: H2Limits.stream_window); refilled at half
 DEFAULT_WINDOW: Final = 65_535
 MAX_FRAME: Final = 16_384  # SETTINGS_MAX_FRAME_SIZE we accept (the protocol default)
+Buffer = bytes | bytearray | memoryview  # a frame's payload: a memoryview slice of the read
 U32 = struct.Struct(">I")
 TYPE_FLAGS_ID = struct.Struct(">BBI")
 DATA_HEADER = struct.Struct(">IBIBI")  # frame length<<8|type, flags, stream; gRPC flag, message length
@@ -115,7 +116,7 @@ class StreamError(Exception):
         self.code = code
 
 
-def unpad(payload: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+def unpad(payload: Buffer) -> Buffer:
     if not payload:
         raise H2ConnectionError(PROTOCOL_ERROR)
     pad = payload[0]

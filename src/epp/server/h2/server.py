@@ -18,6 +18,7 @@ from epp.server.h2.calls import Call, Driver, Route, open_call
 from epp.server.h2.connection import Connection
 from epp.server.h2.drivers import GrpcError, Inbox, SessionDriver, TaskDriver
 from epp.server.h2.frames import UNIMPLEMENTED
+from epp.server.h2.headers import HeaderList
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.server.health import HealthServicer
 from epp.server.tls import CertReloader, load_into, ssl_context
@@ -56,9 +57,7 @@ class H2GrpcServer:
         if not self.connections and self._all_closed is not None and not self._all_closed.done():
             self._all_closed.set_result(None)
 
-    def open_stream(
-        self, conn: Connection, stream_id: int, headers: list[tuple[bytes, bytes]], size: int
-    ) -> Call | None:
+    def open_stream(self, conn: Connection, stream_id: int, headers: HeaderList, size: int) -> Call | None:
         """A client opened a stream: the gRPC call its headers route to, or None (refused)."""
         return open_call(conn, stream_id, headers, size, self.routes, self.limits, stopping=self.stopping)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from epp.server.h2.connection import Buffer, Connection
+    from epp.server.h2.connection import Connection
+    from epp.server.h2.frames import Buffer
 
 
 class H2Stream:
