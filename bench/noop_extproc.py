@@ -87,9 +87,9 @@ def _mutation(destination: str, length: int | None) -> pb.CommonResponse:
 
 
 class NoopSession:
-    """One ext_proc stream: each message answered at once (``handle``), the protocol and nothing else.
+    """One ext_proc session: each message answered at once (``handle``), the protocol and nothing else.
 
-    Offers what the EPP's own transport drives (``epp.server.h2.calls.Session``); the grpc.aio
+    Offers what the EPP's own transport drives (``epp.server.h2.drivers.ExtProcSessionLike``); the grpc.aio
     servicer below iterates the same object, so both floors send the same replies.
     """
 

@@ -159,7 +159,7 @@ async def run_case(seq: list[tuple[int, int, int, bytes]], cut: int, release: bo
     for part in (wire[:cut], wire[cut:]):
         if not t.closed:
             conn.data_received(part)
-        assert conn.buffered == sum(c.buffered for c in conn._calls.values()) >= 0
+        assert conn.buffered == sum(c.buffered for c in conn._streams.values()) >= 0
     for _ in range(3):
         await asyncio.sleep(0)
     conn._flush()

@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.server.extproc import SERVICE_NAME
-from epp.server.h2 import H2GrpcServer
+from epp.server.h2 import H2GrpcServer, H2Limits
 from epp.server.h2 import connection as h2connection
 from epp.server.h2 import frames as h2
 from epp.server.health import HealthServicer
@@ -30,7 +30,7 @@ PROCESS = f"/{SERVICE_NAME}/Process"
 
 
 class EchoSession:
-    """Stands in for ``stream.Stream``: echoes raw messages, at once unless held (then via ``route``)."""
+    """Stands in for ``session.ExtProcSession``: echoes raw messages, at once unless held (then via ``route``)."""
 
     def __init__(self, servicer: EchoServicer) -> None:
         self._servicer = servicer
@@ -387,6 +387,9 @@ class RecordingTransport(asyncio.Transport):
     def can_write_eof(self) -> bool:
         return False
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written is recorded at once
+
 
 @pytest.mark.parametrize("step", [1, 5, 9, 17, 4096])
 async def test_any_read_boundaries_give_the_same_messages(step: int) -> None:
@@ -422,6 +425,28 @@ async def test_any_read_boundaries_give_the_same_messages(step: int) -> None:
     last = frames[-1]
     assert last[0] == h2.HEADERS and last[1] & h2.END_STREAM
     assert cast("dict[str, str]", dict(hpack.Decoder().decode(last[3])))["grpc-status"] == "0"
+    conn.connection_lost(None)
+
+
+async def test_the_reset_over_the_flood_limit_still_closes_its_session() -> None:
+    """The RST_STREAM that breaks the rapid-reset limit ends the connection; the stream it reset is
+    dropped like the others (its session closed), so no session outlives its connection."""
+    servicer = EchoServicer()
+    server = H2GrpcServer(servicer, limits=H2Limits(reset_burst=2, reset_rate=0.0))  # type: ignore[arg-type]
+    server.routes[PROCESS.encode()] = (bytes, server.routes[PROCESS.encode()][1])
+    conn = h2connection.Connection(server)
+    transport = RecordingTransport()
+    conn.connection_made(transport)
+    enc = hpack.Encoder()
+    data = h2.PREFACE + frame(h2.SETTINGS, 0, 0)
+    for sid in (1, 3, 5):  # each reset before any answer: the third is one too many
+        data += frame(h2.HEADERS, h2.END_HEADERS, sid, request_block(enc, PROCESS))
+        data += frame(h2.RST_STREAM, 0, sid, struct.pack(">I", h2.CANCEL))
+    conn.data_received(data)
+    goaway = bytes(transport.out).rfind(bytes((h2.GOAWAY, 0, 0, 0, 0, 0)))
+    assert transport.closed and goaway > 0
+    assert struct.unpack_from(">I", transport.out, goaway + 10)[0] == h2.ENHANCE_YOUR_CALM
+    assert servicer.open_sessions == 0
     conn.connection_lost(None)
 
 

@@ -168,7 +168,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         if cluster is not None:
             await cluster.release()  # a successor takes the lease while we drain
         await until_unrouted(servicer, opts.shutdown_delay)
-        log.info("epp_draining", in_flight=servicer.active_streams, grace_seconds=opts.shutdown_grace_period)
+        log.info("epp_draining", in_flight=servicer.active_sessions, grace_seconds=opts.shutdown_grace_period)
         await server.stop(opts.shutdown_grace_period)
         log.info("epp_stopped", drained_seconds=round(time.monotonic() - started, 3))
     await asyncio.to_thread(app.tracing.shutdown)

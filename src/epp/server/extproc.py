@@ -1,4 +1,4 @@
-"""The ExternalProcessor gRPC service: one ``Stream`` per call, and its grpc.aio method."""
+"""The ExternalProcessor gRPC service: one ``ExtProcSession`` per call, and its grpc.aio method."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import grpc
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.director.director import Director
-from epp.server import responses as r
-from epp.server.stream import Stream
+from epp.server import responses
+from epp.server.session import ExtProcSession
 from epp.tracing.otel import Tracing
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    """One ``Process`` call per HTTP request, each a ``Stream``."""
+    """One ``Process`` call per HTTP request, each an ``ExtProcSession``."""
 
     def __init__(
         self, director: Director, *, max_body_bytes: int = 0, tracing: Tracing | None = None
@@ -27,47 +27,47 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._director = director
         self._max_body = max_body_bytes
         self._tracing = tracing
-        self.active_streams = 0
-        self.opened = 0  # streams ever opened: shutdown waits until new ones stop arriving
+        self.active_sessions = 0
+        self.opened = 0  # sessions ever opened: shutdown waits until new ones stop arriving
         self._idle = asyncio.Event()
         self._idle.set()
 
     async def wait_idle(self) -> None:
-        """Return once no stream is in flight (used to drain on shutdown)."""
+        """Return once no session is in flight (used to drain on shutdown)."""
         await self._idle.wait()
 
-    def open(self) -> Stream:
-        """A new ext_proc stream; the caller must ``close`` it, whatever happens."""
-        self.active_streams += 1
+    def open(self) -> ExtProcSession:
+        """A new ext_proc session; the caller must ``close`` it, whatever happens."""
+        self.active_sessions += 1
         self.opened += 1
         self._idle.clear()
-        return Stream(
+        return ExtProcSession(
             self._director, max_body_bytes=self._max_body, tracing=self._tracing, on_close=self._closed
         )
 
     def _closed(self) -> None:
-        self.active_streams -= 1
-        if self.active_streams == 0:
+        self.active_sessions -= 1
+        if self.active_sessions == 0:
             self._idle.set()
 
     async def Process(
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[r.Reply]:
+    ) -> AsyncIterator[responses.Reply]:
         """The gRPC method, for transports that drive a servicer by async iterators (grpc.aio)."""
-        stream = self.open()
+        session = self.open()
         try:
             async for msg in request_iterator:
-                out = stream.handle(msg)
-                if stream.route_pending:
-                    out = await stream.route()
+                out = session.handle(msg)
+                if session.route_pending:
+                    out = await session.route()
                 for reply in out:
                     yield reply
-                if stream.finished:
+                if session.finished:
                     return
         finally:
-            stream.close()
+            session.close()
 
 
 def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
@@ -78,7 +78,7 @@ def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
             "Process": grpc.stream_stream_rpc_method_handler(
                 servicer.Process,
                 request_deserializer=pb.ProcessingRequest.FromString,
-                response_serializer=r.serialize,
+                response_serializer=responses.serialize,
             )
         },
     )

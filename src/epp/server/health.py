@@ -35,11 +35,11 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         leader: Callable[[], bool] = lambda: True,
     ) -> None:
         self._ready = ready
-        self._le = leader_election
+        self._leader_election = leader_election
         self._leader = leader
 
     def status(self, service: str) -> Any:
-        if not self._le:
+        if not self._leader_election:
             return SERVING if self._ready() else NOT_SERVING
         if service == LIVENESS:
             return SERVING
@@ -55,7 +55,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def List(
         self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> health_pb2.HealthListResponse:
-        names = [EXT_PROC_SERVICE, LIVENESS, READINESS] if self._le else [EXT_PROC_SERVICE]
+        names = [EXT_PROC_SERVICE, LIVENESS, READINESS] if self._leader_election else [EXT_PROC_SERVICE]
         resp = health_pb2.HealthListResponse()
         for name in names:
             resp.statuses[name].status = self.status(name)

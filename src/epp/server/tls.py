@@ -148,18 +148,18 @@ class CertReloader:
         debounce: float = RELOAD_DEBOUNCE,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._dir = self.path = cert_path
+        self._cert_dir = self.path = cert_path
         self._debounce = debounce
-        self._now = wall_clock
+        self._wall_clock = wall_clock
         self._lock = threading.Lock()
-        self._seen = self._signature()
+        self._seen_signature = self._signature()
         cert_pem, key_pem = load_key_pair(cert_path)
         self.initial = grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)])
 
     def _signature(self) -> _Signature | None:
         try:
-            crt = os.stat(os.path.join(self._dir, CERT_FILE))
-            key = os.stat(os.path.join(self._dir, KEY_FILE))
+            crt = os.stat(os.path.join(self._cert_dir, CERT_FILE))
+            key = os.stat(os.path.join(self._cert_dir, KEY_FILE))
         except OSError:
             return None  # mid-swap; try again at the next handshake
         return (crt.st_mtime_ns, crt.st_size, crt.st_ino), (key.st_mtime_ns, key.st_size, key.st_ino)
@@ -175,23 +175,23 @@ class CertReloader:
     def changed_pair(self) -> tuple[bytes, bytes] | None:
         """The new (cert, key) PEM pair once the files changed and settled and it is valid, else None."""
         sig = self._signature()
-        if sig is None or sig == self._seen:
+        if sig is None or sig == self._seen_signature:
             return None
         newest = max(sig[0][0], sig[1][0]) / 1e9
-        if self._now() - newest < self._debounce:
+        if self._wall_clock() - newest < self._debounce:
             return None
         with self._lock:
-            if sig == self._seen:  # another handshake thread got here first
+            if sig == self._seen_signature:  # another handshake thread got here first
                 return None
-            self._seen = sig
+            self._seen_signature = sig
             try:
-                pair = load_key_pair(self._dir)
+                pair = load_key_pair(self._cert_dir)
             except ConfigError as e:
                 failure = str(e)
             else:
-                log.info("tls_certificate_reloaded", path=self._dir)
+                log.info("tls_certificate_reloaded", path=self._cert_dir)
                 return pair
-        log.error("tls_certificate_reload_failed", path=self._dir, error=failure)
+        log.error("tls_certificate_reload_failed", path=self._cert_dir, error=failure)
         return None
 
 

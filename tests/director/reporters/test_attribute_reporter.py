@@ -25,7 +25,7 @@ from epp.errors import ConfigError
 from epp.plugin.registry import Registry
 from epp.plugin.state import CycleState
 from epp.request import ResponseInfo, Usage
-from epp.server.stream import Stream
+from epp.server.session import ExtProcSession
 from epp.testing.builders import make_request
 from epp.testing.plugins import FakeHandle
 
@@ -250,7 +250,7 @@ SSE = [
 )
 async def test_final_body_message_carries_cost(content_type: str, chunks: list[bytes]) -> None:
     """GIE's integration case: the last ResponseBody reply has envoy.lb cost = completion_tokens (10)."""
-    stream = Stream(_director())
+    stream = ExtProcSession(_director())
     full_duplex = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
     stream.handle(
         pb.ProcessingRequest(

@@ -21,7 +21,7 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.server.responses import serialize
-from epp.server.stream import Stream
+from epp.server.session import ExtProcSession
 from epp.testing.plugins import FakeHandle, build
 
 HEADER = "x-conformance-test-served-endpoint"
@@ -104,7 +104,7 @@ def test_reads_response_headers_metadata(metadata: base_pb2.Metadata | None, exp
         admission=AlwaysAdmit(),
         response_header=(verifier(),),
     )
-    stream = Stream(Director(ds, pipeline))
+    stream = ExtProcSession(Director(ds, pipeline))
     stream.handle(
         pb.ProcessingRequest(
             request_headers=pb.HttpHeaders(headers=_headers(**{":path": "/"}), end_of_stream=True)

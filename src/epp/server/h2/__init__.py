@@ -12,6 +12,12 @@ limits, flood limits, bounded buffers, handshake/idle/keepalive timeouts (``H2Li
 
 Writes made in one loop iteration leave in one ``write`` call: under load one syscall carries
 the replies of many streams.
+
+One concept per module: ``connection`` (HTTP/2: frames, stream states, flow control, limits,
+timers, the output buffer), ``stream`` (``H2Stream``, one HTTP/2 stream as the connection sees
+it), ``headers`` (HPACK decoding), ``calls`` (``Call``, the gRPC call on a stream: messages,
+status, routing by ``:path``), ``drivers`` (what answers a call: a coroutine handler, or an
+ext_proc session), ``server`` (the listener and its routes), ``frames`` and ``limits``.
 """
 
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits

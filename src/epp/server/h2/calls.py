@@ -1,20 +1,17 @@
-"""One gRPC call on an HTTP/2 stream, and the two ways of driving it.
+"""gRPC on HTTP/2: one call per stream, its messages de-framed and framed, its status, its route.
 
-``TaskDriver`` runs a coroutine handler that reads an async iterator (health checks).
-``SessionDriver`` feeds each message to an ext_proc session (``epp.server.stream.Stream``)
-from the connection's read callback and writes the replies at once, falling back to a task
-only while the session routes a request body (``route_pending``: ``await route()``) or the
-peer's window is full: a response chunk then costs no task switch.
+A request's ``:path`` picks a route (``open_call``): a decoder for its request messages and a
+``Driver`` that answers them (``epp.server.h2.drivers``).  A call reads length-prefixed
+messages out of its stream's DATA (uncompressed only, at most ``max_message_bytes`` each),
+writes its replies as DATA frames paced by the peer's windows, and ends with trailers carrying
+a grpc-status.  Refusals (no such method, shutting down, headers too large) are
+trailers-only responses; the connection never sees a call it refused.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
-
-import structlog
 
 from epp.server.h2.frames import (
     DATA,
@@ -25,29 +22,28 @@ from epp.server.h2.frames import (
     INTERNAL,
     OK,
     OK_TRAILERS,
+    RESOURCE_EXHAUSTED,
     RESPONSE_HEADERS,
     U32,
-    UNKNOWN,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
     frame,
     trailers,
 )
+from epp.server.h2.stream import H2Stream
 
 if TYPE_CHECKING:
     from epp.server.h2.connection import Connection
+    from epp.server.h2.frames import Buffer
+    from epp.server.h2.headers import HeaderList
+    from epp.server.h2.limits import H2Limits
 
-log = structlog.get_logger(__name__)
-
-
-class GrpcError(Exception):
-    """Ends a call with a non-OK grpc-status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+QUEUED_MESSAGE_COST = 256  # what a decoded message waiting for a busy call costs beyond its bytes
 
 
 class Driver(Protocol):
+    """What answers one call's messages (``epp.server.h2.drivers``)."""
+
     def on_message(self, msg: Any) -> bool:
         """Take one request message; True if it was queued, not yet read (it is credited to the
         peer's window when ``Connection.release`` says it was)."""
@@ -59,28 +55,100 @@ class Driver(Protocol):
         ...
 
 
-class Call:
-    """One HTTP/2 stream carrying one gRPC call."""
+Decode = Callable[[Any], Any]
+Route = tuple[Decode, Callable[["Call"], Driver]]  # a method's request decoder and driver factory
 
-    __slots__ = ("buf", "buffered", "conn", "decode", "driver", "half_closed", "headers_sent", "held",
-                 "held_cost", "id", "need", "recv_unacked", "recv_window", "send_window")  # fmt: skip
 
-    def __init__(self, conn: Connection, stream_id: int, decode: Callable[[Any], Any]) -> None:
-        self.conn = conn
-        self.id = stream_id
+class Call(H2Stream):
+    """One gRPC call on one HTTP/2 stream."""
+
+    __slots__ = ("decode", "driver", "partial", "partial_size")
+
+    def __init__(self, conn: Connection, stream_id: int, decode: Decode) -> None:
+        super().__init__(conn, stream_id)
         self.decode = decode
-        self.buf = bytearray()  # the start of a message spread over DATA frames
-        self.need = 0  # the length of that message with its prefix, once the prefix is in
-        self.send_window = conn.peer_initial_window
-        self.recv_window = conn.stream_window  # what the peer may still send on this stream
-        self.recv_unacked = 0  # bytes read, not yet credited to the peer
-        self.held = 0  # bytes of messages the driver queued, credited once it reads them
-        self.held_cost = 0
-        self.buffered = 0  # what this call counts in ``conn.buffered``
-        self.headers_sent = False
-        self.half_closed = False  # the client ended its side
+        self.partial = bytearray()  # the start of a message spread over DATA frames
+        self.partial_size = 0  # the length of that message with its prefix, once the prefix is in
         self.driver: Driver | None = None
 
+    # -- requests in ----------------------------------------------------------------------
+    def receive(self, payload: Buffer) -> int:
+        """Gather ``payload`` and deliver the whole gRPC messages it completes to the driver.
+
+        Delivered messages are credited to the peer unless the driver queued them (``held``);
+        the start of an unfinished message stays in ``partial`` (``pending``).  One method for
+        both, because it runs once per DATA frame.
+        """
+        partial = self.partial
+        data: Buffer = payload
+        if partial:  # a message spread over frames: gather it, decode it once it is whole
+            partial += payload
+            if not self.partial_size and len(partial) >= 5 and self._check_prefix(partial, 0) < 0:
+                return -1
+            if not self.partial_size or len(partial) < self.partial_size:
+                self.pending = len(partial)
+                return 0
+            data = bytes(partial)
+            partial.clear()
+        elif not data:
+            return 0
+        pos, end = 0, len(data)
+        decode, driver = self.decode, self.driver
+        assert driver is not None
+        limit = self.conn.limits.max_message_bytes
+        held = self.held
+        while end - pos >= 5:
+            if data[pos] != 0:
+                self.fail(UNIMPLEMENTED, "compressed messages are not supported")
+                return -1
+            n = U32.unpack_from(data, pos + 1)[0]
+            if n > limit:
+                self._check_prefix(data, pos)
+                return -1
+            if end - pos - 5 < n:
+                self.partial_size = 5 + n
+                break
+            try:
+                msg = decode(data[pos + 5 : pos + 5 + n])
+            except Exception:
+                self.fail(INTERNAL, "could not parse the request message")
+                return -1
+            pos += 5 + n
+            if driver.on_message(msg):  # queued behind a busy call: credited when it is read
+                self.held += 5 + n
+                self.held_cost += 5 + n + QUEUED_MESSAGE_COST
+            if self.ended:
+                return -1
+        else:
+            self.partial_size = 0
+        self.recv_unacked += pos - (self.held - held)
+        if pos < end:
+            partial += data[pos:]
+            self.pending = len(partial)
+        elif self.pending:
+            self.pending = 0
+        return 1
+
+    def _check_prefix(self, data: Buffer, pos: int) -> int:
+        """The length of the message whose prefix is at ``pos``; -1 (the call failed) if refused."""
+        if data[pos] != 0:
+            self.fail(UNIMPLEMENTED, "compressed messages are not supported")
+            return -1
+        n: int = U32.unpack_from(data, pos + 1)[0]
+        limit = self.conn.limits.max_message_bytes
+        if n > limit:
+            self.fail(RESOURCE_EXHAUSTED, f"received message larger than max ({n} vs. {limit})")
+            return -1
+        self.partial_size = 5 + n
+        return n
+
+    def on_end_stream(self) -> None:
+        if self.partial:
+            self.fail(INTERNAL, "the stream ended inside a message")
+            return
+        self.driver.on_end_stream()  # type: ignore[union-attr]
+
+    # -- replies out ----------------------------------------------------------------------
     def send_nowait(self, data: bytes) -> bool:
         """Write one gRPC message if the peer's windows take it whole in one frame; else False."""
         conn = self.conn
@@ -90,7 +158,7 @@ class Call:
         self._open_response()
         self.send_window -= n
         conn.send_window -= n
-        conn.write2(DATA_HEADER.pack(n << 8 | DATA, 0, self.id, 0, n - 5), data)
+        conn.write_frame(DATA_HEADER.pack(n << 8 | DATA, 0, self.id, 0, n - 5), data)
         return True
 
     async def send(self, data: bytes) -> None:
@@ -116,191 +184,55 @@ class Call:
             self.headers_sent = True
             self.conn.write(frame(HEADERS, END_HEADERS, self.id, RESPONSE_HEADERS))
 
-    def finish(self, status: int = OK, message: str = "") -> None:
-        """Trailers (or a trailers-only response) ending the stream."""
+    # -- the end --------------------------------------------------------------------------
+    def end(self, status: int = OK, message: str = "") -> None:
+        """Trailers with ``status``, once (the call is then over); a client still sending is told
+        to stop."""
         block = OK_TRAILERS if status == OK and not message else trailers(status, message)
         if not self.headers_sent:
-            self.headers_sent = True
-            block = RESPONSE_HEADERS + block
-        self.conn.write(frame(HEADERS, END_HEADERS | END_STREAM, self.id, block))
+            block = RESPONSE_HEADERS + block  # a trailers-only response
+        self.conn.end_stream(self, block)
 
-
-class Inbox:
-    """The request messages of one call, as the async iterator a handler reads."""
-
-    __slots__ = ("_closed", "_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._closed = False
-
-    def __aiter__(self) -> Inbox:
-        return self
-
-    async def __anext__(self) -> Any:
-        while not self._items:
-            if self._closed:
-                raise StopAsyncIteration
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self._items.popleft()
-
-    async def one(self) -> Any:
-        """The single request of a unary call (None if the client sent none)."""
-        async for msg in self:
-            return msg
-        return None
-
-    def put(self, msg: Any) -> None:
-        self._items.append(msg)
-        self._wake()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-        self._waiter = None
-
-
-Handler = Callable[[Call, Inbox], Awaitable[None]]
-
-
-class TaskDriver:
-    """A coroutine handler per call of a unary request; returning ends the call OK, ``GrpcError``
-    with its status.  A second request message ends the call INTERNAL, as grpc-go does."""
-
-    __slots__ = ("_call", "_inbox", "_messages", "_task")
-
-    def __init__(self, call: Call, handler: Handler) -> None:
-        self._call = call
-        self._inbox = Inbox()
-        self._messages = 0
-        self._task = asyncio.get_running_loop().create_task(self._run(handler))
-
-    def on_message(self, msg: Any) -> bool:
-        self._messages += 1
-        if self._messages > 1:
-            self._task.cancel()
-            self._call.conn.end_call(self._call, INTERNAL, "grpc: too many request messages for a unary call")
-            return False
-        self._inbox.put(msg)
-        return False
-
-    def on_end_stream(self) -> None:
-        self._inbox.close()
+    def fail(self, status: int, message: str) -> None:
+        """The request broke gRPC's rules: the driver stops and the call ends with ``status``."""
+        self.cancel()
+        self.end(status, message)
 
     def cancel(self) -> None:
-        self._task.cancel()
-
-    async def _run(self, handler: Handler) -> None:
-        try:
-            await handler(self._call, self._inbox)
-            status, message = OK, ""
-        except GrpcError as e:
-            status, message = e.status, e.message
-        except asyncio.CancelledError:
-            return  # the client reset the stream or went away: nothing to answer
-        except Exception as e:
-            log.exception("grpc_handler_crashed", error=repr(e))
-            status, message = UNKNOWN, "internal error"
-        self._call.conn.end_call(self._call, status, message)
+        if self.driver is not None:
+            self.driver.cancel()
 
 
-class Session(Protocol):
-    """What an ext_proc ``epp.server.stream.Stream`` offers a transport.
-
-    ``handle`` answers at once; when it leaves ``route_pending`` set, the replies to that
-    message come from ``await route()`` instead.
-    """
-
-    finished: bool
-    route_pending: bool
-
-    def handle(self, msg: Any) -> list[Any]: ...
-    async def route(self) -> list[Any]: ...
-    def close(self) -> None: ...
-
-
-class SessionDriver:
-    """An ext_proc session answered from the read callback whenever it can be."""
-
-    __slots__ = ("_call", "_pending", "_serialize", "_session", "_task")
-
-    def __init__(self, call: Call, session: Session, serialize: Callable[[Any], bytes]) -> None:
-        self._call = call
-        self._session = session
-        self._serialize = serialize
-        self._pending: deque[Any] = deque()
-        self._task: asyncio.Task[None] | None = None  # set: it owns the call until nothing is pending
-
-    def on_message(self, msg: Any) -> bool:
-        if self._task is not None:
-            self._pending.append(msg)
-            return True
-        session = self._session
-        try:
-            out = session.handle(msg)
-        except Exception as e:  # a session answers its own errors; this is a bug, not a request's fault
-            log.exception("ext_proc_call_crashed", error=repr(e))
-            self._end(UNKNOWN, "internal error")
-            return False
-        if session.route_pending:
-            self._go_slow(out)
+def open_call(
+    conn: Connection,
+    stream_id: int,
+    headers: HeaderList,
+    size: int,
+    routes: dict[bytes, Route],
+    limits: H2Limits,
+    *,
+    stopping: bool,
+) -> Call | None:
+    """The call a new stream's ``headers`` ask for, its driver attached; or None when it is refused,
+    the refusal already written (a trailers-only response with its grpc-status)."""
+    path = b""
+    for name, value in headers:
+        if name == b":path":
+            path = value
+            break
+    route = routes.get(path)
+    if route is None or stopping or size > limits.max_header_list_bytes:
+        if size > limits.max_header_list_bytes:
+            status = RESOURCE_EXHAUSTED
+            message = f"header list of {size} bytes exceeds {limits.max_header_list_bytes}"
+        elif route is None:
+            status, message = UNIMPLEMENTED, f"Method not found: {path.decode('latin-1')}"
         else:
-            self._write(out)
-        return False
-
-    def on_end_stream(self) -> None:
-        if self._task is None:
-            self._end(OK)
-
-    def cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self._session.close()
-
-    def _write(self, out: list[Any]) -> None:
-        call, serialize = self._call, self._serialize
-        for i, reply in enumerate(out):
-            if not call.send_nowait(serialize(reply)):
-                self._go_slow(out[i:])
-                return
-        if self._session.finished or call.half_closed:
-            self._end(OK)
-
-    def _go_slow(self, replies: list[Any]) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._slow(replies))
-
-    async def _slow(self, replies: list[Any]) -> None:
-        """Own the call while routing awaits or the peer's window is full, then hand back."""
-        session, call, serialize = self._session, self._call, self._serialize
-        try:
-            while True:
-                for reply in replies:
-                    await call.send(serialize(reply))
-                if session.route_pending:
-                    replies = await session.route()
-                    continue
-                if session.finished or not self._pending:
-                    break
-                replies = session.handle(self._pending.popleft())
-        except asyncio.CancelledError:
-            return
-        except Exception as e:
-            log.exception("ext_proc_call_crashed", error=repr(e))
-            self._end(UNKNOWN, "internal error")
-            return
-        finally:
-            self._task = None
-            call.conn.release(call)  # what was queued meanwhile is read: the peer may send more
-        if session.finished or call.half_closed:
-            self._end(OK)
-
-    def _end(self, status: int, message: str = "") -> None:
-        self._session.close()
-        self._call.conn.end_call(self._call, status, message)
+            status, message = UNAVAILABLE, "the server is shutting down"
+        block = RESPONSE_HEADERS + trailers(status, message)
+        conn.write(frame(HEADERS, END_HEADERS | END_STREAM, stream_id, block))
+        return None
+    decode, make_driver = route
+    call = Call(conn, stream_id, decode)
+    call.driver = make_driver(call)
+    return call

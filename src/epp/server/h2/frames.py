@@ -36,6 +36,7 @@ RECV_WINDOW: Final = (
 )  # what we grant the connection (streams: H2Limits.stream_window); refilled at half
 DEFAULT_WINDOW: Final = 65_535
 MAX_FRAME: Final = 16_384  # SETTINGS_MAX_FRAME_SIZE we accept (the protocol default)
+Buffer = bytes | bytearray | memoryview  # a frame's payload: a memoryview slice of the read
 U32 = struct.Struct(">I")
 TYPE_FLAGS_ID = struct.Struct(">BBI")
 DATA_HEADER = struct.Struct(">IBIBI")  # frame length<<8|type, flags, stream; gRPC flag, message length
@@ -97,7 +98,9 @@ def server_settings(max_streams: int, stream_window: int, max_header_list: int) 
 SETTINGS_ACK_FRAME: Final = frame(SETTINGS, ACK, 0)
 
 
-class ConnectionError_(Exception):
+class H2ConnectionError(Exception):
+    """GOAWAY with ``code``: the peer broke the protocol or a limit; the connection is over."""
+
     def __init__(self, code: int, reason: str = "") -> None:
         super().__init__(code, reason)
         self.code = code
@@ -113,10 +116,10 @@ class StreamError(Exception):
         self.code = code
 
 
-def unpad(payload: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+def unpad(payload: Buffer) -> Buffer:
     if not payload:
-        raise ConnectionError_(PROTOCOL_ERROR)
+        raise H2ConnectionError(PROTOCOL_ERROR)
     pad = payload[0]
     if pad >= len(payload):
-        raise ConnectionError_(PROTOCOL_ERROR)
+        raise H2ConnectionError(PROTOCOL_ERROR)
     return payload[1 : len(payload) - pad]

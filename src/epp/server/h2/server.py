@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -13,11 +12,13 @@ import structlog
 from grpc_health.v1 import health_pb2
 
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from epp.server import responses as r
+from epp.server import responses
 from epp.server.extproc import SERVICE_NAME, ExtProcServicer
-from epp.server.h2.calls import Call, Driver, GrpcError, Inbox, SessionDriver, TaskDriver
+from epp.server.h2.calls import Call, Driver, Route, open_call
 from epp.server.h2.connection import Connection
+from epp.server.h2.drivers import GrpcError, Inbox, SessionDriver, TaskDriver
 from epp.server.h2.frames import UNIMPLEMENTED
+from epp.server.h2.headers import HeaderList
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.server.health import HealthServicer
 from epp.server.tls import CertReloader, load_into, ssl_context
@@ -36,8 +37,8 @@ class H2GrpcServer:
     ) -> None:
         self._servicer = servicer
         self.limits = limits
-        self.routes: dict[bytes, tuple[Callable[[bytes], Any], Callable[[Call], Driver]]] = {
-            f"/{SERVICE_NAME}/Process".encode(): (pb.ProcessingRequest.FromString, self._session),
+        self.routes: dict[bytes, Route] = {  # by :path
+            f"/{SERVICE_NAME}/Process".encode(): (pb.ProcessingRequest.FromString, self._ext_proc_driver),
         }
         if health is not None:
             self._health = health
@@ -56,8 +57,12 @@ class H2GrpcServer:
         if not self.connections and self._all_closed is not None and not self._all_closed.done():
             self._all_closed.set_result(None)
 
-    def _session(self, call: Call) -> Driver:
-        return SessionDriver(call, self._servicer.open(), r.serialize)
+    def open_stream(self, conn: Connection, stream_id: int, headers: HeaderList, size: int) -> Call | None:
+        """A client opened a stream: the gRPC call its headers route to, or None (refused)."""
+        return open_call(conn, stream_id, headers, size, self.routes, self.limits, stopping=self.stopping)
+
+    def _ext_proc_driver(self, call: Call) -> Driver:
+        return SessionDriver(call, self._servicer.open(), responses.serialize)
 
     async def _check(self, call: Call, inbox: Inbox) -> None:
         req = await inbox.one()

@@ -1,4 +1,5 @@
-"""One ext_proc stream (= one HTTP request): ext_proc messages and body modes in, lifecycle calls out.
+"""One ext_proc session (one ``Process`` call, one HTTP request): messages and body modes in,
+lifecycle calls out.
 
 The request's state lives in the director's ``RequestLifecycle`` (one per request, one
 ``Phase``); this module only translates.  Body modes come from ``protocol_config`` on the
@@ -12,7 +13,7 @@ first message:
   (or only in BUFFERED mode), so the request is routed from its headers alone, like a GET,
   and any body is passed through untouched.
 
-A transport drives a ``Stream`` with two calls.  ``handle(msg)`` is synchronous and answers
+A transport drives an ``ExtProcSession`` with two calls.  ``handle(msg)`` is synchronous and answers
 every message that needs no I/O, so a transport that writes from its read callback (the h2
 transport) answers response chunks without a task switch (docs/decisions.md, "ext_proc
 transport").  Only the message that completes a request body (or the request trailers that
@@ -33,13 +34,12 @@ from epp.director.context import RoutingDecision
 from epp.director.director import Director
 from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge
-from epp.server import responses as r
-from epp.server import wire
+from epp.server import responses, wire
 from epp.tracing.otel import RequestTrace, Tracing
 
 log = structlog.get_logger(__name__)
 _NO_TRACING = Tracing()
-_EMPTY_REQUEST_HEADERS_BYTES: Final = r.EMPTY_REQUEST_HEADERS.SerializeToString()
+_EMPTY_REQUEST_HEADERS_BYTES: Final = responses.EMPTY_REQUEST_HEADERS.SerializeToString()
 
 FULL_DUPLEX: Final = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED: Final = mode_pb.ProcessingMode.BUFFERED
@@ -57,12 +57,12 @@ def headers_to_dict(hm: Any) -> dict[str, str]:
     return out
 
 
-class Stream:
-    """One ext_proc stream, message by message.
+class ExtProcSession:
+    """One ext_proc session, message by message.
 
     Request-phase errors become an ImmediateResponse (GIE's status and body) and set
     ``finished``: the call then ends OK.  An unexpected exception is logged with its
-    traceback and answered as a 500, so one bad request never takes the stream machinery
+    traceback and answered as a 500, so one bad request never takes the transport
     down with it.  ``close`` must run exactly once whatever happens (it is idempotent).
     """
 
@@ -100,7 +100,7 @@ class Stream:
         self._body: list[bytes] = []
         self._body_size = 0
         self._ended_by_trailers = False
-        self.lifecycle: RequestLifecycle | None = None  # None: no request headers (response-only stream)
+        self.lifecycle: RequestLifecycle | None = None  # None: no request headers (a response-only session)
         self.error: EppError | None = None
         self.finished = False
         self.closed = False
@@ -109,24 +109,24 @@ class Stream:
         self.response_mode: int = FULL_DUPLEX
 
     # the transport's two calls ----------------------------------------------------
-    def handle(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
+    def handle(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
         """The replies to one message, at once.  Sets ``route_pending`` (and returns []) when the
         message completed the request body: the replies then come from ``await route()``."""
         kind = msg.WhichOneof("request")
         try:
             if kind == "response_body":  # once per streamed token: inlined, and first
-                hb = msg.response_body
-                chunk, eos = hb.body, hb.end_of_stream
+                http_body = msg.response_body
+                chunk, eos = http_body.body, http_body.end_of_stream
                 lc = self.lifecycle
                 if lc is None:
                     return _echo(chunk, eos, self.response_mode, request=False)
                 out = lc.response_chunk(chunk, eos)
                 if out is None:  # held by the lifecycle (FULL_DUPLEX_STREAMED only)
                     return []
-                md = lc.response_metadata if eos else None
+                metadata = lc.response_metadata if eos else None
                 if self.response_mode == FULL_DUPLEX:
-                    return r.streamed_response_body(out, eos, md)
-                return [r.replaced_response_body(out if out is not chunk else None, md)]
+                    return responses.streamed_response_body(out, eos, metadata)
+                return [responses.replaced_response_body(out if out is not chunk else None, metadata)]
             if kind == "request_body":
                 return self._request_body(msg)
             if kind == "request_headers":
@@ -141,7 +141,7 @@ class Stream:
             return self._failed(e, kind)
         return []
 
-    async def route(self) -> list[r.Reply]:
+    async def route(self) -> list[responses.Reply]:
         """Route the request whose body ``handle`` completed; the replies to that message."""
         self.route_pending = False
         by_trailers = self._ended_by_trailers
@@ -150,7 +150,7 @@ class Stream:
         except Exception as e:
             return self._failed(e, "request_trailers" if by_trailers else "request_body")
         if by_trailers:
-            out.append(r.EMPTY_REQUEST_TRAILERS)
+            out.append(responses.EMPTY_REQUEST_TRAILERS)
         return out
 
     def close(self) -> None:
@@ -166,27 +166,29 @@ class Stream:
                 if self.trace is not None:
                     self._tracing.end_request(self.trace)
         except Exception:
-            log.exception("stream_close_failed", **self._ids())
+            log.exception("session_close_failed", **self._log_ids())
         if self._on_close is not None:
             self._on_close()
 
     # request phases ---------------------------------------------------------------
-    def _request_headers(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
+    def _request_headers(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
         if msg.HasField("protocol_config"):
-            pc = msg.protocol_config
-            self.request_mode = pc.request_body_mode
-            self.response_mode = pc.response_body_mode
-        rh = msg.request_headers
-        headers = headers_to_dict(rh.headers)
+            config = msg.protocol_config
+            self.request_mode = config.request_body_mode
+            self.response_mode = config.response_body_mode
+        http_headers = msg.request_headers
+        headers = headers_to_dict(http_headers.headers)
         if self._tracing.enabled:
             self.trace = self._tracing.start_request(headers)
         lc = self.lifecycle = self._director.start(
             headers, _metadata(msg), can_hold_response=self.response_mode == FULL_DUPLEX
         )
         mode = self.request_mode
-        if rh.end_of_stream or mode in (NONE, STREAMED, BUFFERED_PARTIAL):
+        if http_headers.end_of_stream or mode in (NONE, STREAMED, BUFFERED_PARTIAL):
             decision = lc.route_headers_only()  # any body that follows is passed through
-            reply = r.routing_headers_response(decision.destination, None, self._upstream_headers(decision))
+            reply = responses.routing_headers_response(
+                decision.destination, None, self._upstream_headers(decision)
+            )
             return [reply + self._skip_response_override(lc)]
         if mode == BUFFERED:
             return [_EMPTY_REQUEST_HEADERS_BYTES + self._skip_response_override(lc)]
@@ -219,14 +221,14 @@ class Stream:
         )
         return wire.field(b"\x4a", mode.SerializeToString())  # ProcessingResponse.mode_override = 9
 
-    def _request_body(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
+    def _request_body(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
         lc = self.lifecycle
-        hb = msg.request_body
+        http_body = msg.request_body
         if lc is None:
             raise BadRequest("request body received before request headers")
         if lc.phase >= Phase.ROUTED:  # routed from headers (STREAMED mode): echo
-            return _echo(hb.body, hb.end_of_stream, self.request_mode, request=True)
-        chunk = hb.body
+            return _echo(http_body.body, http_body.end_of_stream, self.request_mode, request=True)
+        chunk = http_body.body
         if chunk:
             self._body_size += len(chunk)
             if self._max_body and self._body_size > self._max_body:
@@ -234,20 +236,20 @@ class Stream:
             self._body.append(chunk)
         if msg.HasField("metadata_context"):  # GIE: metadata of the body-completing message wins
             lc.set_metadata(_metadata(msg))
-        if hb.end_of_stream:
+        if http_body.end_of_stream:
             self.route_pending = True
         return []
 
-    def _request_trailers(self) -> list[r.Reply]:
+    def _request_trailers(self) -> list[responses.Reply]:
         """Trailers end a body that had no end_of_stream: route now.  GIE sends nothing (and hangs)."""
         lc = self.lifecycle
         if lc is not None and lc.phase is Phase.RECEIVING:
             self._ended_by_trailers = True
             self.route_pending = True
             return []
-        return [r.EMPTY_REQUEST_TRAILERS]
+        return [responses.EMPTY_REQUEST_TRAILERS]
 
-    async def _route(self, *, end_of_stream: bool) -> list[r.Reply]:
+    async def _route(self, *, end_of_stream: bool) -> list[responses.Reply]:
         lc = self.lifecycle
         assert lc is not None
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -265,8 +267,8 @@ class Stream:
         headers = self._upstream_headers(decision)
         out_body = decision.body if decision.body is not None else body
         if self.request_mode == FULL_DUPLEX:
-            out: list[r.Reply] = [
-                r.routing_headers_response(
+            out: list[responses.Reply] = [
+                responses.routing_headers_response(
                     decision.destination,
                     len(out_body),
                     headers,
@@ -275,11 +277,11 @@ class Stream:
                     decision.breakdown,
                 )
             ]
-            out.extend(r.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
+            out.extend(responses.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
             return out
         changed = decision.body_changed
         return [
-            r.routing_body_response(
+            responses.routing_body_response(
                 decision.destination,
                 out_body if changed else None,
                 len(out_body) if changed else None,
@@ -296,41 +298,43 @@ class Stream:
         return (*decision.headers, *self._tracing.inject(self.trace))
 
     # response phases --------------------------------------------------------------
-    def _response_headers(self, msg: pb.ProcessingRequest) -> list[r.Reply]:
+    def _response_headers(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
         lc = self.lifecycle
-        if lc is None:  # a response-only stream (GIE ReqResponseOnly): nothing to account
-            return [r.response_headers_reply(())]
-        rh = msg.response_headers
+        if lc is None:  # a response-only session (GIE ReqResponseOnly): nothing to account
+            return [responses.response_headers_reply(())]
+        http_headers = msg.response_headers
         if msg.HasField("metadata_context"):  # e.g. envoy.lb's destination-endpoint-served
             lc.set_metadata(_metadata(msg))
-        added = lc.response_headers(headers_to_dict(rh.headers), end_of_stream=rh.end_of_stream)
-        return [r.response_headers_reply(added)]
+        added = lc.response_headers(
+            headers_to_dict(http_headers.headers), end_of_stream=http_headers.end_of_stream
+        )
+        return [responses.response_headers_reply(added)]
 
-    def _response_trailers(self) -> list[r.Reply]:
+    def _response_trailers(self) -> list[responses.Reply]:
         """gRPC responses end with trailers: flush a held body (without end_of_stream) and finish."""
-        out: list[r.Reply] = []
+        out: list[responses.Reply] = []
         lc = self.lifecycle
         if lc is not None:
             held = lc.response_end()
             if held is not None:
-                out.extend(r.streamed_response_body(held, False))
-        out.append(r.EMPTY_RESPONSE_TRAILERS)
+                out.extend(responses.streamed_response_body(held, False))
+        out.append(responses.EMPTY_RESPONSE_TRAILERS)
         return out
 
     # errors -----------------------------------------------------------------------
-    def _failed(self, e: Exception, kind: str | None) -> list[r.Reply]:
+    def _failed(self, e: Exception, kind: str | None) -> list[responses.Reply]:
         self.finished = True
         self.route_pending = False
         if isinstance(e, EppError):
             self.error = e
-            log.info("request_failed", code=e.code, reason=e.reason, error=e.msg, **self._ids())
-            return [r.immediate_error(e)]
+            log.info("request_failed", code=e.code, reason=e.reason, error=e.msg, **self._log_ids())
+            return [responses.immediate_error(e)]
         err = Internal("internal error while processing the request")
         self.error = err
-        log.exception("request_crashed", phase=kind, error=repr(e), **self._ids())  # in an except
-        return [r.immediate_error(err)]
+        log.exception("request_crashed", phase=kind, error=repr(e), **self._log_ids())  # in an except
+        return [responses.immediate_error(err)]
 
-    def _ids(self) -> dict[str, str]:
+    def _log_ids(self) -> dict[str, str]:
         lc = self.lifecycle
         return {"request_id": lc.request.request_id} if lc is not None else {}
 
@@ -339,11 +343,11 @@ def _metadata(msg: pb.ProcessingRequest) -> dict[str, Any]:
     if not msg.HasField("metadata_context"):
         return {}
     fm = msg.metadata_context.filter_metadata
-    return {ns: r.struct_to_python(s) for ns, s in fm.items()} if fm else {}
+    return {ns: responses.struct_to_python(s) for ns, s in fm.items()} if fm else {}
 
 
-def _echo(chunk: bytes, eos: bool, mode: int, *, request: bool) -> list[r.Reply]:
+def _echo(chunk: bytes, eos: bool, mode: int, *, request: bool) -> list[responses.Reply]:
     """Pass a chunk through unchanged (streams the EPP does not process)."""
     if mode == FULL_DUPLEX:
-        return list[r.Reply](r.streamed_body(chunk, request=request, end_of_stream=eos))
-    return [r.EMPTY_REQUEST_BODY if request else r.EMPTY_RESPONSE_BODY]
+        return list[responses.Reply](responses.streamed_body(chunk, request=request, end_of_stream=eos))
+    return [responses.EMPTY_REQUEST_BODY if request else responses.EMPTY_RESPONSE_BODY]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.director.lifecycle import Phase
 from epp.server import responses as r
-from epp.server.stream import Stream
+from epp.server.session import ExtProcSession
 from tests.server.harness import (
     Harness,
     pods,
@@ -20,19 +20,19 @@ from tests.server.harness import (
 BODY = b'{"model":"my-model","prompt":"hi","max_tokens":3}'
 
 
-def stream() -> tuple[Stream, list[str]]:
+def session() -> tuple[ExtProcSession, list[str]]:
     h = Harness()
     h.set_pods(pods((0, 0, 0.1), (1, 3, 0.2)))
     closed: list[str] = []
-    return Stream(h.director, on_close=lambda: closed.append("closed")), closed
+    return ExtProcSession(h.director, on_close=lambda: closed.append("closed")), closed
 
 
 # Read through calls: mypy would keep an asserted attribute narrowed across handle().
-def pending(s: Stream) -> bool:
+def pending(s: ExtProcSession) -> bool:
     return s.route_pending
 
 
-def phase(s: Stream) -> Phase | None:
+def phase(s: ExtProcSession) -> Phase | None:
     return None if s.lifecycle is None else s.lifecycle.phase
 
 
@@ -42,7 +42,7 @@ def parse(replies: list[r.Reply]) -> list[pb.ProcessingResponse]:
 
 async def test_only_the_body_completing_message_needs_routing() -> None:
     """Headers and partial bodies answer nothing yet; end of body leaves route() to answer."""
-    s, closed = stream()
+    s, closed = session()
     assert s.handle(req_headers({":path": "/v1/completions"})) == []
     assert s.handle(req_body(BODY[:10], eos=False)) == []
     assert not pending(s)
@@ -68,7 +68,7 @@ async def test_only_the_body_completing_message_needs_routing() -> None:
 
 async def test_request_trailers_end_the_body() -> None:
     """A body ended by trailers: route() answers with the routing replies, then the trailers reply."""
-    s, _ = stream()
+    s, _ = session()
     s.handle(req_headers({":path": "/v1/completions"}))
     s.handle(req_body(BODY, eos=False))
     assert s.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers())) == []
@@ -88,8 +88,8 @@ async def test_request_trailers_end_the_body() -> None:
 
 
 async def test_routing_error_is_an_immediate_response() -> None:
-    """A body the director refuses ends the stream with GIE's error; closing records it."""
-    s, closed = stream()
+    """A body the director refuses ends the session with GIE's error; closing records it."""
+    s, closed = session()
     s.handle(req_headers({":path": "/v1/completions"}))
     s.handle(req_body(b"{", eos=True))
     (reply,) = parse(await s.route())
@@ -103,7 +103,7 @@ async def test_routing_error_is_an_immediate_response() -> None:
 
 def test_headers_only_request_is_answered_at_once() -> None:
     """A GET is routed from its headers inside handle: no routing task."""
-    s, _ = stream()
+    s, _ = session()
     (reply,) = parse(s.handle(req_headers({":path": "/v1/models", ":method": "GET"}, eos=True)))
     assert not pending(s)
     assert reply.WhichOneof("response") == "request_headers"
