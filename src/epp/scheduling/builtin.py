@@ -34,6 +34,7 @@ from epp.scheduling.profiles.disagg_deprecated import (
 )
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.active_request import ActiveRequestScorer
+from epp.scheduling.scorers.health import EndpointHealthScorer
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
@@ -80,4 +81,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     ActiveRequestScorer,
     SessionAffinityFilter,
     SessionAffinityScorer,
+    EndpointHealthScorer,
 )
