@@ -198,6 +198,7 @@ class DataLayerRuntime:
         self._running = False
         self._datastore.remove_observer(self)
         for lp in self._loops.values():
+            lp.endpoint.health.leave()  # no longer scraped: not a peer any more
             lp.task.cancel()
             self._stopping.add(lp.task)
         self._loops.clear()

@@ -122,9 +122,11 @@ class ResponseSide:
                 now = resp.first_chunk_at = time.monotonic()
                 target = ctx.target
                 if target is not None:  # health: time to first token against the peers'
+                    m = target.metrics
                     target.health.first_byte(
                         now - ctx.request.received_at,
-                        target.metrics.waiting_queue_size,
+                        m.waiting_queue_size,
+                        m.running_requests_size,
                         resp.streaming,
                         now,
                     )

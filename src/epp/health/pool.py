@@ -87,19 +87,21 @@ class HealthPool:
                 stuck += 1
         return peers > 0 and 2 * stuck >= peers
 
-    def peer_medians(self, health: EndpointHealth) -> tuple[float, float]:
-        """The medians over the other endpoints of (time to first token per queue unit, time to
-        response headers), each over those that have a sample; 0.0 when none has."""
+    def peer_medians(self, health: EndpointHealth) -> tuple[float, float, float]:
+        """The medians over the other endpoints of their time to first token per queued request,
+        time to response headers and load, each over those that have a sample (else 0.0)."""
         latency: list[float] = []
         headers: list[float] = []
+        load: list[float] = []
         for m in self._members:
             if m is health:
                 continue
             if m.latency_usual:
                 latency.append(m.latency_usual)
+                load.append(m.load_usual)
             if m.headers_usual:
                 headers.append(m.headers_usual)
-        return _median(latency), _median(headers)
+        return _median(latency), _median(headers), _median(load)
 
     # --- reporting -------------------------------------------------------------------------------
     def transition(self, health: EndpointHealth, old: Status, reason: str) -> None:

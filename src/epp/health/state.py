@@ -61,6 +61,7 @@ SCRAPE_SUCCEEDED: Final = "scrape-succeeded"
 RESPONDED: Final = "responded"
 
 _EWMA: Final = 0.3  # weight of a new time-to-first-token or time-to-headers sample
+SIMILAR_LOAD: Final = (2.0, 4.0)  # comparable: load (waiting + running) <= 2 x the peers' median + 4
 _SCRAPE_EWMA: Final = 0.1  # weight of a new scrape duration: the endpoint's own usual moves slowly
 
 
@@ -77,6 +78,7 @@ class EndpointHealth:
         "headers_usual",
         "latency_samples",
         "latency_usual",
+        "load_usual",
         "name",
         "penalties",
         "penalty_until",
@@ -118,9 +120,10 @@ class EndpointHealth:
         self.probe_pending = False
         self.probe_for = ""  # the reason of the ejection or penalty being probed
         self.headers_usual = 0.0  # EWMA of seconds from a request's arrival to its response headers
-        self.latency_usual = 0.0  # EWMA of time to first token per unit of queue (seconds)
+        self.latency_usual = 0.0  # EWMA of time to first token per queued request ahead (+1)
         self.latency_samples = 0
-        self.refs = (0.0, 0.0)  # the peers' medians of (latency_usual, headers_usual), cached
+        self.load_usual = 0.0  # EWMA of waiting + running requests at its first bytes
+        self.refs = (0.0, 0.0, 0.0)  # the peers' medians of latency_usual, headers_usual, load_usual
         self.refs_at = -math.inf
 
     # --- verdicts --------------------------------------------------------------------------
@@ -192,22 +195,33 @@ class EndpointHealth:
         elif st is EJECTED and self.reason in (SCRAPE_HANG, NO_RESPONSE_HEADERS):
             self._probe(RESPONDED, now)  # a hung endpoint that answers again is not hung
 
-    def first_byte(self, ttft: float, queue: int, streaming: bool, now: float) -> None:
-        """The first response body bytes, ``ttft`` seconds after the request arrived; ``queue`` is
-        the endpoint's waiting queue when it was picked.  Only streamed responses measure the time
-        to first token; a non-streamed one only settles a probe."""
+    def first_byte(self, ttft: float, waiting: int, running: int, streaming: bool, now: float) -> None:
+        """The first response body bytes, ``ttft`` seconds after the request arrived, at the load
+        the endpoint last reported (``waiting`` and ``running`` requests).  Only streamed responses
+        measure the time to first token; a non-streamed one only settles a probe.
+
+        Load makes an endpoint slow as surely as a fault does, so only comparable samples are
+        judged: the time per queued request ahead (a queued request delays a new one by about
+        one request's time), and only while the endpoint is not far busier than its peers
+        (``SIMILAR_LOAD``): a saturated replica is slow because it is busy, which the load
+        scorers already see.
+        """
         st = self.status
         if not streaming:
             if st is PROBING and self.probe_pending:
                 self._set(HEALTHY, PROBE_SUCCEEDED, now)
             return
-        x = ttft / (1 + queue)
+        x = ttft / (1.0 + waiting)
+        load = float(waiting + running)
+        self.load_usual = load if not self.load_usual else self.load_usual + _EWMA * (load - self.load_usual)
         pol = self.pool.policy
         probe = st is PROBING and self.probe_pending
         usual = self.latency_usual
         self.latency_usual = x if not usual else usual + _EWMA * (x - usual)
         self.latency_samples += 1
-        ref = self._refs(now)[0]
+        ref, _, peer_load = self._refs(now)
+        if load > SIMILAR_LOAD[0] * peer_load + SIMILAR_LOAD[1]:
+            ref = 0.0  # far busier than its peers: its time says nothing about its health
         if probe:
             if ref and x > pol.latency_outlier_factor * ref:
                 self._penalise(now)
@@ -331,8 +345,9 @@ class EndpointHealth:
         self.since = now
         self.pool.transition(self, old, reason)
 
-    def _refs(self, now: float) -> tuple[float, float]:
-        """The peers' medians of (time to first token per queue unit, time to headers)."""
+    def _refs(self, now: float) -> tuple[float, float, float]:
+        """The peers' medians of (time to first token per queued request, time to
+        headers, load)."""
         if now - self.refs_at > self.pool.refs_ttl:
             self.refs = self.pool.peer_medians(self)
             self.refs_at = now
@@ -341,7 +356,7 @@ class EndpointHealth:
     # --- introspection ---------------------------------------------------------------------------
     def debug_state(self, now: float) -> dict[str, Any]:
         """For ``/debug/plugins/state`` and ``epp explain``: plain JSON types."""
-        lat_ref, hdr_ref = self.refs
+        lat_ref, hdr_ref, load_ref = self.refs
         return {
             "status": self.status.name.lower(),
             "reason": self.reason,
@@ -362,6 +377,8 @@ class EndpointHealth:
             else 0.0,
             "scrapeTimeouts": self.scrape_timeouts,
             "ttftPerQueueMs": round(self.latency_usual * 1000, 2),
+            "load": round(self.load_usual, 1),
+            "peersLoad": round(load_ref, 1),
             "peersTtftPerQueueMs": round(lat_ref * 1000, 2),
             "headersMs": round(self.headers_usual * 1000, 2),
             "peersHeadersMs": round(hdr_ref * 1000, 2),
