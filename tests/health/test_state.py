@@ -10,7 +10,8 @@ import pytest
 from epp.health import EndpointHealth, HealthPolicy, HealthPool, Status
 from epp.health.state import SCRAPE_ERROR, SCRAPE_OK, SCRAPE_REFUSED, SCRAPE_TIMEOUT
 
-POLICY = HealthPolicy()  # defaults: 3 5xx, 2 gateway failures, 10 s base ejection, 150 ms hang
+# The defaults (3 5xx, 2 gateway failures, 10 s base ejection, 150 ms hang...), a 1 s base penalty.
+POLICY = HealthPolicy.model_validate({"basePenaltyTime": "1s"})
 
 
 @dataclass(frozen=True)

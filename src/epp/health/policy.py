@@ -60,7 +60,7 @@ class HealthPolicy(PluginParams):
     # to ``maxPenaltyTime``), then probed with one request.
     latency_outlier_factor: float = Field(default=3.0, gt=1)
     latency_min_samples: int = Field(default=2, ge=1)
-    base_penalty_time: Seconds = 1.0
+    base_penalty_time: Seconds = 2.0  # each probe of a still-slow endpoint costs one slow request
     max_penalty_time: Seconds = 8.0
 
     @model_validator(mode="after")
