@@ -7,8 +7,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from epp.explain.record import Decision, to_json
+from epp.explain.table import render
 from epp.health import EndpointHealth, HealthPolicy, HealthPool, Status
 from epp.health.state import SCRAPE_ERROR, SCRAPE_OK, SCRAPE_REFUSED, SCRAPE_TIMEOUT
+from epp.scheduling.api import ProfileTrace
+from epp.testing.builders import make_endpoint
 
 # The defaults (3 5xx, 2 gateway failures, 10 s base ejection, 150 ms hang...), a 1 s base penalty.
 POLICY = HealthPolicy.model_validate({"basePenaltyTime": "1s"})
@@ -342,3 +346,28 @@ def test_policy_rejects_bad_values_naming_the_field() -> None:
     with pytest.raises(ValueError, match="maxEjectionTime must not be below baseEjectionTime"):
         HealthPolicy.model_validate({"baseEjectionTime": "10s", "maxEjectionTime": "1s"})
     assert HealthPolicy.model_validate({"scrapeHangTime": "200ms"}).scrape_hang_time == pytest.approx(0.2)
+
+
+def test_explain_shows_the_candidates_health() -> None:
+    """``epp explain``'s table gains a health column when a candidate is not healthy."""
+    a, b = make_endpoint(0), make_endpoint(1)
+    for _ in range(3):
+        b.health.headers(500, 0.01, 1.0)
+    trace = ProfileTrace(
+        profile="default",
+        candidates=(a, b),
+        filters=(),
+        scored=(a, b),
+        scorers=(("queue-scorer", 1.0),),
+        contributions=((1.0, 0.5),),
+        totals=(1.0, 0.5),
+        picker="max-score-picker",
+        picked=(a,),
+    )
+    d = Decision("rid", 0.0, model="m", admission="admitted", outcome="routed", destination=a.hostport)
+    d.profiles = [trace]
+    lines = render(to_json(d)).splitlines()
+    header = next(line for line in lines if "endpoint" in line)
+    assert [h.strip() for h in header.split("|")][:2] == ["endpoint", "health"]
+    rows = {line.split("|")[0].strip(): [x.strip() for x in line.split("|")] for line in lines if "|" in line}
+    assert rows[a.hostport][1] == "healthy" and rows[b.hostport][1] == "ejected"
