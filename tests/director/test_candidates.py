@@ -89,6 +89,7 @@ def fleets(draw: st.DrawFn) -> list[Endpoint]:
         ejected_until = draw(st.sampled_from([0.0, 50.0, 150.0]))
         ep.health.ejected_until = ejected_until
         ep.health.status = UNREACHABLE if draw(st.booleans()) else EJECTED if ejected_until else HEALTHY
+        ep.health.requiet()
         out.append(ep)
     return out
 

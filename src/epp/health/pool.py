@@ -47,6 +47,8 @@ class HealthPool:
         self.policy = policy
         # How long requests may wait without headers before ``available`` looks closer.
         self.watch = min(policy.scrape_hang_time, policy.no_headers_time)
+        for m in self._members:
+            m.requiet()
 
     # --- membership --------------------------------------------------------------------------
     def join(self, health: EndpointHealth) -> None:

@@ -85,6 +85,7 @@ class EndpointHealth:
         "pool",
         "probe_for",
         "probe_pending",
+        "quiet_until",
         "reason",
         "refs",
         "refs_at",
@@ -117,6 +118,7 @@ class EndpointHealth:
         self.scrape_timeouts = 0  # in a row
         self.awaiting = 0  # requests routed here still without response headers
         self.waiting_since = 0.0  # since when those have waited with no response headers at all
+        self.quiet_until = math.inf  # before this, ``available`` needs no look (see requiet)
         self.probe_pending = False
         self.probe_for = ""  # the reason of the ejection or penalty being probed
         self.headers_usual = 0.0  # EWMA of seconds from a request's arrival to its response headers
@@ -128,12 +130,24 @@ class EndpointHealth:
 
     # --- verdicts --------------------------------------------------------------------------
     def available(self, now: float) -> bool:
-        """Whether a request may go here now (a candidate); the scheduler still scores it."""
-        if self.status is HEALTHY:
-            w = self.waiting_since
-            if not w or now - w <= self.pool.watch:
-                return True
+        """Whether a request may go here now (a candidate); the scheduler still scores it.
+
+        Called for every candidate of every request: the common case is one comparison with
+        ``quiet_until``, before which a healthy endpoint needs no look (``requiet``).
+        """
+        if now <= self.quiet_until:
+            return True
         return self._check(now)
+
+    def requiet(self) -> None:
+        """``quiet_until``: never for a healthy endpoint nobody waits on; for one with requests
+        waiting, until they have waited ``pool.watch``; for any other state, no quiet at all."""
+        if self.status is not HEALTHY:
+            self.quiet_until = -math.inf
+        elif self.waiting_since:
+            self.quiet_until = self.waiting_since + self.pool.watch
+        else:
+            self.quiet_until = math.inf
 
     def score(self) -> float:
         """The penalty as a score in [0, 1]: 0 while degraded, else 1."""
@@ -172,6 +186,7 @@ class EndpointHealth:
         """A request was routed here."""
         if not self.awaiting:
             self.waiting_since = now
+            self.requiet()
         self.awaiting += 1
         if self.status is PROBING:
             self.probe_pending = True
@@ -181,6 +196,7 @@ class EndpointHealth:
         if self.awaiting:
             self.awaiting -= 1
             self.waiting_since = now if self.awaiting else 0.0
+            self.requiet()
         if status >= 500:
             self._failed(status, now)
             return
@@ -242,6 +258,7 @@ class EndpointHealth:
             self.awaiting -= 1
             if not self.awaiting:
                 self.waiting_since = 0.0
+                self.requiet()
         self.probe_pending = False
 
     # --- membership ----------------------------------------------------------------------------
@@ -343,6 +360,7 @@ class EndpointHealth:
         self.status = status
         self.reason = reason
         self.since = now
+        self.requiet()
         self.pool.transition(self, old, reason)
 
     def _refs(self, now: float) -> tuple[float, float, float]:
