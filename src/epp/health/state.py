@@ -60,6 +60,7 @@ PROBE_SUCCEEDED: Final = "probe-succeeded"
 SCRAPE_SUCCEEDED: Final = "scrape-succeeded"
 RESPONDED: Final = "responded"
 
+RECHECK: Final = 0.005  # seconds between looks at a healthy endpoint whose requests wait long
 _EWMA: Final = 0.3  # weight of a new time-to-first-token or time-to-headers sample
 SIMILAR_LOAD: Final = (2.0, 4.0)  # comparable: load (waiting + running) <= 2 x the peers' median + 4
 _SCRAPE_EWMA: Final = 0.1  # weight of a new scrape duration: the endpoint's own usual moves slowly
@@ -288,6 +289,9 @@ class EndpointHealth:
         if w and self.status is not EJECTED:
             self._stalled(now - w, now)
         st = self.status
+        if st is HEALTHY:  # looked, nothing wrong: the next look in RECHECK, not per request
+            self.quiet_until = now + RECHECK
+            return True
         if st is EJECTED:
             return False
         return not (st is PROBING and self.probe_pending)
