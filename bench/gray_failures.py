@@ -251,7 +251,7 @@ async def scenario(fault: str, warm: float, after: float, tmp: Path) -> dict[str
 
 
 async def main_async(quick: bool) -> dict[str, Any]:
-    warm, after = (2.0, 3.5) if quick else (4.0, 8.0)
+    warm, after = (1.5, 3.0) if quick else (4.0, 8.0)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for fault in FAULTS:
