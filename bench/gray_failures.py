@@ -244,6 +244,7 @@ async def scenario(fault: str, warm: float, after: float, tmp: Path) -> dict[str
         "requests_after": len(settled),
         "failed_after": failed,
         "failed_share": rnd(failed / max(1, len(settled)), 4),
+        "failed_since_fault": sum(s.status != 200 for s in run.sent if s.at >= t_fault),
         "ttft_p99_ms": rnd((_p99(ttfts) or 0.0) * 1000, 1),
         "transitions": moves,
         "false_ejections": false,
