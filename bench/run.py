@@ -35,6 +35,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("sim_cost", "bench.sim_cost", True),
     ("latency", "bench.latency", True),
     ("failover", "bench.failover", True),
+    ("gray_failures", "bench.gray_failures", True),
     ("reload", "bench.reload", True),
     ("precise_prefix", "bench.precise_prefix", True),
     ("pd", "bench.pd", True),

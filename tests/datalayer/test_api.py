@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from epp.datalayer.api import Endpoint, EndpointMetadata, GroupVersionKind, Metrics, fresh_or_all, is_stale
+from epp.datalayer.api import Endpoint, EndpointMetadata, GroupVersionKind, Metrics, is_stale
 
 
 @pytest.mark.parametrize(
@@ -25,21 +25,6 @@ def test_is_stale(update_time: float, now: float, threshold: float, stale: bool)
 
 def _ep(name: str, update_time: float) -> Endpoint:
     return Endpoint(EndpointMetadata(name=name, address="10.0.0.1", port=1), Metrics(update_time=update_time))
-
-
-@pytest.mark.parametrize(
-    ("times", "kept"),
-    [
-        pytest.param([99.0, 50.0], ["e0"], id="stale-dropped"),
-        pytest.param([50.0, 0.0], ["e0", "e1"], id="all-stale-fail-open"),
-        pytest.param([99.0, 99.5], ["e0", "e1"], id="all-fresh"),
-        pytest.param([], [], id="empty"),
-    ],
-)
-def test_fresh_or_all(times: list[float], kept: list[str]) -> None:
-    """Fresh endpoints only, unless none is fresh: then all of them (never fail closed)."""
-    eps = [_ep(f"e{i}", t) for i, t in enumerate(times)]
-    assert [e.name for e in fresh_or_all(eps, 100.0, 2.0)] == kept
 
 
 def test_gvk_string() -> None:

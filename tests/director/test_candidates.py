@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.datalayer.api import Endpoint, fresh_or_all
-from epp.datalayer.health import available_or_all
+from epp.datalayer.api import Endpoint, is_stale
 from epp.director.candidates import SUBSET_KEY, SUBSET_NAMESPACE, locate, usable
+from epp.health.state import EJECTED, HEALTHY, UNREACHABLE
 from epp.testing.builders import make_endpoint
 
 EPS = [make_endpoint(i) for i in range(3)]
@@ -50,6 +50,35 @@ def test_ipv6_hint() -> None:
     assert list(locate([ep], hint("[fd00::1]:8000"))) == [ep]
 
 
+def fresh_or_all(endpoints: Sequence[Endpoint], now: float, threshold: float) -> Sequence[Endpoint]:
+    """The reference first step: the endpoints with fresh metrics, or all when none is."""
+    fresh = [ep for ep in endpoints if not is_stale(ep.metrics, now, threshold)]
+    return endpoints if not fresh or len(fresh) == len(endpoints) else fresh
+
+
+def available_or_all(endpoints: Sequence[Endpoint], now: float) -> Sequence[Endpoint]:
+    """The reference second step: the available endpoints, or all when none is."""
+    available = [ep for ep in endpoints if ep.health.available(now)]
+    return endpoints if not available or len(available) == len(endpoints) else available
+
+
+@pytest.mark.parametrize(
+    ("times", "kept"),
+    [
+        pytest.param([99.0, 50.0], [0], id="stale-dropped"),
+        pytest.param([50.0, 0.0], [0, 1], id="all-stale-fail-open"),
+        pytest.param([99.0, 99.5], [0, 1], id="all-fresh"),
+        pytest.param([], [], id="empty"),
+    ],
+)
+def test_usable_keeps_fresh_endpoints(times: list[float], kept: list[int]) -> None:
+    """Fresh endpoints only, unless none is fresh: then all of them (never fail closed)."""
+    eps = [make_endpoint(i) for i in range(len(times))]
+    for ep, t in zip(eps, times, strict=True):
+        ep.metrics = replace(ep.metrics, update_time=t)
+    assert [eps.index(e) for e in usable(eps, 100.0, 2.0)] == kept
+
+
 @st.composite
 def fleets(draw: st.DrawFn) -> list[Endpoint]:
     """Endpoints with never-scraped, stale and fresh metrics, some unreachable or ejected."""
@@ -57,8 +86,10 @@ def fleets(draw: st.DrawFn) -> list[Endpoint]:
     for i in range(draw(st.integers(0, 12))):
         ep = make_endpoint(i)
         ep.metrics = replace(ep.metrics, update_time=draw(st.sampled_from([0.0, 1.0, 95.0, 99.0, 100.0])))
-        ep.health.unreachable = draw(st.booleans())
-        ep.health.ejected_until = draw(st.sampled_from([0.0, 50.0, 150.0]))
+        ejected_until = draw(st.sampled_from([0.0, 50.0, 150.0]))
+        ep.health.ejected_until = ejected_until
+        ep.health.status = UNREACHABLE if draw(st.booleans()) else EJECTED if ejected_until else HEALTHY
+        ep.health.requiet()
         out.append(ep)
     return out
 

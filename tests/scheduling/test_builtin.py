@@ -125,6 +125,23 @@ EXPECTED: dict[str, set[str]] = {
         "sessionIdConfig",
         "skipWhenSaturated",
     },
+    # ours: the health penalty; its parameters are the health policy (docs/health.md)
+    "endpoint-health-scorer": {
+        "consecutive5xx",
+        "consecutiveGatewayFailure",
+        "baseEjectionTime",
+        "maxEjectionTime",
+        "maxEjectionPercent",
+        "healthyPanicThreshold",
+        "scrapeHangTime",
+        "scrapeSlowFactor",
+        "noHeadersTime",
+        "noHeadersFactor",
+        "latencyOutlierFactor",
+        "latencyMinSamples",
+        "basePenaltyTime",
+        "maxPenaltyTime",
+    },
     "session-affinity-scorer": {
         "algorithm",
         "headerName",

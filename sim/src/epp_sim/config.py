@@ -97,6 +97,8 @@ class Faults:
 
     metrics_delay_s: float = 0.0  # real seconds before /metrics answers
     metrics_status: int = 200  # non-200 makes /metrics fail with this status
+    metrics_stall: bool = False  # /metrics accepts the request and never answers (inference still does)
+    inference_stall: bool = False  # inference requests are accepted and never answered (/metrics still is)
     refuse_connections: bool = False  # close the listening socket: new connections are refused
     crashed: bool = False  # abort in-flight connections, stop listening, lose all engine state
     unhealthy: bool = False  # /health answers 503

@@ -20,6 +20,8 @@ from epp_sim.metrics import CONTENT_TYPE
 from epp_sim.sequence import RequestRejected, Seq
 from epp_sim.tokens import VOCAB, OutputStream, render_chat, token_ids
 
+STALL_CHECK_S: Final = 0.01  # how often a stalled request re-reads its stall fault
+
 if TYPE_CHECKING:
     from epp_sim.rank import Rank
 
@@ -92,6 +94,8 @@ class HttpApi:
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
             faults = self.rank.faults
+            if faults.inference_stall:
+                await self._stalled("inference_stall")
             if faults.error_rate > 0 and self._rng.random() < faults.error_rate:
                 await request.read()
                 return error_response(
@@ -674,12 +678,24 @@ class HttpApi:
 
     async def metrics(self, request: web.Request) -> web.Response:
         faults = self.rank.faults
+        if faults.metrics_stall:
+            await self._stalled("metrics_stall")
         if faults.metrics_delay_s > 0:
             await asyncio.sleep(faults.metrics_delay_s)  # a slow /metrics is the fault being simulated
         if faults.metrics_status != 200:
             return web.Response(status=faults.metrics_status, text="simulated /metrics failure")
         body = self.rank.renderer.render(self.rank.engine)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def _stalled(self, fault: str) -> None:
+        """Hold a request while the stall fault ``fault`` is set: accepted, never answered, as by a
+        hung process; once the fault is cleared the request goes on, as after SIGCONT.
+
+        The fault is a plain flag flipped by /sim/faults, so it is re-read every ``STALL_CHECK_S``.
+        """
+        faults = self.rank.faults
+        while getattr(faults, fault):  # noqa: ASYNC110 - a plain flag that rank.set_faults flips
+            await asyncio.sleep(STALL_CHECK_S)
 
     async def load_lora_adapter(self, request: web.Request) -> web.Response:
         if not self.rank.engine.config.enable_lora:

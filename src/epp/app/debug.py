@@ -46,12 +46,7 @@ def debug_state(app: App, cluster: Cluster | None) -> dict[str, Any]:
                     "cacheNumBlocks": m.cache_num_blocks,
                 },
                 "metricsAgeSeconds": round(now - m.update_time, 3) if m.update_time else None,
-                "health": {
-                    "available": h.available(now),
-                    "unreachable": h.unreachable,
-                    "ejectedForSeconds": round(max(0.0, h.ejected_until - now), 3),
-                    "ejections": h.ejections,
-                },
+                "health": {**h.debug_state(now), "unreachable": h.unreachable},  # docs/health.md
                 "scrape": None
                 if stats is None
                 else {

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from epp.datalayer.health import EndpointHealth
+from epp.health.state import EndpointHealth
 from epp.plugin.base import Plugin
 
 
@@ -92,7 +92,7 @@ class Endpoint:
         _set(self, "_listeners", ())
         self.metadata = metadata
         self.metrics = metrics
-        self.health = EndpointHealth()  # passive health: scrape reachability, 5xx ejections
+        self.health = EndpointHealth(metadata.name)  # every health signal about it goes here (epp.health)
 
     if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
 
@@ -183,14 +183,6 @@ def is_stale(metrics: Metrics, now: float, threshold: float) -> bool:
     """
     updated = metrics.update_time
     return updated == 0.0 or now - updated > threshold
-
-
-def fresh_or_all(endpoints: Sequence[Endpoint], now: float, threshold: float) -> Sequence[Endpoint]:
-    """The endpoints with fresh metrics, or all of them when none is fresh (fail open)."""
-    fresh = [ep for ep in endpoints if not is_stale(ep.metrics, now, threshold)]
-    if not fresh or len(fresh) == len(endpoints):
-        return endpoints
-    return fresh
 
 
 @runtime_checkable

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -24,6 +25,7 @@ from epp.datalayer.api import (
     SourceBinding,
 )
 from epp.errors import ConfigError
+from epp.health.state import SCRAPE_ERROR, SCRAPE_OK, SCRAPE_REFUSED, SCRAPE_TIMEOUT
 from epp.plugin.base import Lifecycle
 
 log = structlog.get_logger(__name__)
@@ -196,6 +198,7 @@ class DataLayerRuntime:
         self._running = False
         self._datastore.remove_observer(self)
         for lp in self._loops.values():
+            lp.endpoint.health.leave()  # no longer scraped: not a peer any more
             lp.task.cancel()
             self._stopping.add(lp.task)
         self._loops.clear()
@@ -220,6 +223,7 @@ class DataLayerRuntime:
     def endpoint_added(self, endpoint: Endpoint) -> None:
         if not self._running or endpoint in self._loops:
             return
+        endpoint.health.join()  # a peer in the health pool while it is scraped
         if self._polled:
             lp = _Loop(endpoint)
             lp.task = asyncio.get_running_loop().create_task(self._run(lp), name=f"datalayer:{endpoint.name}")
@@ -227,6 +231,7 @@ class DataLayerRuntime:
         self._notify(EndpointEvent("AddOrUpdate", endpoint))
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
+        endpoint.health.leave()
         lp = self._loops.pop(endpoint, None)
         if lp is not None:
             task = lp.task
@@ -293,11 +298,18 @@ class DataLayerRuntime:
                 stats.skipped += missed
 
     async def _tick(self, lp: _Loop, due: float) -> None:
-        """One round of polls; deadlines count from the tick's due time (saves a clock read)."""
+        """One round of polls; deadlines count from the tick's due time (saves a clock read).
+
+        The endpoint's health hears when the round starts and how its polls ended: a refused
+        connection, a timeout, or a scrape still in flight far longer than usual are its signals.
+        """
         stats = lp.stats
         endpoint = lp.endpoint
+        health = endpoint.health
         stats.ticks += 1
         errors: list[str] | None = None
+        outcome = SCRAPE_OK
+        health.scrape_started(time.monotonic())
         for polled in self._polled:
             lp.deadline = due + polled.timeout
             try:
@@ -307,12 +319,16 @@ class DataLayerRuntime:
                     raise
                 errors = errors or []
                 errors.append(f"{polled.label}: poll timed out after {polled.timeout:g}s")
+                if outcome != SCRAPE_REFUSED:
+                    outcome = SCRAPE_TIMEOUT
                 continue
             except Exception as e:
                 errors = errors or []
                 errors.append(f"{polled.label}: {e}")
-                if isinstance(e, ConnectionError):  # refused or reset: stop picking it now
-                    endpoint.health.scraped(False)
+                if isinstance(e, ConnectionError):  # refused or reset: nothing listens there
+                    outcome = SCRAPE_REFUSED
+                elif outcome == SCRAPE_OK:
+                    outcome = SCRAPE_ERROR
                 continue
             finally:
                 lp.deadline = _NEVER
@@ -322,9 +338,8 @@ class DataLayerRuntime:
                 except Exception as e:
                     errors = errors or []
                     errors.append(f"{ext.typed_name}: {e}")
+        health.scrape_ended(outcome, time.monotonic())
         if errors is None:
-            if endpoint.health.unreachable:
-                endpoint.health.scraped(True)
             if stats.failing:
                 stats.failing = False
                 stats.last_error = ""

@@ -44,11 +44,13 @@ def locate(
 def usable(endpoints: Sequence[Endpoint], now: float, staleness_threshold: float) -> Sequence[Endpoint]:
     """The candidates worth scheduling on, in one pass: fresh metrics first, then available.
 
-    Exactly ``available_or_all(fresh_or_all(endpoints, now, threshold), now)`` (without the
-    freshness step when ``staleness_threshold <= 0``): the endpoints with fresh metrics, or
-    all when none is; of those, the available ones (not unreachable, not ejected), or all of
-    those when none is.  Both steps fail open: routing somewhere beats refusing.  The common
-    case (everything fresh and available) returns ``endpoints`` itself, building no list.
+    Two steps, each failing open (routing somewhere beats refusing): the endpoints with fresh
+    metrics, or all when none is (no freshness step when ``staleness_threshold <= 0``); of
+    those, the ones their health makes available (``EndpointHealth.available``: not
+    unreachable, not ejected, not a probe already in flight), or all of those when none is or
+    when fewer than the policy's ``healthyPanicThreshold`` percent are (Envoy's panic mode).
+    Penalised endpoints stay: the ``endpoint-health-scorer`` scores them down.  The common case
+    (everything fresh and available) returns ``endpoints`` itself, building no list.
     """
     check = staleness_threshold > 0
     i = 0
@@ -77,7 +79,12 @@ def usable(endpoints: Sequence[Endpoint], now: float, staleness_threshold: float
         if ok:
             fresh_available.append(ep)
             available.append(ep)
-    # When the freshness step kept every endpoint (or, failing open, none was fresh), it is a no-op.
-    kept = available if not fresh or len(fresh) == len(endpoints) else fresh_available or fresh
+    pool: Sequence[Endpoint] = endpoints
+    kept: Sequence[Endpoint] = available
+    if fresh and len(fresh) != len(endpoints):  # the freshness step dropped some, not all
+        pool, kept = fresh, fresh_available
+    panic = endpoints[0].health.pool.policy.healthy_panic_threshold
+    if not kept or (panic and len(kept) * 100.0 < panic * len(pool)):
+        kept = pool  # fail open: every endpoint, or every fresh one
     # A subsequence as long as the input is the input: return it, as the two steps did.
-    return kept if kept and len(kept) != len(endpoints) else endpoints
+    return kept if len(kept) != len(endpoints) else endpoints

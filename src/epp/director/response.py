@@ -55,7 +55,8 @@ class ResponseSide:
         self._done_timers = tuple(
             (p, plugin_timer("ResponseStreaming", p)) for p in pipeline.response_complete
         )
-        # Whether a plugin reads response headers (else lean mode skips them too).
+        # Whether a plugin reads response headers (else lean mode skips them too: endpoint health
+        # then hears only the scrapes, and the stream's end, which comes right after routing).
         self.headers_needed = bool(pipeline.response_header)
         # Lifecycles started on / closed off this pipeline: a live reload stops the plugins
         # of a replaced pipeline once no request uses it any more.
@@ -80,7 +81,12 @@ class ResponseSide:
         )
 
     def request_sent(self, ctx: RequestContext) -> bool:
-        """The routing decision went out: count a scheduled request as running; True if counted."""
+        """The routing decision went out: count a scheduled request as running; True if counted.
+
+        Its endpoint's health starts waiting for the response headers.
+        """
+        if ctx.target is not None:
+            ctx.target.health.sent(time.monotonic())
         if ctx.result is not None and ctx.request.incoming_model:
             series.RUNNING_REQUESTS.labels(ctx.request.incoming_model).inc()
             return True
@@ -95,15 +101,9 @@ class ResponseSide:
             ctx.error_code = "ModelServerError"
             ctx.error_reason = f"model-server-{resp.status}"
         target = ctx.target
-        if target is not None and resp.status and target.health.response(resp.status, time.monotonic()):
-            h = target.health
-            log.warning(
-                "endpoint_ejected",
-                endpoint=target.name,
-                status=resp.status,
-                seconds=round(h.ejected_until - time.monotonic(), 1),
-                ejections=h.ejections,
-            )
+        if target is not None:  # health: a 5xx counts against it, any answer shows it is alive
+            now = time.monotonic()
+            target.health.headers(resp.status, now - ctx.request.received_at, now)
         resp.streaming = "text/event-stream" in headers.get("content-type", "")
         if ctx.result is not None:
             ctx.usage_parser = self._p.parser.usage_parser(headers)
@@ -119,7 +119,17 @@ class ResponseSide:
             resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id)
         if chunk:
             if not resp.first_chunk_at:
-                resp.first_chunk_at = time.monotonic()
+                now = resp.first_chunk_at = time.monotonic()
+                target = ctx.target
+                if target is not None:  # health: time to first token against the peers'
+                    m = target.metrics
+                    target.health.first_byte(
+                        now - ctx.request.received_at,
+                        m.waiting_queue_size,
+                        m.running_requests_size,
+                        resp.streaming,
+                        now,
+                    )
             resp.body_bytes += len(chunk)
             up = ctx.usage_parser
             if up is not None:
@@ -161,6 +171,10 @@ class ResponseSide:
     def finish(self, ctx: RequestContext, error: EppError | None, *, running: bool) -> None:
         """The request's last bookkeeping: the running gauge (if counted) and its error, once."""
         self.closed += 1
+        target = ctx.target
+        if target is not None:
+            resp = ctx.response
+            target.health.ended(resp is not None and resp.status != 0, time.monotonic())
         if error is not None and not ctx.error_code:
             ctx.error_code, ctx.error_reason = error.code, error.reason
         req = ctx.request

@@ -180,6 +180,8 @@ def trace_json(t: ProfileTrace) -> dict[str, Any]:
         ],
         "picker": t.picker,
         "picked": [ep.hostport for ep in t.picked],
+        # Candidates not healthy (epp.health) when the record is rendered, by address.
+        "health": {ep.hostport: ep.health.status.name.lower() for ep in t.candidates if ep.health.status},
         "error": t.error,
     }
 

@@ -51,13 +51,14 @@ def _table(run: Mapping[str, Any]) -> list[str]:
     filters: Sequence[Mapping[str, Any]] = run.get("filters", ())
     scorers: Sequence[Mapping[str, Any]] = run.get("scorers", ())
     scored = {e["address"]: e for e in run.get("endpoints", ())}
-    header = ["endpoint"]
+    health: Mapping[str, str] = run.get("health") or {}  # only when some candidate is not healthy
+    header = ["endpoint", *(["health"] if health else [])]
     header += [f["name"] for f in filters]
     header += [f"{s['name']} x{s['weight']:g}" for s in scorers]
     header += ["total", "pick"]
     rows = []
     for address in run.get("candidates", ()):
-        row = [address]
+        row = [address, *([health.get(address, "healthy")] if health else [])]
         alive = True
         for f in filters:
             if not alive:

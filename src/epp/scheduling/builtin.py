@@ -40,6 +40,7 @@ from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.active_request import ActiveRequestScorer
 from epp.scheduling.scorers.context_length_aware import ContextLengthAware
 from epp.scheduling.scorers.header_label_affinity import HeaderLabelAffinityScorer
+from epp.scheduling.scorers.health import EndpointHealthScorer
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.load_aware import LoadAwareScorer
@@ -98,4 +99,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     UtilizationFilter,
     HeaderLabelAffinityScorer,
     HeaderProfileHandler,
+    EndpointHealthScorer,
 )
