@@ -75,6 +75,6 @@ def test_every_relative_link_resolves(doc: Path) -> None:
 
 def test_the_check_sees_a_missing_path() -> None:
     """The matcher is not vacuous: a real path passes, an invented one does not."""
-    assert exists("datalayer/health.py")
+    assert exists("datalayer/engines.py")
     assert exists("deploy/kubernetes/crds/")
     assert not exists("datalayer/extractors/no_such_module.py")
