@@ -7,6 +7,7 @@ from typing import Final
 from epp.director.admitters.latency_slo import LatencySloAdmitter
 from epp.director.admitters.probabilistic import ProbabilisticAdmitter
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.director.producers.burst_prefix import BurstPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
 from epp.director.producers.precise_prefix import PrecisePrefixCacheProducer
 from epp.director.producers.predicted_latency import PredictedLatencyProducer
@@ -28,4 +29,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     ProbabilisticAdmitter,
     PrecisePrefixCacheProducer,
     SessionIdProducer,
+    BurstPrefixCacheProducer,
 )
