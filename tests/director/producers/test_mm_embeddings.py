@@ -19,6 +19,7 @@ from epp.datalayer.multimodal import ENCODER_CACHE_MATCH, EncoderCacheMatchInfo,
 from epp.datastore.store import Datastore
 from epp.director.director import Director
 from epp.director.producers.mm_embeddings import MmEmbeddingsCacheProducer, capacity_from_mb, media_items
+from epp.metrics.series import REGISTRY
 from epp.plugin.state import CycleState
 from epp.request import ApiKind, RequestBody
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
@@ -233,3 +234,33 @@ async def test_repeated_images_return_to_the_endpoint_that_encoded_them() -> Non
     for n in range(5):  # ties among 4 endpoints are broken at random: 5 hits by chance are 1 in 1024
         for url, home in homes.items():
             assert await route(url, f"question {n}") == home
+
+
+def sample(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_lookups_count_queries_and_hits_per_pod() -> None:
+    """metrics_test.go's TestRecordItemLookupsMetrics and TestRecordHitRatioMetrics."""
+    p = producer()
+    pod = make_endpoint(0)
+    labels = {"plugin_type": p.TYPE, "plugin_name": p.typed_name.name}
+    queries = {**labels, "modality": "image"}
+    hits = {**queries, "pod": pod.metadata.name}
+    q0, h0 = (
+        sample("llm_d_epp_encoder_cache_queries_total", queries),
+        sample("llm_d_epp_encoder_cache_hits_total", hits),
+    )
+    n0 = sample("llm_d_epp_encoder_cache_hit_ratio_count", labels)
+    s0 = sample("llm_d_epp_encoder_cache_hit_ratio_sum", labels)
+
+    p.match(CycleState(), (image("hash-1"), image("hash-2")), [pod])  # two misses
+    assert sample("llm_d_epp_encoder_cache_queries_total", queries) == q0 + 2
+    assert sample("llm_d_epp_encoder_cache_hits_total", hits) == h0
+
+    p.record(pod.metadata.name, [image("hash-1")])
+    p.match(CycleState(), (image("hash-1"), image("hash-3")), [pod])  # a hit and a miss
+    assert sample("llm_d_epp_encoder_cache_queries_total", queries) == q0 + 4
+    assert sample("llm_d_epp_encoder_cache_hits_total", hits) == h0 + 1
+    assert sample("llm_d_epp_encoder_cache_hit_ratio_count", labels) == n0 + 2  # one per endpoint and request
+    assert sample("llm_d_epp_encoder_cache_hit_ratio_sum", labels) == pytest.approx(s0 + 0.5)

@@ -34,6 +34,7 @@ from xxhash import xxh64_intdigest
 
 from epp.datalayer.api import Endpoint, EndpointEvent
 from epp.datalayer.multimodal import ENCODER_CACHE_MATCH, EncoderCacheMatchInfo, MatchItem
+from epp.metrics.encoder_cache import ENCODER_CACHE_HIT_RATIO, ENCODER_CACHE_HITS, ENCODER_CACHE_QUERIES
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
@@ -166,6 +167,7 @@ class MmEmbeddingsCacheProducer(PluginBase):
         self.caches: dict[str, OrderedDict[str, None]] = {}  # endpoint name -> LRU of item hashes
         self._live: set[str] = set()
         self._state_key: StateKey[tuple[MatchItem, ...]] = StateKey(f"{name}/{self.TYPE}")
+        self._hit_ratio = ENCODER_CACHE_HIT_RATIO.labels(self.TYPE, name)
 
     # DataProducer -----------------------------------------------------------------------
     async def prepare_request_data(
@@ -177,15 +179,28 @@ class MmEmbeddingsCacheProducer(PluginBase):
 
     def match(self, state: CycleState, items: tuple[MatchItem, ...], endpoints: Sequence[Endpoint]) -> None:
         """Publish each endpoint's match of ``items``; remember them for PreRequest."""
+        self.record_lookups(items)
         nothing = EncoderCacheMatchInfo((), items)  # shared by every endpoint holding none
         values: dict[Any, EncoderCacheMatchInfo] = {}
         caches = self.caches
+        observe = self._hit_ratio.observe
+        total = len(items)
         for ep in endpoints:
             cache = caches.get(ep.metadata.name)
             matched = tuple(i for i in items if i.hash in cache) if cache else ()
             values[ep] = EncoderCacheMatchInfo(matched, items) if matched else nothing
+            observe(len(matched) / total)
         state.set_attributes(ENCODER_CACHE_MATCH, values)
         state.put(self._state_key, items)
+
+    def record_lookups(self, items: Sequence[MatchItem]) -> None:
+        """Upstream's counters: a query per item, a hit per endpoint whose LRU holds it."""
+        name = self.typed_name.name
+        for item in items:
+            ENCODER_CACHE_QUERIES.labels(self.TYPE, name, item.modality).inc()
+            for pod, cache in self.caches.items():
+                if item.hash in cache:
+                    ENCODER_CACHE_HITS.labels(self.TYPE, name, pod, item.modality).inc()
 
     # PreRequest -------------------------------------------------------------------------
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
@@ -211,7 +226,7 @@ class MmEmbeddingsCacheProducer(PluginBase):
     def endpoint_added(self, endpoint: Endpoint) -> None:
         self._live.add(endpoint.metadata.name)
 
-    def endpoint_removed(self, endpoint: Endpoint) -> None:
+    def endpoint_removed(self, endpoint: Endpoint) -> None:  # its hit series stay, as upstream's
         self._live.discard(endpoint.metadata.name)
         self.caches.pop(endpoint.metadata.name, None)
 
