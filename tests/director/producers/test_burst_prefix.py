@@ -19,7 +19,12 @@ from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.datastore.store import Datastore
 from epp.director.director import Director
-from epp.director.producers.burst_prefix import BurstPrefixCacheProducer, block_hashes
+from epp.director.pipeline import DEFAULT_PRODUCER_TIMEOUT
+from epp.director.producers.burst_prefix import (
+    DIRECTOR_PRODUCER_BUDGET,
+    BurstPrefixCacheProducer,
+    block_hashes,
+)
 from epp.errors import ConfigError
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
@@ -92,6 +97,7 @@ def test_defaults_and_timeout() -> None:
     )  # fmt: skip
     assert p.produce_timeout() == pytest.approx(0.4)
     assert producer(maxPrefixTokensToMatch=640).max_blocks == 10
+    assert DIRECTOR_PRODUCER_BUDGET == DEFAULT_PRODUCER_TIMEOUT  # the budget the start-up warning names
 
 
 async def test_identical_prompt_burst_colocates() -> None:

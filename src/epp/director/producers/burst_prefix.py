@@ -36,7 +36,6 @@ from xxhash import xxh64_intdigest
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents.tokens import TOKENIZED_PROMPT
-from epp.director.pipeline import DEFAULT_PRODUCER_TIMEOUT
 from epp.director.prefix.hashing import AVERAGE_CHARS_PER_TOKEN, chain_hashes, prefix_seed, user_input_bytes
 from epp.director.producers.burst_assign import UNLIMITED, Entry, assign
 from epp.errors import ConfigError
@@ -50,6 +49,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_MAX_PREFIX_BLOCKS: Final = 2048
 MAX_WINDOW_MS: Final = 10000  # every request waits up to the window: a huge one would stall all
 PRODUCE_TIMEOUT_MARGIN: Final = 0.3  # seconds upstream adds to the window for its producer timeout
+# The director's one budget for all producers (epp.director.pipeline.DEFAULT_PRODUCER_TIMEOUT, which a
+# plugin may not import; a test keeps the two equal).
+DIRECTOR_PRODUCER_BUDGET: Final = 0.4
 
 
 class BurstPrefixParams(PluginParams):
@@ -159,12 +161,12 @@ class BurstPrefixCacheProducer(PluginBase):
         self.requests = 0
         self.steered = 0  # requests given an affinity
         self.rejected = 0  # requests refused by a full window
-        if self.produce_timeout() > DEFAULT_PRODUCER_TIMEOUT:
+        if self.produce_timeout() > DIRECTOR_PRODUCER_BUDGET:
             log.warning(
                 "burst_window_exceeds_producer_budget",
                 plugin=str(self.typed_name),
                 window_ms=params.window_duration_ms,
-                budget_seconds=DEFAULT_PRODUCER_TIMEOUT,
+                budget_seconds=DIRECTOR_PRODUCER_BUDGET,
                 effect="requests whose data producers run out of budget before the window seals "
                 "route without the burst's affinity",
             )
