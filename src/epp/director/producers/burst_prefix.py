@@ -3,7 +3,7 @@
 When many requests sharing a prompt arrive at once (an RL rollout step's ``n`` samples), every
 replica's cache is cold, a cache scorer scores them all 0 and load balancing scatters them: the
 shared prompt is prefilled on several replicas.  This producer holds each request for up to
-``windowDurationMs``, then places the whole window jointly (``burst_assign``) and publishes
+``windowDurationMs``, then places the whole window jointly (``epp.director.prefix.burst``) and publishes
 ``PREFIX_MATCH`` as a full match on the request's assigned replica and zero elsewhere, which
 ``prefix-cache-scorer`` (``prefixMatchInfoProducerName: burst-prefix-cache-producer``) scores.
 A request sharing nothing with the window, or with no prefix, gets zero everywhere.
@@ -36,8 +36,8 @@ from xxhash import xxh64_intdigest
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.datalayer.kvevents.tokens import TOKENIZED_PROMPT
+from epp.director.prefix.burst import UNLIMITED, Entry, assign
 from epp.director.prefix.hashing import AVERAGE_CHARS_PER_TOKEN, chain_hashes, prefix_seed, user_input_bytes
-from epp.director.producers.burst_assign import UNLIMITED, Entry, assign
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey

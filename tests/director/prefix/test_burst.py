@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from epp.datalayer.api import Endpoint
-from epp.director.producers.burst_assign import UNLIMITED, Entry, assign
+from epp.director.prefix.burst import UNLIMITED, Entry, assign
 from epp.testing.builders import make_endpoint
 
 
