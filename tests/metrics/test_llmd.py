@@ -165,6 +165,7 @@ def test_twins_cost_nothing_per_request() -> None:
     The only llm-d families registered are the ones GIE lacks (P/D decisions, per-stage
     saturation: epp.metrics.disagg), recorded once, never twinned."""
     importlib.import_module("epp.metrics.disagg")
+    importlib.import_module("epp.metrics.encoder_cache")
     registered = {f.name for f in series.REGISTRY.collect()}
     native = {n for n in registered if n.startswith("llm_d_")}
     assert native == {
@@ -173,6 +174,9 @@ def test_twins_cost_nothing_per_request() -> None:
         "llm_d_inference_scheduler_disagg_decision",
         "llm_d_inference_scheduler_pd_decision",
         "llm_d_epp_flow_control_pool_saturation",
+        "llm_d_epp_encoder_cache_queries",  # mm-embeddings-cache-producer's
+        "llm_d_epp_encoder_cache_hits",
+        "llm_d_epp_encoder_cache_hit_ratio",
     }
     assert not {t.name for t in TWINS.values()} & native
 

@@ -32,6 +32,7 @@ EXPECTED: dict[str, set[str]] = {
     "topology-affinity-scorer": {"topologyProducerName"},
     "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},
     "prefill-load-scorer": set(),  # ours, not GIE's
+    "mm-embeddings-cache-scorer": {"producerName"},
     # llm-d's name and config blocks, plus ours (docs/precise-prefix.md)
     "precise-prefix-cache-scorer": {
         "approximateWhenUnheld",  # ours

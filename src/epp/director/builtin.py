@@ -7,7 +7,9 @@ from typing import Final
 from epp.director.admitters.latency_slo import LatencySloAdmitter
 from epp.director.admitters.probabilistic import ProbabilisticAdmitter
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.director.producers.burst_prefix import BurstPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
+from epp.director.producers.mm_embeddings import MmEmbeddingsCacheProducer
 from epp.director.producers.precise_prefix import PrecisePrefixCacheProducer
 from epp.director.producers.predicted_latency import PredictedLatencyProducer
 from epp.director.producers.session_id import SessionIdProducer
@@ -28,4 +30,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     ProbabilisticAdmitter,
     PrecisePrefixCacheProducer,
     SessionIdProducer,
+    BurstPrefixCacheProducer,
+    MmEmbeddingsCacheProducer,
 )

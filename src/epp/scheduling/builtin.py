@@ -45,6 +45,7 @@ from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
 from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.load_aware import LoadAwareScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
+from epp.scheduling.scorers.mm_embeddings import MmEmbeddingsCacheScorer
 from epp.scheduling.scorers.no_hit_lru import NoHitLruScorer
 from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
@@ -100,4 +101,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     HeaderLabelAffinityScorer,
     HeaderProfileHandler,
     EndpointHealthScorer,
+    MmEmbeddingsCacheScorer,
 )

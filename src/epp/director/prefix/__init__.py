@@ -1,1 +1,2 @@
-"""Prefix-cache helpers shared by the prefix producers: block hashing and the approximate index."""
+"""Prefix-cache helpers shared by the prefix producers: block hashing, the approximate index, and
+the joint placement of a burst window (burst-prefix-cache-producer)."""
