@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import structlog
 
@@ -80,6 +81,28 @@ class _Polled:
     extractors: tuple[Extractor, ...]
     timeout: float
     label: str
+    every: int = 1  # poll on every n-th tick of the endpoint's loop (a source's own ``interval``)
+
+
+@runtime_checkable
+class HasPollInterval(Protocol):
+    """A polling source with its own scrape period (seconds; None: every tick)."""
+
+    @property
+    def poll_interval(self) -> float | None: ...
+
+
+def period_ticks(interval: float | None, base: float) -> int:
+    """Ticks of ``base`` seconds between a source's polls: llm-d-router's ``periodTicks``.
+
+    The nearest multiple, rounded half away from zero as Go's ``math.Round`` (125 ms over
+    50 ms is 3, where Python's ``round`` says 2), at least 1; no interval is every tick.
+    """
+    if base <= 0:
+        raise ValueError(f"base tick must be positive, got {base}")
+    if not interval or interval <= 0:
+        return 1
+    return max(1, math.floor(interval / base + 0.5))
 
 
 class DataLayerRuntime:
@@ -133,6 +156,7 @@ class DataLayerRuntime:
         gvks: dict[str, str] = {}
         for binding in bindings:
             self._wire(binding, default_timeout, gvks)
+        self._sparse = any(p.every > 1 for p in self._polled)  # some source skips ticks
         timeouts = [p.timeout for p in self._polled]
         self._watch_period = min(max(min(timeouts, default=1.0) / 4, 0.005), 0.25)
         self._watchdog_task: asyncio.Task[None] | None = None
@@ -156,7 +180,10 @@ class DataLayerRuntime:
             timeout = default_timeout
             if isinstance(source, HasPollTimeout) and source.poll_timeout:
                 timeout = source.poll_timeout
-            self._polled.append(_Polled(source, binding.extractors, timeout, label))
+            every = 1
+            if isinstance(source, HasPollInterval):
+                every = period_ticks(source.poll_interval, self._interval)
+            self._polled.append(_Polled(source, binding.extractors, timeout, label, every))
         elif isinstance(source, NotificationSource):
             gvk = getattr(source, "gvk", None)
             if gvk is not None:
@@ -306,11 +333,16 @@ class DataLayerRuntime:
         stats = lp.stats
         endpoint = lp.endpoint
         health = endpoint.health
+        nth = stats.ticks
         stats.ticks += 1
+        if self._sparse and all(nth % p.every for p in self._polled):
+            return  # no source is due on this tick: nothing polled, nothing for health to hear
         errors: list[str] | None = None
         outcome = SCRAPE_OK
         health.scrape_started(time.monotonic())
         for polled in self._polled:
+            if nth % polled.every:
+                continue
             lp.deadline = due + polled.timeout
             try:
                 data = await polled.source.poll(endpoint)
