@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -102,7 +101,9 @@ def period_ticks(interval: float | None, base: float) -> int:
         raise ValueError(f"base tick must be positive, got {base}")
     if not interval or interval <= 0:
         return 1
-    return max(1, math.floor(interval / base + 0.5))
+    # in whole nanoseconds, as Go's durations: 75 ms / 50 ms is 1.5 exactly, not 1.4999...
+    ns, base_ns = round(interval * 1e9), round(base * 1e9)
+    return max(1, (2 * ns + base_ns) // (2 * base_ns))
 
 
 class DataLayerRuntime:

@@ -1,0 +1,196 @@
+"""dcgm-data-source: parameters, where it scrapes, its interval, and a DCGM exporter page end to end.
+
+The exporter is a real HTTP server serving ``data/dcgm_exporter.txt``: a node of four H100s in
+dcgm-exporter's format and default counters, as a DaemonSet with ``DCGM_EXPORTER_KUBERNETES``
+reports it (GPUs 0-1 serve pod vllm-0 at 73 % and 81 %, GPU 2 pod vllm-1 at 40 %, GPU 3 is
+free and carries no pod labels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from epp.datalayer.api import EndpointMetadata, SourceBinding
+from epp.datalayer.extractors.dcgm import GPU_UTIL_METRIC, GPU_UTILIZATION_KEY, DCGMExtractor
+from epp.datalayer.runtime import DataLayerRuntime, period_ticks
+from epp.datalayer.sources.dcgm import DCGMDataSource, DCGMDataSourceParams
+from epp.datastore.store import Datastore
+from epp.plugin.state import CycleState
+from epp.scheduling.filters.endpoint_attribute import EndpointAttributeFilter
+from epp.scheduling.scorers.endpoint_attribute import EndpointAttributeScorer
+from epp.testing.builders import make_request
+from epp.testing.plugins import FakeHandle, build
+from epp.testing.waiting import until
+from tests.datalayer.conftest import DATA, make_endpoint
+
+DCGM_PAGE = (DATA / "dcgm_exporter.txt").read_bytes()
+UNROUTABLE = "10.255.255.1"  # a pod IP nothing answers on: a scrape that went there would fail
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "value"),
+    [
+        pytest.param({}, "scheme", "http", id="default-scheme"),
+        pytest.param({}, "path", "/metrics", id="default-path"),
+        pytest.param({}, "port", 9400, id="default-port"),
+        pytest.param({}, "insecure_skip_verify", True, id="default-insecure"),
+        pytest.param({}, "use_node_address", False, id="default-sidecar"),
+        pytest.param({}, "interval", None, id="default-every-tick"),
+        pytest.param({"interval": ""}, "interval", None, id="empty-interval"),
+        pytest.param({"interval": "1s"}, "interval", 1.0, id="interval"),
+        pytest.param(
+            {
+                "scheme": "https",
+                "path": "/gpu",
+                "port": 9500,
+                "insecureSkipVerify": False,
+                "useNodeAddress": True,
+            },
+            "port",
+            9500,
+            id="custom",
+        ),
+    ],
+)
+def test_params(params: dict[str, Any], field: str, value: Any) -> None:
+    """Upstream's parameters and defaults (datasource.go, datasource_test.go)."""
+    assert getattr(DCGMDataSourceParams.model_validate(params), field) == value
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        pytest.param({"scheme": "grpc"}, "unsupported scheme: grpc", id="scheme"),
+        pytest.param({"scheme": "http", "bogus": "value"}, "bogus\n  Extra inputs", id="unknown-field"),
+        pytest.param(
+            {"interval": "soon"}, 'interval\n  Value error, time: invalid duration "soon"', id="interval"
+        ),
+        pytest.param({"port": 70000}, "port\n", id="port"),
+    ],
+)
+def test_param_errors(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        DCGMDataSourceParams.model_validate(params)
+
+
+@pytest.mark.parametrize(
+    ("interval", "base", "ticks"),
+    [
+        (None, 0.05, 1),
+        (-1.0, 0.05, 1),
+        (0.05, 0.05, 1),
+        (1.0, 0.05, 20),
+        (5.0, 0.05, 100),
+        (0.075, 0.05, 2),
+        (0.13, 0.05, 3),
+        (0.12, 0.05, 2),
+        (0.025, 0.05, 1),
+        (0.125, 0.05, 3),  # half away from zero, as Go's math.Round
+    ],
+)
+def test_period_ticks(interval: float | None, base: float, ticks: int) -> None:
+    """llm-d-router's TestPeriodTicks (interval_dispatcher_test.go)."""
+    assert period_ticks(interval, base) == ticks
+
+
+def test_period_ticks_needs_a_base() -> None:
+    with pytest.raises(ValueError, match="base tick must be positive"):
+        period_ticks(1.0, 0)
+
+
+def _source(**params: Any) -> DCGMDataSource:
+    source = build(DCGMDataSource, "dcgm-source", **params)
+    source.bind([build(DCGMExtractor)])
+    return source
+
+
+async def test_sidecar_scrapes_the_pod_ip_on_the_exporter_port(servers: Callable[[int], Any]) -> None:
+    """Sidecar: pod IP and ``port``; only the GPU-utilization family is parsed."""
+    (exporter,) = await servers(1)
+    exporter.behaviour.body = DCGM_PAGE
+    source = _source(port=exporter.port, interval="1s")
+    assert source.poll_interval == 1.0
+    await source.start()
+    try:
+        fams = await source.poll(make_endpoint(port=1, metrics_port=2))
+        assert set(fams) == {GPU_UTIL_METRIC}
+        assert [s.value for s in fams[GPU_UTIL_METRIC]] == [73.0, 81.0, 40.0, 0.0]
+        port_zero = _source(port=0)  # 0: the endpoint's own metrics port
+        await port_zero.start()
+        try:
+            assert GPU_UTIL_METRIC in await port_zero.poll(make_endpoint(port=1, metrics_port=exporter.port))
+        finally:
+            await port_zero.stop()
+        assert exporter.behaviour.requests == 2
+    finally:
+        await source.stop()
+
+
+async def test_node_address_scrapes_the_node(servers: Callable[[int], Any]) -> None:
+    """DaemonSet: the node's IP, never the pod's; an endpoint without one is an error naming the field."""
+    (exporter,) = await servers(1)
+    exporter.behaviour.body = DCGM_PAGE
+    source = _source(port=exporter.port, useNodeAddress=True, timeout="2s")
+    await source.start()
+    try:
+        on_node = make_endpoint(address=UNROUTABLE, node_address="127.0.0.1", pod_name="vllm-0")
+        assert GPU_UTIL_METRIC in await source.poll(on_node)
+        with pytest.raises(ValueError, match=r"useNodeAddress: endpoint .* has no node address"):
+            await source.poll(make_endpoint(address=UNROUTABLE))
+    finally:
+        await source.stop()
+
+
+async def test_daemonset_page_routes_through_filter_and_scorer(servers: Callable[[int], Any]) -> None:
+    """The runtime scrapes one node exporter for two pods every ``interval``; the filter and scorer read it.
+
+    Base tick 10 ms, interval 50 ms: the exporter is asked once per five ticks per endpoint.
+    """
+    (exporter,) = await servers(1)
+    exporter.behaviour.body = DCGM_PAGE
+    source = build(DCGMDataSource, "dcgm-source", port=exporter.port, useNodeAddress=True, interval="50ms")
+    extractor = build(DCGMExtractor)
+    ds = Datastore()
+    for pod in ("vllm-0", "vllm-1"):
+        ds.upsert(
+            EndpointMetadata(
+                name=f"llm-d/{pod}-rank-0",
+                address=UNROUTABLE,
+                port=8000,
+                pod_name=pod,
+                node_address="127.0.0.1",
+            )
+        )
+    eps = list(ds.endpoints())
+    values = extractor.scalar_values(GPU_UTILIZATION_KEY)
+    assert values is not None
+    async with DataLayerRuntime(ds, [SourceBinding(source, (extractor,))], refresh_interval=0.01) as runtime:
+        await until(lambda: all(ep in values for ep in eps), what="both pods' GPU utilization")
+        await until(lambda: all((s := runtime.stats(ep)) is not None and s.ticks >= 40 for ep in eps))
+        ticks = sum(s.ticks for ep in eps if (s := runtime.stats(ep)) is not None)
+        asked = exporter.behaviour.requests
+    assert [values[ep] for ep in eps] == [pytest.approx(0.81), pytest.approx(0.40)]
+    assert ticks / 5 - 2 <= asked <= ticks / 5 + 2
+
+    handle = FakeHandle([extractor])
+    f = build(
+        EndpointAttributeFilter,
+        handle=handle,
+        attribute=GPU_UTILIZATION_KEY,
+        algorithm={"type": "threshold", "threshold": {"operator": "LessThanOrEqual", "value": 0.5}},
+    )
+    scorer = build(
+        EndpointAttributeScorer,
+        handle=handle,
+        attributeKey=GPU_UTILIZATION_KEY,
+        algorithm={
+            "type": "linear_lower_is_better",
+            "normalization": {"fixedRange": {"min": 0.0, "max": 1.0}},
+        },
+    )
+    assert list(f.filter(CycleState(), make_request(), eps)) == [eps[1]]
+    assert list(scorer.score(CycleState(), make_request(), eps)) == [pytest.approx(0.19), pytest.approx(0.60)]
