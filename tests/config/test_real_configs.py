@@ -36,9 +36,10 @@ REFUSED: dict[str, str] = {
     "llmd-router-v0.10.0--epp-burst-prefix-cache-config.yaml": "plugin type 'burst-prefix-cache-producer' is not registered",
     "llmd-router-v0.10.0--epp-mm-embeddings-cache-config.yaml": "plugin type 'mm-embeddings-cache-producer' is not "
     "registered",
-    # llm-d v0.5's kvcache-aware scorer took its parameters flat (mode, tokenProcessorConfig, ...); the
-    # error names each field, and the scorer's current nesting is in docs/precise-prefix.md
-    "llmd-router-v0.5.0--sim-epp-kvcache-config.yaml": "plugins[0].parameters.mode",
+    # llm-d <= v0.2's prefix-cache-scorer `mode: cache_tracking` loads as precise-prefix-cache-scorer
+    # (config/compat_modes.py); then, as v0.7.0's below, its tokenizer is not in this environment
+    # (tests/config/test_compat_modes.py loads and routes it with one)
+    "llmd-router-v0.5.0--sim-epp-kvcache-config.yaml": "indexerConfig.tokenizersPoolConfig: no tokenizer.json",
     # the tokenizer is read from the pod's cache directory, never downloaded: the file is not in this test's
     # environment, and the error names the field and the paths searched
     "llmd-router-v0.7.0--sim-epp-kvcache-config.yaml": "indexerConfig.tokenizersPoolConfig: no tokenizer.json",
