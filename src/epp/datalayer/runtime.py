@@ -81,6 +81,7 @@ class _Polled:
     timeout: float
     label: str
     every: int = 1  # poll on every n-th tick of the endpoint's loop (a source's own ``interval``)
+    health: bool = True  # its outcome is a health signal of the endpoint (see ``HEALTH_SIGNAL``)
 
 
 @runtime_checkable
@@ -127,6 +128,11 @@ class DataLayerRuntime:
     most and its loop never overlaps itself.  A failing endpoint only affects its own
     loop; errors are logged on ok→failing and failing→ok transitions, not per tick.
 
+    A source with its own ``poll_interval`` (``HasPollInterval``) is polled on every n-th
+    tick only (``period_ticks``); a tick where no source is due does nothing.  A source whose
+    class sets ``HEALTH_SIGNAL = False`` (a GPU exporter beside or under the model server) is
+    polled first and its outcome is not told to the endpoint's health.
+
     Notification sources are bound once: endpoint events go to sources that take them
     (``EndpointEventSink``), Kubernetes sources are exposed via ``k8s_sources`` for the
     Kubernetes layer to feed.
@@ -157,6 +163,9 @@ class DataLayerRuntime:
         gvks: dict[str, str] = {}
         for binding in bindings:
             self._wire(binding, default_timeout, gvks)
+        # Sources whose outcome says nothing of the model server (a node's GPU exporter) poll
+        # first, so the health signal's scrape duration is the model server's alone.
+        self._polled.sort(key=lambda p: p.health)
         self._sparse = any(p.every > 1 for p in self._polled)  # some source skips ticks
         timeouts = [p.timeout for p in self._polled]
         self._watch_period = min(max(min(timeouts, default=1.0) / 4, 0.005), 0.25)
@@ -184,7 +193,8 @@ class DataLayerRuntime:
             every = 1
             if isinstance(source, HasPollInterval):
                 every = period_ticks(source.poll_interval, self._interval)
-            self._polled.append(_Polled(source, binding.extractors, timeout, label, every))
+            signal = getattr(source, "HEALTH_SIGNAL", True) is not False
+            self._polled.append(_Polled(source, binding.extractors, timeout, label, every, signal))
         elif isinstance(source, NotificationSource):
             gvk = getattr(source, "gvk", None)
             if gvk is not None:
@@ -340,10 +350,13 @@ class DataLayerRuntime:
             return  # no source is due on this tick: nothing polled, nothing for health to hear
         errors: list[str] | None = None
         outcome = SCRAPE_OK
-        health.scrape_started(time.monotonic())
+        heard = False  # a source whose outcome is a health signal polled
         for polled in self._polled:
             if nth % polled.every:
                 continue
+            if polled.health and not heard:
+                heard = True
+                health.scrape_started(time.monotonic())
             lp.deadline = due + polled.timeout
             try:
                 data = await polled.source.poll(endpoint)
@@ -352,13 +365,15 @@ class DataLayerRuntime:
                     raise
                 errors = errors or []
                 errors.append(f"{polled.label}: poll timed out after {polled.timeout:g}s")
-                if outcome != SCRAPE_REFUSED:
+                if polled.health and outcome != SCRAPE_REFUSED:
                     outcome = SCRAPE_TIMEOUT
                 continue
             except Exception as e:
                 errors = errors or []
                 errors.append(f"{polled.label}: {e}")
-                if isinstance(e, ConnectionError):  # refused or reset: nothing listens there
+                if not polled.health:
+                    pass
+                elif isinstance(e, ConnectionError):  # refused or reset: nothing listens there
                     outcome = SCRAPE_REFUSED
                 elif outcome == SCRAPE_OK:
                     outcome = SCRAPE_ERROR
@@ -371,7 +386,8 @@ class DataLayerRuntime:
                 except Exception as e:
                     errors = errors or []
                     errors.append(f"{ext.typed_name}: {e}")
-        health.scrape_ended(outcome, time.monotonic())
+        if heard:
+            health.scrape_ended(outcome, time.monotonic())
         if errors is None:
             if stats.failing:
                 stats.failing = False

@@ -19,13 +19,14 @@ from epp.datalayer.extractors.dcgm import GPU_UTIL_METRIC, GPU_UTILIZATION_KEY, 
 from epp.datalayer.runtime import DataLayerRuntime, period_ticks
 from epp.datalayer.sources.dcgm import DCGMDataSource, DCGMDataSourceParams
 from epp.datastore.store import Datastore
+from epp.health import Status
 from epp.plugin.state import CycleState
 from epp.scheduling.filters.endpoint_attribute import EndpointAttributeFilter
 from epp.scheduling.scorers.endpoint_attribute import EndpointAttributeScorer
 from epp.testing.builders import make_request
 from epp.testing.plugins import FakeHandle, build
 from epp.testing.waiting import until
-from tests.datalayer.conftest import DATA, make_endpoint
+from tests.datalayer.conftest import DATA, make_endpoint, make_extractor, make_source
 
 DCGM_PAGE = (DATA / "dcgm_exporter.txt").read_bytes()
 UNROUTABLE = "10.255.255.1"  # a pod IP nothing answers on: a scrape that went there would fail
@@ -194,3 +195,35 @@ async def test_daemonset_page_routes_through_filter_and_scorer(servers: Callable
     )
     assert list(f.filter(CycleState(), make_request(), eps)) == [eps[1]]
     assert list(scorer.score(CycleState(), make_request(), eps)) == [pytest.approx(0.19), pytest.approx(0.60)]
+
+
+async def test_a_down_exporter_is_no_endpoint_health_signal(servers: Callable[[int], Any]) -> None:
+    """Refused DCGM polls are data errors only: the model server, scraped fine, stays healthy and reachable."""
+    model_server, exporter = await servers(2)
+    gone = exporter.port
+    await exporter.stop()
+    dcgm = build(DCGMDataSource, "dcgm-source", port=gone)
+    bindings = [
+        SourceBinding(make_source(), (make_extractor(),)),
+        SourceBinding(dcgm, (build(DCGMExtractor),)),
+    ]
+    ds = Datastore()
+    async with DataLayerRuntime(ds, bindings, refresh_interval=0.01) as runtime:
+        ep = ds.upsert(EndpointMetadata(name="pod-0", address="127.0.0.1", port=model_server.port))
+        await until(lambda: (s := runtime.stats(ep)) is not None and s.failures >= 5)
+        stats = runtime.stats(ep)
+        assert stats is not None
+        assert "dcgm-source" in stats.last_error
+        assert ep.metrics.update_time > 0
+        assert not ep.health.unreachable
+        assert ep.health.status is Status.HEALTHY
+        assert ep.health.scrape_usual > 0  # the model server's scrapes are what health heard
+    dcgm_only = build(DCGMDataSource, "dcgm-source", port=gone)
+    ds = Datastore()
+    async with DataLayerRuntime(
+        ds, [SourceBinding(dcgm_only, (build(DCGMExtractor),))], refresh_interval=0.01
+    ) as rt:
+        ep = ds.upsert(EndpointMetadata(name="pod-1", address="127.0.0.1", port=model_server.port))
+        await until(lambda: (s := rt.stats(ep)) is not None and s.failures >= 5)
+        assert not ep.health.unreachable
+        assert ep.health.scrape_usual == 0

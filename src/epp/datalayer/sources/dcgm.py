@@ -45,6 +45,9 @@ class DCGMDataSource(MetricsDataSource):
     TYPE: ClassVar[str] = SOURCE_TYPE
     PARAMS: ClassVar[type[PluginParams]] = DCGMDataSourceParams
     OUTPUT: ClassVar[type[MetricFamilies]] = MetricFamilies
+    # A GPU exporter that is down (a node's DaemonSet pod restarting) says nothing of the model
+    # servers: its polls' outcomes are no endpoint-health signal, unlike a metrics scrape's.
+    HEALTH_SIGNAL: ClassVar[bool] = False
 
     def __init__(self, name: str, params: PluginParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
