@@ -11,14 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 from pydantic import ValidationError
 
+from epp.admission.shedding import AlwaysAdmit
+from epp.app.build import build as build_components
+from epp.app.registry import default_registry
+from epp.config.load import load_config
 from epp.datalayer.api import EndpointMetadata, SourceBinding
 from epp.datalayer.extractors.dcgm import GPU_UTIL_METRIC, GPU_UTILIZATION_KEY, DCGMExtractor
 from epp.datalayer.runtime import DataLayerRuntime, period_ticks
 from epp.datalayer.sources.dcgm import DCGMDataSource, DCGMDataSourceParams
 from epp.datastore.store import Datastore
+from epp.director.director import Director
 from epp.health import Status
 from epp.plugin.state import CycleState
 from epp.scheduling.filters.endpoint_attribute import EndpointAttributeFilter
@@ -26,6 +32,7 @@ from epp.scheduling.scorers.endpoint_attribute import EndpointAttributeScorer
 from epp.testing.builders import make_request
 from epp.testing.plugins import FakeHandle, build
 from epp.testing.waiting import until
+from tests.config.test_real_configs import CORPUS
 from tests.datalayer.conftest import DATA, make_endpoint, make_extractor, make_source
 
 DCGM_PAGE = (DATA / "dcgm_exporter.txt").read_bytes()
@@ -227,3 +234,37 @@ async def test_a_down_exporter_is_no_endpoint_health_signal(servers: Callable[[i
         await until(lambda: (s := rt.stats(ep)) is not None and s.failures >= 5)
         assert not ep.health.unreachable
         assert ep.health.scrape_usual == 0
+
+
+async def test_llmd_gpu_config_routes_to_the_less_busy_gpu(servers: Callable[[int], Any]) -> None:
+    """llm-d-router v0.10.0's sim-epp-gpu-config.yaml, unchanged but for the exporter's port: built,
+    its data layer scraping the exporter page (and, for kv-cache-utilization-scorer, the model
+    servers' equal vLLM pages), a request goes to the pod whose GPUs are less busy."""
+    exporter, busy, idle = await servers(3)
+    exporter.behaviour.body = DCGM_PAGE
+    text = (CORPUS / "llmd-router-v0.10.0--sim-epp-gpu-config.yaml").read_text()
+    assert "port: 9400" in text
+    components = build_components(
+        load_config(text.replace("port: 9400", f"port: {exporter.port}")), default_registry()
+    )
+    (binding,) = [b for b in components.data_sources if isinstance(b.source, DCGMDataSource)]
+    assert binding.source.poll_interval == 1.0
+    (extractor,) = binding.extractors
+    assert isinstance(extractor, DCGMExtractor)
+    values = extractor.scalar_values(GPU_UTILIZATION_KEY)
+    assert values is not None
+    ds = Datastore()
+    eps = [
+        ds.upsert(EndpointMetadata(name=f"llm-d/{pod}-rank-0", address="127.0.0.1", port=port, pod_name=pod))
+        for pod, port in (("vllm-0", busy.port), ("vllm-1", idle.port))
+    ]
+    director = Director(
+        ds, components.request_control.pipeline(scheduler=components.scheduler, admission=AlwaysAdmit())
+    )
+    async with DataLayerRuntime(ds, components.data_sources, refresh_interval=0.02):
+        await until(lambda: all(ep in values for ep in eps), what="both pods' GPU utilization")
+        await until(lambda: all(ep.metrics.update_time > 0 for ep in eps), what="both pods' metrics")
+        body = orjson.dumps({"model": "m", "prompt": "route me", "max_tokens": 5})
+        decision = await director.start({}, {}).route(body)
+    assert decision.destination.split(",")[0] == f"127.0.0.1:{idle.port}"  # vllm-1: 40 % against 81 %
+    assert all(ep.metrics.update_time > 0 for ep in eps)
