@@ -248,7 +248,7 @@ async def test_llmd_gpu_config_routes_to_the_less_busy_gpu(servers: Callable[[in
         load_config(text.replace("port: 9400", f"port: {exporter.port}")), default_registry()
     )
     (binding,) = [b for b in components.data_sources if isinstance(b.source, DCGMDataSource)]
-    assert binding.source.poll_interval == 1.0
+    assert isinstance(binding.source, DCGMDataSource) and binding.source.poll_interval == 1.0
     (extractor,) = binding.extractors
     assert isinstance(extractor, DCGMExtractor)
     values = extractor.scalar_values(GPU_UTILIZATION_KEY)
