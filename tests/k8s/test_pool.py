@@ -205,3 +205,14 @@ def test_pod_labels_reach_endpoints_for_the_pd_role_filters() -> None:
     pool = pool_from_object(inference_pool(ports=(8000, 8001)))
     labels = {"app": "vllm", "llm-d.ai/role": "prefill"}
     assert [m.labels for m in pod_endpoints(pod("p1", labels=labels), pool)] == [labels, labels]
+
+
+def test_node_address_is_the_pods_host_ip() -> None:
+    """``status.hostIP`` is where a node-level exporter (dcgm-data-source ``useNodeAddress``) listens."""
+    info = pool_from_object(inference_pool())
+    on_node = pod("p1")
+    on_node["status"]["hostIP"] = "192.168.0.4"
+    (md,) = pod_endpoints(on_node, info)
+    assert (md.address, md.node_address) == ("10.0.0.1", "192.168.0.4")
+    (unknown,) = pod_endpoints(pod("p2"), info)
+    assert unknown.node_address == ""

@@ -33,6 +33,8 @@ EXPECTED: dict[str, set[str]] = {
     "no-hit-lru-scorer": {"prefixPluginType", "prefixPluginName", "lruSize", "prefixMatchInfoProducerName"},
     "prefill-load-scorer": set(),  # ours, not GIE's
     "mm-embeddings-cache-scorer": {"producerName"},
+    "endpoint-attribute-filter": {"attribute", "producer", "onMissing", "fallbackOnEmpty", "algorithm"},
+    "endpoint-attribute-scorer": {"attributeKey", "producer", "algorithm"},
     # llm-d's name and config blocks, plus ours (docs/precise-prefix.md)
     "precise-prefix-cache-scorer": {
         "approximateWhenUnheld",  # ours
@@ -164,6 +166,11 @@ REQUIRED_PARAMETERS: dict[str, dict[str, object]] = {
     "by-label": {"label": "x", "allowsNoLabel": True},
     "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 0}]},
     "header-label-affinity-scorer": {"headerName": "x-tier", "labelKey": "tier"},
+    "endpoint-attribute-filter": {
+        "attribute": "a",
+        "algorithm": {"type": "threshold", "threshold": {"operator": "Equal", "value": 0}},
+    },
+    "endpoint-attribute-scorer": {"attributeKey": "a", "algorithm": {"type": "linear_lower_is_better"}},
 }
 
 # Other concepts' plugins share the flow-control and director tuples; keep only these.

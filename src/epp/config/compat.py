@@ -15,6 +15,8 @@ replacement) instead of refused, so a config written for the Go EPP loads unchan
   at least ``threshold``; always when ``threshold`` is 0).  A ``prefix-based-pd-decider`` with
   ``nonCachedTokens = ceil(threshold / 4)`` (or an ``always-disagg-pd-decider``) is added and named.
 
+* llm-d <= v0.2's ``prefix-cache-scorer`` with ``mode`` (``cache_tracking`` is today's
+  ``precise-prefix-cache-scorer``): ``config/compat_modes.py``.
 * ``disagg-profile-handler``'s deprecated flat parameters (``decodeProfile``, ``prefillProfile``,
   ``encodeProfile``, ``prefillDeciderPluginName``, ``encodeDeciderPluginName``,
   ``deciderPluginName``), which llm-d-router still reads: nested into ``profiles`` / ``deciders``.
@@ -44,6 +46,7 @@ from typing import Any, Final
 
 import structlog
 
+from epp.config.compat_modes import prefix_scorer_modes
 from epp.config.schema import EndpointPickerConfig, PluginSpec
 from epp.errors import ConfigError
 
@@ -319,6 +322,7 @@ def upgrade(cfg: EndpointPickerConfig) -> EndpointPickerConfig:
     """``cfg`` with older upstream forms rewritten (module doc); the same object when none apply."""
     plugins = list(cfg.plugins)
     _removed_types(plugins)
+    prefix_scorer_modes(plugins)
     _prefix_scorers(plugins)
     _pd_handlers(plugins)
     _disagg_flat(plugins)

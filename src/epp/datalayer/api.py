@@ -28,6 +28,7 @@ class EndpointMetadata:
     metrics_port: int = 0  # 0: scrape the serving port
     labels: Mapping[str, str] = field(default_factory=dict)
     hostport: str = ""  # "ip:port" for the destination header; derived when empty
+    node_address: str = ""  # the node's IP (a pod's hostIP), for node-level exporters; "" unknown
 
     def __post_init__(self) -> None:
         if not self.hostport:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Final
 
 from epp.datalayer.extractors.core_metrics import CoreMetricsExtractor
+from epp.datalayer.extractors.dcgm import DCGMExtractor
 from epp.datalayer.extractors.topology import TopologyExtractor
+from epp.datalayer.sources.dcgm import DCGMDataSource
 from epp.datalayer.sources.kv_events import KVEventsSource
 from epp.datalayer.sources.metrics_http import MetricsDataSource
 from epp.datalayer.sources.notifications import EndpointNotificationSource, K8sNotificationSource
@@ -18,4 +20,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     K8sNotificationSource,
     KVEventsSource,
     TopologyExtractor,
+    DCGMDataSource,
+    DCGMExtractor,
 )

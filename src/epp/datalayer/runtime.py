@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import structlog
 
@@ -80,6 +80,31 @@ class _Polled:
     extractors: tuple[Extractor, ...]
     timeout: float
     label: str
+    every: int = 1  # poll on every n-th tick of the endpoint's loop (a source's own ``interval``)
+    health: bool = True  # its outcome is a health signal of the endpoint (see ``HEALTH_SIGNAL``)
+
+
+@runtime_checkable
+class HasPollInterval(Protocol):
+    """A polling source with its own scrape period (seconds; None: every tick)."""
+
+    @property
+    def poll_interval(self) -> float | None: ...
+
+
+def period_ticks(interval: float | None, base: float) -> int:
+    """Ticks of ``base`` seconds between a source's polls: llm-d-router's ``periodTicks``.
+
+    The nearest multiple, rounded half away from zero as Go's ``math.Round`` (125 ms over
+    50 ms is 3, where Python's ``round`` says 2), at least 1; no interval is every tick.
+    """
+    if base <= 0:
+        raise ValueError(f"base tick must be positive, got {base}")
+    if not interval or interval <= 0:
+        return 1
+    # in whole nanoseconds, as Go's durations: 75 ms / 50 ms is 1.5 exactly, not 1.4999...
+    ns, base_ns = round(interval * 1e9), round(base * 1e9)
+    return max(1, (2 * ns + base_ns) // (2 * base_ns))
 
 
 class DataLayerRuntime:
@@ -102,6 +127,11 @@ class DataLayerRuntime:
     the missed ticks instead of queueing them, so a slow server is polled back-to-back at
     most and its loop never overlaps itself.  A failing endpoint only affects its own
     loop; errors are logged on ok→failing and failing→ok transitions, not per tick.
+
+    A source with its own ``poll_interval`` (``HasPollInterval``) is polled on every n-th
+    tick only (``period_ticks``); a tick where no source is due does nothing.  A source whose
+    class sets ``HEALTH_SIGNAL = False`` (a GPU exporter beside or under the model server) is
+    polled first and its outcome is not told to the endpoint's health.
 
     Notification sources are bound once: endpoint events go to sources that take them
     (``EndpointEventSink``), Kubernetes sources are exposed via ``k8s_sources`` for the
@@ -133,6 +163,10 @@ class DataLayerRuntime:
         gvks: dict[str, str] = {}
         for binding in bindings:
             self._wire(binding, default_timeout, gvks)
+        # Sources whose outcome says nothing of the model server (a node's GPU exporter) poll
+        # first, so the health signal's scrape duration is the model server's alone.
+        self._polled.sort(key=lambda p: p.health)
+        self._sparse = any(p.every > 1 for p in self._polled)  # some source skips ticks
         timeouts = [p.timeout for p in self._polled]
         self._watch_period = min(max(min(timeouts, default=1.0) / 4, 0.005), 0.25)
         self._watchdog_task: asyncio.Task[None] | None = None
@@ -156,7 +190,11 @@ class DataLayerRuntime:
             timeout = default_timeout
             if isinstance(source, HasPollTimeout) and source.poll_timeout:
                 timeout = source.poll_timeout
-            self._polled.append(_Polled(source, binding.extractors, timeout, label))
+            every = 1
+            if isinstance(source, HasPollInterval):
+                every = period_ticks(source.poll_interval, self._interval)
+            signal = getattr(source, "HEALTH_SIGNAL", True) is not False
+            self._polled.append(_Polled(source, binding.extractors, timeout, label, every, signal))
         elif isinstance(source, NotificationSource):
             gvk = getattr(source, "gvk", None)
             if gvk is not None:
@@ -306,11 +344,19 @@ class DataLayerRuntime:
         stats = lp.stats
         endpoint = lp.endpoint
         health = endpoint.health
+        nth = stats.ticks
         stats.ticks += 1
+        if self._sparse and all(nth % p.every for p in self._polled):
+            return  # no source is due on this tick: nothing polled, nothing for health to hear
         errors: list[str] | None = None
         outcome = SCRAPE_OK
-        health.scrape_started(time.monotonic())
+        heard = False  # a source whose outcome is a health signal polled
         for polled in self._polled:
+            if nth % polled.every:
+                continue
+            if polled.health and not heard:
+                heard = True
+                health.scrape_started(time.monotonic())
             lp.deadline = due + polled.timeout
             try:
                 data = await polled.source.poll(endpoint)
@@ -319,13 +365,15 @@ class DataLayerRuntime:
                     raise
                 errors = errors or []
                 errors.append(f"{polled.label}: poll timed out after {polled.timeout:g}s")
-                if outcome != SCRAPE_REFUSED:
+                if polled.health and outcome != SCRAPE_REFUSED:
                     outcome = SCRAPE_TIMEOUT
                 continue
             except Exception as e:
                 errors = errors or []
                 errors.append(f"{polled.label}: {e}")
-                if isinstance(e, ConnectionError):  # refused or reset: nothing listens there
+                if not polled.health:
+                    pass
+                elif isinstance(e, ConnectionError):  # refused or reset: nothing listens there
                     outcome = SCRAPE_REFUSED
                 elif outcome == SCRAPE_OK:
                     outcome = SCRAPE_ERROR
@@ -338,7 +386,8 @@ class DataLayerRuntime:
                 except Exception as e:
                     errors = errors or []
                     errors.append(f"{ext.typed_name}: {e}")
-        health.scrape_ended(outcome, time.monotonic())
+        if heard:
+            health.scrape_ended(outcome, time.monotonic())
         if errors is None:
             if stats.failing:
                 stats.failing = False

@@ -108,7 +108,8 @@ def pod_endpoints(pod: Obj, pool: PoolInfo, metrics_port_flag: int = 0) -> list[
     labels = meta.get("labels") or {}
     if not matches(pool.selector, labels) or not _ready(pod):
         return []
-    ip = str((pod.get("status") or {}).get("podIP"))
+    status = pod.get("status") or {}
+    ip = str(status.get("podIP"))
     name = str(meta.get("name", ""))
     active = set(_active_ports(pod, pool.target_ports))
     metrics_port = metrics_port_flag if metrics_port_flag > 0 and len(pool.target_ports) == 1 else 0
@@ -121,6 +122,7 @@ def pod_endpoints(pod: Obj, pool: PoolInfo, metrics_port_flag: int = 0) -> list[
             namespace=str(meta.get("namespace", "")),
             metrics_port=metrics_port,
             labels=dict(labels),
+            node_address=str(status.get("hostIP") or ""),
         )
         for i, port in enumerate(pool.target_ports)
         if port in active

@@ -13,6 +13,7 @@ from epp.scheduling.filters.by_label import (
     LabelSelectorFilter,
     PrefillFilter,
 )
+from epp.scheduling.filters.endpoint_attribute import EndpointAttributeFilter
 from epp.scheduling.filters.header_testing import HeaderBasedTestingFilter
 from epp.scheduling.filters.peer import ExcludePeerFilter
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
@@ -39,6 +40,7 @@ from epp.scheduling.profiles.header_profile import HeaderProfileHandler
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scorers.active_request import ActiveRequestScorer
 from epp.scheduling.scorers.context_length_aware import ContextLengthAware
+from epp.scheduling.scorers.endpoint_attribute import EndpointAttributeScorer
 from epp.scheduling.scorers.header_label_affinity import HeaderLabelAffinityScorer
 from epp.scheduling.scorers.health import EndpointHealthScorer
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
@@ -102,4 +104,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     HeaderProfileHandler,
     EndpointHealthScorer,
     MmEmbeddingsCacheScorer,
+    EndpointAttributeFilter,
+    EndpointAttributeScorer,
 )
