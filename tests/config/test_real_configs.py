@@ -53,8 +53,6 @@ REFUSED: dict[str, str] = {
     "references undefined plugin 'active-request-scorer'",
     # in-flight eviction, a flow-control feature this EPP does not have
     "llmd-guides--batch-flow-control.yaml": "flowControl.enableEviction",
-    # agent-identity sets the fairness id in a request-header hook that runs before flow control,
-    # a hook this EPP's director does not have yet
     # not built yet (docs/compatibility.md says why)
     "gie-v1.4.0--chart-latency-predictor.yaml": "plugins[3].type: plugin type 'predicted-latency-scorer' was "
     "removed in GIE 1.5: declare predicted-latency-producer",
