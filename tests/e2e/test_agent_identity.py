@@ -30,7 +30,7 @@ def dispatched_by_fairness_id(metrics: str) -> Counter[str]:
 
 
 async def test_agent_sessions_get_their_own_fairness_flows(tmp_path: pathlib.Path) -> None:
-    sends = (
+    sends: tuple[dict[str, str], ...] = (
         {"x-claude-code-session-id": "claude-1"},  # Claude Code
         {"x-claude-code-session-id": "claude-1"},  # its next turn: the same flow
         {"x-session-affinity": "opencode-1"},  # OpenCode
