@@ -7,11 +7,11 @@ config order (the order of ``plugins:``), unlike Go, which uses map order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Final, Protocol, runtime_checkable
 
 from epp.datalayer.api import Endpoint
 from epp.plugin.base import Plugin
-from epp.plugin.keys import AttributeKey
+from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
@@ -22,6 +22,25 @@ class Consumer(Protocol):
     """Anything (producer, filter, scorer) that reads per-endpoint attributes."""
 
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]]
+
+
+# The request's agent identity (llm-d-router's ``agent-identity`` request attribute).  Any
+# request-header plugin able to resolve one may put it; with no explicit fairness header the
+# director makes it the request's fairness id, so every turn of an agent session shares a queue.
+AGENT_IDENTITY: Final[StateKey[str]] = StateKey("agent-identity")
+
+
+@runtime_checkable
+class RequestHeaderProcessor(Plugin, Protocol):
+    """Runs once the request is parsed (model rewritten, priority known), before admission.
+
+    llm-d-router's ``RequestHeaderProcessor``: it reads the request (headers) and publishes
+    request-level values in the cycle state, e.g. ``AGENT_IDENTITY``, which decides the
+    fairness id flow control queues the request under.  It must not block; an exception fails
+    the request (upstream returns the error).
+    """
+
+    def request_header(self, state: CycleState, request: InferenceRequest) -> None: ...
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ from epp.director.api import (
     Admitter,
     DataProducer,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseBodyProcessor,
     ResponseCompleteProcessor,
     ResponseHeaderProcessor,
@@ -83,6 +84,7 @@ def request_control(
     all_plugins = plugins.values()
     return RequestControl(
         parser=parser,
+        request_header=tuple(p for p in all_plugins if isinstance(p, RequestHeaderProcessor)),
         producers=producers,
         admitters=tuple(p for p in all_plugins if isinstance(p, Admitter)),
         pre_request=tuple(p for p in all_plugins if isinstance(p, PreRequest)),

@@ -16,6 +16,7 @@ from epp.director.producers.session_id import SessionIdProducer
 from epp.director.producers.token_producer import LegacyTokenizer, TokenProducer
 from epp.director.reporters.attribute_reporter import RequestAttributeReporter
 from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
+from epp.director.requestheader.agent_identity import AgentIdentity
 from epp.plugin.base import Plugin
 
 BUILTINS: Final[tuple[type[Plugin], ...]] = (
@@ -32,4 +33,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     SessionIdProducer,
     BurstPrefixCacheProducer,
     MmEmbeddingsCacheProducer,
+    AgentIdentity,  # llm-d-router's request-header plugin: agent session → fairness id
 )

@@ -1,6 +1,7 @@
 """The director's routing side: one request from its headers to a routing decision.
 
-Order (GIE §3.1): parse → model rewrite → objective priority → candidates → admission →
+Order (GIE §3.1): parse → model rewrite → objective priority → request-header plugins
+(llm-d-router's; they may set the fairness id) → candidates → admission →
 data producers (DAG order, shared timeout) → admit plugins → scheduler → pre-request
 plugins → body repackaging.  The director hands out one ``RequestLifecycle`` per request
 (``start``); the lifecycle calls back here to route and into ``ResponseSide`` (response.py)
@@ -21,7 +22,7 @@ import structlog
 
 from epp.datalayer.api import Endpoint
 from epp.datastore.store import Datastore
-from epp.director.api import Admitter
+from epp.director.api import AGENT_IDENTITY, Admitter
 from epp.director.candidates import locate, usable
 from epp.director.context import RequestContext, RoutingDecision
 from epp.director.lifecycle import RequestLifecycle
@@ -67,6 +68,9 @@ class Director:
         self._pipeline = pipeline
         self._rng = rng or random.Random()
         self._pre_request_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
+        self._request_header_timers = tuple(
+            (p, plugin_timer("RequestHeader", p)) for p in pipeline.request_header
+        )
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -206,6 +210,8 @@ class Director:
             if observed:
                 observer.begin(spans.STAGE_PARSE)
             parsed, changed, rewrite = self._parse(ctx, body)
+            if self._request_header_timers:  # empty unless configured: the plain path pays one test
+                self._request_header(ctx)
             if observed:
                 observer.parsed(req, len(body), rewrite)
 
@@ -226,6 +232,30 @@ class Director:
             if observed:
                 observer.failed(e)
             raise
+
+    def _request_header(self, ctx: RequestContext) -> None:
+        """Run the request-header plugins in config order, then settle the fairness id.
+
+        As llm-d-router's director: an explicit fairness header always wins; without one, an
+        agent identity a plugin published becomes the fairness id, so flow control queues every
+        turn of an agent session together.  A failing plugin fails the request (upstream
+        returns its error).
+        """
+        req = ctx.request
+        state = ctx.state
+        for plugin, timer in self._request_header_timers:
+            started = time.perf_counter()
+            try:
+                plugin.request_header(state, req)
+            except EppError:
+                raise
+            except Exception as e:
+                raise Internal(f"request header plugin {plugin.typed_name} failed: {e}") from e
+            timer.observe(time.perf_counter() - started)
+        if not req.headers.get(FAIRNESS_HEADER):
+            identity = state.get(AGENT_IDENTITY)
+            if identity:
+                req.fairness_id = identity
 
     def _observe(self, ctx: RequestContext) -> ActiveObserver:
         """The observer of a sampled or recorded request (a sampled one runs the traced scheduler)."""

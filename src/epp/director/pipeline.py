@@ -23,6 +23,7 @@ from epp.director.api import (
     Admitter,
     DataProducer,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseBodyProcessor,
     ResponseCompleteProcessor,
     ResponseHeaderProcessor,
@@ -51,6 +52,7 @@ class RequestControl:
     """
 
     parser: Parser
+    request_header: tuple[RequestHeaderProcessor, ...] = ()  # before admission (fairness id)
     producers: tuple[DataProducer, ...] = ()
     admitters: tuple[Admitter, ...] = ()
     pre_request: tuple[PreRequest, ...] = ()

@@ -66,7 +66,7 @@ class _Band:
             self._queues.pop(queue.flow.id, None)
 
     def pick(self) -> FlowQueueView | None:
-        return self._policy.pick(self._queues)
+        return self._policy.choose(self._queues)
 
 
 class ProgramAwareFairness(PluginBase):
@@ -118,7 +118,9 @@ class ProgramAwareFairness(PluginBase):
             return
         p.service *= self.decay_factor
 
-    def pick(self, queues: dict[str, FlowQueueView]) -> FlowQueueView | None:
+    def choose(self, queues: dict[str, FlowQueueView]) -> FlowQueueView | None:
+        # Not named ``pick``: a plugin with a ``pick`` method passes for a scheduling Picker
+        # (a runtime-checkable protocol checks names only) and became the profiles' picker.
         now = self.clock()
         self._sweep(now)
         for program_id, p in self.programs.items():

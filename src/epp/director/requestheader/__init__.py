@@ -1,0 +1,1 @@
+"""Request-header plugins: run before admission, they publish request-level values (agent identity)."""
