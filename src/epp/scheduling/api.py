@@ -235,6 +235,21 @@ class SchedulerProfileView(Protocol):
     def name(self) -> str: ...
 
 
+def only_result(results: Mapping[str, ProfileRunResult | None], handler: str) -> tuple[str, ProfileRunResult]:
+    """The one profile's result, for handlers that run exactly one profile (GIE's error texts).
+
+    ``handler`` names the handler in the error, e.g. ``single profile handler``.
+    """
+    if len(results) != 1:
+        raise ValueError(
+            f"{handler} is intended to be used with a single profile, failed to process multiple profiles"
+        )
+    ((name, result),) = results.items()
+    if result is None:
+        raise ValueError(f"failed to run scheduler profile '{name}'")
+    return name, result
+
+
 @runtime_checkable
 class ProfileHandler(Plugin, Protocol):
     """Decides which profiles run (possibly over several rounds) and which result is primary."""

@@ -20,7 +20,7 @@ from epp.datalayer.api import Endpoint, EndpointMetadata
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
 from epp.request import HeaderMutation, InferenceRequest
-from epp.scheduling.api import ProfileRunResult, SchedulerProfileView, SchedulingResult
+from epp.scheduling.api import ProfileRunResult, SchedulerProfileView, SchedulingResult, only_result
 
 log = structlog.get_logger(__name__)
 
@@ -86,14 +86,7 @@ class DataParallelProfileHandler(PluginBase):
         request: InferenceRequest,
         results: Mapping[str, ProfileRunResult | None],
     ) -> SchedulingResult:
-        if len(results) != 1:
-            raise ValueError(
-                "data parallel profile handler is intended to be used with a single profile, "
-                "failed to process multiple profiles"
-            )
-        ((name, result),) = results.items()
-        if result is None:
-            raise ValueError(f"failed to run scheduler profile '{name}'")
+        name, result = only_result(results, "data parallel profile handler")
         targets = result.target_endpoints
         if targets:
             request.headers.pop(DATA_PARALLEL_HEADER, None)

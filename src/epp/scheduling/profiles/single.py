@@ -8,7 +8,7 @@ from typing import ClassVar
 from epp.plugin.base import PluginBase
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
-from epp.scheduling.api import ProfileRunResult, SchedulerProfileView, SchedulingResult
+from epp.scheduling.api import ProfileRunResult, SchedulerProfileView, SchedulingResult, only_result
 
 
 class SingleProfileHandler(PluginBase):
@@ -42,12 +42,5 @@ class SingleProfileHandler(PluginBase):
         request: InferenceRequest,
         results: Mapping[str, ProfileRunResult | None],
     ) -> SchedulingResult:
-        if len(results) != 1:
-            raise ValueError(
-                "single profile handler is intended to be used with a single profile, "
-                "failed to process multiple profiles"
-            )
-        ((name, result),) = results.items()
-        if result is None:
-            raise ValueError(f"failed to run scheduler profile '{name}'")
+        name, _ = only_result(results, "single profile handler")
         return SchedulingResult(profile_results=results, primary_profile_name=name)
