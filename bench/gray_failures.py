@@ -26,16 +26,14 @@ import asyncio
 import contextlib
 import signal
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.common import log, rnd, write_result
+from bench.common import ROOT, log, rnd, write_result
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
 
@@ -43,33 +41,7 @@ RATE = 50.0
 REPLICAS = 4
 GAP = 0.5  # seconds without a request to the faulty replica that end its share
 SIM = ("--seed", "7", "--max-model-len", "131072", "--time-scale", "1.0")
-CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-- type: endpoint-health-scorer
-- type: metrics-data-source
-- type: core-metrics-extractor
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: endpoint-health-scorer
-    weight: 10
-dataLayer:
-  sources:
-  - pluginRef: metrics-data-source
-    extractors:
-    - pluginRef: core-metrics-extractor
-"""
+CONFIG = ROOT / "config" / "examples" / "endpoint-health.yaml"  # GIE's scorers + endpoint-health-scorer
 FAULTS = ("none", "crash", "hang", "metrics-hang", "inference-hang", "500s", "slowdown-10x", "busy")
 GOALS: dict[str, tuple[float, float]] = {  # fault -> (seconds to lose its share, failed share after)
     "crash": (0.3, 0.005),
@@ -147,15 +119,12 @@ class Run:
 
 
 @contextlib.asynccontextmanager
-async def stack(tmp: Path) -> Any:
-    (tmp / "config.yaml").write_text(CONFIG)
+async def stack() -> Any:
     async with contextlib.AsyncExitStack() as es:
         sims = [await es.enter_async_context(SimFleet(1, *SIM)) for _ in range(REPLICAS)]
         eps = ",".join(s.hostports[0] for s in sims)
         epp = await es.enter_async_context(
-            EppProcess(
-                f"--endpoints={eps}", f"--config-file={tmp / 'config.yaml'}", "--bind-address=127.0.0.1"
-            )
+            EppProcess(f"--endpoints={eps}", f"--config-file={CONFIG}", "--bind-address=127.0.0.1")
         )
         envoy = await es.enter_async_context(Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)))
         http = await es.enter_async_context(aiohttp.ClientSession())
@@ -207,9 +176,9 @@ def _p99(values: list[float]) -> float | None:
     return statistics.quantiles(values, n=100)[98]
 
 
-async def scenario(fault: str, warm: float, after: float, tmp: Path) -> dict[str, Any]:
+async def scenario(fault: str, warm: float, after: float) -> dict[str, Any]:
     hogs: list[asyncio.Task[None]] = []
-    async with stack(tmp) as run:
+    async with stack() as run:
         load = asyncio.create_task(run.load(warm + after))
         await asyncio.sleep(warm)  # warm-up: the scenario's time, not a synchronisation
         t_fault = time.monotonic()
@@ -254,10 +223,9 @@ async def scenario(fault: str, warm: float, after: float, tmp: Path) -> dict[str
 async def main_async(quick: bool) -> dict[str, Any]:
     warm, after = (1.5, 3.0) if quick else (4.0, 8.0)
     rows = []
-    with tempfile.TemporaryDirectory() as d:
-        for fault in FAULTS:
-            log(f"gray_failures: {fault}")
-            rows.append(await scenario(fault, warm, after, Path(d)))
+    for fault in FAULTS:
+        log(f"gray_failures: {fault}")
+        rows.append(await scenario(fault, warm, after))
     base = rows[0]["ttft_p99_ms"] or 0.0
     for r in rows:
         r["ttft_p99_vs_fault_free"] = rnd(r["ttft_p99_ms"] / base, 2) if base and r["ttft_p99_ms"] else None

@@ -16,10 +16,11 @@ FILES = sorted([*CONFIG_DIR.glob("*.yaml"), *CONFIG_DIR.glob("examples/*.yaml")]
 
 def test_examples_are_present() -> None:
     """The built-in default, GIE's five example configs (§8.3 a-e), the chart's predictor-enabled variant
-    (§8.3 b) and our mixed-SLO variant of it, our prefix-and-load, llm-d-router and precise-prefix (alone and with sessions) ones, and llm-d's two P/D configs are shipped."""
+    (§8.3 b) and our mixed-SLO variant of it, our prefix-and-load, endpoint-health, llm-d-router and precise-prefix (alone and with sessions) ones, and llm-d's two P/D configs are shipped."""
     assert [str(p.relative_to(CONFIG_DIR)) for p in FILES] == [
         "default.yaml",
         "examples/conformance.yaml",
+        "examples/endpoint-health.yaml",
         "examples/flow-control.yaml",
         "examples/helm-default.yaml",
         "examples/integration-default.yaml",

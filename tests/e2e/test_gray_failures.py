@@ -30,33 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RATE = 50.0  # requests per second, open loop
 SIM = ("--seed", "7", "--max-model-len", "131072")
 FAST = ("--time-scale", "0.02")
-CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-- type: endpoint-health-scorer
-- type: metrics-data-source
-- type: core-metrics-extractor
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: endpoint-health-scorer
-    weight: 10
-dataLayer:
-  sources:
-  - pluginRef: metrics-data-source
-    extractors:
-    - pluginRef: core-metrics-extractor
-"""
+CONFIG = pathlib.Path(__file__).resolve().parents[2] / "config" / "examples" / "endpoint-health.yaml"
 
 
 @dataclass
@@ -125,17 +99,12 @@ class Gray:
 
 
 @contextlib.asynccontextmanager
-async def gray_stack(
-    tmp: pathlib.Path, replicas: int = 3, sim: tuple[str, ...] = FAST
-) -> AsyncIterator[Gray]:
-    (tmp / "config.yaml").write_text(CONFIG)
+async def gray_stack(replicas: int = 3, sim: tuple[str, ...] = FAST) -> AsyncIterator[Gray]:
     async with contextlib.AsyncExitStack() as stack:
         sims = [await stack.enter_async_context(SimFleet(1, *SIM, *sim)) for _ in range(replicas)]
         hostports = ",".join(s.hostports[0] for s in sims)
         epp = await stack.enter_async_context(
-            EppProcess(
-                f"--endpoints={hostports}", f"--config-file={tmp / 'config.yaml'}", "--bind-address=127.0.0.1"
-            )
+            EppProcess(f"--endpoints={hostports}", f"--config-file={CONFIG}", "--bind-address=127.0.0.1")
         )
         proxy = await stack.enter_async_context(Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)))
         http = await stack.enter_async_context(aiohttp.ClientSession())
@@ -166,9 +135,9 @@ def failed(outcomes: list[Outcome]) -> list[Outcome]:
     return [o for o in outcomes if o.status != 200]
 
 
-async def test_hung_replica_gets_no_new_request_within_300ms(tmp_path: pathlib.Path) -> None:
+async def test_hung_replica_gets_no_new_request_within_300ms() -> None:
     """SIGSTOP: the port accepts, nothing answers.  Requests sent 300 ms after all succeed."""
-    async with gray_stack(tmp_path) as g:
+    async with gray_stack() as g:
         t_fault = await _fault_under_load(g, 3.5, 1.0, lambda: g.sims[0].signal(signal.SIGSTOP))
         after = g.between(t_fault + 0.3, t_fault + 2.5)  # those sent late enough to finish in time
         assert len(after) > 80
@@ -180,9 +149,9 @@ async def test_hung_replica_gets_no_new_request_within_300ms(tmp_path: pathlib.P
         assert sum(h["status"] == "ejected" for h in health.values()) == 1, health
 
 
-async def test_inference_only_hang_is_routed_around(tmp_path: pathlib.Path) -> None:
+async def test_inference_only_hang_is_routed_around() -> None:
     """/metrics answers, inference never does: ejected once requests wait far longer than peers'."""
-    async with gray_stack(tmp_path) as g:
+    async with gray_stack() as g:
         t_fault = await _fault_under_load(g, 3.5, 1.0, lambda: g.fault(0, inference_stall=True))
         after = g.between(t_fault + 1.0, t_fault + 2.5)
         assert len(after) > 50
@@ -193,9 +162,9 @@ async def test_inference_only_hang_is_routed_around(tmp_path: pathlib.Path) -> N
         await g.fault(0, inference_stall=False)
 
 
-async def test_slow_replica_is_penalised_within_1s_and_recovers(tmp_path: pathlib.Path) -> None:
+async def test_slow_replica_is_penalised_within_1s_and_recovers() -> None:
     """10x slower at the same load: it loses its share within 1 s, and gets it back after healing."""
-    async with gray_stack(tmp_path, sim=("--time-scale", "1.0")) as g:
+    async with gray_stack(sim=("--time-scale", "1.0")) as g:
         slow = g.port(0)
 
         async def slow_then_heal() -> None:
@@ -220,10 +189,10 @@ async def test_slow_replica_is_penalised_within_1s_and_recovers(tmp_path: pathli
         assert not any(state == "ejected" for state, _ in moves), moves
 
 
-async def test_busy_replica_is_not_ejected(tmp_path: pathlib.Path) -> None:
+async def test_busy_replica_is_not_ejected() -> None:
     """A replica saturated by traffic from elsewhere answers slowly, scrapes included: no ejection,
     no penalty, no failed request."""
-    async with gray_stack(tmp_path, sim=("--time-scale", "1.0")) as g:
+    async with gray_stack(sim=("--time-scale", "1.0")) as g:
         busy_url = f"http://127.0.0.1:{g.port(0)}/v1/completions"
         # The hogs' own connections: the load's session must not wait for a free one.
         hog_http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
