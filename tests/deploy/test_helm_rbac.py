@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.deploy.helm import NAMESPACE, RELEASE, options, render, values_files
+from tests.deploy.rbac import bound_role
 
 Obj = dict[str, Any]
 Grant = tuple[
@@ -127,12 +128,7 @@ def test_bindings_give_each_role_to_its_user_only(values: str) -> None:
     for obj in objs:
         if obj["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue
-        ref = obj["roleRef"]
-        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
-        if obj["kind"] == "ClusterRoleBinding":
-            assert ref["kind"] == "ClusterRole", "a ClusterRoleBinding can only bind a ClusterRole"
-        role = f"{ref['kind']}/{ref['name']}"
-        assert role in roles, f"{obj['metadata']['name']} binds {role}, which is not rendered"
+        role = bound_role(obj, roles, "rendered")
         for s in obj["subjects"]:
             assert s["kind"] == "ServiceAccount"
             if obj["kind"] == "ClusterRoleBinding":

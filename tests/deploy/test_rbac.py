@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.deploy.kustomize import KUBERNETES, build
+from tests.deploy.rbac import bound_role
 
 Obj = dict[str, Any]
 Grant = tuple[
@@ -89,12 +90,7 @@ def test_bindings_give_the_roles_to_the_epp_only(setup: str) -> None:
     for obj in objs:
         if obj["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue
-        ref = obj["roleRef"]
-        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
-        if obj["kind"] == "ClusterRoleBinding":
-            assert ref["kind"] == "ClusterRole", "a ClusterRoleBinding can only bind a ClusterRole"
-        role = f"{ref['kind']}/{ref['name']}"
-        assert role in roles, f"{obj['metadata']['name']} binds {role}, which is not shipped"
+        role = bound_role(obj, roles, "shipped")
         (subject,) = obj["subjects"]
         assert (subject["kind"], subject["name"]) == ("ServiceAccount", "epp")
         if obj["kind"] == "ClusterRoleBinding":
