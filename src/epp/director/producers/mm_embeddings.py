@@ -82,42 +82,42 @@ def _url(part: dict[str, Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _chat_media(messages: Any) -> Iterator[tuple[str, str]]:
-    """(content, modality) of every media part of chat messages, in order."""
+def _content_parts(messages: Any) -> Iterator[dict[str, Any]]:
+    """Every object part of the messages' list contents, in order: chat completions and Anthropic
+    messages share that shape (a string content has no media)."""
     if not isinstance(messages, list):
         return
     for m in messages:
         content = m.get("content") if isinstance(m, dict) else None
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "image_url":
-                yield _url(part, "image_url"), "image"
-            elif kind == "video_url":
-                yield _url(part, "video_url"), "video"
-            elif kind == "audio_url":
-                yield _url(part, "audio_url"), "audio"
-            elif kind == "input_audio":
-                audio = part.get("input_audio")
-                if isinstance(audio, dict):
-                    yield f"{audio.get('data') or ''}{audio.get('format') or ''}", "audio"
+        if isinstance(content, list):
+            yield from (part for part in content if isinstance(part, dict))
+
+
+def _chat_media(messages: Any) -> Iterator[tuple[str, str]]:
+    """(content, modality) of every media part of chat messages, in order."""
+    for part in _content_parts(messages):
+        kind = part.get("type")
+        if kind == "image_url":
+            yield _url(part, "image_url"), "image"
+        elif kind == "video_url":
+            yield _url(part, "video_url"), "video"
+        elif kind == "audio_url":
+            yield _url(part, "audio_url"), "audio"
+        elif kind == "input_audio":
+            audio = part.get("input_audio")
+            if isinstance(audio, dict):
+                yield f"{audio.get('data') or ''}{audio.get('format') or ''}", "audio"
 
 
 def _anthropic_media(messages: Any) -> Iterator[tuple[str, str]]:
-    if not isinstance(messages, list):
-        return
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if not isinstance(content, list):
-            continue
-        for block in content:
-            if isinstance(block, dict) and block.get("type") == "image":
-                src = block.get("source")
-                if isinstance(src, dict):
-                    value = src.get("url") or src.get("data")
-                    if isinstance(value, str):
-                        yield value, "image"
+    """(content, "image") of every image block of Anthropic messages, in order."""
+    for block in _content_parts(messages):
+        if block.get("type") == "image":
+            src = block.get("source")
+            if isinstance(src, dict):
+                value = src.get("url") or src.get("data")
+                if isinstance(value, str):
+                    yield value, "image"
 
 
 def media_items(request: InferenceRequest) -> tuple[MatchItem, ...]:
