@@ -1,0 +1,59 @@
+"""The contract between a plugin's routing state and the replicas that share it.
+
+Active-active EPP replicas (and the worker processes of one pod) each route a share of
+the traffic.  What one of them learns from its own routing — in-flight load, prefix
+insertions, session bindings, pending precise-prefix blocks — must reach its peers fast,
+or every replica routes on a fraction of the picture.  A plugin opts in by implementing
+``Replicated``; the sync hub (``epp.sync``) finds such plugins at wiring, drains their
+local deltas once per loop tick, sends them to every peer tagged with this replica's
+identity, and applies what peers send.  The plugin never sees the transport.
+
+Rules every implementation keeps:
+
+* ``drain`` returns only *local* changes since the previous drain (never what ``apply``
+  learned from a peer, or deltas would echo around the mesh), as msgpack-serialisable
+  values (ints, floats, str, bytes, lists, dicts).  Prefer idempotent deltas ("origin O
+  now holds X on endpoint E") over increments, so a lost or repeated batch cannot make
+  counts drift.
+* ``apply`` keeps each origin's contribution separate, so ``forget(origin)`` can remove
+  exactly what a silent or departed peer contributed.  State that stays true when its
+  origin dies (a prefix cached on an endpoint, a session's binding) may keep it; counts
+  of work in flight must not.
+* ``snapshot``/``restore`` carry the whole view (own and learned) for a warm start: a new
+  replica restores a serving peer's snapshot before it reports ready.
+* Every method runs on the event loop and is O(size of its argument).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Replicated(Protocol):
+    """A plugin's share of routing state that active-active peers exchange."""
+
+    @property
+    def sync_key(self) -> str:
+        """Unique per plugin instance and equal on every replica of one config (``type/name``)."""
+        ...
+
+    def drain(self) -> list[Any]:
+        """Local changes since the previous call; ``[]`` when there are none."""
+        ...
+
+    def apply(self, origin: str, deltas: list[Any]) -> None:
+        """Take a peer's ``drain()`` output, kept apart under ``origin`` (the peer's replica id)."""
+        ...
+
+    def forget(self, origin: str) -> None:
+        """Drop what ``origin`` contributed that must not outlive it (its in-flight counts)."""
+        ...
+
+    def snapshot(self) -> Any:
+        """The whole view, own and learned, for a peer's warm start."""
+        ...
+
+    def restore(self, snapshot: Any) -> None:
+        """Adopt a peer's ``snapshot()`` (called before this replica serves)."""
+        ...
