@@ -8,6 +8,8 @@ interval and the request pipeline's tuning.  ``serve`` (``serve.py``) starts the
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +25,14 @@ from epp.datastore.static import endpoints_from_pairs, load_endpoints_file
 from epp.datastore.store import Datastore, PoolInfo
 from epp.datastore.watch import WatchedFile
 from epp.director.director import Director
+from epp.errors import ConfigError
 from epp.explain.record import DecisionRing
 from epp.k8s.discovery import DiscoverySpec
+from epp.sync import assembly as sync_assembly
+from epp.sync.assembly import SyncPlan
+from epp.sync.hub import SyncHub
+from epp.sync.peers import parse_peers
+from epp.sync.service import PeerList
 from epp.tracing.otel import Tracing, setup_tracing
 
 
@@ -42,6 +50,10 @@ class App:
     env: Mapping[str, str] = field(default_factory=dict)
     kubernetes: DiscoverySpec | None = None  # pool or standalone mode: what to watch
     watched: list[WatchedFile[Any]] = field(default_factory=list)
+    # cross-replica sync (epp.sync): what to run, the peer set, and the hub once serve() started it
+    sync: SyncPlan | None = None
+    peers: PeerList | None = None
+    sync_hub: SyncHub | None = None
     serving: bool = False  # the ext_proc port is listening (TLS set up)
     draining: bool = False
 
@@ -100,6 +112,34 @@ def _discovery(options: Options, ds: Datastore, app_protocol: str) -> list[Watch
     return watched
 
 
+def _sync(
+    options: Options, components: Components, env: Mapping[str, str], watched: list[WatchedFile[Any]]
+) -> tuple[SyncPlan | None, PeerList | None]:
+    """Active-active sync: the plan from the config's dataLayer refs and the --peers flags, and
+    the peer set (a --peers-file is loaded now, so a bad one fails startup, and watched)."""
+    if options.peers and options.peers_file:
+        raise ConfigError("--peers-file: give either --peers or --peers-file, not both")
+    replica_id = options.replica_id or env.get("POD_NAME") or f"{socket.gethostname()}:{os.getpid()}"
+    flags = sync_assembly.SyncFlags(
+        replica_id=replica_id,
+        port=options.peer_port,
+        peers=parse_peers(options.peers, "--peers"),
+        peers_file=options.peers_file,
+        timeout=options.peer_timeout,
+        bind_host=options.bind_address,
+    )
+    plan = sync_assembly.plan(components.config.data_layer, components.plugins, flags)
+    if plan is None:
+        return None, None
+    peers = PeerList(plan.port, plan.peers)
+    if plan.peers_file:
+        path = plan.peers_file
+        wf = WatchedFile(path, lambda text: parse_peers(text, path), peers.set, what="peers file")
+        wf.load_now()
+        watched.append(wf)
+    return plan, peers
+
+
 def build_app(options: Options, env: Mapping[str, str]) -> App:
     """Validate and build every component; raises ConfigError and starts nothing.
 
@@ -114,6 +154,7 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
     ds = Datastore()
     protocol = _standalone_protocol(components)
     watched = _discovery(options, ds, protocol)
+    sync, peers = _sync(options, components, env, watched)
     data_layer = components.data_layer.runtime(ds, refresh_interval=options.refresh_metrics_interval)
     admission = components.admission.controller(ds)
     pipeline = components.request_control.pipeline(
@@ -136,4 +177,6 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
         env=dict(env),
         kubernetes=_kubernetes_spec(options, protocol),
         watched=watched,
+        sync=sync,
+        peers=peers,
     )

@@ -22,6 +22,7 @@ from epp.datalayer.engines import builtin_engine
 from epp.datalayer.sources.metrics_http import MODEL_SERVER_METRICS_FLAGS, ModelServerMetricsFlags
 from epp.errors import ConfigError
 from epp.metrics.llmd import parse_families
+from epp.sync.peers import parse_peers
 from epp.units import format_go_duration, go_quote, parse_go_atoi
 
 T = TypeVar("T")
@@ -153,6 +154,17 @@ def _not_negative(name: str, seconds: float) -> None:
         )
 
 
+def _positive(name: str, seconds: float) -> None:
+    if seconds <= 0:
+        raise ConfigError(
+            f"invalid value {go_quote(format_go_duration(seconds))} for {go_quote(name)}: must be positive"
+        )
+
+
+def _peer_list(name: str, value: str) -> None:
+    parse_peers(value, f"--{name}")
+
+
 def _ip_address(name: str, value: str) -> None:
     if not value:
         return
@@ -213,6 +225,7 @@ _CONFIG: Final = "Configuration"
 _METRICS: Final = "Model-server metrics"
 _OBS: Final = "Observability"
 _LOG: Final = "Logging"
+_SYNC: Final = "Cross-replica sync (active-active replicas, docs/scale-out.md)"
 
 _VLLM: Final = builtin_engine("vllm")  # the removed --*-metric flags' defaults
 _USE_ENGINE_CONFIGS: Final = "Rejected if set: use engineConfigs."
@@ -541,6 +554,47 @@ class Options:
         _LOG,
         "Accepted for compatibility (epoch, millis, nanos, iso8601, rfc3339, rfc3339nano); has no effect.",
         syntax=_zap_time_encoding,
+    )
+    # cross-replica sync (epp.sync; docs/scale-out.md)
+    peers: str = _flag(
+        "",
+        "str",
+        _SYNC,
+        "Active-active: the other EPP replicas' sync addresses, HOST:PORT[,HOST:PORT...] (their "
+        "--peer-port); this replica's own address may be listed too and is skipped.",
+        new=True,
+        check=_peer_list,
+    )
+    peers_file: str = _flag(
+        "",
+        "str",
+        _SYNC,
+        "Active-active: a file of peer HOST:PORT entries, one a line (# comments), re-read when it changes.",
+        new=True,
+    )
+    peer_port: int = _flag(
+        9004,
+        "int",
+        _SYNC,
+        "Port this replica publishes routing-state deltas on (ZMQ PUB; snapshots for a peer's warm start on "
+        "the next port). 0 disables sync.",
+        new=True,
+        check=_in_range(0, 65534),
+    )
+    peer_timeout: float = _flag(
+        1.0,
+        "duration",
+        _SYNC,
+        "A peer silent for this long has its in-flight contributions dropped until it is heard again.",
+        new=True,
+        check=_positive,
+    )
+    replica_id: str = _flag(
+        "",
+        "str",
+        _SYNC,
+        "This replica's identity in sync messages; empty means env POD_NAME, else HOSTNAME:PID.",
+        new=True,
     )
     # derived, not flags
     explicit: frozenset[str] = frozenset()  # flag names given on the command line (Go's fs.Changed)

@@ -10,6 +10,7 @@ from epp.flowcontrol.builtin import BUILTINS as FLOWCONTROL_BUILTINS
 from epp.parsers.builtin import BUILTINS as PARSERS_BUILTINS
 from epp.plugin.registry import ENTRY_POINT_GROUP, Registry
 from epp.scheduling.builtin import BUILTINS as SCHEDULING_BUILTINS
+from epp.sync.builtin import BUILTINS as SYNC_BUILTINS
 
 
 def default_registry(*, entry_points: bool = True) -> Registry:
@@ -21,6 +22,7 @@ def default_registry(*, entry_points: bool = True) -> Registry:
             PARSERS_BUILTINS,
             DATALAYER_BUILTINS,
             FLOWCONTROL_BUILTINS,
+            SYNC_BUILTINS,
         )
     )
     if entry_points:

@@ -26,6 +26,7 @@ from epp.metrics.llmd import parse_families
 from epp.server import extproc, health
 from epp.server.h2.limits import H2Limits
 from epp.server.transport import Tls, make_server
+from epp.sync.service import SyncService
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +75,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             and ds.pool_synced
             and not app.draining
             and parser_supports(app.components.parser, protocol)
+            and (app.sync is None or (app.sync_hub is not None and app.sync_hub.serving))
         )
 
     cluster = _cluster(app)
@@ -96,6 +98,10 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         for wf in app.watched:
             await wf.start()
             stack.push_async_callback(wf.stop)
+        if app.sync is not None and app.peers is not None:  # warm start: peers' state before ready
+            app.sync_hub = await stack.enter_async_context(
+                SyncService(app.sync, app.peers, app.components.plugins.values())
+            )
         await stack.enter_async_context(ConfigReloader(app))  # --config-file changes apply live
         if cluster is not None:
             stack.push_async_callback(cluster.stop)

@@ -132,6 +132,8 @@ class ConfigSwap:
         )
         replaced_admission = app.admission if admission is not app.admission else None
         app.components, app.admission, app.data_layer = new, admission, data_layer
+        if app.sync_hub is not None:  # share the new instances' state (surviving keys keep their view)
+            app.sync_hub.bind(new.plugins.values())
         new_observers = {id(o) for o in new.observers}
         retiring = _Retiring(
             director=previous,
@@ -218,6 +220,13 @@ def _policy_refs(settings: Any) -> set[str]:
 
 def _restart_only(old: Components, new: Components, data_layer: DataLayerRuntime, app: App) -> None:
     """Log what the new config changes that only a restart applies."""
+    if _sync_settings(old) != _sync_settings(new):
+        log.warning(
+            "config_change_needs_restart",
+            field="dataLayer.crossReplicaSyncerPluginRef",
+            what="the sync port, peers and interval are bound at startup",
+            applied="at the next restart",
+        )
     if app.kubernetes is None:
         return
     before = {id(s) for s in app.data_layer.k8s_sources}
@@ -229,6 +238,14 @@ def _restart_only(old: Components, new: Components, data_layer: DataLayerRuntime
             what="Kubernetes notification sources are wired into the watches at startup",
             applied="at the next restart",
         )
+
+
+def _sync_settings(components: Components) -> tuple[Any, ...]:
+    dl = components.config.data_layer
+    if dl is None:
+        return ()
+    refs = (dl.cross_replica_syncer_plugin_ref, dl.peer_discovery.plugin_ref if dl.peer_discovery else "")
+    return (dl.cross_replica_sync_interval, *refs, *(components.specs.get(r) for r in refs if r))
 
 
 async def _stop(plugin: Lifecycle) -> None:

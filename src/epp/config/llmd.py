@@ -11,9 +11,10 @@ added a few fields (docs/configuration.md, "llm-d-router configs"):
 * ``dataLayer.injectDefaults`` (default true) adds the default metrics source beside the user's
   sources unless one named ``metrics-data-source`` is listed.
 * Fields for features this EPP does not have (``flowControl.noEndpointRequestTTL``,
-  ``defaultNegativePriorityBand``, ``enableEviction: true``, ``dataLayer.discovery``,
-  ``peerDiscovery``, ``crossReplicaSyncerPluginRef``, ``crossReplicaSyncInterval``) are rejected
-  with their field path rather than silently ignored.
+  ``defaultNegativePriorityBand``, ``enableEviction: true``, ``dataLayer.discovery``) are
+  rejected with their field path rather than silently ignored.
+* ``dataLayer.crossReplicaSyncerPluginRef``, ``crossReplicaSyncInterval`` and ``peerDiscovery``
+  are kept: ``epp.sync`` reads them (docs/scale-out.md).
 
 The result is a plain ``EndpointPickerConfig`` (keeping the llm-d ``apiVersion``), so the builder and
 everything after it see one model.
@@ -70,15 +71,8 @@ class LlmdDataLayerConfig(_Model):
 
     @model_validator(mode="after")
     def _supported(self) -> LlmdDataLayerConfig:
-        for field, what in (
-            ("discovery", "endpoint discovery plugins (dataLayer.discovery)"),
-            ("peer_discovery", "peer discovery (dataLayer.peerDiscovery)"),
-            ("cross_replica_sync_interval", "cross-replica state sync (dataLayer.crossReplicaSyncInterval)"),
-        ):
-            if getattr(self, field) is not None:
-                raise _unsupported(what)
-        if self.cross_replica_syncer_plugin_ref:
-            raise _unsupported("cross-replica state sync (dataLayer.crossReplicaSyncerPluginRef)")
+        if self.discovery is not None:
+            raise _unsupported("endpoint discovery plugins (dataLayer.discovery)")
         return self
 
 
@@ -203,7 +197,12 @@ class LlmdEndpointPickerConfig(_Model):
                     "dataLayer.injectDefaults: false with no dataLayer.sources leaves the EPP without "
                     "endpoint metrics; list a source or drop injectDefaults"
                 )
-            data_layer = DataLayerConfig.model_construct(sources=sources)
+            data_layer = DataLayerConfig.model_construct(
+                sources=sources,
+                cross_replica_syncer_plugin_ref=self.data_layer.cross_replica_syncer_plugin_ref,
+                cross_replica_sync_interval=self.data_layer.cross_replica_sync_interval,
+                peer_discovery=self.data_layer.peer_discovery,
+            )
         return EndpointPickerConfig.model_construct(
             api_version=self.api_version,
             kind=self.kind,

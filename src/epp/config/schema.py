@@ -154,6 +154,11 @@ class DataLayerSource(_Model):
 
 class DataLayerConfig(_Model):
     sources: Seq[DataLayerSource] = ()
+    # Cross-replica sync (llm-d's names; epp.sync reads them): the syncer plugin, how often
+    # it may publish (absent or 0: once per event-loop tick) and where peers come from.
+    cross_replica_syncer_plugin_ref: str = ""
+    cross_replica_sync_interval: Duration | None = None
+    peer_discovery: PluginRef | None = None
 
     @model_validator(mode="after")
     def _needs_a_source(self) -> DataLayerConfig:

@@ -1,0 +1,1 @@
+"""Active-active replicas sharing routing state: peers, the ZMQ transport and the sync hub."""

@@ -1,0 +1,395 @@
+"""``SyncHub``: moves every ``Replicated`` plugin's deltas between active-active replicas.
+
+Why batch per tick: a request changes several plugins' state (in-flight load, prefix
+insertions, a session binding); sending each change would cost a syscall and a message per
+change per request.  The hub drains every plugin at most once per event-loop tick (when a
+plugin calls ``dirty()``) or on a short cadence (``poll``), and publishes one message
+holding all of it: the cost per request is a dict insert in the plugin, and staleness is
+one tick plus loopback transit.  ``interval`` > 0 (llm-d's ``crossReplicaSyncInterval``)
+caps it at one batch per interval instead.
+
+What the hub keeps per peer is only its sequence number and when it was last heard.  A
+peer silent for ``timeout`` is ``forget``-ed in every plugin, so its in-flight counts
+cannot outlive it; its next message (it came back, or was only slow) brings its
+contributions back, since deltas are idempotent.  With peers configured and none heard,
+the replica is partitioned: it keeps routing on its own view, says so once in the log and
+in ``epp_sync_partitioned``.
+
+Warm start: ``start`` asks a serving peer for ``{sync_key: snapshot}`` and restores it
+before ``serving`` turns true (the app's readiness waits for it); messages that arrive
+meanwhile wait in the SUB queue and are applied after the restore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import structlog
+
+from epp.plugin.replicated import Replicated
+from epp.sync import metrics
+from epp.sync.peers import Peer, PeerSource
+from epp.sync.transport import Frames, ZmqTransport
+from epp.sync.wire import WireError, decode_batch, decode_reply, decode_request, encode, encode_batch
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_POLL: Final = 0.005  # drain cadence when no plugin calls dirty(): staleness ≤ 5 ms + transit
+HEARTBEAT: Final = 0.1
+DEFAULT_TIMEOUT: Final = 1.0
+WARM_START_TIMEOUT: Final = 2.0
+COLD_PEER_GRACE: Final = 0.3  # after a peer says it is warming up too, how long to look for a warm one
+FORGET_AFTER: Final = 60.0  # a silent origin's bookkeeping is dropped after this long
+
+
+@dataclass(slots=True)
+class HubStats:
+    """This hub's counts (the metrics are process-wide; tests run several hubs in one process)."""
+
+    sent: int = 0
+    received: int = 0
+    dropped: int = 0
+    forgotten: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+
+class SyncHub:
+    """Drains, sends, receives and applies; see the module docstring."""
+
+    def __init__(
+        self,
+        replica_id: str,
+        transport: ZmqTransport,
+        *,
+        interval: float = 0.0,
+        timeout: float = DEFAULT_TIMEOUT,
+        heartbeat: float = HEARTBEAT,
+        poll: float = DEFAULT_POLL,
+        warm_start_timeout: float = WARM_START_TIMEOUT,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.replica_id = replica_id
+        self.transport = transport
+        self.interval = interval
+        self.timeout = timeout
+        self.heartbeat = heartbeat
+        self.poll = interval if interval > 0 else poll
+        self.warm_start_timeout = warm_start_timeout
+        self._wall = wall
+        self.stats = HubStats()
+        self.serving = False  # warm start done: the app may report ready
+        self.partitioned = False
+        self.restored_from = ""  # the peer whose snapshot this replica started from
+        self._plugins: dict[str, Replicated] = {}
+        self._seq = 0
+        self._last_sent = 0.0
+        self._last_flush = 0.0
+        self._scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
+        self._last_seq: dict[str, int] = {}
+        self._last_seen: dict[str, float] = {}
+        self._silent: set[str] = set()
+        self._started_at = 0.0
+        self._cold_until: float | None = None
+        self._gauges = (-1, -1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._failing: set[str] = set()  # keys whose drain/apply raised (logged once)
+
+    # --- plugins -----------------------------------------------------------------------
+    @property
+    def plugins(self) -> dict[str, Replicated]:
+        return dict(self._plugins)
+
+    def bind(self, plugins: Iterable[Any]) -> None:
+        """Share these plugins' state (the ``Replicated`` ones); called at startup and on each reload.
+
+        A key that survives a reload as a new instance takes over the old instance's view
+        (``restore(old.snapshot())``), so what peers taught it is kept; the old instance's
+        undrained local changes are sent first.
+        """
+        new: dict[str, Replicated] = {}
+        for plugin in plugins:
+            if not isinstance(plugin, Replicated):
+                continue
+            key = plugin.sync_key
+            if key in new:
+                log.warning("sync_duplicate_key", key=key, kept=str(new[key]), ignored=str(plugin))
+                continue
+            new[key] = plugin
+        if self._plugins and self._tasks:
+            self.flush()
+        for key, plugin in new.items():
+            old = self._plugins.get(key)
+            if old is not None and old is not plugin:
+                try:
+                    plugin.restore(old.snapshot())
+                except Exception:
+                    log.exception("sync_rebind_restore_failed", key=key)
+                plugin.drain()  # what it restored is not a local change to publish
+        for plugin in new.values():
+            if hasattr(plugin, "sync_dirty"):  # opt-in: drain at the end of the tick it changed in
+                setattr(plugin, "sync_dirty", self.dirty)  # noqa: B010 - not part of the Protocol
+        self._plugins = new
+
+    # --- sending -----------------------------------------------------------------------
+    def dirty(self) -> None:
+        """A plugin has local changes: drain once, at the end of this tick (or when the interval allows)."""
+        if self._scheduled is not None or not self._tasks:
+            return
+        loop = asyncio.get_running_loop()
+        wait = self._last_flush + self.interval - loop.time() if self.interval > 0 else 0.0
+        if wait > 0:
+            self._scheduled = loop.call_later(wait, self.flush)
+        else:
+            self._scheduled = loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Drain every plugin and publish what they had as one batch."""
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+            self._scheduled = None
+        self._last_flush = asyncio.get_running_loop().time()
+        batch: dict[str, list[Any]] = {}
+        for key, plugin in self._plugins.items():
+            try:
+                deltas = plugin.drain()
+            except Exception:
+                self._fail_once("sync_drain_failed", key)
+                continue
+            if deltas:
+                batch[key] = deltas
+        if batch:
+            self._publish(batch)
+
+    def _publish(self, batch: dict[str, list[Any]]) -> None:
+        self._seq += 1
+        try:
+            frame = encode_batch(self.replica_id, self._seq, self._wall(), batch)
+        except (TypeError, ValueError, OverflowError):
+            log.exception("sync_encode_failed", keys=sorted(batch))
+            return
+        self._last_sent = asyncio.get_running_loop().time()
+        if not self.transport.send(frame):
+            self.stats.dropped += 1
+            metrics.DROPPED.inc()
+        elif batch:
+            self.stats.sent += 1
+            metrics.BATCHES_SENT.inc()
+
+    # --- receiving ---------------------------------------------------------------------
+    def on_frames(self, frames: Frames) -> None:
+        """One message from a peer's PUB: counted and ignored unless it is a well-formed batch."""
+        try:
+            sender, seq, sent_at, batch = decode_batch(frames, self.transport.max_message_bytes)
+        except WireError as e:
+            self._reject(e.reason)
+            return
+        if sender == self.replica_id:
+            return  # our own address was in the list under another name
+        now = asyncio.get_running_loop().time()
+        last = self._last_seq.get(sender)
+        if last is not None:
+            if seq > last + 1:
+                self.stats.dropped += seq - last - 1
+                metrics.DROPPED.inc(seq - last - 1)
+            elif seq <= last:  # the peer restarted under the same id: its old counts are gone
+                self._forget(sender, "restarted")
+        self._last_seq[sender] = seq
+        self._last_seen[sender] = now
+        if sender in self._silent:
+            self._silent.discard(sender)
+            log.info("sync_peer_returned", peer=sender)
+        if not batch:
+            return  # a heartbeat
+        for key, deltas in batch.items():
+            plugin = self._plugins.get(key)
+            if plugin is None:
+                self._reject("unknown_key")
+                continue
+            try:
+                plugin.apply(sender, deltas)
+            except Exception:
+                self._reject("apply")
+                self._fail_once("sync_apply_failed", key, peer=sender)
+        self.stats.received += 1
+        metrics.BATCHES_RECEIVED.inc()
+        metrics.DELTA_LAG.observe(max(0.0, self._wall() - sent_at))
+
+    def _reject(self, reason: str) -> None:
+        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        metrics.REJECTED.labels(reason).inc()
+
+    def _fail_once(self, event: str, key: str, **kw: Any) -> None:
+        if key not in self._failing:
+            self._failing.add(key)
+            log.exception(event, key=key, **kw)
+
+    def _forget(self, origin: str, why: str) -> None:
+        for key, plugin in self._plugins.items():
+            try:
+                plugin.forget(origin)
+            except Exception:
+                self._fail_once("sync_forget_failed", key, peer=origin)
+        self.stats.forgotten += 1
+        log.info("sync_peer_forgotten", peer=origin, reason=why)
+
+    # --- peers' liveness ------------------------------------------------------------------
+    def check_peers(self) -> None:
+        """Forget peers silent for ``timeout``; keep the peer gauges and the partition state."""
+        now = asyncio.get_running_loop().time()
+        for origin, seen in tuple(self._last_seen.items()):
+            quiet = now - seen
+            if origin not in self._silent and quiet > self.timeout:
+                self._silent.add(origin)
+                self._forget(origin, f"silent for {quiet:.3f}s")
+            elif quiet > FORGET_AFTER:
+                del self._last_seen[origin]
+                self._last_seq.pop(origin, None)
+                self._silent.discard(origin)
+        configured = len(self.transport.peers)
+        connected = len(self._last_seen) - len(self._silent)
+        gauges = (connected, max(0, configured - connected))
+        if gauges != self._gauges:
+            self._gauges = gauges
+            metrics.PEERS.labels("connected").set(gauges[0])
+            metrics.PEERS.labels("silent").set(gauges[1])
+        partitioned = configured > 0 and connected == 0 and now - self._started_at > self.timeout
+        if partitioned != self.partitioned:
+            self.partitioned = partitioned
+            metrics.PARTITIONED.set(1 if partitioned else 0)
+            if partitioned:
+                log.warning("sync_partitioned", peers=configured, routing="on this replica's own view")
+            else:
+                log.info("sync_partition_healed", connected=connected)
+
+    @property
+    def connected(self) -> int:
+        return len(self._last_seen) - len(self._silent)
+
+    # --- warm start --------------------------------------------------------------------
+    def _answer(self, frames: Frames) -> bytes | None:
+        try:
+            decode_request(frames, self.transport.max_message_bytes)
+        except WireError as e:
+            self._reject(e.reason)
+            return None
+        snapshot: dict[str, Any] = {}
+        if self.serving:
+            for key, plugin in self._plugins.items():
+                try:
+                    snapshot[key] = plugin.snapshot()
+                except Exception:
+                    self._fail_once("sync_snapshot_failed", key)
+        return encode((self.replica_id, self.serving, snapshot))
+
+    def _accept(self, frames: Frames) -> bool:
+        try:
+            responder, serving, snapshot = decode_reply(frames, self.transport.max_message_bytes)
+        except WireError as e:
+            self._reject(e.reason)
+            return False
+        if responder == self.replica_id:
+            return False
+        now = asyncio.get_running_loop().time()
+        if not serving:  # warming up too: look a little longer for a warm peer, then start cold
+            if self._cold_until is None:
+                self._cold_until = now + COLD_PEER_GRACE
+            return now >= self._cold_until
+        for key, state in snapshot.items():
+            plugin = self._plugins.get(key)
+            if plugin is None:
+                self._reject("unknown_key")
+                continue
+            try:
+                plugin.restore(state)
+                plugin.drain()  # restored state is not a local change
+            except Exception:
+                self._reject("apply")
+                self._fail_once("sync_restore_failed", key, peer=responder)
+        self.restored_from = responder
+        return True
+
+    async def _warm_start(self, peers: tuple[Peer, ...]) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if peers:
+            request = encode((self.replica_id,))
+            await self.transport.request_snapshot(
+                peers, request, self._accept, deadline=started + self.warm_start_timeout
+            )
+        seconds = round(loop.time() - started, 3)
+        if self.restored_from:
+            log.info("sync_warm_start", peer=self.restored_from, keys=sorted(self._plugins), seconds=seconds)
+        else:
+            log.info(
+                "sync_cold_start",
+                reason="no peers configured"
+                if not peers
+                else "every peer reached is starting too"
+                if self._cold_until is not None
+                else f"no peer answered within {self.warm_start_timeout:g}s",
+                peers=[p.id for p in peers],
+                seconds=seconds,
+            )
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def start(self, source: PeerSource) -> None:
+        """Bind, connect to the first peer set, warm-start, then run; returns once serving."""
+        loop = asyncio.get_running_loop()
+        updates = source.updates()
+        first = await anext(updates)
+        self.transport.set_peers(first)
+        self._started_at = loop.time()
+        self._tasks.append(
+            loop.create_task(self.transport.serve_snapshots(self._answer), name="sync-snapshots")
+        )
+        await self._warm_start(first)
+        self.serving = True
+        self._tasks += [
+            loop.create_task(self._watch_peers(updates), name="sync-peers"),
+            loop.create_task(self._receive(), name="sync-receive"),
+            loop.create_task(self._tick(), name="sync-tick"),
+        ]
+
+    async def _watch_peers(self, updates: Any) -> None:
+        async for peers in updates:
+            self.transport.set_peers(peers)
+            log.info("sync_peers_changed", peers=[p.id for p in peers])
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self.transport.recv()
+            try:
+                self.on_frames(frames)
+            except Exception:  # a peer's message must never stop this replica from listening
+                self._reject("apply")
+                log.exception("sync_receive_failed")
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.poll)
+            if self.interval <= 0 or loop.time() - self._last_flush >= self.interval:
+                self.flush()
+            if loop.time() - self._last_sent >= self.heartbeat:
+                self._publish({})
+            self.check_peers()
+
+    async def stop(self) -> None:
+        """Send what is pending, stop the tasks and close the sockets."""
+        if self._tasks:
+            with contextlib.suppress(Exception):
+                self.flush()
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+            self._scheduled = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.transport.close()
+        self.serving = False

@@ -1,0 +1,71 @@
+"""Run a ``SyncPlan``: the transport, the hub and the peer set, as one async context manager.
+
+Entered by the app before it reports ready (the warm start happens inside ``__aenter__``),
+exited after the ext_proc server has stopped so a draining replica keeps publishing until
+its last request is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from epp.sync.assembly import SyncPlan
+from epp.sync.hub import SyncHub
+from epp.sync.peers import Peer, StaticPeers, own_hosts, without_self
+from epp.sync.transport import ZmqTransport
+
+log = structlog.get_logger(__name__)
+
+
+class PeerList(StaticPeers):
+    """The configured peers minus this replica's own address (every replica may get one list)."""
+
+    def __init__(self, port: int, peers: Iterable[Peer] = ()) -> None:
+        self._port = port
+        self._hosts = own_hosts()
+        super().__init__(without_self(peers, port, self._hosts))
+
+    def set(self, peers: Iterable[Peer]) -> None:
+        super().set(without_self(peers, self._port, self._hosts))
+
+
+class SyncService:
+    """``async with SyncService(plan, peers, plugins) as hub``: bound, warm, running."""
+
+    def __init__(self, plan: SyncPlan, peers: StaticPeers, plugins: Iterable[Any]) -> None:
+        self.plan = plan
+        self.peers = peers
+        self.hub = SyncHub(
+            plan.replica_id,
+            ZmqTransport(plan.bind_host, plan.port),
+            interval=plan.interval,
+            timeout=plan.timeout,
+        )
+        self.hub.bind(plugins)
+
+    async def __aenter__(self) -> SyncHub:
+        port = self.hub.transport.bind()
+        try:
+            await self.hub.start(self.peers)
+        except BaseException:
+            await self.hub.stop()
+            raise
+        log.info(
+            "sync_started",
+            replica_id=self.plan.replica_id,
+            port=port,
+            peers=[p.id for p in self.peers.peers],
+            shared=sorted(self.hub.plugins),
+            interval=self.plan.interval or "per tick",
+            timeout=self.plan.timeout,
+        )
+        return self.hub
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.hub.stop()

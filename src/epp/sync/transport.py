@@ -1,0 +1,182 @@
+"""The sync transport: ZMQ PUB/SUB for deltas, ROUTER/DEALER for a warm start's snapshot.
+
+Each replica binds a PUB socket on ``--peer-port`` and a ROUTER on the port after it, and
+connects one SUB to every peer's PUB (docs/decisions.md, "Cross-replica sync over ZMQ").
+Queues are bounded both ways (SNDHWM, RCVHWM): a slow peer loses messages rather than
+blocking this replica's event loop; the hub counts the loss (a refused send here, a
+sender's sequence gap at the receiver).  Messages larger than ``max_message_bytes`` are
+cut off by ZMQ itself (MAXMSGSIZE drops that connection; the peer reconnects).
+
+The transport knows nothing of plugins: it moves frames; ``hub.SyncHub`` decides what they
+mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Final
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from epp.sync.peers import Peer
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_HWM: Final = 1000  # messages per peer; at ~one batch per loop tick, a second's worth or more
+DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+SNAPSHOT_OFFSET: Final = 1  # the ROUTER listens on --peer-port + 1
+
+Frames = list[bytes]
+
+
+class ZmqTransport:
+    """One replica's sockets; ``bind`` before use, ``close`` at the end."""
+
+    def __init__(
+        self,
+        bind_host: str,
+        port: int,
+        *,
+        hwm: int = DEFAULT_HWM,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.bind_host = bind_host or "*"
+        self.port = port
+        self.hwm = hwm
+        self.max_message_bytes = max_message_bytes
+        self._context = zmq.asyncio.Context()
+        self._pub: zmq.asyncio.Socket | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+        self._router: zmq.asyncio.Socket | None = None
+        self._connected: dict[str, Peer] = {}
+
+    # --- lifecycle -------------------------------------------------------------------
+    def bind(self) -> int:
+        """Bind PUB (and ROUTER on the next port); returns the PUB port (``port`` 0: any free pair)."""
+        ctx = self._context
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, self.hwm)
+        pub.setsockopt(zmq.LINGER, 0)
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        try:
+            if self.port:
+                pub.bind(self._address(self.port))
+                router.bind(self._address(self.port + SNAPSHOT_OFFSET))
+            else:  # tests: find a free consecutive pair
+                self.port = self._bind_pair(pub, router)
+        except zmq.ZMQError:
+            pub.close(0)
+            router.close(0)
+            raise
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, self.hwm)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._pub, self._sub, self._router = pub, sub, router
+        return self.port
+
+    def _address(self, port: int) -> str:
+        host = self.bind_host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"tcp://{host}:{port}"
+
+    def _bind_pair(self, pub: zmq.asyncio.Socket, router: zmq.asyncio.Socket) -> int:
+        for _ in range(50):
+            port = pub.bind_to_random_port(self._address(0).rsplit(":", 1)[0], 20000, 60000)
+            try:
+                router.bind(self._address(port + SNAPSHOT_OFFSET))
+            except zmq.ZMQError:
+                pub.unbind(self._address(port))
+                continue
+            return port
+        raise zmq.ZMQError(zmq.EADDRINUSE, "no free consecutive port pair for sync")
+
+    def close(self) -> None:
+        for sock in (self._pub, self._sub, self._router):
+            if sock is not None:
+                sock.close(0)
+        self._pub = self._sub = self._router = None
+        self._context.term()
+
+    # --- peers -------------------------------------------------------------------------
+    def set_peers(self, peers: Iterable[Peer]) -> None:
+        """Connect the SUB to new peers' PUBs and disconnect from those gone."""
+        sub = self._require(self._sub)
+        wanted = {p.endpoint(): p for p in peers}
+        for endpoint in set(self._connected) - set(wanted):
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disconnect(endpoint)
+            del self._connected[endpoint]
+        for endpoint, peer in wanted.items():
+            if endpoint not in self._connected:
+                sub.connect(endpoint)
+                self._connected[endpoint] = peer
+
+    @property
+    def peers(self) -> tuple[Peer, ...]:
+        return tuple(self._connected.values())
+
+    # --- deltas ------------------------------------------------------------------------
+    def send(self, frame: bytes) -> bool:
+        """Publish without blocking; False when the queue refused it (counted by the caller)."""
+        try:
+            self._require(self._pub).send(frame, zmq.NOBLOCK, copy=len(frame) < 64 * 1024)
+        except zmq.Again:
+            return False
+        return True
+
+    async def recv(self) -> Frames:
+        frames: Frames = await self._require(self._sub).recv_multipart()
+        return frames
+
+    # --- warm start --------------------------------------------------------------------
+    async def serve_snapshots(self, answer: Callable[[Frames], bytes | None]) -> None:
+        """Answer snapshot requests on the ROUTER until cancelled (``answer`` None: no reply)."""
+        router = self._require(self._router)
+        while True:
+            identity, *frames = await router.recv_multipart()
+            reply = answer(frames)
+            if reply is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    await router.send_multipart([identity, reply], zmq.NOBLOCK)
+
+    async def request_snapshot(
+        self, peers: Iterable[Peer], request: bytes, accept: Callable[[Frames], bool], *, deadline: float
+    ) -> bool:
+        """Ask peers in turn until ``accept`` takes a reply or the loop clock passes ``deadline``."""
+        loop = asyncio.get_running_loop()
+        dealer = self._context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IMMEDIATE, 1)  # queue requests only to peers that are up
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        try:
+            for peer in peers:
+                dealer.connect(peer.endpoint(SNAPSHOT_OFFSET))
+            while (left := deadline - loop.time()) > 0:
+                with contextlib.suppress(zmq.Again):
+                    await dealer.send(request, zmq.NOBLOCK)
+                try:
+                    while True:
+                        frames = await asyncio.wait_for(dealer.recv_multipart(), min(left, 0.2))
+                        if accept(frames):
+                            return True
+                except TimeoutError:
+                    continue
+            return False
+        finally:
+            dealer.close(0)
+
+    @staticmethod
+    def _require(sock: zmq.asyncio.Socket | None) -> zmq.asyncio.Socket:
+        if sock is None:
+            raise RuntimeError("sync transport is not bound (or already closed)")
+        return sock

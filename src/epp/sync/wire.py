@@ -1,0 +1,74 @@
+"""The sync messages on the wire: msgpack arrays, decoded against their types.
+
+* batch (PUB → SUB): ``[sender id, seq, sent_at, {sync_key: deltas}]``; ``seq`` counts every
+  message a sender publishes (heartbeats are batches with no keys), so a receiver sees the
+  messages it lost as a gap; ``sent_at`` is the sender's wall clock, for the lag histogram.
+* snapshot request (DEALER → ROUTER): ``[requester id]``; reply ``[responder id, serving,
+  {sync_key: snapshot}]`` (``serving`` false: the responder is itself still warming up).
+
+A peer is not trusted to be well-formed: anything that does not decode to these types is a
+``WireError`` the hub counts and drops.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+MAX_ID_LENGTH: Final = 256
+
+Batch = tuple[str, int, float, dict[str, list[Any]]]
+SnapshotReply = tuple[str, bool, dict[str, Any]]
+
+_encoder: Final = msgspec.msgpack.Encoder()
+_batch: Final = msgspec.msgpack.Decoder(Batch)
+_request: Final = msgspec.msgpack.Decoder(tuple[str])
+_reply: Final = msgspec.msgpack.Decoder(SnapshotReply)
+
+
+class WireError(ValueError):
+    """A message that is not one of ours; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def encode_batch(sender: str, seq: int, sent_at: float, batch: dict[str, list[Any]]) -> bytes:
+    return _encoder.encode((sender, seq, sent_at, batch))
+
+
+def encode(value: Any) -> bytes:
+    return _encoder.encode(value)
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[Any], frames: list[bytes], limit: int) -> Any:
+    if len(frames) != 1:
+        raise WireError("frames", f"{len(frames)} frames, expected 1")
+    if len(frames[0]) > limit:
+        raise WireError("too_large", f"{len(frames[0])} bytes, limit {limit}")
+    try:
+        value = decoder.decode(frames[0])
+    except msgspec.ValidationError as e:
+        raise WireError("type", str(e)) from None
+    except msgspec.DecodeError as e:
+        raise WireError("decode", str(e)) from None
+    if not value[0] or len(value[0]) > MAX_ID_LENGTH:
+        raise WireError("type", "sender id must be 1..256 characters")
+    return value
+
+
+def decode_batch(frames: list[bytes], limit: int) -> Batch:
+    batch: Batch = _decode(_batch, frames, limit)
+    return batch
+
+
+def decode_request(frames: list[bytes], limit: int) -> str:
+    (requester,) = _decode(_request, frames, limit)
+    return str(requester)
+
+
+def decode_reply(frames: list[bytes], limit: int) -> SnapshotReply:
+    reply: SnapshotReply = _decode(_reply, frames, limit)
+    return reply
