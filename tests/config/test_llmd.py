@@ -164,10 +164,10 @@ def test_gie_api_version_with_llm_d_only_fields_is_read_as_llm_d_router_reads_it
     assert cfg.api_version == "inference.networking.x-k8s.io/v1alpha1"
     assert cfg.parser is not None
     assert cfg.parser.plugin_ref == "passthrough-parser"
-    with pytest.raises(ConfigError, match="peerDiscovery"):
+    with pytest.raises(ConfigError, match=r"dataLayer\.discovery"):
         load_config(
             "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
-            "requestHandler: {parsers: []}\ndataLayer: {peerDiscovery: {pluginRef: x}}\n"
+            "requestHandler: {parsers: []}\ndataLayer: {discovery: {pluginRef: x}}\n"
         )
 
 

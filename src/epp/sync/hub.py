@@ -98,6 +98,7 @@ class SyncHub:
         self._gauges = (-1, -1)
         self._tasks: list[asyncio.Task[None]] = []
         self._failing: set[str] = set()  # keys whose drain/apply raised (logged once)
+        self.ticks = 0  # cadence ticks run (tests wait on it instead of sleeping)
 
     # --- plugins -----------------------------------------------------------------------
     @property
@@ -353,6 +354,7 @@ class SyncHub:
             loop.create_task(self._watch_peers(updates), name="sync-peers"),
             loop.create_task(self._receive(), name="sync-receive"),
             loop.create_task(self._tick(), name="sync-tick"),
+            loop.create_task(self.transport.redial(), name="sync-redial"),
         ]
 
     async def _watch_peers(self, updates: Any) -> None:
@@ -378,6 +380,7 @@ class SyncHub:
             if loop.time() - self._last_sent >= self.heartbeat:
                 self._publish({})
             self.check_peers()
+            self.ticks += 1
 
     async def stop(self) -> None:
         """Send what is pending, stop the tasks and close the sockets."""

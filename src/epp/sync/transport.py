@@ -4,8 +4,9 @@ Each replica binds a PUB socket on ``--peer-port`` and a ROUTER on the port afte
 connects one SUB to every peer's PUB (docs/decisions.md, "Cross-replica sync over ZMQ").
 Queues are bounded both ways (SNDHWM, RCVHWM): a slow peer loses messages rather than
 blocking this replica's event loop; the hub counts the loss (a refused send here, a
-sender's sequence gap at the receiver).  Messages larger than ``max_message_bytes`` are
-cut off by ZMQ itself (MAXMSGSIZE drops that connection; the peer reconnects).
+sender's sequence gap at the receiver).  A message larger than ``max_message_bytes`` is
+counted and dropped by the hub; one more than twice that is cut off by ZMQ itself before it
+is buffered (MAXMSGSIZE drops that connection; the SUB reconnects).
 
 The transport knows nothing of plugins: it moves frames; ``hub.SyncHub`` decides what they
 mean.
@@ -21,6 +22,7 @@ from typing import Final
 import structlog
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from epp.sync.peers import Peer
 
@@ -48,11 +50,13 @@ class ZmqTransport:
         self.port = port
         self.hwm = hwm
         self.max_message_bytes = max_message_bytes
+        self.hard_limit = 2 * max_message_bytes
         self._context = zmq.asyncio.Context()
         self._pub: zmq.asyncio.Socket | None = None
         self._sub: zmq.asyncio.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._connected: dict[str, Peer] = {}
+        self.redials = 0
 
     # --- lifecycle -------------------------------------------------------------------
     def bind(self) -> int:
@@ -63,7 +67,7 @@ class ZmqTransport:
         pub.setsockopt(zmq.LINGER, 0)
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        router.setsockopt(zmq.MAXMSGSIZE, self.hard_limit)
         router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         try:
             if self.port:
@@ -78,7 +82,7 @@ class ZmqTransport:
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, self.hwm)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sub.setsockopt(zmq.MAXMSGSIZE, self.hard_limit)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._pub, self._sub, self._router = pub, sub, router
         return self.port
@@ -121,6 +125,29 @@ class ZmqTransport:
                 sub.connect(endpoint)
                 self._connected[endpoint] = peer
 
+    async def redial(self) -> None:
+        """Reconnect to a peer whose connection ZMQ dropped for a protocol error, until cancelled.
+
+        ZMQ re-dials a peer that went away by itself, but not one whose connection it cut for
+        breaking the protocol (a message over MAXMSGSIZE): without this, one oversized batch
+        would cut this replica off from that peer for good.
+        """
+        sub = self._require(self._sub)
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                endpoint = event["endpoint"].decode()
+                if endpoint in self._connected and self._sub is not None:
+                    with contextlib.suppress(zmq.ZMQError):
+                        self._sub.disconnect(endpoint)
+                    self._sub.connect(endpoint)
+                    self.redials += 1
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(0)
+
     @property
     def peers(self) -> tuple[Peer, ...]:
         return tuple(self._connected.values())
@@ -157,7 +184,7 @@ class ZmqTransport:
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.IMMEDIATE, 1)  # queue requests only to peers that are up
-        dealer.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.hard_limit)
         try:
             for peer in peers:
                 dealer.connect(peer.endpoint(SNAPSHOT_OFFSET))

@@ -1,0 +1,231 @@
+"""SyncHub over real ZMQ sockets on loopback: deltas, identity, silence, partitions, warm start."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from epp.metrics.series import REGISTRY
+from epp.sync.wire import encode, encode_batch
+from epp.testing.replicated import SNAPSHOT_ORIGIN, make_counter
+from epp.testing.waiting import until
+from tests.sync.conftest import Node, make_node, mesh
+
+
+async def test_deltas_reach_every_peer_kept_apart_by_sender() -> None:
+    async with mesh(["a", "b", "c"]) as (a, b, c):
+        a.counter.count("e1", 3)
+        b.counter.count("e1", 2)
+        b.counter.count("e2")
+        await until(lambda: c.counter.total("e1") == 5 and c.counter.total("e2") == 1, 5, what="c sees a+b")
+        assert c.counter.learned == {"a": {"e1": 3}, "b": {"e1": 2, "e2": 1}}
+        await until(lambda: a.counter.learned.get("b") == {"e1": 2, "e2": 1}, 5, what="a sees b")
+        assert "a" not in a.counter.learned  # nothing echoes back to its origin
+        assert a.hub.stats.sent >= 1 and c.hub.stats.received >= 2
+
+
+async def test_changes_in_one_tick_go_out_as_one_batch() -> None:
+    async with mesh(["a", "b"]) as (a, b):
+        sent = a.hub.stats.sent
+        for i in range(50):
+            a.counter.count(f"e{i % 5}")
+        await until(lambda: b.counter.total("e0") == 10, 5, what="b sees all 50")
+        assert a.hub.stats.sent == sent + 1
+
+
+async def test_interval_caps_the_batch_rate() -> None:
+    async with mesh(["a", "b"], interval=0.2) as (a, b):
+        sent = a.hub.stats.sent
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while loop.time() - started < 0.5:  # changes every tick for half a second
+            a.counter.count("e")
+            await asyncio.sleep(0)
+        await until(lambda: b.counter.total("e") == a.counter.own["e"], 5, what="b catches up")
+        assert a.hub.stats.sent - sent <= 4  # ~0.5 s / 0.2 s, plus the one that caught up
+
+
+async def test_silent_peer_is_forgotten_then_reapplied_when_back() -> None:
+    async with mesh(["a", "b"]) as (a, b):
+        a.counter.count("e1", 4)
+        await until(lambda: b.counter.total("e1") == 4, 5, what="b learns a")
+        port = a.hub.transport.port
+        with structlog.testing.capture_logs() as logs:
+            await a.hub.stop()
+            await until(lambda: "a" not in b.counter.learned, 5, what="b forgets silent a")
+            assert b.hub.stats.forgotten == 1
+            await until(lambda: b.hub.partitioned, 5, what="b partitioned")
+            assert REGISTRY.get_sample_value("epp_sync_partitioned") == 1
+            ticks = b.hub.ticks
+            await until(lambda: b.hub.ticks > ticks + 20, 5, what="more ticks while partitioned")
+            again = make_node("a", port=port)  # restarted under the same id: its sequence starts over
+            again.peers.set([b.peer])
+            await again.hub.start(again.peers)
+            try:
+                await until(lambda: not b.hub.partitioned, 5, what="partition healed")
+                again.counter.count("e1", 7)
+                await until(lambda: b.counter.learned.get("a") == {"e1": 7}, 5, what="a re-applied")
+            finally:
+                await again.hub.stop()
+        events = [e["event"] for e in logs]
+        assert events.count("sync_partitioned") == 1
+        assert events.count("sync_partition_healed") == 1
+
+
+async def test_warm_start_restores_a_serving_peers_view_before_serving() -> None:
+    async with mesh(["a", "b"]) as (a, b):
+        a.counter.count("e1", 2)
+        b.counter.count("e2", 5)
+        await until(lambda: a.counter.total("e2") == 5, 5, what="a learns b")
+        c = make_node("c", warm_start_timeout=5)
+        c.peers.set([a.peer])
+        assert not c.counter.learned
+        try:
+            await c.hub.start(c.peers)
+            assert c.hub.serving and c.hub.restored_from == "a"
+            # restored before serving: no waiting for deltas
+            assert c.counter.learned["b"] == {"e2": 5}
+            assert c.counter.learned[SNAPSHOT_ORIGIN] == {"e1": 2}
+        finally:
+            await c.hub.stop()
+
+
+async def test_no_peer_reachable_starts_cold_within_the_bound() -> None:
+    lonely = make_node("x", warm_start_timeout=0.3)
+    lonely.peers.set([lonely.peer.__class__(id="gone", host="127.0.0.1", port=1)])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with structlog.testing.capture_logs() as logs:
+        await lonely.hub.start(lonely.peers)
+    try:
+        assert lonely.hub.serving and not lonely.hub.restored_from
+        assert 0.3 <= loop.time() - started < 2
+        assert [e for e in logs if e["event"] == "sync_cold_start"]
+    finally:
+        await lonely.hub.stop()
+
+
+async def test_full_queue_drops_are_counted_and_never_block_the_sender() -> None:
+    tx = make_node("tx", hwm=2)
+    rx = make_node("rx", hwm=2)
+    tx.hub._tasks.append(asyncio.get_running_loop().create_task(asyncio.sleep(3600)))  # "running"
+    rx.hub.transport.set_peers([tx.peer])
+    try:
+        await _until_subscribed(tx, rx)
+        payload = "x" * 100_000
+        for i in range(500):  # rx reads nothing meanwhile: its queue and the socket buffers fill up
+            tx.counter.count(f"{payload}{i % 3}")
+            tx.hub.flush()
+        last = tx.hub._seq
+        sub = rx.hub.transport._sub
+        assert sub is not None
+        while rx.hub._last_seq.get("tx", 0) <= last:  # rx catches up; tx's next message shows the gap
+            if await sub.poll(50):
+                rx.hub.on_frames(await rx.hub.transport.recv())
+            else:
+                tx.hub._publish({})
+        assert rx.hub.stats.dropped > 0
+        assert len(rx.counter.learned["tx"]) == 3  # what did arrive is applied
+        tx.counter.count("final")
+        tx.hub.flush()
+        while "final" not in rx.counter.learned["tx"]:
+            rx.hub.on_frames(await asyncio.wait_for(rx.hub.transport.recv(), 5))
+    finally:
+        for task in tx.hub._tasks:
+            task.cancel()
+        tx.hub._tasks.clear()
+        await tx.hub.stop()
+        await rx.hub.stop()
+
+
+async def _until_subscribed(tx: Node, rx: Node) -> None:
+    """Heartbeats until rx receives one (a PUB drops everything until the SUB has connected)."""
+    sub = rx.hub.transport._sub
+    assert sub is not None
+    for _ in range(100):
+        tx.hub._publish({})
+        if await sub.poll(50):  # bounded wait for the probe, not a fixed sleep
+            rx.hub.on_frames(await rx.hub.transport.recv())
+            return
+    raise AssertionError("rx never subscribed")
+
+
+async def test_hostile_peer_frames_are_counted_and_ignored() -> None:
+    async with mesh(["b"], max_message_bytes=4096) as (b,):
+        ctx = zmq.asyncio.Context()
+        evil = ctx.socket(zmq.PUB)
+        evil.setsockopt(zmq.LINGER, 0)
+        port = evil.bind_to_random_port("tcp://127.0.0.1")
+        try:
+            b.hub.transport.set_peers([*b.hub.transport.peers, b.peer.__class__("evil", "127.0.0.1", port)])
+            seq = 0
+
+            async def good(count: int) -> None:
+                nonlocal seq
+                seq += 1
+                await evil.send(
+                    encode_batch("evil", seq, 0.0, {"test-routed-counter/counter": [["e", count]]})
+                )
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while b.counter.learned.get("evil") is None and loop.time() < deadline:
+                await good(1)  # until the SUB has connected (PUB drops before)
+                await asyncio.sleep(0.02)  # pacing the probe against the SUB's connect
+            assert b.counter.learned["evil"] == {"e": 1}
+            rejected = dict(b.hub.stats.rejected)
+            await evil.send(b"\xc1 not msgpack")
+            await evil.send(encode([1, 2, 3]))
+            await evil.send(encode(["evil", "seq", 0.0, {}]))
+            await evil.send_multipart([b"a", b"b"])
+            await evil.send(encode(["evil", seq + 1, 0.0, {"nope": [1]}]))
+            await evil.send(encode(["evil", seq + 2, 0.0, {"test-routed-counter/counter": [["e", "NaN"]]}]))
+            await evil.send(b"\x00" * 6000)  # over max_message_bytes: counted
+            seq += 2
+            await until(
+                lambda: sum(b.hub.stats.rejected.values()) - sum(rejected.values()) >= 7, 5, what="counted"
+            )
+            got = b.hub.stats.rejected
+            for reason in ("decode", "type", "frames", "unknown_key", "apply", "too_large"):
+                assert got.get(reason, 0) > rejected.get(reason, 0), reason
+            await evil.send(b"\x00" * 20000)  # over twice that: ZMQ drops the connection
+            deadline = loop.time() + 5
+            while b.counter.learned.get("evil") != {"e": 9} and loop.time() < deadline:
+                await good(9)  # still serving: a good batch applies after the garbage
+                await asyncio.sleep(0.02)
+            assert b.counter.learned["evil"] == {"e": 9}
+            assert b.hub.transport.redials >= 1  # the oversized frame cut the connection; re-dialled
+        finally:
+            evil.close(0)
+            ctx.term()
+
+
+async def test_hostile_snapshot_requests_are_ignored() -> None:
+    async with mesh(["b"]) as (b,):
+        ctx = zmq.asyncio.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(f"tcp://127.0.0.1:{b.hub.transport.port + 1}")
+        try:
+            await dealer.send(b"garbage")
+            await dealer.send(encode(["someone"]))
+            reply = await asyncio.wait_for(dealer.recv(), 5)  # only the well-formed one is answered
+            assert reply
+            assert sum(b.hub.stats.rejected.values()) == 1
+        finally:
+            dealer.close(0)
+            ctx.term()
+
+
+async def test_rebind_on_reload_keeps_a_surviving_keys_view() -> None:
+    async with mesh(["a", "b"]) as (a, b):
+        a.counter.count("e1", 3)
+        await until(lambda: b.counter.total("e1") == 3, 5, what="b learns a")
+        fresh = make_counter()  # the reload built a new instance under the same key
+        b.hub.bind([fresh])
+        assert fresh.learned["a"] == {"e1": 3}
+        a.counter.count("e1", 1)
+        await until(lambda: fresh.learned["a"] == {"e1": 4}, 5, what="deltas reach the new instance")
