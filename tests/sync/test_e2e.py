@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import re
-import socket
 
 import aiohttp
 import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess, SimFleet, free_port
+from epp_sim.demo.procs import EppProcess, SimFleet
 from tests.e2e.conftest import FAST_SIM
+from tests.sync.conftest import port_pair
 
 pytestmark = pytest.mark.e2e
 
@@ -27,19 +27,6 @@ schedulingProfiles:
   plugins:
   - pluginRef: queue-scorer
 """
-
-
-def _port_pair() -> int:
-    """A free port whose successor is free too (the sync PUB and the snapshot ROUTER)."""
-    for _ in range(100):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no free port pair")
 
 
 def _plugin_site(tmp: pathlib.Path) -> pathlib.Path:
@@ -67,7 +54,7 @@ async def _metrics(http: aiohttp.ClientSession, epp: EppProcess) -> str:
 async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathlib.Path) -> None:
     (tmp_path / "config.yaml").write_text(CONFIG)
     env = {"PYTHONPATH": str(_plugin_site(tmp_path))}
-    pa, pb = _port_pair(), _port_pair()
+    pa, pb = port_pair(), port_pair()
     async with SimFleet(3, *FAST_SIM) as fleet:
         common = (
             f"--endpoints={','.join(fleet.hostports)}",

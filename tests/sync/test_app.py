@@ -1,0 +1,108 @@
+"""The app's wiring: flags → sync plan, the peers file, readiness after the warm start."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import pytest
+
+from epp.app import compose
+from epp.app.compose import build_app
+from epp.app.registry import default_registry
+from epp.app.serve import serve
+from epp.cli.flags import parse_flags
+from epp.errors import ConfigError
+from epp.plugin.registry import Registry
+from epp.sync.peers import Peer
+from epp.testing.replicated import SNAPSHOT_ORIGIN, RoutedCounter
+from epp.testing.waiting import until
+from tests.sync.conftest import mesh, port_pair
+
+CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {name: counter, type: test-routed-counter}
+"""
+BASE = ("--endpoints=127.0.0.1:1", "--secure-serving=false", "--tracing=false", "--bind-address=127.0.0.1")
+
+
+@pytest.fixture(autouse=True)
+def counter_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The production registry plus the test plugin (as an installed entry point would add it)."""
+
+    def registry(*, entry_points: bool = True) -> Registry:
+        r = default_registry(entry_points=entry_points)
+        r.register(RoutedCounter)
+        return r
+
+    monkeypatch.setattr(compose, "default_registry", registry)
+
+
+def test_peers_flags_make_a_plan_with_this_replicas_id() -> None:
+    opts = parse_flags([*BASE, "--peers=127.0.0.1:9100,127.0.0.1:9004", f"--config-text={CONFIG}"], {})
+    app = build_app(opts, {"POD_NAME": "epp-7d9f-x"})
+    assert app.sync is not None and app.peers is not None
+    assert app.sync.replica_id == "epp-7d9f-x"
+    assert [p.id for p in app.peers.peers] == ["127.0.0.1:9100"]  # its own address (9004) skipped
+
+
+def test_no_peers_no_sync_and_both_lists_is_an_error(tmp_path: pathlib.Path) -> None:
+    assert build_app(parse_flags([*BASE], {}), {}).sync is None
+    (tmp_path / "peers").write_text("a:1\n")
+    both = parse_flags([*BASE, "--peers=a:1", f"--peers-file={tmp_path / 'peers'}"], {})
+    with pytest.raises(ConfigError, match="--peers-file: give either --peers or --peers-file"):
+        build_app(both, {})
+    with pytest.raises(ConfigError, match="--peers: invalid peer 'a'"):
+        parse_flags([*BASE, "--peers=a"], {})
+
+
+def test_a_bad_peers_file_fails_startup_and_a_good_one_is_watched(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "peers"
+    path.write_text("# replicas\nepp-1:9004\nbroken\n")
+    with pytest.raises(ConfigError, match=r"peers line 3: invalid peer 'broken'"):
+        build_app(parse_flags([*BASE, f"--peers-file={path}"], {}), {})
+    path.write_text("# replicas\nepp-1:9004\nepp-2:9004\n")
+    app = build_app(parse_flags([*BASE, f"--peers-file={path}"], {}), {})
+    assert app.peers is not None and [p.id for p in app.peers.peers] == ["epp-1:9004", "epp-2:9004"]
+    assert any(w.path == str(path) for w in app.watched)
+
+
+async def test_ready_only_after_restoring_a_serving_peers_view() -> None:
+    async with mesh(["warm"]) as (warm,):
+        warm.counter.count("e1", 5)
+        port = port_pair()
+        opts = parse_flags(
+            [
+                *BASE,
+                "--grpc-port=0",
+                "--grpc-health-port=0",
+                "--metrics-port=0",
+                "--metrics-endpoint-auth=false",
+                f"--config-text={CONFIG}",
+                f"--peers=127.0.0.1:{warm.hub.transport.port}",
+                f"--peer-port={port}",
+                "--replica-id=new",
+            ],
+            {},
+        )
+        app = build_app(opts, {})
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(app, stop=stop))
+        try:
+            await until(lambda: app.serving or task.done(), 20, what="the EPP serving")
+            assert not task.done()
+            # the first moment it could report ready, the peer's view is already here
+            hub = app.sync_hub
+            assert hub is not None and hub.serving and hub.restored_from == "warm"
+            (counter,) = (p for p in app.components.plugins.values() if isinstance(p, RoutedCounter))
+            assert counter.learned[SNAPSHOT_ORIGIN] == {"e1": 5}
+            warm.peers.set([Peer("new", "127.0.0.1", port)])  # the peer's list gains the new replica
+            counter.count("e2", 2)  # and its own routing reaches the peer
+            await until(lambda: warm.hub.connected == 1, 5, what="warm hears new")
+            counter.count("e2", 2)  # sent once warm's SUB is connected (a PUB drops before)
+            await until(lambda: warm.counter.learned.get("new") == {"e2": 4}, 5, what="warm learns new")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
