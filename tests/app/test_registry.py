@@ -15,6 +15,7 @@ from epp.flowcontrol.builtin import BUILTINS as FLOWCONTROL
 from epp.parsers.builtin import BUILTINS as PARSERS
 from epp.plugin.base import PluginBase
 from epp.scheduling.builtin import BUILTINS as SCHEDULING
+from epp.sync.builtin import BUILTINS as SYNC
 
 
 class OutOfTree(PluginBase):
@@ -24,7 +25,7 @@ class OutOfTree(PluginBase):
 def test_every_builtin_is_registered_under_its_type() -> None:
     """Each concept's BUILTINS class is reachable by its GIE type string."""
     registry = default_registry(entry_points=False)
-    classes = (*SCHEDULING, *DIRECTOR, *PARSERS, *DATALAYER, *FLOWCONTROL)
+    classes = (*SCHEDULING, *DIRECTOR, *PARSERS, *DATALAYER, *FLOWCONTROL, *SYNC)
     assert {cls.TYPE: cls for cls in classes} == dict(registry.types())
 
 

@@ -82,6 +82,12 @@ GIE_DEFAULTS: dict[str, Any] = {
     "leader-election-lease-duration": 15.0,
     "leader-election-renew-deadline": 10.0,
     "leader-election-retry-period": 2.0,
+    # ours: cross-replica sync (docs/scale-out.md)
+    "peers": "",
+    "peers-file": "",
+    "peer-port": 9004,
+    "peer-timeout": 1.0,
+    "replica-id": "",
 }
 
 
