@@ -9,8 +9,9 @@ import zmq
 import zmq.asyncio
 
 from epp.metrics.series import REGISTRY
+from epp.sync.hub import DEFAULT_POLL
 from epp.sync.wire import encode, encode_batch
-from epp.testing.replicated import SNAPSHOT_ORIGIN, make_counter
+from epp.testing.replicated import SNAPSHOT_ORIGIN, PolledCounter, make_counter
 from epp.testing.waiting import until
 from tests.sync.conftest import Node, make_node, mesh
 
@@ -34,6 +35,18 @@ async def test_changes_in_one_tick_go_out_as_one_batch() -> None:
             a.counter.count(f"e{i % 5}")
         await until(lambda: b.counter.total("e0") == 10, 5, what="b sees all 50")
         assert a.hub.stats.sent == sent + 1
+
+
+async def test_plugins_without_a_dirty_hook_are_drained_on_the_poll_cadence() -> None:
+    async with mesh(["a", "b"]) as (a, b):
+        pa, pb = PolledCounter("polled"), PolledCounter("polled")
+        a.hub.bind([a.counter, pa])
+        b.hub.bind([b.counter, pb])
+        assert a.hub.poll == DEFAULT_POLL
+        ticks = a.hub.ticks
+        pa.count("e", 2)
+        await until(lambda: pb.learned.get("a") == {"e": 2}, 5, what="b learns a's polled counter")
+        assert a.hub.ticks > ticks  # drained by a tick, not by a dirty() call
 
 
 async def test_interval_caps_the_batch_rate() -> None:

@@ -38,7 +38,7 @@ class RoutedCounter(PluginBase):
     def count(self, endpoint: str, n: int = 1) -> None:
         self.own[endpoint] = self.own.get(endpoint, 0) + n
         self._changed.add(endpoint)
-        if self.sync_dirty is not None:
+        if getattr(self, "sync_dirty", None) is not None:
             self.sync_dirty()
 
     def pre_request(self, state: Any, request: Any, result: Any) -> None:
@@ -77,6 +77,18 @@ class RoutedCounter(PluginBase):
         for origin, counts in snapshot["learned"].items():
             self.learned[origin] = dict(counts)
         self.learned[SNAPSHOT_ORIGIN] = dict(snapshot["own"])
+
+
+class PolledCounter(RoutedCounter):
+    """The same without ``sync_dirty``: the hub finds its changes by draining on its cadence."""
+
+    TYPE: ClassVar[str] = "test-polled-counter"
+
+    def __init__(
+        self, name: str = "test-polled-counter", params: PluginParams | None = None, handle: Any = None
+    ) -> None:
+        super().__init__(name, params, handle)
+        del self.sync_dirty
 
 
 def make_counter(name: str = "counter", handle: Handle | None = None) -> RoutedCounter:
