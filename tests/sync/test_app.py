@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from epp.app import compose
+from epp.app import compose, reload
 from epp.app.compose import build_app
 from epp.app.registry import default_registry
 from epp.app.serve import serve
@@ -15,7 +15,7 @@ from epp.cli.flags import parse_flags
 from epp.errors import ConfigError
 from epp.plugin.registry import Registry
 from epp.sync.peers import Peer
-from epp.testing.replicated import SNAPSHOT_ORIGIN, RoutedCounter
+from epp.testing.replicated import SNAPSHOT_ORIGIN, PolledCounter, RoutedCounter
 from epp.testing.waiting import until
 from tests.sync.conftest import mesh, port_pair
 
@@ -35,9 +35,11 @@ def counter_registered(monkeypatch: pytest.MonkeyPatch) -> None:
     def registry(*, entry_points: bool = True) -> Registry:
         r = default_registry(entry_points=entry_points)
         r.register(RoutedCounter)
+        r.register(PolledCounter)
         return r
 
     monkeypatch.setattr(compose, "default_registry", registry)
+    monkeypatch.setattr(reload, "default_registry", registry)
 
 
 def test_peers_flags_make_a_plan_with_this_replicas_id() -> None:
@@ -103,6 +105,50 @@ async def test_ready_only_after_restoring_a_serving_peers_view() -> None:
             await until(lambda: warm.hub.connected == 1, 5, what="warm hears new")
             counter.count("e2", 2)  # sent once warm's SUB is connected (a PUB drops before)
             await until(lambda: warm.counter.learned.get("new") == {"e2": 4}, 5, what="warm learns new")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+async def test_a_live_reload_rebinds_the_hub_to_the_new_plugins(tmp_path: pathlib.Path) -> None:
+    async with mesh(["warm"]) as (warm,):
+        polled = PolledCounter("polled")
+        warm.hub.bind([warm.counter, polled])
+        port = port_pair()
+        path = tmp_path / "config.yaml"
+        path.write_text(CONFIG)
+        opts = parse_flags(
+            [
+                *BASE,
+                "--grpc-port=0",
+                "--grpc-health-port=0",
+                "--metrics-port=0",
+                "--metrics-endpoint-auth=false",
+                "--config-reload-interval=50ms",
+                f"--config-file={path}",
+                f"--peers=127.0.0.1:{warm.hub.transport.port}",
+                f"--peer-port={port}",
+                "--replica-id=new",
+            ],
+            {},
+        )
+        app = build_app(opts, {})
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(app, stop=stop))
+        try:
+            await until(lambda: app.serving or task.done(), 20, what="the EPP serving")
+            hub = app.sync_hub
+            assert hub is not None and sorted(hub.plugins) == ["test-routed-counter/counter"]
+            kept = hub.plugins["test-routed-counter/counter"]
+            path.write_text(CONFIG + "- {name: polled, type: test-polled-counter}\n")
+            await until(lambda: len(hub.plugins) == 2, 10, what="the reload rebinding the hub")
+            assert hub.plugins["test-routed-counter/counter"] is kept  # unchanged: the same instance
+            added = hub.plugins["test-polled-counter/polled"]
+            assert isinstance(added, PolledCounter)
+            warm.peers.set([Peer("new", "127.0.0.1", port)])
+            await until(lambda: warm.hub.connected == 1, 5, what="warm hears new")
+            added.count("e", 3)
+            await until(lambda: polled.learned.get("new") == {"e": 3}, 5, what="the new plugin's deltas sent")
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)
