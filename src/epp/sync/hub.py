@@ -34,7 +34,7 @@ import structlog
 from epp.plugin.replicated import Replicated
 from epp.sync import metrics
 from epp.sync.peers import Peer, PeerSource
-from epp.sync.transport import Frames, ZmqTransport
+from epp.sync.transport import REQUEST_MAX_BYTES, SNAPSHOT_MAX_BYTES, Frames, ZmqTransport
 from epp.sync.wire import WireError, decode_batch, decode_reply, decode_request, encode, encode_batch
 
 log = structlog.get_logger(__name__)
@@ -102,6 +102,7 @@ class SyncHub:
         self._failing: set[str] = set()  # keys whose drain/apply raised (logged once)
         self.ticks = 0  # cadence ticks run (tests wait on it instead of sleeping)
         self._polled = True
+        self._self_listed = 0  # 1 once our own messages came back: one configured peer is us
 
     # --- plugins -----------------------------------------------------------------------
     @property
@@ -197,7 +198,8 @@ class SyncHub:
             self._reject(e.reason)
             return
         if sender == self.replica_id:
-            return  # our own address was in the list under another name
+            self._self_listed = 1  # our own address was in the list under another name
+            return
         now = asyncio.get_running_loop().time()
         last = self._last_seq.get(sender)
         if last is not None:
@@ -258,7 +260,7 @@ class SyncHub:
                 del self._last_seen[origin]
                 self._last_seq.pop(origin, None)
                 self._silent.discard(origin)
-        configured = len(self.transport.peers)
+        configured = len(self.transport.peers) - self._self_listed
         connected = len(self._last_seen) - len(self._silent)
         gauges = (connected, max(0, configured - connected))
         if gauges != self._gauges:
@@ -281,7 +283,7 @@ class SyncHub:
     # --- warm start --------------------------------------------------------------------
     def _answer(self, frames: Frames) -> bytes | None:
         try:
-            decode_request(frames, self.transport.max_message_bytes)
+            decode_request(frames, REQUEST_MAX_BYTES)
         except WireError as e:
             self._reject(e.reason)
             return None
@@ -296,7 +298,7 @@ class SyncHub:
 
     def _accept(self, frames: Frames) -> bool:
         try:
-            responder, serving, snapshot = decode_reply(frames, self.transport.max_message_bytes)
+            responder, serving, snapshot = decode_reply(frames, SNAPSHOT_MAX_BYTES)
         except WireError as e:
             self._reject(e.reason)
             return False

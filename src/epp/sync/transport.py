@@ -30,6 +30,10 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_HWM: Final = 1000  # messages per peer; at ~one batch per loop tick, a second's worth or more
 DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+# A warm start's snapshot is the whole view (a large prefix index), from a peer this replica
+# chose to ask; requests to our ROUTER are a replica id.
+SNAPSHOT_MAX_BYTES: Final = 512 * 1024 * 1024
+REQUEST_MAX_BYTES: Final = 4096
 SNAPSHOT_OFFSET: Final = 1  # the ROUTER listens on --peer-port + 1
 
 Frames = list[bytes]
@@ -69,7 +73,7 @@ class ZmqTransport:
         pub.setsockopt(zmq.LINGER, 0)
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, self.hard_limit)
+        router.setsockopt(zmq.MAXMSGSIZE, REQUEST_MAX_BYTES)
         router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         try:
             if self.port:
@@ -208,7 +212,7 @@ class ZmqTransport:
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.IMMEDIATE, 1)  # queue requests only to peers that are up
-        dealer.setsockopt(zmq.MAXMSGSIZE, self.hard_limit)
+        dealer.setsockopt(zmq.MAXMSGSIZE, SNAPSHOT_MAX_BYTES)
         try:
             for peer in peers:
                 dealer.connect(peer.endpoint(SNAPSHOT_OFFSET))
