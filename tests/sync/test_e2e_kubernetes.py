@@ -1,0 +1,103 @@
+"""Kubernetes mode (the test API server): active-active replicas both ready and syncing, and a
+hot standby under leader election that keeps syncing, so a failover lands on a warm replica."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import aiohttp
+import pytest
+
+from epp.testing.waiting import until
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess
+from tests.e2e.test_kubernetes import LE_ARGS, NS, Cluster, _leader_of, cluster, complete, holder
+from tests.sync.conftest import port_pair
+from tests.sync.test_e2e import CONFIG, _metrics, _plugin_site, _value
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _pair(c: Cluster, tmp: pathlib.Path, *extra: str, health: str) -> tuple[EppProcess, EppProcess]:
+    (tmp / "config.yaml").write_text(CONFIG)
+    site = _plugin_site(tmp)
+    pa, pb = port_pair(), port_pair()
+    peers = f"--peers=127.0.0.1:{pa},127.0.0.1:{pb}"
+    made = []
+    for name, port in (("a", pa), ("b", pb)):
+        made.append(
+            EppProcess(
+                "--pool-name=pool",
+                f"--pool-namespace={NS}",
+                f"--kubeconfig={c.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--config-file={tmp / 'config.yaml'}",
+                peers,
+                f"--peer-port={port}",
+                *extra,
+                env={"POD_NAME": f"epp-7d9f8b6c5d-{name}", "PYTHONPATH": str(site)},
+                health_service=health,
+            )
+        )
+    return made[0], made[1]
+
+
+async def _received(http: aiohttp.ClientSession, epp: EppProcess) -> float:
+    return _value(await _metrics(http, epp), "epp_sync_batches_received_total")
+
+
+async def test_active_active_both_ready_and_sharing(tmp_path: pathlib.Path) -> None:
+    async with cluster(tmp_path, 2) as c:
+        a, b = _pair(c, tmp_path, health="readiness")
+        await asyncio.gather(a.start(wait=False), b.start(wait=False))
+        try:
+            await asyncio.gather(a.wait_serving(), b.wait_serving())  # both ready: no leader needed
+            cfg = EnvoyConfig(
+                ext_proc_port=a.grpc_port,
+                ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
+            )
+            async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
+                async with asyncio.timeout(20):
+                    while not (await _received(http, a) > 0 and await _received(http, b) > 0):
+                        results = await asyncio.gather(
+                            *(complete(http, proxy.url, f"p{i}") for i in range(20))
+                        )
+                        assert all(status == 200 for status, _ in results)
+        except BaseException:
+            print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
+            raise
+        finally:
+            await asyncio.gather(a.stop(), b.stop())
+            a.cleanup()
+            b.cleanup()
+
+
+async def test_a_hot_standby_keeps_syncing(tmp_path: pathlib.Path) -> None:
+    async with cluster(tmp_path, 2) as c:
+        a, b = _pair(c, tmp_path, *LE_ARGS, health="liveness")
+        await asyncio.gather(a.start(wait=False), b.start(wait=False))
+        try:
+            await asyncio.gather(a.wait_serving(), b.wait_serving())
+            await until(lambda: holder(c.api) != "", 10, what="a leader")
+            leader, standby = await _leader_of(a, b)
+            cfg = EnvoyConfig(
+                ext_proc_port=a.grpc_port,
+                ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
+            )
+            async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
+                async with asyncio.timeout(20):
+                    while not await _received(http, standby) > 0:
+                        results = await asyncio.gather(
+                            *(complete(http, proxy.url, f"p{i}") for i in range(20))
+                        )
+                        assert all(status == 200 for status, _ in results)
+                assert not await standby.serving("readiness")  # still a standby, but warm
+                assert await leader.serving("readiness")
+        except BaseException:
+            print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
+            raise
+        finally:
+            await asyncio.gather(a.stop(), b.stop())
+            a.cleanup()
+            b.cleanup()
