@@ -309,7 +309,7 @@ def _parse_insertions(deltas: Any, what: str) -> list[tuple[str, list[int]]]:
             or len(d) != 2
             or not isinstance(d[0], str)
             or not isinstance(d[1], list)
-            or not all(type(h) is int and 0 <= h < _HASH_LIMIT for h in d[1])
+            or not _uint64s(d[1])
         ):
             raise ValueError(f"{what}: expected [endpoint name, [block hash (uint64), ...]], got {d!r:.80}")
         out.append((d[0], d[1]))
@@ -317,3 +317,10 @@ def _parse_insertions(deltas: Any, what: str) -> list[tuple[str, list[int]]]:
 
 
 _HASH_LIMIT: Final = 1 << 64
+
+
+def _uint64s(hashes: list[Any]) -> bool:
+    """Whether every element is an int in [0, 2**64): C-speed passes, a few us per 256 hashes."""
+    if not hashes:
+        return True
+    return set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) < _HASH_LIMIT
