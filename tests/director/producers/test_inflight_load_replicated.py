@@ -201,3 +201,12 @@ def test_no_bookkeeping_before_a_hub_drains() -> None:
     assert p.drain() == []  # first drain starts recording
     route(p, EPS[0])
     assert [d[0] for d in p.drain()] == [EPS[0].metadata.name]
+
+
+def test_without_datastore_wiring_a_peers_endpoint_is_counted() -> None:
+    a, b = replica(), build(InFlightLoadProducer)  # b: no endpoint observer wiring
+    route(a, EPS[2])
+    sync(a, "A", b)
+    assert load(b, EPS[2])[0] == 1
+    b.forget("A")
+    assert load(b, EPS[2]) == (0, 0)
