@@ -19,6 +19,10 @@ window (``maxBatchSize``) fails the request's production (logged; it routes with
 Upstream extends its per-producer timeout to the window + 300 ms (``produce_timeout``); this
 EPP's director gives all producers one budget (0.4 s), so a longer window is warned about at
 start and a request whose budget runs out first routes without the burst's affinity.
+
+Active-active replicas share nothing here: a window lives ``windowDurationMs`` and places only the
+requests this replica received in it; what its placements teach is shared by the producers that
+remember them (``approx-prefix-cache-producer``, the pending precise-prefix blocks).
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ class SessionAffinityFilter(SessionHooks, PluginBase):
             handle,
             self,
             stateful=stateful,
+            sync_key=f"{self.TYPE}/{name}",
             headers=[s.header for s in sid.sources] if stateful else [token],
             response_header=token,
             profile_name=params.profile_name,

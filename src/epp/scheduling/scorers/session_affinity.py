@@ -75,6 +75,7 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
             handle,
             self,
             stateful=stateful,
+            sync_key=f"{self.TYPE}/{name}",
             headers=headers,
             response_header=token,
             profile_name=params.profile_name,
