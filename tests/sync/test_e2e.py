@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import re
 
@@ -21,11 +22,15 @@ apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: test-routed-counter
-- type: queue-scorer
+- type: approx-prefix-cache-producer
+- type: inflight-load-producer
+- type: prefix-cache-scorer
+- type: token-load-scorer
 schedulingProfiles:
 - name: default
   plugins:
-  - pluginRef: queue-scorer
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: token-load-scorer
 """
 
 
@@ -68,6 +73,15 @@ async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathl
         await asyncio.gather(a.start(wait=False), b.start(wait=False))
         try:
             await asyncio.gather(a.wait_serving(), b.wait_serving())
+            for epp in (a, b):  # the real plugins are shared beside the test one
+                started = next(
+                    json.loads(x) for x in epp.log_path.read_text().splitlines() if "sync_started" in x
+                )
+                assert {
+                    "approx-prefix-cache-producer/approx-prefix-cache-producer",
+                    "inflight-load-producer/inflight-load-producer",
+                    "test-routed-counter/test-routed-counter",
+                } <= set(started["shared"])
             cfg = EnvoyConfig(
                 ext_proc_port=a.grpc_port,
                 ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
@@ -100,6 +114,7 @@ async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathl
                 for m in seen.values():
                     assert 'epp_sync_peers{state="connected"} 1.0' in m
                     assert _value(m, "epp_sync_partitioned") == 0
+                    assert "epp_sync_rejected_total{" not in m  # the real plugins' deltas all apply
         except BaseException:
             print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
             raise

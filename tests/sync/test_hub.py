@@ -9,7 +9,8 @@ import zmq
 import zmq.asyncio
 
 from epp.metrics.series import REGISTRY
-from epp.sync.hub import DEFAULT_POLL
+from epp.sync.hub import DEFAULT_POLL, SyncHub
+from epp.sync.transport import ZmqTransport
 from epp.sync.wire import encode, encode_batch
 from epp.testing.replicated import SNAPSHOT_ORIGIN, PolledCounter, make_counter
 from epp.testing.waiting import until
@@ -242,3 +243,16 @@ async def test_rebind_on_reload_keeps_a_surviving_keys_view() -> None:
         assert fresh.learned["a"] == {"e1": 3}
         a.counter.count("e1", 1)
         await until(lambda: fresh.learned["a"] == {"e1": 4}, 5, what="deltas reach the new instance")
+
+
+def test_bind_skips_plugins_configured_not_to_share_and_drains_the_rest_once() -> None:
+    hub = SyncHub("x", ZmqTransport("127.0.0.1", 0))
+    try:
+        shared, private = make_counter("shared"), make_counter("private")
+        private.replicated = False  # type: ignore[attr-defined]  # e.g. syncCrossReplicaState: false
+        shared.count("e")  # before wiring: not a change to publish
+        hub.bind([shared, private, object()])
+        assert sorted(hub.plugins) == ["test-routed-counter/shared"]
+        assert shared.drain() == []  # the hub's first drain started recording from here
+    finally:
+        hub.transport.close()

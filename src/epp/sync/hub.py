@@ -118,8 +118,8 @@ class SyncHub:
         """
         new: dict[str, Replicated] = {}
         for plugin in plugins:
-            if not isinstance(plugin, Replicated):
-                continue
+            if not isinstance(plugin, Replicated) or getattr(plugin, "replicated", True) is False:
+                continue  # not shareable, or configured not to share (syncCrossReplicaState: false)
             key = plugin.sync_key
             if key in new:
                 log.warning("sync_duplicate_key", key=key, kept=str(new[key]), ignored=str(plugin))
@@ -127,14 +127,19 @@ class SyncHub:
             new[key] = plugin
         if self._plugins and self._tasks:
             self.flush()
+        bound = {id(p) for p in self._plugins.values()}
         for key, plugin in new.items():
+            if id(plugin) in bound:
+                continue
             old = self._plugins.get(key)
-            if old is not None and old is not plugin:
+            if old is not None:
                 try:
                     plugin.restore(old.snapshot())
                 except Exception:
                     log.exception("sync_rebind_restore_failed", key=key)
-                plugin.drain()  # what it restored is not a local change to publish
+            # A plugin records its changes from its first drain on (replicated.py): this one
+            # starts it, before any request, and drops what a restore may have recorded.
+            self._drain(key, plugin)
         for plugin in new.values():
             if hasattr(plugin, "sync_dirty"):  # opt-in: drain at the end of the tick it changed in
                 setattr(plugin, "sync_dirty", self.dirty)  # noqa: B010 - not part of the Protocol
@@ -164,15 +169,17 @@ class SyncHub:
         self._last_flush = asyncio.get_running_loop().time()
         batch: dict[str, list[Any]] = {}
         for key, plugin in self._plugins.items():
-            try:
-                deltas = plugin.drain()
-            except Exception:
-                self._fail_once("sync_drain_failed", key)
-                continue
-            if deltas:
+            if deltas := self._drain(key, plugin):
                 batch[key] = deltas
         if batch:
             self._publish(batch)
+
+    def _drain(self, key: str, plugin: Replicated) -> list[Any]:
+        try:
+            return plugin.drain()
+        except Exception:
+            self._fail_once("sync_drain_failed", key)
+            return []
 
     def _publish(self, batch: dict[str, list[Any]]) -> None:
         self._seq += 1
