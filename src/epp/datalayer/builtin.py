@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from epp.datalayer.discovery.file import FileDiscovery, MultiClusterFileDiscovery
 from epp.datalayer.extractors.core_metrics import CoreMetricsExtractor
 from epp.datalayer.extractors.dcgm import DCGMExtractor
 from epp.datalayer.extractors.topology import TopologyExtractor
@@ -22,4 +23,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     TopologyExtractor,
     DCGMDataSource,
     DCGMExtractor,
+    FileDiscovery,
+    MultiClusterFileDiscovery,
 )

@@ -224,9 +224,11 @@ class MetricsDataSource(PluginBase):
             await client.close()
 
     def target(self, endpoint: Endpoint) -> tuple[str, int]:
-        """Where this endpoint's page is served: its address and the port override or metrics port."""
+        """Where this endpoint's page is served: the port override on its address, else its metrics host."""
         md = endpoint.metadata
-        return md.address, self._port or md.metrics_port or md.port
+        if self._port:
+            return md.address, self._port
+        return md.metrics_address or md.address, md.metrics_port or md.port
 
     async def poll(self, endpoint: Endpoint) -> MetricFamilies:
         client = self._client
