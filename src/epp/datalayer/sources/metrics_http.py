@@ -39,11 +39,12 @@ def parse_duration(value: object) -> object:
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
 
-class MetricsDataSourceParams(PluginParams):
+class HTTPSourceParams(PluginParams):
+    """What every HTTP polling source of llm-d-router takes (its ``source/http`` package)."""
+
     scheme: str = "http"
     path: str = "/metrics"
     insecure_skip_verify: bool = True
-    port: int | None = None  # overrides every endpoint's metrics port (not for data-parallel pools)
     interval: Seconds | None = Field(default=None, ge=0)
     ca_cert_path: str = ""
     client_cert_path: str = ""
@@ -60,17 +61,21 @@ class MetricsDataSourceParams(PluginParams):
             raise ValueError(f"unsupported scheme: {v}")
         return v
 
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _empty_interval(cls, v: object) -> object:
+        return None if v == "" else v  # upstream: empty or omitted is every base tick
+
+
+class MetricsDataSourceParams(HTTPSourceParams):
+    port: int | None = None  # overrides every endpoint's metrics port (not for data-parallel pools)
+
     @field_validator("port")
     @classmethod
     def _port(cls, v: int | None) -> int | None:
         if v is not None and not 1 <= v <= 65535:
             raise ValueError(f"invalid port {v}: must be between 1 and 65535")
         return v
-
-    @field_validator("interval", mode="before")
-    @classmethod
-    def _empty_interval(cls, v: object) -> object:
-        return None if v == "" else v  # upstream: empty or omitted is every base tick
 
 
 # --- the deprecated --model-server-metrics-* flags: their one declaration (gie-inventory §1.1, §6.4) ---
@@ -169,10 +174,10 @@ class MetricsDataSource(PluginBase):
 
     def __init__(self, name: str, params: PluginParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
-        assert isinstance(params, MetricsDataSourceParams)
+        assert isinstance(params, HTTPSourceParams)  # a subclass's own parameters may lack ``port``
         self._params = params
         self._path = params.path if params.path.startswith("/") else "/" + params.path
-        self._port = params.port or 0
+        self._port = (params.port or 0) if isinstance(params, MetricsDataSourceParams) else 0
         self._interval = params.interval
         self._parser = ExpositionParser(None, max_bytes=params.max_body_bytes)
         self._client: ScrapeClient | None = None
