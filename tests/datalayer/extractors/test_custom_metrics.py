@@ -7,15 +7,26 @@ a counter ``custom_total_requests`` 12 → ``custom.total_requests``, and the fa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 
+from epp.admission.shedding import AlwaysAdmit
+from epp.app.build import BuildOptions, build
+from epp.app.registry import default_registry
+from epp.config.load import load_config
 from epp.datalayer.engines import ExtractionError
 from epp.datalayer.exposition import ExpositionParser
+from epp.datalayer.extractors.core_metrics import CoreMetricsExtractor
+from epp.datalayer.runtime import DataLayerRuntime
 from epp.datalayer.scalar_attributes import ScalarAttributeRef
+from epp.datastore.store import Datastore
+from epp.director.director import Director
 from epp.errors import ConfigError
 from epp.testing.plugins import FakeHandle
+from epp.testing.waiting import until
 from tests.datalayer.conftest import make_endpoint, make_extractor
 
 ENGINE_LABEL = "llm-d.ai/engine-type"
@@ -130,3 +141,54 @@ def test_custom_families_are_parsed() -> None:
     """The source is asked to parse the custom metrics' families too (it parses only what is wanted)."""
     ext = make_extractor(**_vllm_with({"attributeKey": "k", "metricSpec": "my_metric{x=y}"}))
     assert "my_metric" in ext.wanted_families()
+
+
+CONFIG = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: core-metrics-extractor
+  parameters:
+    engineConfigs:
+    - name: vllm
+      queuedRequestsSpec: "vllm:num_requests_waiting"
+      customMetrics:
+      - attributeKey: custom.queue_depth
+        metricSpec: "custom_queue_depth{tier=gold}"
+- type: endpoint-attribute-scorer
+  name: depth
+  parameters:
+    attributeKey: custom.queue_depth
+    algorithm: {type: linear_lower_is_better}
+- type: max-score-picker
+- type: single-profile-handler
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: depth
+  - pluginRef: max-score-picker
+"""
+
+
+async def test_a_custom_metric_steers_routing(servers: Callable[[int], Any]) -> None:
+    """Scraped by the default source, published by the extractor, read by endpoint-attribute-scorer
+    (the key given without a producer): the request goes where it is lowest."""
+    deep, shallow = await servers(2)
+    deep.behaviour.body = b'vllm:num_requests_waiting 0\ncustom_queue_depth{tier="gold"} 40\n'
+    shallow.behaviour.body = b'vllm:num_requests_waiting 0\ncustom_queue_depth{tier="gold"} 3\n'
+    components = build(load_config(CONFIG), default_registry(entry_points=False), BuildOptions())
+    ext = components.plugins["core-metrics-extractor"]
+    assert isinstance(ext, CoreMetricsExtractor)
+    ds = Datastore()
+    async with DataLayerRuntime(ds, components.data_sources, refresh_interval=0.02):
+        for srv in (deep, shallow):
+            ds.upsert(srv.endpoint().metadata)
+        depths = ext.scalar_values("custom.queue_depth/core-metrics-extractor")
+        assert depths is not None
+        await until(lambda: len(depths) == 2, what="both custom values scraped")
+        pipeline = components.request_control.pipeline(
+            scheduler=components.scheduler, admission=AlwaysAdmit()
+        )
+        body = orjson.dumps({"model": "m", "prompt": "hi", "max_tokens": 1})
+        decision = await Director(ds, pipeline).start({}, {}).route(body)
+    assert decision.destination == f"127.0.0.1:{shallow.port}"
