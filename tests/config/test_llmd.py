@@ -122,9 +122,9 @@ def test_inject_defaults_adds_the_metrics_source_beside_listed_ones() -> None:
             id="no-endpoint-ttl-type",
         ),
         pytest.param(
-            "dataLayer: {discovery: {pluginRef: d}}\n",
-            "dataLayer: endpoint discovery plugins (dataLayer.discovery) is not supported",
-            id="discovery-unsupported",
+            "dataLayer: {peerDiscovery: {pluginRef: d}}\n",
+            "dataLayer: peer discovery (dataLayer.peerDiscovery) is not supported",
+            id="peer-discovery-unsupported",
         ),
         pytest.param(
             "dataLayer: {injectDefaults: false}\n",

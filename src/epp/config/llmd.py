@@ -11,7 +11,7 @@ added a few fields (docs/configuration.md, "llm-d-router configs"):
 * ``dataLayer.injectDefaults`` (default true) adds the default metrics source beside the user's
   sources unless one named ``metrics-data-source`` is listed.
 * Fields for features this EPP does not have (``flowControl.noEndpointRequestTTL``,
-  ``defaultNegativePriorityBand``, ``enableEviction: true``, ``dataLayer.discovery``,
+  ``defaultNegativePriorityBand``, ``enableEviction: true``,
   ``peerDiscovery``, ``crossReplicaSyncerPluginRef``, ``crossReplicaSyncInterval``) are rejected
   with their field path rather than silently ignored.
 
@@ -71,7 +71,6 @@ class LlmdDataLayerConfig(_Model):
     @model_validator(mode="after")
     def _supported(self) -> LlmdDataLayerConfig:
         for field, what in (
-            ("discovery", "endpoint discovery plugins (dataLayer.discovery)"),
             ("peer_discovery", "peer discovery (dataLayer.peerDiscovery)"),
             ("cross_replica_sync_interval", "cross-replica state sync (dataLayer.crossReplicaSyncInterval)"),
         ):
@@ -203,7 +202,7 @@ class LlmdEndpointPickerConfig(_Model):
                     "dataLayer.injectDefaults: false with no dataLayer.sources leaves the EPP without "
                     "endpoint metrics; list a source or drop injectDefaults"
                 )
-            data_layer = DataLayerConfig.model_construct(sources=sources)
+            data_layer = DataLayerConfig.model_construct(sources=sources, discovery=self.data_layer.discovery)
         return EndpointPickerConfig.model_construct(
             api_version=self.api_version,
             kind=self.kind,

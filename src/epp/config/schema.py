@@ -154,6 +154,7 @@ class DataLayerSource(_Model):
 
 class DataLayerConfig(_Model):
     sources: Seq[DataLayerSource] = ()
+    discovery: PluginRef | None = None  # llm-d-router: a plugin that finds the endpoints (file-discovery)
 
     @model_validator(mode="after")
     def _needs_a_source(self) -> DataLayerConfig:
