@@ -167,6 +167,7 @@ EXPECTED |= {
     "multicluster-prefix-cache-scorer": EXPECTED["prefix-cache-scorer"],
     "multicluster-session-affinity-filter": EXPECTED["session-affinity-filter"],
     "p2p-source-producer": {"prefixMatchInfoProducerName", "minCachedTokenDelta", "prefillProfileName"},
+    "multicluster-approx-prefix-cache-producer": EXPECTED["approx-prefix-cache-producer"],
 }
 
 # Types whose parameters have no valid empty form (llm-d rejects them empty too).

@@ -22,7 +22,6 @@ from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.filters.slo_headroom_tier import SloHeadroomTierFilter
 from epp.scheduling.filters.topology_affinity import TopologyAffinityFilter
 from epp.scheduling.filters.utilization import UtilizationFilter
-from epp.scheduling.p2p_source import P2PSourceProducer
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.pickers.random import RandomPicker
 from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
@@ -71,7 +70,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     MultiClusterKVCacheUtilizationScorer,
     MultiClusterPrefixCacheScorer,
     MultiClusterSessionAffinityFilter,
-    P2PSourceProducer,  # a data producer + pre-request hook (p2p_source.py)
     SingleProfileHandler,
     MaxScorePicker,
     RandomPicker,

@@ -1,9 +1,8 @@
 """``p2p-source-producer`` (llm-d-router): name a peer that holds the prompt's KV blocks, so the
 routing sidecar can pull them over vLLM's P2P connector instead of recomputing them.
 
-A request-control plugin (a data producer and a pre-request hook, implemented structurally);
-it sits beside the scheduler because what it writes, like the P/D handlers' headers, is a
-routing-sidecar header about the scheduling outcome.
+A request-control plugin: a data producer (the source peer, before scheduling) and a
+pre-request hook (the routing-sidecar header, once the computing pod is known).
 """
 
 from __future__ import annotations

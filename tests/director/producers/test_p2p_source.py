@@ -16,16 +16,16 @@ from epp.datalayer.api import Endpoint, EndpointMetadata, Metrics
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.datastore.store import Datastore
 from epp.director.director import Director
-from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
-from epp.scheduling.api import ProfileRunResult, SchedulingResult
-from epp.scheduling.p2p_source import (
+from epp.director.producers.p2p_source import (
     KV_CACHE_SOURCE_HEADER,
     BestMatchPeer,
     P2PSourceProducer,
     P2PSourceProducerParams,
     spread_fraction,
 )
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.testing.plugins import FakeHandle
 
 BLOCK = 16  # upstream's testBlockSize
