@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from epp.plugin.keys import StateKey
+
 
 class ApiKind(enum.StrEnum):
     """Which API a request body speaks; decides validation, prompt extraction and usage fields."""
@@ -103,9 +105,49 @@ class ResponseInfo:
 
 
 BYTES_PER_TOKEN: Final = 4  # GIE's SimpleTokenEstimator
-# The per-request latency SLO headers of GIE's predictor family and its SLO-deadline ordering.
-SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
-SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
+
+# The agent session a request belongs to (llm-d-router's producer-agnostic ``agent-identity``
+# request attribute).  Any request-header plugin able to resolve one may put it; the director
+# makes it the fairness id when the client sent none, and the session-affinity plugins read it
+# as a ``sessionIdConfig`` source.  Here, below both, so each reads the one key.
+AGENT_IDENTITY: Final[StateKey[str]] = StateKey("agent-identity")
+
+# The request headers a client or gateway sets to steer the EPP.  llm-d-router renamed GIE's
+# headers to ``x-llm-d-*`` and still reads the old names as deprecated aliases (its
+# ``metadata.headerAliases``); the names here are llm-d's, ``control_header`` reads both.
+FAIRNESS_HEADER: Final = "x-llm-d-inference-fairness-id"
+OBJECTIVE_HEADER: Final = "x-llm-d-inference-objective"
+MODEL_REWRITE_HEADER: Final = "x-llm-d-model-name-rewrite"
+# The per-request latency SLO headers of the predictor family and the SLO-deadline ordering.
+SLO_TTFT_HEADER: Final = "x-llm-d-slo-ttft-ms"
+SLO_TPOT_HEADER: Final = "x-llm-d-slo-tpot-ms"
+# Each current name, then its deprecated aliases (GIE's names), all lower case.
+HEADER_ALIASES: Final[Mapping[str, tuple[str, ...]]] = {
+    FAIRNESS_HEADER: (FAIRNESS_HEADER, "x-gateway-inference-fairness-id"),
+    OBJECTIVE_HEADER: (OBJECTIVE_HEADER, "x-gateway-inference-objective"),
+    MODEL_REWRITE_HEADER: (MODEL_REWRITE_HEADER, "x-gateway-model-name-rewrite"),
+    SLO_TTFT_HEADER: (SLO_TTFT_HEADER, "x-slo-ttft-ms"),
+    SLO_TPOT_HEADER: (SLO_TPOT_HEADER, "x-slo-tpot-ms"),
+}
+
+
+def header_names(key: str) -> tuple[str, ...]:
+    """The names a control header is read under: the current one first, then its aliases."""
+    key = key.lower()
+    return HEADER_ALIASES.get(key, (key,))
+
+
+def control_header(headers: Mapping[str, str], key: str) -> str | None:
+    """A control header's value from lower-cased request headers, by any of its names.
+
+    As upstream's ``GetLowerCaseHeaderValue``: the first name *present* wins, so a client
+    sending both names gets llm-d's; None when no name is present.
+    """
+    for name in HEADER_ALIASES.get(key, (key,)):
+        value = headers.get(name)
+        if value is not None:
+            return value
+    return None
 
 
 def prompt_tokens(request: InferenceRequest) -> int:

@@ -467,3 +467,22 @@ async def test_stale_endpoints_are_skipped_while_a_fresh_one_exists() -> None:
     assert (await d.start({}, {}).route(body())).destination == alive.hostport
     alive.metrics = dead.metrics
     assert (await d.start({}, {}).route(body())).destination == dead.hostport  # fail open: lowest queue
+
+
+async def test_llmd_header_names_are_read_and_win_over_gie_names() -> None:
+    """llm-d-router's ``x-llm-d-*`` names steer the request; GIE's stay its deprecated aliases."""
+    d, ds = director()
+    ds.set_objectives([Objective(name="gold", priority=2), Objective(name="old", priority=-1)])
+    lc = d.start(
+        {
+            "x-llm-d-inference-objective": "gold",
+            "x-gateway-inference-objective": "old",
+            "x-llm-d-model-name-rewrite": "target-x",
+            "x-llm-d-inference-fairness-id": "tenant-a",
+        },
+        {},
+    )
+    decision = await lc.route(body("client-m"))
+    assert lc.request.objective == "gold" and lc.request.priority == 2
+    assert lc.request.fairness_id == "tenant-a"
+    assert decision.body is not None and orjson.loads(decision.body)["model"] == "target-x"

@@ -7,12 +7,16 @@ config order (the order of ``plugins:``), unlike Go, which uses map order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.datalayer.api import Endpoint
 from epp.plugin.base import Plugin
-from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
+
+# The request's agent identity: defined beside the request (the session-affinity plugins read it
+# too); request-header plugins import it from here.
+from epp.request import AGENT_IDENTITY as AGENT_IDENTITY
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
 
@@ -22,12 +26,6 @@ class Consumer(Protocol):
     """Anything (producer, filter, scorer) that reads per-endpoint attributes."""
 
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]]
-
-
-# The request's agent identity (llm-d-router's ``agent-identity`` request attribute).  Any
-# request-header plugin able to resolve one may put it; with no explicit fairness header the
-# director makes it the request's fairness id, so every turn of an agent session shares a queue.
-AGENT_IDENTITY: Final[StateKey[str]] = StateKey("agent-identity")
 
 
 @runtime_checkable

@@ -34,7 +34,14 @@ from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, Servic
 from epp.explain.record import Decision, breakdown, header_value, primary_trace
 from epp.metrics import series
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, RequestBody
+from epp.request import (
+    FAIRNESS_HEADER,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    InferenceRequest,
+    RequestBody,
+    control_header,
+)
 from epp.scheduling.api import PROFILE_TRACES, SchedulingResult
 from epp.tracing import spans
 
@@ -44,9 +51,6 @@ __all__ = ["Director", "Pipeline", "RequestLifecycle"]
 log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER: Final = "x-request-id"
-OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"
-MODEL_REWRITE_HEADER: Final = "x-gateway-model-name-rewrite"
-FAIRNESS_HEADER: Final = "x-gateway-inference-fairness-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
 
 
@@ -124,9 +128,9 @@ class Director:
         req = InferenceRequest(
             request_id=request_id,
             headers=headers,
-            objective=headers.get(OBJECTIVE_HEADER, ""),
-            fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
-            target_model=headers.get(MODEL_REWRITE_HEADER, ""),
+            objective=control_header(headers, OBJECTIVE_HEADER) or "",
+            fairness_id=control_header(headers, FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            target_model=control_header(headers, MODEL_REWRITE_HEADER) or "",
             metadata=metadata,
             received_at=time.monotonic(),
         )
@@ -252,7 +256,7 @@ class Director:
             except Exception as e:
                 raise Internal(f"request header plugin {plugin.typed_name} failed: {e}") from e
             timer.observe(time.perf_counter() - started)
-        if not req.headers.get(FAIRNESS_HEADER):
+        if not control_header(req.headers, FAIRNESS_HEADER):
             identity = state.get(AGENT_IDENTITY)
             if identity:
                 req.fairness_id = identity

@@ -11,23 +11,40 @@ from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
-from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks
+from epp.request import AGENT_IDENTITY, InferenceRequest
+from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks, SessionSource
 
 
 class HeaderSource(PluginParams):
-    """One place to read the session id from (llm-d: exactly one of ``header``/``attribute``)."""
+    """One place to read the session id from (llm-d: exactly one of ``header``/``attribute``).
+
+    ``attribute`` names a request attribute a plugin published before scheduling; the one
+    published here is ``agent-identity`` (the ``agent-identity`` request-header plugin's,
+    producer-agnostic, so ``producer`` stays empty).
+    """
 
     header: str = ""
     attribute: str = ""
+    producer: str = ""
 
     @model_validator(mode="after")
     def _one(self) -> HeaderSource:
-        if self.attribute:
-            raise ConfigError("sessionIdConfig.sources: attribute sources are not supported here; use header")
-        if not self.header:
-            raise ConfigError("sessionIdConfig.sources: each source needs a header")
+        if bool(self.header) == bool(self.attribute):
+            raise ConfigError("sessionIdConfig.sources: exactly one of header or attribute must be set")
+        if self.attribute and self.attribute != AGENT_IDENTITY.name:
+            raise ConfigError(
+                f"sessionIdConfig.sources.attribute: {self.attribute!r} is not a request attribute "
+                f"published here; the one supported is {AGENT_IDENTITY.name!r} (from agent-identity)"
+            )
+        if self.attribute and self.producer:
+            raise ConfigError(
+                f"sessionIdConfig.sources.producer: {AGENT_IDENTITY.name!r} is published "
+                "producer-agnostic; leave producer empty"
+            )
         return self
+
+    def source(self) -> SessionSource:
+        return self.header or AGENT_IDENTITY
 
 
 class EncodedEndpointHeaderConfig(PluginParams):
@@ -39,6 +56,10 @@ class SessionIdConfig(PluginParams):
     eviction_ttl_seconds: float = Field(300.0, ge=0)
     eviction_sweep_seconds: float = Field(10.0, gt=0)  # accepted; expiry is lazy (sessions.py)
     max_sessions: int = Field(100_000, gt=0)  # this EPP's bound on the store (LRU beyond it)
+
+    def lookup(self) -> list[SessionSource]:
+        """The sources in priority order: header names and cycle-state keys."""
+        return [s.source() for s in self.sources]
 
 
 class SessionAffinityFilterParams(PluginParams):
@@ -64,7 +85,8 @@ class SessionAffinityFilter(SessionHooks, PluginBase):
     Strategies (llm-d's): ``encoded_endpoint_header`` (default) reads the endpoint from the
     base64 token in ``encodedEndpointHeaderConfig.header`` (``x-session-token``) and writes
     the chosen endpoint's token on the response; ``session_id`` reads an opaque id from the
-    first non-empty header of ``sessionIdConfig.sources`` and keeps session -> endpoint in a
+    first non-empty source of ``sessionIdConfig.sources`` (a header, or the ``agent-identity``
+    attribute) and keeps session -> endpoint in a
     store bounded by ``maxSessions`` (LRU) and ``evictionTtlSeconds`` of idleness.
     Also a PreRequest (binds the session), ResponseHeaderProcessor (writes the token) and
     EndpointObserver (drops the bindings of a removed endpoint).
@@ -82,7 +104,7 @@ class SessionAffinityFilter(SessionHooks, PluginBase):
             handle,
             self,
             stateful=stateful,
-            headers=[s.header for s in sid.sources] if stateful else [token],
+            headers=sid.lookup() if stateful else [token],
             response_header=token,
             profile_name=params.profile_name,
             skip_when_saturated=params.skip_when_saturated,
@@ -93,5 +115,5 @@ class SessionAffinityFilter(SessionHooks, PluginBase):
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[Endpoint]:
-        ep = self.affinity.bound(request, endpoints)
+        ep = self.affinity.bound(request, endpoints, state)
         return endpoints if ep is None else [ep]
