@@ -330,10 +330,44 @@ async def test_failing_producer_does_not_stop_the_request() -> None:
 
 
 async def test_producers_share_one_timeout() -> None:
-    """A hanging producer is cut off by the shared timeout and the request still routes."""
+    """A hanging producer is cut off by the default timeout and the request still routes."""
     d, _ = director(producers=(Producer("slow", "hang"),), timeout=0.05)
     decision = await d.start({}, {}).route(body())
     assert decision.destination == "192.168.1.2:8000"
+
+
+class SlowProducer(Producer):
+    """Takes ``delay`` seconds (a producer that waits by design, e.g. a burst window); declares
+    ``own`` as its timeout (upstream's TimeoutAwareProducer) when given."""
+
+    def __init__(self, name: str, delay: float, own: float | None = None) -> None:
+        super().__init__(name)
+        self.delay, self.own = delay, own
+        if own is not None:
+            self.produce_timeout = lambda: own
+
+    async def prepare_request_data(
+        self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> None:
+        await asyncio.sleep(self.delay)  # the producer's own work takes this long: the scenario
+        LOG.append(f"done:{self.typed_name.name}")
+
+
+async def test_each_producer_runs_under_its_own_timeout() -> None:
+    """A producer declaring a long timeout is waited for past the default; one without is cut
+    at the default, and the producers after it still run."""
+    d, _ = director(
+        producers=(
+            SlowProducer("windowed", delay=0.15, own=5.0),  # 3x the default, within its own
+            SlowProducer("zero-declared", delay=3600, own=0.0),  # <= 0: the default applies
+            SlowProducer("undeclared", delay=3600),
+            Producer("after"),
+        ),
+        timeout=0.05,
+    )
+    decision = await d.start({}, {}).route(body())
+    assert decision.destination
+    assert [e for e in LOG if e.startswith(("done:", "produce:"))] == ["done:windowed", "produce:after"]
 
 
 async def test_sheddable_request_is_shed_when_saturated() -> None:

@@ -45,8 +45,9 @@ class RequestHeaderProcessor(Plugin, Protocol):
 class DataProducer(Plugin, Protocol):
     """Writes per-endpoint attributes for one request before scheduling.
 
-    Producers run in topological order of PRODUCES/CONSUMES under one shared timeout;
-    a failure is logged and the request goes on without that data.
+    Producers run in topological order of PRODUCES/CONSUMES, each under its own timeout (the
+    director's default, or its ``TimeoutAwareProducer.produce_timeout``); a failure or a
+    timeout is logged and the request goes on without that data.
     """
 
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]]
@@ -55,6 +56,18 @@ class DataProducer(Plugin, Protocol):
     async def prepare_request_data(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> None: ...
+
+
+@runtime_checkable
+class TimeoutAwareProducer(Protocol):
+    """A producer that declares its own timeout (llm-d-router's ``TimeoutAwareProducer``).
+
+    A producer that waits by design (``burst-prefix-cache-producer`` holds each request for its
+    window) would otherwise be cut at the director's default.  Seconds; a value <= 0 selects
+    the default.  Read once when the pipeline is built.
+    """
+
+    def produce_timeout(self) -> float: ...
 
 
 @runtime_checkable

@@ -2,7 +2,7 @@
 
 Order (GIE §3.1): parse → model rewrite → objective priority → request-header plugins
 (llm-d-router's; they may set the fairness id) → candidates → admission →
-data producers (DAG order, shared timeout) → admit plugins → scheduler → pre-request
+data producers (DAG order, each under its own timeout) → admit plugins → scheduler → pre-request
 plugins → body repackaging.  The director hands out one ``RequestLifecycle`` per request
 (``start``); the lifecycle calls back here to route and into ``ResponseSide`` (response.py)
 for the response.  What is noted about routing (a span per stage for a sampled request, the
@@ -25,6 +25,7 @@ from epp.datastore.store import Datastore
 from epp.director.api import AGENT_IDENTITY, Admitter
 from epp.director.candidates import locate, usable
 from epp.director.context import RequestContext, RoutingDecision
+from epp.director.dag import producer_timeout
 from epp.director.lifecycle import RequestLifecycle
 from epp.director.observer import NOT_OBSERVED, ActiveObserver, StageObserver, commit
 from epp.director.pipeline import Pipeline
@@ -74,6 +75,11 @@ class Director:
         self._pre_request_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
         self._request_header_timers = tuple(
             (p, plugin_timer("RequestHeader", p)) for p in pipeline.request_header
+        )
+        # Each producer's own timeout (upstream: one per producer, so a slow one does not eat
+        # the others' budget, and a producer that waits by design declares a longer one).
+        self._producers = tuple(
+            (p, producer_timeout(p, pipeline.producer_timeout)) for p in pipeline.producers
         )
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
@@ -425,26 +431,31 @@ class Director:
         return parsed, changed, rewrite
 
     async def _prepare_data(self, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]) -> None:
-        """Run producers in DAG order under one timeout; a failure is logged and the request goes on.
+        """Run producers in DAG order, each under its own timeout; a failure or a timeout is
+        logged and the request goes on.
 
-        Unlike Go, a failing producer does not skip the producers after it: each runs, and
-        consumers of missing data see no attribute (scorers treat that as no signal).
+        As upstream, each producer gets its declared timeout or the pipeline's default (0.4 s)
+        from when it starts.  Unlike Go, a failing or timed-out producer does not skip the
+        producers after it: each runs, and consumers of missing data see no attribute (scorers
+        treat that as no signal).
         """
-        try:
-            async with asyncio.timeout(self._pipeline.producer_timeout):
-                for producer in self._pipeline.producers:
-                    try:
-                        await producer.prepare_request_data(state, req, eps)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.warning(
-                            "prepare_data_failed",
-                            plugin=str(producer.typed_name),
-                            request_id=req.request_id,
-                            exc_info=True,
-                        )
-        except TimeoutError:
-            log.warning(
-                "prepare_data_timed_out", request_id=req.request_id, timeout=self._pipeline.producer_timeout
-            )
+        for producer, timeout in self._producers:
+            try:
+                async with asyncio.timeout(timeout):
+                    await producer.prepare_request_data(state, req, eps)
+            except TimeoutError:
+                log.warning(
+                    "prepare_data_timed_out",
+                    plugin=str(producer.typed_name),
+                    request_id=req.request_id,
+                    timeout=timeout,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning(
+                    "prepare_data_failed",
+                    plugin=str(producer.typed_name),
+                    request_id=req.request_id,
+                    exc_info=True,
+                )
