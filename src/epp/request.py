@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from epp.plugin.keys import StateKey
 
@@ -58,6 +58,14 @@ class HeaderMutation:
     remove: list[str] = field(default_factory=list)
 
 
+class Evictable(Protocol):
+    """An edge able to end its request in the response phase (llm-d-router's eviction channel)."""
+
+    def evict(self) -> None:
+        """End the request at the next chance with 429 ``request evicted by flow control``."""
+        ...
+
+
 @dataclass(slots=True, kw_only=True)
 class InferenceRequest:
     """One request, built by the ext_proc edge and enriched by the director."""
@@ -76,6 +84,11 @@ class InferenceRequest:
     explain: bool = False  # keep every candidate's final score (--emit-endpoint-scores)
     # Upstream header changes asked for by pre-request plugins (P/D headers); None for most requests.
     header_mutation: HeaderMutation | None = None
+    # In-flight eviction (flowControl.enableEviction): the edge that can end this request while its
+    # response streams (the ext_proc session, FULL_DUPLEX_STREAMED response only; None otherwise),
+    # and what flow control runs when the stream ends (set only for a request it tracks).
+    edge: Evictable | None = None
+    on_closed: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
