@@ -353,21 +353,33 @@ class SlowProducer(Producer):
         LOG.append(f"done:{self.typed_name.name}")
 
 
-async def test_each_producer_runs_under_its_own_timeout() -> None:
-    """A producer declaring a long timeout is waited for past the default; one without is cut
-    at the default, and the producers after it still run."""
+async def test_a_producer_declaring_a_long_timeout_is_waited_for_one_without_is_cut() -> None:
+    """A producer declaring a timeout runs past the budget under its own; one declaring none (or
+    <= 0) is cut at the budget, which ends production (upstream's first failing producer)."""
     d, _ = director(
         producers=(
-            SlowProducer("windowed", delay=0.15, own=5.0),  # 3x the default, within its own
-            SlowProducer("zero-declared", delay=3600, own=0.0),  # <= 0: the default applies
-            SlowProducer("undeclared", delay=3600),
+            SlowProducer("windowed", delay=0.15, own=5.0),  # 3x the budget, within its own
+            SlowProducer("zero-declared", delay=3600, own=0.0),  # <= 0: the budget applies
             Producer("after"),
         ),
         timeout=0.05,
     )
     decision = await d.start({}, {}).route(body())
     assert decision.destination
-    assert [e for e in LOG if e.startswith(("done:", "produce:"))] == ["done:windowed", "produce:after"]
+    assert [e for e in LOG if e.startswith(("done:", "produce:"))] == ["done:windowed"]
+
+
+async def test_a_declared_producer_s_time_is_not_charged_to_the_shared_budget() -> None:
+    d, _ = director(
+        producers=(
+            SlowProducer("before", delay=0.03),
+            SlowProducer("windowed", delay=0.4, own=5.0),  # twice the budget on its own
+            SlowProducer("after", delay=0.03),  # 0.06 s of the 0.2 s budget spent in all
+        ),
+        timeout=0.2,
+    )
+    await d.start({}, {}).route(body())
+    assert [e for e in LOG if e.startswith("done:")] == ["done:before", "done:windowed", "done:after"]
 
 
 async def test_sheddable_request_is_shed_when_saturated() -> None:

@@ -45,8 +45,8 @@ class RequestHeaderProcessor(Plugin, Protocol):
 class DataProducer(Plugin, Protocol):
     """Writes per-endpoint attributes for one request before scheduling.
 
-    Producers run in topological order of PRODUCES/CONSUMES, each under its own timeout (the
-    director's default, or its ``TimeoutAwareProducer.produce_timeout``); a failure or a
+    Producers run in topological order of PRODUCES/CONSUMES on the director's shared budget, or
+    under the timeout one declares (``TimeoutAwareProducer.produce_timeout``); a failure or a
     timeout is logged and the request goes on without that data.
     """
 

@@ -22,7 +22,7 @@ import structlog
 
 from epp.datalayer.api import Endpoint
 from epp.datastore.store import Datastore
-from epp.director.api import AGENT_IDENTITY, Admitter
+from epp.director.api import AGENT_IDENTITY, Admitter, DataProducer
 from epp.director.candidates import locate, usable
 from epp.director.context import RequestContext, RoutingDecision
 from epp.director.dag import producer_timeout
@@ -76,11 +76,8 @@ class Director:
         self._request_header_timers = tuple(
             (p, plugin_timer("RequestHeader", p)) for p in pipeline.request_header
         )
-        # Each producer's own timeout (upstream: one per producer, so a slow one does not eat
-        # the others' budget, and a producer that waits by design declares a longer one).
-        self._producers = tuple(
-            (p, producer_timeout(p, pipeline.producer_timeout)) for p in pipeline.producers
-        )
+        # Each producer with the timeout it declares (0: none, it runs on the shared budget).
+        self._producers = tuple((p, producer_timeout(p, 0.0)) for p in pipeline.producers)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -431,31 +428,47 @@ class Director:
         return parsed, changed, rewrite
 
     async def _prepare_data(self, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]) -> None:
-        """Run producers in DAG order, each under its own timeout; a failure or a timeout is
-        logged and the request goes on.
+        """Run producers in DAG order; a failure is logged and the request goes on.
 
-        As upstream, each producer gets its declared timeout or the pipeline's default (0.4 s)
-        from when it starts.  Unlike Go, a failing or timed-out producer does not skip the
-        producers after it: each runs, and consumers of missing data see no attribute (scorers
-        treat that as no signal).
+        The producers that declare no timeout share the pipeline's budget (0.4 s); one that
+        declares its own (``TimeoutAwareProducer``: a burst window, a render call) runs under it,
+        and its time is not charged to the budget.  One timer a request: its deadline moves
+        around a declared producer.  A timeout ends production, as upstream's first failing
+        producer does; a producer that raises does not (each runs, and consumers of missing data
+        see no attribute, which scorers treat as no signal).
         """
-        for producer, timeout in self._producers:
-            try:
-                async with asyncio.timeout(timeout):
-                    await producer.prepare_request_data(state, req, eps)
-            except TimeoutError:
-                log.warning(
-                    "prepare_data_timed_out",
-                    plugin=str(producer.typed_name),
-                    request_id=req.request_id,
-                    timeout=timeout,
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning(
-                    "prepare_data_failed",
-                    plugin=str(producer.typed_name),
-                    request_id=req.request_id,
-                    exc_info=True,
-                )
+        loop = asyncio.get_running_loop()
+        budget = self._pipeline.producer_timeout
+        running = None
+        try:
+            async with asyncio.timeout(budget) as deadline:
+                for producer, declared in self._producers:
+                    running = producer
+                    if not declared:
+                        await self._produce(producer, state, req, eps)
+                        continue
+                    started = loop.time()
+                    left = (deadline.when() or started) - started
+                    deadline.reschedule(started + declared)
+                    await self._produce(producer, state, req, eps)
+                    deadline.reschedule(loop.time() + left)
+        except TimeoutError:
+            log.warning(
+                "prepare_data_timed_out",
+                plugin=str(running.typed_name) if running is not None else "",
+                request_id=req.request_id,
+            )
+
+    @staticmethod
+    async def _produce(
+        producer: DataProducer, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> None:
+        try:
+            await producer.prepare_request_data(state, req, eps)
+        except Exception:  # not the timeout's cancellation: that is a BaseException
+            log.warning(
+                "prepare_data_failed",
+                plugin=str(producer.typed_name),
+                request_id=req.request_id,
+                exc_info=True,
+            )
