@@ -202,3 +202,27 @@ def test_the_guide_config_with_enable_eviction_builds_a_controller_that_evicts()
         states.append(admission.debug_state())
     assert states[0]["eviction"] == {"inFlight": 0, "evictable": 0, "evicted": 0}
     assert "eviction" not in states[1]
+
+
+def test_a_stream_ended_inside_the_eviction_confirms_it() -> None:
+    """The h2 transport writes the eviction reply at once, so the stream may end (and confirm)
+    before the decision returns: the revocation must already be outstanding then."""
+    ev = RequestEvictor(ORDER, SHEDDABLE)
+    rc = ReclamationController(ev, grace=0.5)
+    ev.set_listener(lambda item: rc.confirm(item, 0.0))
+
+    class ClosingEdge(Edge):
+        def __init__(self, request: InferenceRequest) -> None:
+            super().__init__()
+            self.request = request
+
+        def evict(self) -> None:
+            super().evict()
+            assert self.request.on_closed is not None
+            self.request.on_closed()  # the session closed within the write
+
+    r = req("r", priority=-1)
+    r.edge = ClosingEdge(r)
+    ev.track(r, 0.0)
+    assert rc.reclaim(1.0, 1.0, 10, now=0.0) == 1
+    assert not rc.gate_open(0.4) and rc.gate_open(0.5)  # confirmed: the grace, not the 10 s timeout

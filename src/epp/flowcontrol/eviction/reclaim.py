@@ -94,9 +94,15 @@ class RequestEvictor:
         head = self._head()
         return None if head is None else head.priority
 
-    def evict_n(self, n: int, priority_bound: int) -> list[EvictionItem]:
+    def evict_n(
+        self, n: int, priority_bound: int, issued: Callable[[EvictionItem], None] | None = None
+    ) -> list[EvictionItem]:
         """Evict up to ``n`` victims in order, stopping at the first whose priority is not
-        strictly below ``priority_bound`` (no victim at or above the demand's band)."""
+        strictly below ``priority_bound`` (no victim at or above the demand's band).
+
+        ``issued`` sees each victim before its edge is signalled: an edge may end the stream at
+        once (the h2 transport writes the reply), and the confirmation must find it outstanding.
+        """
         evicted: list[EvictionItem] = []
         while len(evicted) < n:
             item = self._head()
@@ -105,6 +111,8 @@ class RequestEvictor:
             heapq.heappop(self._heap)
             item.evicted = True
             self._evictable -= 1
+            if issued is not None:
+                issued(item)
             edge = item.request.edge
             if edge is not None:
                 edge.evict()
@@ -188,10 +196,12 @@ class ReclamationController:
         if net < 0 or (net == 0 and self._pending > 0):
             return 0
         n = min(max(1, math.ceil(net / credit)), self._max, evictable)
-        evicted = self._evictor.evict_n(n, demand_priority)
-        for item in evicted:
+
+        def issued(item: EvictionItem) -> None:
             self._outstanding[item] = _Debit(credit, now)
             self._pending += credit
+
+        evicted = self._evictor.evict_n(n, demand_priority, issued)
         self.revocations += len(evicted)
         return len(evicted)
 
