@@ -2,7 +2,7 @@
 
 Order (GIE §3.1): parse → model rewrite → objective priority → request-header plugins
 (llm-d-router's; they may set the fairness id) → candidates → admission →
-data producers (DAG order, each under its own timeout) → admit plugins → scheduler → pre-request
+data producers (DAG order, a shared budget or a declared timeout) → admit plugins → scheduler → pre-request
 plugins → body repackaging.  The director hands out one ``RequestLifecycle`` per request
 (``start``); the lifecycle calls back here to route and into ``ResponseSide`` (response.py)
 for the response.  What is noted about routing (a span per stage for a sampled request, the

@@ -24,7 +24,7 @@ no replies and sets ``route_pending``, and the transport awaits ``route()`` for 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -77,6 +77,12 @@ def headers_to_dict(hm: Any) -> dict[str, str]:
     return out
 
 
+class UnaskedWriter(Protocol):
+    """A transport able to write a session's reply that no message asked for."""
+
+    def write_unasked(self) -> None: ...
+
+
 class ExtProcSession:
     """One ext_proc session, message by message.
 
@@ -99,11 +105,11 @@ class ExtProcSession:
         "error",
         "finished",
         "lifecycle",
-        "push",
         "request_mode",
         "response_mode",
         "route_pending",
         "trace",
+        "writer",
     )
 
     def __init__(
@@ -130,7 +136,7 @@ class ExtProcSession:
         self._evicted = False  # flow control evicted the request: its next response message ends it
         # The transport's way to write a reply unasked (h2: at once, when no task owns the call);
         # None: the next message Envoy sends carries it.
-        self.push: Callable[[], None] | None = None
+        self.writer: UnaskedWriter | None = None
         self.request_mode: int = FULL_DUPLEX
         self.response_mode: int = FULL_DUPLEX
 
@@ -364,8 +370,8 @@ class ExtProcSession:
         response message Envoy sends (a 429 before the response headers went downstream; a
         reset stream after, which also resets the model server's connection)."""
         self._evicted = True
-        if self.push is not None and not self.finished:
-            self.push()  # the transport writes ``take_eviction()`` now if it can
+        if self.writer is not None and not self.finished:
+            self.writer.write_unasked()  # the transport writes ``take_eviction()`` now if it can
 
     def take_eviction(self) -> list[responses.Reply]:
         """The eviction reply, for a transport writing it unasked; [] when there is none to send."""

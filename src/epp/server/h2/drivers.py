@@ -128,7 +128,7 @@ class ExtProcSessionLike(Protocol):
     finished: bool
     route_pending: bool
 
-    push: Callable[[], None] | None
+    writer: Any  # set to the driver: ``write_unasked`` (epp.server.session.UnaskedWriter)
 
     def handle(self, msg: Any) -> list[Any]: ...
     async def route(self) -> list[Any]: ...
@@ -147,7 +147,7 @@ class SessionDriver:
         self._serialize = serialize
         self._pending: deque[Any] = deque()
         self._task: asyncio.Task[None] | None = None  # set: it owns the call until nothing is pending
-        session.push = self._push
+        session.writer = self
 
     def on_message(self, msg: Any) -> bool:
         if self._task is not None:
@@ -170,7 +170,7 @@ class SessionDriver:
         if self._task is None:
             self._end(OK)
 
-    def _push(self) -> None:
+    def write_unasked(self) -> None:
         """A reply the session has unasked (an evicted request's end): written now unless a task
         owns the call, which then writes it with the next message's replies."""
         if self._task is None and not self._call.ended:
