@@ -125,6 +125,9 @@ BYTES_PER_TOKEN: Final = 4  # GIE's SimpleTokenEstimator
 # makes it the fairness id when the client sent none, and the session-affinity plugins read it
 # as a ``sessionIdConfig`` source.  Here, below both, so each reads the one key.
 AGENT_IDENTITY: Final[StateKey[str]] = StateKey("agent-identity")
+# The session id ``session-id-producer`` reads from a header or cookie (llm-d-router's
+# ``SessionIDDataKey`` attribute), for the session-affinity plugins' ``sessionIdConfig`` too.
+SESSION_ID: Final[StateKey[str]] = StateKey("SessionID")
 
 # The request headers a client or gateway sets to steer the EPP.  llm-d-router renamed GIE's
 # headers to ``x-llm-d-*`` and still reads the old names as deprecated aliases (its

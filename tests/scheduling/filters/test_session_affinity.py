@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from epp.datalayer.api import Endpoint
+from epp.admission.shedding import AlwaysAdmit
+from epp.app.build import build as build_components
+from epp.app.registry import default_registry
+from epp.config.load import load_config
+from epp.datalayer.api import Endpoint, EndpointMetadata
+from epp.datastore.store import Datastore
+from epp.director.director import Director
 from epp.director.requestheader.agent_identity import AgentIdentity
 from epp.errors import ConfigError
 from epp.flowcontrol.detectors.concurrency import ConcurrencyDetector
@@ -172,7 +178,7 @@ def test_bad_config(params: dict[str, Any]) -> None:
     ("source", "error"),
     [
         ({"header": "h", "attribute": "agent-identity"}, "exactly one of header or attribute"),
-        ({"attribute": "tenant"}, r"sources.attribute: 'tenant' .* 'agent-identity'"),
+        ({"attribute": "tenant"}, r"sources.attribute: .tenant. .* .agent-identity. .* .SessionIDDataKey."),
         ({"attribute": "agent-identity", "producer": "session-id-producer"}, "sources.producer"),
     ],
 )
@@ -234,3 +240,46 @@ def test_agent_identity_source_pins_an_agent_session_end_to_end() -> None:
     assert routed({"x-claude-code-session-id": "agent-a"}, fallback=eps[0]) == [eps[2]]
     assert routed({"session-id": "agent-b"}, fallback=eps[1]) == eps  # another agent: unaffected
     assert routed({}, fallback=eps[0]) == eps  # no identity, no pin
+
+
+SESSION_ID_CONFIG = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: session-id-producer, parameters: {cookieName: conv}}
+- type: session-affinity-filter
+  parameters:
+    strategy: session_id
+    sessionIdConfig: {sources: [{attribute: SessionIDDataKey, producer: session-id-producer}]}
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: session-affinity-filter}, {pluginRef: random-picker}]
+"""
+
+
+async def test_session_id_producer_attribute_pins_a_cookie_session_through_the_director() -> None:
+    """llm-d's ``{attribute: SessionIDDataKey, producer: session-id-producer}``: the producer reads
+    the session from a cookie before scheduling, the filter pins on it (random picks otherwise)."""
+    components = build_components(load_config(SESSION_ID_CONFIG), default_registry())
+    ds = Datastore()
+    for i in range(4):
+        ds.upsert(
+            EndpointMetadata(
+                name=f"default/pod-{i}", address=f"10.0.0.{i + 1}", port=8000, pod_name=f"pod-{i}"
+            )
+        )
+    director = Director(
+        ds, components.request_control.pipeline(scheduler=components.scheduler, admission=AlwaysAdmit())
+    )
+    body = b'{"model": "m", "prompt": "hi"}'
+
+    async def routed(cookie: str) -> str:
+        lc = director.start({"cookie": cookie} if cookie else {}, {})
+        destination = (await lc.route(body)).destination
+        lc.close()
+        return destination
+
+    first = await routed("conv=c1; other=x")
+    assert {await routed("conv=c1") for _ in range(12)} == {first}
+    assert len({await routed("") for _ in range(24)}) > 1  # no session: the random picker spreads

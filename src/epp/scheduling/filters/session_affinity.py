@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from pydantic import Field, model_validator
 
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.keys import StateKey
 from epp.plugin.state import CycleState
-from epp.request import AGENT_IDENTITY, InferenceRequest
+from epp.request import AGENT_IDENTITY, SESSION_ID, InferenceRequest
 from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks, SessionSource
+
+SESSION_ID_ATTRIBUTE: Final = "SessionIDDataKey"  # upstream's session-id-producer key
+# The request attributes a session id may be read from, by upstream's name.
+ATTRIBUTES: Final[dict[str, StateKey[str]]] = {
+    AGENT_IDENTITY.name: AGENT_IDENTITY,
+    SESSION_ID_ATTRIBUTE: SESSION_ID,
+}
 
 
 class HeaderSource(PluginParams):
     """One place to read the session id from (llm-d: exactly one of ``header``/``attribute``).
 
-    ``attribute`` names a request attribute a plugin published before scheduling; the one
-    published here is ``agent-identity`` (the ``agent-identity`` request-header plugin's,
-    producer-agnostic, so ``producer`` stays empty).
+    ``attribute`` names a request attribute a plugin published before scheduling: ``agent-identity``
+    (the ``agent-identity`` request-header plugin's, producer-agnostic: ``producer`` stays empty)
+    or ``SessionIDDataKey`` (``session-id-producer``'s; upstream's key carries the producer's
+    name, here one value a request whatever ``producer`` names).
     """
 
     header: str = ""
@@ -31,12 +40,13 @@ class HeaderSource(PluginParams):
     def _one(self) -> HeaderSource:
         if bool(self.header) == bool(self.attribute):
             raise ConfigError("sessionIdConfig.sources: exactly one of header or attribute must be set")
-        if self.attribute and self.attribute != AGENT_IDENTITY.name:
+        if self.attribute and self.attribute not in ATTRIBUTES:
             raise ConfigError(
                 f"sessionIdConfig.sources.attribute: {self.attribute!r} is not a request attribute "
-                f"published here; the one supported is {AGENT_IDENTITY.name!r} (from agent-identity)"
+                f"published here; the supported ones are {AGENT_IDENTITY.name!r} (agent-identity) "
+                f"and {SESSION_ID_ATTRIBUTE!r} (session-id-producer)"
             )
-        if self.attribute and self.producer:
+        if self.attribute == AGENT_IDENTITY.name and self.producer:
             raise ConfigError(
                 f"sessionIdConfig.sources.producer: {AGENT_IDENTITY.name!r} is published "
                 "producer-agnostic; leave producer empty"
@@ -44,7 +54,7 @@ class HeaderSource(PluginParams):
         return self
 
     def source(self) -> SessionSource:
-        return self.header or AGENT_IDENTITY
+        return self.header or ATTRIBUTES[self.attribute]
 
 
 class EncodedEndpointHeaderConfig(PluginParams):
@@ -85,8 +95,8 @@ class SessionAffinityFilter(SessionHooks, PluginBase):
     Strategies (llm-d's): ``encoded_endpoint_header`` (default) reads the endpoint from the
     base64 token in ``encodedEndpointHeaderConfig.header`` (``x-session-token``) and writes
     the chosen endpoint's token on the response; ``session_id`` reads an opaque id from the
-    first non-empty source of ``sessionIdConfig.sources`` (a header, or the ``agent-identity``
-    attribute) and keeps session -> endpoint in a
+    first non-empty source of ``sessionIdConfig.sources`` (a header, or the ``agent-identity`` or
+    ``session-id-producer`` attribute) and keeps session -> endpoint in a
     store bounded by ``maxSessions`` (LRU) and ``evictionTtlSeconds`` of idleness.
     Also a PreRequest (binds the session), ResponseHeaderProcessor (writes the token) and
     EndpointObserver (drops the bindings of a removed endpoint).
