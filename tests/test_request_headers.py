@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from epp.director.latency.slo import slo_ms
 from epp.request import (
     FAIRNESS_HEADER,
     MODEL_REWRITE_HEADER,
@@ -44,3 +45,10 @@ def test_current_name_wins_then_alias_then_plain() -> None:
     assert (
         control_header({OBJECTIVE_HEADER: "", "x-gateway-inference-objective": "old"}, OBJECTIVE_HEADER) == ""
     )
+
+
+def test_slo_headers_read_by_either_name() -> None:
+    """The predictor producer and the latency-SLO admitter read the SLOs through ``slo_ms``."""
+    assert slo_ms({"x-llm-d-slo-ttft-ms": "300"}, SLO_TTFT_HEADER) == 300.0
+    assert slo_ms({"x-slo-tpot-ms": "40"}, SLO_TPOT_HEADER) == 40.0
+    assert slo_ms({"x-llm-d-slo-tpot-ms": "20", "x-slo-tpot-ms": "40"}, SLO_TPOT_HEADER) == 20.0
