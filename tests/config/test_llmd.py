@@ -107,9 +107,9 @@ def test_inject_defaults_adds_the_metrics_source_beside_listed_ones() -> None:
             id="gie-field-validation-kept",
         ),
         pytest.param(
-            "flowControl: {enableEviction: true}\n",
-            "flowControl: in-flight eviction (flowControl.enableEviction) is not supported by this EPP",
-            id="eviction-unsupported",
+            "flowControl: {enableEviction: yes-please}\n",
+            "flowControl.enableEviction: Input should be a valid boolean",
+            id="eviction-type",
         ),
         pytest.param(
             "flowControl: {noEndpointRequestTTL: 5m}\n",

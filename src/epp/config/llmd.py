@@ -11,7 +11,7 @@ added a few fields (docs/configuration.md, "llm-d-router configs"):
 * ``dataLayer.injectDefaults`` (default true) adds the default metrics source beside the user's
   sources unless one named ``metrics-data-source`` is listed.
 * Fields for features this EPP does not have (``flowControl.noEndpointRequestTTL``,
-  ``defaultNegativePriorityBand``, ``enableEviction: true``,
+  ``defaultNegativePriorityBand``,
   ``peerDiscovery``, ``crossReplicaSyncerPluginRef``, ``crossReplicaSyncInterval``) are rejected
   with their field path rather than silently ignored.
 
@@ -85,7 +85,6 @@ class LlmdFlowControlConfig(FlowControlConfig):
     saturation_detector: PluginRef | None = None
     no_endpoint_request_ttl: Duration | None = Field(default=None, alias="noEndpointRequestTTL")
     default_negative_priority_band: PriorityBandConfig | None = None
-    enable_eviction: bool = False
 
     @model_validator(mode="after")
     def _supported(self) -> LlmdFlowControlConfig:
@@ -93,8 +92,6 @@ class LlmdFlowControlConfig(FlowControlConfig):
             raise _unsupported("a separate queue budget for an empty pool (flowControl.noEndpointRequestTTL)")
         if self.default_negative_priority_band is not None:
             raise _unsupported("a negative-priority band template (flowControl.defaultNegativePriorityBand)")
-        if self.enable_eviction:
-            raise _unsupported("in-flight eviction (flowControl.enableEviction)")
         return self
 
     def as_gie(self) -> FlowControlConfig:

@@ -197,6 +197,7 @@ class FlowControlConfig(_Model):
     default_priority_band: PriorityBandConfig | None = None
     priority_bands: Seq[PriorityBandConfig] = ()
     usage_limit_policy_plugin_ref: str = ""
+    enable_eviction: bool = False  # llm-d-router's in-flight eviction (epp.flowcontrol.eviction)
 
     def resolved(self) -> FlowControlConfig:
         """Every default made explicit, so the flow-control runtime reads plain values."""
