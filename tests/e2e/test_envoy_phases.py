@@ -1,0 +1,103 @@
+"""Which ext_proc phases Envoy 1.40 sends the EPP under the shipped Envoy configs (docs/envoy.md).
+
+The lean config (deploy/envoy/lean.yaml) is read from the file, so these tests check the config we
+ship: with no plugin reading the response, two messages per request reach the EPP; a plugin that
+reads usage still gets every chunk; an override the config does not list is ignored by Envoy
+(the response then flows and is answered as usual); with GIE's FULL_DUPLEX_STREAMED config every
+chunk flows.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import FAST_SIM, Stack, make_stack
+
+pytestmark = pytest.mark.e2e
+MODEL = "mock-model"
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "config" / "examples"
+SENT = "http.inference.ext_proc.stream_msgs_sent"
+STREAMED = {"model": MODEL, "prompt": "phases", "max_tokens": 12, "stream": True}
+
+
+def shipped_ext_proc(name: str) -> dict[str, Any]:
+    """The ext_proc filter's typed_config of deploy/envoy/<name>."""
+    doc = yaml.safe_load((ROOT / "deploy" / "envoy" / name).read_text())
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    (ext_proc,) = (
+        f["typed_config"] for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc"
+    )
+    return dict(ext_proc)
+
+
+def lean_envoy(**changes: Any) -> dict[str, Any]:
+    """EnvoyConfig overrides reproducing lean.yaml's ext_proc processing settings."""
+    cfg = shipped_ext_proc("lean.yaml")
+    mode = cfg["processing_mode"]
+    extra = {"allowed_override_modes": cfg["allowed_override_modes"], **changes}
+    return {
+        "request_body_mode": mode["request_body_mode"],
+        "response_body_mode": mode["response_body_mode"],
+        "response_header_mode": mode["response_header_mode"],
+        "request_trailer_mode": mode["request_trailer_mode"],
+        "response_trailer_mode": mode["response_trailer_mode"],
+        "allow_mode_override": cfg["allow_mode_override"],
+        "buffer_limit_bytes": 1 << 20,
+        "extra_ext_proc": extra,
+    }
+
+
+async def messages_per_request(s: Stack, body: dict[str, Any], n: int = 4) -> float:
+    """ext_proc messages Envoy sent per request for ``n`` streamed requests, each answered in full."""
+    before = (await s.envoy.stats())[SENT]
+    for _ in range(n):
+        r = await s.post("/v1/completions", body)
+        assert r.status == 200 and r.body.rstrip().endswith(b"data: [DONE]"), r.body[-200:]
+    return ((await s.envoy.stats())[SENT] - before) / n
+
+
+async def test_lean_config_sends_only_the_request_when_no_plugin_reads_the_response(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with make_stack(tmp_path, envoy=lean_envoy()) as s:
+        assert await messages_per_request(s, STREAMED) == 2  # request headers + buffered body
+
+
+async def test_lean_config_still_sends_every_chunk_to_a_usage_plugin(tmp_path: pathlib.Path) -> None:
+    """GIE's contract where a plugin needs the data: the reporter reads usage from the last event."""
+    config = (EXAMPLES / "request-attribute-reporter.yaml").read_text()
+    async with make_stack(tmp_path, config=config, sim_args=FAST_SIM, envoy=lean_envoy()) as s:
+        body = {**STREAMED, "max_tokens": 7, "ignore_eos": True, "stream_options": {"include_usage": True}}
+        assert await messages_per_request(s, body, n=2) > 3  # response headers and body chunks too
+        line = await s.access_log_line("POST /v1/completions 200")
+        assert "cost=7" in line, line
+
+
+async def test_an_override_the_config_does_not_list_is_ignored(tmp_path: pathlib.Path) -> None:
+    """allowed_override_modes without the EPP's mode: Envoy ignores the override (no error), sends
+    the response as configured, and the EPP answers it: requests still succeed."""
+    other = [
+        {
+            "request_body_mode": "BUFFERED",
+            "request_trailer_mode": "SKIP",
+            "response_header_mode": "SKIP",
+            "response_body_mode": "NONE",
+            "response_trailer_mode": "SKIP",
+        }
+    ]
+    async with make_stack(tmp_path, envoy=lean_envoy(allowed_override_modes=other)) as s:
+        assert await messages_per_request(s, STREAMED) > 3
+
+
+async def test_gie_full_duplex_config_sends_every_response_chunk(tmp_path: pathlib.Path) -> None:
+    """FULL_DUPLEX_STREAMED (GIE): Envoy would ignore any override, so all phases reach the EPP."""
+    mode = shipped_ext_proc("gie.yaml")["processing_mode"]
+    assert mode["request_body_mode"] == mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    async with make_stack(tmp_path) as s:
+        assert await messages_per_request(s, STREAMED) > 4  # headers, body chunks (Envoy coalesces some)
