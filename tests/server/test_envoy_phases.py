@@ -106,8 +106,8 @@ def headers_reply(*, without_waiting: bool, objects: str = NO_REWRITES) -> pb.Pr
     msg = req_headers({":method": "POST", ":path": "/v1/completions"})
     msg.protocol_config.CopyFrom(
         pb.ProtocolConfiguration(
-            request_body_mode=BUFFERED,  # type: ignore[arg-type]
-            response_body_mode=STREAMED,  # type: ignore[arg-type]
+            request_body_mode=BUFFERED,
+            response_body_mode=STREAMED,
             send_body_without_waiting_for_header_response=without_waiting,
         )
     )
