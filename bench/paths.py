@@ -121,13 +121,13 @@ EPP_PREFIX_LEAN = PathSpec(
     floor="floor-h2-lean-full",
     label="(d) Envoy lean + EPP (prefix-heavy)",
 )
-# deploy/envoy/fail-open.yaml: BUFFERED request bodies + failure_mode_allow, so Envoy goes on without
-# the EPP when it is down (FULL_DUPLEX_STREAMED does not fail open with Envoy 1.40).
+# deploy/envoy/fail-open.yaml: lean.yaml's modes + failure_mode_allow, so Envoy goes on without the EPP
+# when it is down (FULL_DUPLEX_STREAMED does not fail open with Envoy 1.40).
 EPP_FAIL_OPEN = PathSpec(
     "epp-fail-open",
     "epp",
-    envoy=(("request_body_mode", "BUFFERED"), ("failure_mode_allow", True), ("buffer_limit_bytes", 1 << 20)),
-    label="(d') Envoy + EPP, fail-open config (BUFFERED)",
+    envoy=(*LEAN.items(), ("failure_mode_allow", True)),
+    label="(d') Envoy + EPP, fail-open config (BUFFERED, response skipped)",
 )
 PEERS = (
     PathSpec(

@@ -10,7 +10,7 @@ concurrent streams, for each path at N = 1 and N = large, so that the per-chunk 
 free of the per-request cost.  "Chunks" are the response-body messages Envoy sent to the
 ext_proc server, read from Envoy's ext_proc counters.
 
-Two Envoy configurations (docs/decisions.md "Skipping response bodies"):
+Two Envoy configurations (docs/decisions.md "What each phase costs the proxy"):
 * GIE's FULL_DUPLEX_STREAMED both ways: every response chunk reaches the ext_proc server,
   whether or not a plugin needs it;
 * request body BUFFERED, response body STREAMED, allow_mode_override: the EPP asks Envoy to skip

@@ -10,6 +10,7 @@ chunk flows.
 from __future__ import annotations
 
 import pathlib
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -36,9 +37,9 @@ def shipped_ext_proc(name: str) -> dict[str, Any]:
     return dict(ext_proc)
 
 
-def lean_envoy(**changes: Any) -> dict[str, Any]:
-    """EnvoyConfig overrides reproducing lean.yaml's ext_proc processing settings."""
-    cfg = shipped_ext_proc("lean.yaml")
+def lean_envoy(name: str = "lean.yaml", **changes: Any) -> dict[str, Any]:
+    """EnvoyConfig overrides reproducing a shipped config's ext_proc processing settings."""
+    cfg = shipped_ext_proc(name)
     mode = cfg["processing_mode"]
     extra = {"allowed_override_modes": cfg["allowed_override_modes"], **changes}
     return {
@@ -48,6 +49,7 @@ def lean_envoy(**changes: Any) -> dict[str, Any]:
         "request_trailer_mode": mode["request_trailer_mode"],
         "response_trailer_mode": mode["response_trailer_mode"],
         "allow_mode_override": cfg["allow_mode_override"],
+        "failure_mode_allow": cfg["failure_mode_allow"],
         "buffer_limit_bytes": 1 << 20,
         "extra_ext_proc": extra,
     }
@@ -101,3 +103,21 @@ async def test_gie_full_duplex_config_sends_every_response_chunk(tmp_path: pathl
     assert mode["request_body_mode"] == mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
     async with make_stack(tmp_path) as s:
         assert await messages_per_request(s, STREAMED) > 4  # headers, body chunks (Envoy coalesces some)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [None, "request-attribute-reporter.yaml"], ids=["skipped", "streamed"])
+async def test_fail_open_config_skips_the_response_and_still_fails_open(
+    tmp_path: pathlib.Path, config: str | None
+) -> None:
+    """fail-open.yaml's modes: the EPP skips the response when no plugin reads it, and requests go
+    on round robin while the EPP is gone, whether their responses were skipped or STREAMED to it."""
+    from tests.e2e.test_fail_open import REQUESTS, run_through_an_epp_stop
+
+    envoy = {**lean_envoy("fail-open.yaml"), "fallback_to_fleet": True}
+    text = None if config is None else (EXAMPLES / config).read_text()
+    async with make_stack(tmp_path, config=text, epp_args=["--shutdown-delay=0s"], envoy=envoy) as s:
+        per_request = await messages_per_request(s, STREAMED, n=2)
+        assert per_request == 2 if config is None else per_request > 3
+        statuses = await run_through_an_epp_stop(s)
+    assert statuses == Counter({200: REQUESTS})
