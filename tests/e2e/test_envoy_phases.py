@@ -121,3 +121,24 @@ async def test_fail_open_config_skips_the_response_and_still_fails_open(
         assert per_request == 2 if config is None else per_request > 3
         statuses = await run_through_an_epp_stop(s)
     assert statuses == Counter({200: REQUESTS})
+
+
+async def test_an_explained_request_gets_its_response_headers_under_the_lean_config(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The second mode lean.yaml lists: response headers SEND, body NONE, for a request that asked
+    for an explanation; the next request, unexplained, skips the response entirely."""
+    from epp.explain.record import SCORES_HEADER
+
+    explain = "x-epp-explain"
+    async with make_stack(
+        tmp_path, envoy=lean_envoy(), epp_args=[f"--explain-request-header={explain}"]
+    ) as s:
+        before = (await s.envoy.stats())[SENT]
+        r = await s.post("/v1/completions", STREAMED, headers={explain: "yes"})
+        assert r.status == 200 and SCORES_HEADER in r.headers
+        explained = (await s.envoy.stats())[SENT] - before
+        assert explained == 3  # request headers, body, response headers: no response chunk
+        r = await s.post("/v1/completions", STREAMED)
+        assert r.status == 200 and SCORES_HEADER not in r.headers
+        assert (await s.envoy.stats())[SENT] - before - explained == 2
