@@ -23,7 +23,7 @@ import argparse
 import random
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import orjson
@@ -186,8 +186,10 @@ def _sustained(w: dict[str, Any]) -> bool:
     )
 
 
-async def run(mode: str, *, profile: bool = True) -> dict[str, Any]:
+async def run(mode: str, *, profile: bool = True, rounds: int | None = None) -> dict[str, Any]:
     st = QUICK if mode == "quick" else FULL
+    if rounds:
+        st = replace(st, rounds=rounds)
     specs, notes = available(SPECS)
     for n in notes:
         log(f"overhead: {n}")
@@ -462,11 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--rounds", type=int, default=0, help="rounds instead of the mode's (medians need 3+)")
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "full"
     import uvloop
 
-    result = uvloop.run(run(mode, profile=not args.no_profile))
+    result = uvloop.run(run(mode, profile=not args.no_profile, rounds=args.rounds or None))
     result["versions"] = versions()
     path = write_result("overhead", result, mode=mode, seeds={"loadgen": SEED})
     log(f"overhead: wrote {path}")
