@@ -236,10 +236,6 @@ class ExtProcSession:
             return [_EMPTY_REQUEST_HEADERS_BYTES + self._skip_response_override(lc)]
         return []
 
-    def _skippable(self) -> bool:
-        """Whether Envoy would honour a ``mode_override`` on this stream (see ``overridable``)."""
-        return self._overridable
-
     def _skip_response_override(self, lc: RequestLifecycle) -> bytes:
         """``ProcessingResponse.mode_override`` asking Envoy not to send the response (its headers
         too when no plugin reads them), or b"".
