@@ -23,6 +23,7 @@ no replies and sets ``route_pending``, and the transport awaits ``route()`` for 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -68,6 +69,44 @@ STREAMED: Final = mode_pb.ProcessingMode.STREAMED
 NONE: Final = mode_pb.ProcessingMode.NONE
 
 
+def overridable(config: pb.ProtocolConfiguration) -> bool:
+    """Whether Envoy (1.40) honours a ``mode_override`` on a stream with this ``protocol_config``.
+
+    Envoy ignores the field whenever either configured body mode is FULL_DUPLEX_STREAMED (GIE's
+    config) or ``send_body_without_waiting_for_header_response`` is set; otherwise it applies it
+    if ``allow_mode_override`` is on and ``allowed_override_modes`` is empty or lists it (which
+    the EPP cannot see: deploy/envoy/lean.yaml lists exactly ``lean_override``'s modes).
+    docs/envoy.md, "When Envoy honours mode_override".
+    """
+    return (
+        config.request_body_mode != FULL_DUPLEX
+        and config.response_body_mode != FULL_DUPLEX
+        and not config.send_body_without_waiting_for_header_response
+    )
+
+
+@functools.cache
+def lean_override(request_mode: int, *, headers: bool) -> bytes:
+    """The ``mode_override`` field (ProcessingResponse field 9) that skips the response body and
+    trailers, and the response headers unless ``headers``; the request side as configured.
+
+    Request trailers stay SEND: with a BUFFERED body, HTTP/2 trailers are what ends the body, so
+    skipping them would leave the request unrouted.  Body modes are always taken from the
+    override, so the request body mode is restated.  Cached: at most a few distinct values,
+    and one bytes object per request saved.
+    """
+    send, skip = mode_pb.ProcessingMode.SEND, mode_pb.ProcessingMode.SKIP
+    mode = mode_pb.ProcessingMode(
+        request_header_mode=send,
+        request_body_mode=request_mode,  # type: ignore[arg-type]
+        request_trailer_mode=send,
+        response_header_mode=send if headers else skip,
+        response_body_mode=NONE,
+        response_trailer_mode=skip,
+    )
+    return wire.field(b"\x4a", mode.SerializeToString())
+
+
 def headers_to_dict(hm: Any) -> dict[str, str]:
     """Envoy header map → dict with lower-cased keys; ``raw_value`` wins over ``value``."""
     out: dict[str, str] = {}
@@ -100,6 +139,7 @@ class ExtProcSession:
         "_evicted",
         "_max_body",
         "_on_close",
+        "_overridable",
         "_tracing",
         "closed",
         "error",
@@ -139,6 +179,7 @@ class ExtProcSession:
         self.writer: UnaskedWriter | None = None
         self.request_mode: int = FULL_DUPLEX
         self.response_mode: int = FULL_DUPLEX
+        self._overridable = False  # whether Envoy honours mode_override here (protocol_config)
 
     # the transport's two calls ----------------------------------------------------
     def handle(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
@@ -215,6 +256,7 @@ class ExtProcSession:
             config = msg.protocol_config
             self.request_mode = config.request_body_mode
             self.response_mode = config.response_body_mode
+            self._overridable = overridable(config)
         http_headers = msg.request_headers
         headers = headers_to_dict(http_headers.headers)
         if self._tracing.enabled:
@@ -236,32 +278,17 @@ class ExtProcSession:
             return [_EMPTY_REQUEST_HEADERS_BYTES + self._skip_response_override(lc)]
         return []
 
-    def _skippable(self) -> bool:
-        """Envoy honours mode_override only when neither body mode is FULL_DUPLEX_STREAMED."""
-        return self.request_mode != FULL_DUPLEX and self.response_mode != FULL_DUPLEX
-
     def _skip_response_override(self, lc: RequestLifecycle) -> bytes:
         """``ProcessingResponse.mode_override`` asking Envoy not to send the response (its headers
         too when no plugin reads them), or b"".
 
-        Only when nothing in the EPP needs it, and effective only with ``allow_mode_override:
-        true`` and non-full-duplex body modes (protobuf fields concatenate, so the field is
-        appended to the reply's bytes).  The request-side modes are restated because the
-        override replaces the whole mode.
+        Only when nothing in the EPP needs it, and only where Envoy honours it (``overridable``):
+        an override Envoy would ignore is bytes for nothing.  Protobuf fields concatenate, so the
+        precomputed field is appended to the reply's bytes.
         """
-        if not self._skippable() or lc.response_body_needed:
+        if not self._overridable or lc.response_body_needed:
             return b""
-        mode = mode_pb.ProcessingMode(
-            request_header_mode=mode_pb.ProcessingMode.SEND,
-            request_body_mode=self.request_mode,  # type: ignore[arg-type]
-            request_trailer_mode=mode_pb.ProcessingMode.SKIP,
-            response_header_mode=mode_pb.ProcessingMode.SEND
-            if lc.response_headers_needed
-            else mode_pb.ProcessingMode.SKIP,
-            response_body_mode=NONE,
-            response_trailer_mode=mode_pb.ProcessingMode.SKIP,
-        )
-        return wire.field(b"\x4a", mode.SerializeToString())  # ProcessingResponse.mode_override = 9
+        return lean_override(self.request_mode, headers=lc.response_headers_needed)
 
     def _request_body(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
         lc = self.lifecycle
