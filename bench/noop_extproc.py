@@ -109,7 +109,16 @@ class NoopSession:
     servicer below iterates the same object, so both floors send the same replies.
     """
 
-    __slots__ = ("_body", "_next", "_request_mode", "_response_mode", "_skip", "finished", "route_pending")
+    __slots__ = (
+        "_body",
+        "_next",
+        "_request_mode",
+        "_response_mode",
+        "_skip",
+        "finished",
+        "route_pending",
+        "writer",
+    )
 
     def __init__(self, next_upstream: Callable[[], str], *, skip_response: bool = False) -> None:
         self._next = next_upstream
@@ -118,6 +127,7 @@ class NoopSession:
         self._request_mode = self._response_mode = FULL_DUPLEX
         self.finished = False
         self.route_pending = False  # never: routing is a round robin, answered in ``handle``
+        self.writer: Any = None  # the driver sets itself here; a no-op never ends a call unasked
 
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         kind = msg.WhichOneof("request")
@@ -180,6 +190,9 @@ class NoopSession:
         return []
 
     async def route(self) -> list[pb.ProcessingResponse]:  # pragma: no cover - route_pending is never set
+        return []
+
+    def take_eviction(self) -> list[pb.ProcessingResponse]:  # pragma: no cover - never evicts
         return []
 
     def close(self) -> None:
