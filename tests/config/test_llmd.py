@@ -107,9 +107,9 @@ def test_inject_defaults_adds_the_metrics_source_beside_listed_ones() -> None:
             id="gie-field-validation-kept",
         ),
         pytest.param(
-            "flowControl: {enableEviction: true}\n",
-            "flowControl: in-flight eviction (flowControl.enableEviction) is not supported by this EPP",
-            id="eviction-unsupported",
+            "flowControl: {enableEviction: yes-please}\n",
+            "flowControl.enableEviction: Input should be a valid boolean",
+            id="eviction-type",
         ),
         pytest.param(
             "flowControl: {noEndpointRequestTTL: 5m}\n",
@@ -122,9 +122,9 @@ def test_inject_defaults_adds_the_metrics_source_beside_listed_ones() -> None:
             id="no-endpoint-ttl-type",
         ),
         pytest.param(
-            "dataLayer: {discovery: {pluginRef: d}}\n",
-            "dataLayer: endpoint discovery plugins (dataLayer.discovery) is not supported",
-            id="discovery-unsupported",
+            "dataLayer: {peerDiscovery: {pluginRef: d, bogus: 1}}\n",
+            "dataLayer.peerDiscovery.bogus: Extra inputs are not permitted",
+            id="peer-discovery-strict",
         ),
         pytest.param(
             "dataLayer: {injectDefaults: false}\n",
@@ -164,10 +164,10 @@ def test_gie_api_version_with_llm_d_only_fields_is_read_as_llm_d_router_reads_it
     assert cfg.api_version == "inference.networking.x-k8s.io/v1alpha1"
     assert cfg.parser is not None
     assert cfg.parser.plugin_ref == "passthrough-parser"
-    with pytest.raises(ConfigError, match=r"dataLayer\.discovery"):
+    with pytest.raises(ConfigError, match=r"flowControl\.noEndpointRequestTTL"):
         load_config(
             "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
-            "requestHandler: {parsers: []}\ndataLayer: {discovery: {pluginRef: x}}\n"
+            "requestHandler: {parsers: []}\nflowControl: {noEndpointRequestTTL: 5m}\n"
         )
 
 

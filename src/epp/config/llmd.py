@@ -11,8 +11,8 @@ added a few fields (docs/configuration.md, "llm-d-router configs"):
 * ``dataLayer.injectDefaults`` (default true) adds the default metrics source beside the user's
   sources unless one named ``metrics-data-source`` is listed.
 * Fields for features this EPP does not have (``flowControl.noEndpointRequestTTL``,
-  ``defaultNegativePriorityBand``, ``enableEviction: true``, ``dataLayer.discovery``) are
-  rejected with their field path rather than silently ignored.
+  ``defaultNegativePriorityBand``) are rejected with their field path rather than silently
+  ignored.
 * ``dataLayer.crossReplicaSyncerPluginRef``, ``crossReplicaSyncInterval`` and ``peerDiscovery``
   are kept: ``epp.sync`` reads them (docs/scale-out.md).
 
@@ -69,18 +69,11 @@ class LlmdDataLayerConfig(_Model):
     cross_replica_syncer_plugin_ref: str = ""
     cross_replica_sync_interval: Duration | None = None
 
-    @model_validator(mode="after")
-    def _supported(self) -> LlmdDataLayerConfig:
-        if self.discovery is not None:
-            raise _unsupported("endpoint discovery plugins (dataLayer.discovery)")
-        return self
-
 
 class LlmdFlowControlConfig(FlowControlConfig):
     saturation_detector: PluginRef | None = None
     no_endpoint_request_ttl: Duration | None = Field(default=None, alias="noEndpointRequestTTL")
     default_negative_priority_band: PriorityBandConfig | None = None
-    enable_eviction: bool = False
 
     @model_validator(mode="after")
     def _supported(self) -> LlmdFlowControlConfig:
@@ -88,8 +81,6 @@ class LlmdFlowControlConfig(FlowControlConfig):
             raise _unsupported("a separate queue budget for an empty pool (flowControl.noEndpointRequestTTL)")
         if self.default_negative_priority_band is not None:
             raise _unsupported("a negative-priority band template (flowControl.defaultNegativePriorityBand)")
-        if self.enable_eviction:
-            raise _unsupported("in-flight eviction (flowControl.enableEviction)")
         return self
 
     def as_gie(self) -> FlowControlConfig:
@@ -199,6 +190,7 @@ class LlmdEndpointPickerConfig(_Model):
                 )
             data_layer = DataLayerConfig.model_construct(
                 sources=sources,
+                discovery=self.data_layer.discovery,
                 cross_replica_syncer_plugin_ref=self.data_layer.cross_replica_syncer_plugin_ref,
                 cross_replica_sync_interval=self.data_layer.cross_replica_sync_interval,
                 peer_discovery=self.data_layer.peer_discovery,

@@ -87,11 +87,19 @@ def find(endpoints: Sequence[Endpoint], name: str | None) -> Endpoint | None:
     return by_pod
 
 
-def header_value(request: InferenceRequest, names: Sequence[str]) -> str:
-    """The first non-empty value among the request headers ``names`` (lower-cased)."""
+# Where a session id is read: a request header (lower-cased name) or a request-level value a
+# request-header plugin put in the cycle state (llm-d's ``sessionIdConfig.sources[].attribute``).
+SessionSource = str | StateKey[str]
+
+
+def header_value(
+    request: InferenceRequest, names: Sequence[SessionSource], state: CycleState | None = None
+) -> str:
+    """The first value among the sources ``names``, in order, that is not blank once trimmed
+    (upstream's ``resolveSessionID``; an attribute that is not a string is skipped)."""
     for name in names:
-        value = request.headers.get(name)
-        if value:
+        value = request.headers.get(name) if isinstance(name, str) else state.get(name) if state else None
+        if isinstance(value, str) and (value := value.strip()):
             return value
     return ""
 
@@ -261,7 +269,7 @@ class SessionAffinity:
         *,
         stateful: bool,
         sync_key: str,
-        headers: Sequence[str],
+        headers: Sequence[SessionSource],
         response_header: str,
         profile_name: str,
         skip_when_saturated: bool,
@@ -270,7 +278,7 @@ class SessionAffinity:
     ) -> None:
         self.stateful = stateful
         self.sync_key = sync_key
-        self.headers = tuple(h.lower() for h in headers)
+        self.headers = tuple(h.lower() if isinstance(h, str) else h for h in headers)
         self.response_header_name = response_header.lower()
         self.profile_name = profile_name
         self.skip_when_saturated = skip_when_saturated
@@ -278,17 +286,19 @@ class SessionAffinity:
         self.probe = SaturationProbe(handle, owner)
         self._picked = StateKey[Endpoint](f"session-affinity/picked/{id(self)}")  # this instance's
 
-    def session(self, request: InferenceRequest) -> str:
-        return header_value(request, self.headers)
+    def session(self, request: InferenceRequest, state: CycleState | None = None) -> str:
+        return header_value(request, self.headers, state)
 
-    def bound_name(self, request: InferenceRequest) -> str | None:
-        value = self.session(request)
+    def bound_name(self, request: InferenceRequest, state: CycleState | None = None) -> str | None:
+        value = self.session(request, state)
         if not value:
             return None
         return self.bindings.get(value) if self.stateful else decode_token(value)
 
-    def bound(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Endpoint | None:
-        ep = find(endpoints, self.bound_name(request))
+    def bound(
+        self, request: InferenceRequest, endpoints: Sequence[Endpoint], state: CycleState | None = None
+    ) -> Endpoint | None:
+        ep = find(endpoints, self.bound_name(request, state))
         return None if ep is not None and self.released(ep) else ep
 
     def released(self, endpoint: Endpoint) -> bool:
@@ -302,7 +312,7 @@ class SessionAffinity:
         target = run.target_endpoints[0]
         state.put(self._picked, target)
         if self.stateful:
-            session = self.session(request)
+            session = self.session(request, state)
             if session:
                 self.bindings.bind(session, target.name)
 

@@ -324,3 +324,11 @@ def _uint64s(hashes: list[Any]) -> bool:
     if not hashes:
         return True
     return set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) < _HASH_LIMIT
+
+
+class MulticlusterApproxPrefixCacheProducer(ApproxPrefixCacheProducer):
+    """llm-d-router's ``multicluster-approx-prefix-cache-producer``: the same index over
+    endpoints that are peer clusters (``multicluster-file-discovery``), with the same
+    parameters; a cluster's prefix cache is learned from this EPP's routing as a pod's is."""
+
+    TYPE: ClassVar[str] = "multicluster-approx-prefix-cache-producer"
