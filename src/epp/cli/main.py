@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import structlog
 
 from epp.app.compose import App, build_app
+from epp.app.options import FLAGS, Options
 from epp.app.serve import serve
 from epp.cli.flags import HelpRequested, parse_flags
 from epp.errors import ConfigError
 from epp.log import configure_logging
+from epp.workers.cores import available_cores
+from epp.workers.role import WorkerRole
+from epp.workers.supervisor import ExtraArgs, Supervisor, reserve_port, worker_argv
 
 log = structlog.get_logger(__name__)
 
@@ -43,8 +49,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"epp: {e}", file=sys.stderr)
         sys.exit(1)
     configure_logging(options)
-    for notice in options.notices:
-        log.warning("deprecated", notice=notice)
+    try:
+        role = WorkerRole.from_env(os.environ)
+    except ConfigError as e:
+        print(f"epp: {e}", file=sys.stderr)
+        sys.exit(1)
+    if role is None:
+        for notice in options.notices:
+            log.warning("deprecated", notice=notice)
+        count = options.workers or available_cores()
+        if count > 1:
+            sys.exit(_supervise(options, args, count, os.environ))
+    else:
+        options = worker_options(options, role)
     try:
         app = build_app(options, os.environ)
     except ConfigError as e:
@@ -61,3 +78,50 @@ def main(argv: Sequence[str] | None = None) -> None:
         log.exception("epp_crashed")
         sys.exit(2)
     sys.exit(code)
+
+
+def _supervise(options: Options, args: Sequence[str], count: int, env: Mapping[str, str]) -> int:
+    """``--workers N`` (N > 1): this process only supervises; each worker is this command line again."""
+    reservation = reserve_port(options.bind_address, options.grpc_port)  # --grpc-port 0: one port for all
+    with reservation:
+        port = int(reservation.getsockname()[1])
+        replica = env.get("POD_NAME") or socket.gethostname()
+        supervisor = Supervisor(
+            worker_argv(args, port), count, env=env, replica=replica, extra_args=sync_args(options)
+        )
+        return supervisor.run()
+
+
+_FLAG_NAMES = frozenset(f.name for f in FLAGS)
+
+
+def sync_args(options: Options) -> ExtraArgs:
+    """Per worker: what makes the workers of one pod peers of each other for routing-state sync.
+
+    ``--replica-id <pod>-w<i>`` and ``--peers`` = the flag's own peers (other pods) plus each
+    sibling's ``ipc://<run dir>/w<j>.sync``, and ``--peer-listen`` = the worker's own ipc
+    address.  Given only when the sync hub declares those flags (epp.sync, docs/workers.md).
+    """
+    given = getattr(options, "peers", "") or ""
+    peers = given.split(",") if isinstance(given, str) else [str(p) for p in given]
+
+    def extra(role: WorkerRole) -> list[str]:
+        out: list[str] = []
+        if "replica-id" in _FLAG_NAMES:
+            out.append(f"--replica-id={role.replica_id}")
+        if "peers" in _FLAG_NAMES:
+            siblings = [role.sync_endpoint(i) for i in role.siblings]
+            out.append("--peers=" + ",".join([p for p in peers if p] + siblings))
+        if "peer-listen" in _FLAG_NAMES:
+            out.append(f"--peer-listen={role.sync_endpoint()}")
+        return out
+
+    return extra
+
+
+def worker_options(options: Options, role: WorkerRole) -> Options:
+    """What only worker 0 does: leader election (the pod leads or not as one; the others follow its
+    health).  The health and metrics ports are decided in ``serve`` from the same role."""
+    if role.primary:
+        return options
+    return dataclasses.replace(options, ha_enable_leader_election=False)

@@ -1,0 +1,72 @@
+"""Which worker this process is, as the supervisor told it through ``EPP_WORKER``.
+
+The supervisor passes the role in the environment rather than as flags: it is how the processes
+of one pod find each other, not a setting an operator chooses, so it stays out of ``--help``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from epp.errors import ConfigError
+
+ENV: Final = "EPP_WORKER"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRole:
+    """Worker ``index`` of ``count``; ``run_dir`` holds the local sockets the workers share.
+
+    Worker 0 is the *primary*: it alone owns what must happen once per pod — the health and
+    metrics ports, leader election, binding the KV-events ``zmqEndpoint`` — and it serves the
+    pod's /metrics by merging every worker's series.
+    """
+
+    index: int
+    count: int
+    run_dir: Path
+    replica: str  # this pod's name; the worker's replica id is ``<replica>-w<index>``
+
+    @property
+    def primary(self) -> bool:
+        return self.index == 0
+
+    @property
+    def replica_id(self) -> str:
+        return f"{self.replica}-w{self.index}"
+
+    def metrics_socket(self, index: int | None = None) -> Path:
+        """The Unix socket where worker ``index`` (default: this one) serves /metrics and /ready."""
+        return self.run_dir / f"w{self.index if index is None else index}.metrics.sock"
+
+    def sync_endpoint(self, index: int | None = None) -> str:
+        """The ZMQ ``ipc://`` address worker ``index`` binds for routing-state sync with its siblings."""
+        return f"ipc://{self.run_dir / f'w{self.index if index is None else index}.sync'}"
+
+    @property
+    def siblings(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.count) if i != self.index)
+
+    def to_env(self) -> str:
+        return json.dumps(
+            {"index": self.index, "count": self.count, "run_dir": str(self.run_dir), "replica": self.replica}
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> WorkerRole | None:
+        """None when this process is not a supervised worker (``--workers 1``, or no supervisor)."""
+        raw = env.get(ENV)
+        if not raw:
+            return None
+        try:
+            d = json.loads(raw)
+            role = cls(int(d["index"]), int(d["count"]), Path(d["run_dir"]), str(d["replica"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{ENV}: not a worker role the supervisor writes: {raw!r} ({e})") from e
+        if not 0 <= role.index < role.count:
+            raise ConfigError(f"{ENV}: index {role.index} outside 0..{role.count - 1}")
+        return role
