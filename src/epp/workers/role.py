@@ -48,6 +48,12 @@ class WorkerRole:
         return f"ipc://{self.run_dir / f'w{self.index if index is None else index}.sync'}"
 
     @property
+    def kv_events_relay(self) -> str:
+        """Where worker 0 republishes the KV events of a centralised ``zmqEndpoint`` it alone can bind:
+        ``bind:<ipc>`` for worker 0, ``connect:<ipc>`` for the others (``EPP_KV_EVENTS_RELAY``)."""
+        return f"{'bind' if self.primary else 'connect'}:ipc://{self.run_dir / 'kv-events.pub'}"
+
+    @property
     def siblings(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.count) if i != self.index)
 

@@ -26,6 +26,7 @@ from typing import Final
 
 import structlog
 
+from epp.datalayer.kvevents.subscriber import RELAY_ENV
 from epp.workers.role import ENV, WorkerRole
 
 log = structlog.get_logger(__name__)
@@ -211,7 +212,7 @@ class Supervisor:
         role = WorkerRole(child.index, len(self._children), self._run_dir, self._replica)
         with contextlib.suppress(FileNotFoundError):
             role.metrics_socket().unlink()  # a dead worker's socket file
-        env = {**self._env, ENV: role.to_env()}
+        env = {**self._env, ENV: role.to_env(), RELAY_ENV: role.kv_events_relay}
         argv = self._argv + (self._extra_args(role) if self._extra_args is not None else [])
         child.proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
         child.pidfd = os.pidfd_open(child.proc.pid)
