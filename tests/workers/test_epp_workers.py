@@ -78,10 +78,13 @@ async def _until(cond: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> 
 
 
 @contextlib.asynccontextmanager
-async def _pod(workers: int) -> AsyncIterator[tuple[SimFleet, EppProcess]]:
+async def _pod(workers: int, *args: str) -> AsyncIterator[tuple[SimFleet, EppProcess]]:
     async with SimFleet(2, "--time-scale", "0.02") as fleet:
         epp = EppProcess(
-            f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1", f"--workers={workers}"
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            f"--workers={workers}",
+            *args,
         )
         try:
             async with epp:
@@ -92,7 +95,7 @@ async def _pod(workers: int) -> AsyncIterator[tuple[SimFleet, EppProcess]]:
 
 
 async def test_two_workers_share_the_port_and_one_metrics_endpoint_counts_both() -> None:
-    async with _pod(2) as (fleet, epp):
+    async with _pod(2, "--decisions-buffer-size=64") as (fleet, epp):
         assert sorted(_children(epp.pid)) == [0, 1]
         picked = await asyncio.gather(*(_route(epp.grpc_port) for _ in range(STREAMS)))
         assert set(picked) <= set(fleet.hostports)
@@ -104,6 +107,12 @@ async def test_two_workers_share_the_port_and_one_metrics_endpoint_counts_both()
         total = sum(v for (n, _), v in series.items() if n == "inference_objective_request_total")
         assert total == STREAMS  # each worker's counter, summed into the pod's
         assert series[("epp_workers_reporting", ())] == 2
+        url = f"http://127.0.0.1:{epp.metrics_port}/debug/decisions?limit=100"
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            decisions = (await r.json())["decisions"]
+        assert len(decisions) == STREAMS  # both workers' rings, one pod-wide answer
+        times = [d["time"] for d in decisions]
+        assert times == sorted(times, reverse=True)
 
 
 async def test_a_killed_worker_is_restarted_and_no_new_stream_fails() -> None:

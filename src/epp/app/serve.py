@@ -134,7 +134,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
                 opts.metrics_port,
                 unix_path=str(role.metrics_socket()) if local and role is not None else "",
                 ready=ready if role is not None else None,
-                aggregate=siblings.metrics if siblings is not None else None,
+                siblings=siblings,
                 enable_pprof=opts.enable_pprof,
                 authorize=None if local else authorize,
                 families=parse_families(opts.metrics_families),

@@ -27,18 +27,27 @@ MAX_PROFILE_SECONDS = 60.0
 Authorize = Callable[[str, str], Awaitable[tuple[int, str]]]
 
 
-# This process's body -> the pod's (``--workers``: worker 0 merges its siblings' series in).
-Aggregate = Callable[[bytes], Awaitable[bytes]]
+class Siblings(Protocol):
+    """``--workers``: worker 0 answers for the pod, merging in what the other workers answer."""
+
+    async def metrics(self, own: bytes) -> bytes:
+        """This process's /metrics body → the pod's."""
+        ...
+
+    async def decisions(self, own: dict[str, Any], request_id: str, limit: int) -> dict[str, Any]:
+        """This process's /debug/decisions answer → the pod's."""
+        ...
+
 
 _EXPOSITION: Final = web.AppKey("exposition", FamilySetView)
-_AGGREGATE: Final[web.AppKey[Aggregate]] = web.AppKey("aggregate")
+_SIBLINGS: Final[web.AppKey[Siblings]] = web.AppKey("siblings")
 
 
 async def _metrics(request: web.Request) -> web.Response:
     body = await asyncio.to_thread(generate_latest, request.app[_EXPOSITION])
-    aggregate = request.app.get(_AGGREGATE)
-    if aggregate is not None:
-        body = await aggregate(body)
+    siblings = request.app.get(_SIBLINGS)
+    if siblings is not None:
+        body = await siblings.metrics(body)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -123,7 +132,11 @@ def _decisions(view: DecisionsView) -> Any:
         if not raw.isdigit():
             return web.Response(status=400, text="limit must be a non-negative integer\n")
         limit = int(raw)
-        body = view.query(q.get("request_id", ""), limit)
+        request_id = q.get("request_id", "")
+        body = view.query(request_id, limit)
+        siblings = request.app.get(_SIBLINGS)
+        if siblings is not None:
+            body = await siblings.decisions(body, request_id, limit)
         return web.Response(
             body=orjson.dumps(body, option=orjson.OPT_INDENT_2), content_type="application/json"
         )
@@ -138,19 +151,19 @@ def build_app(
     families: Iterable[str] = FAMILY_SETS,
     debug_state: Callable[[], dict[str, Any]] | None = None,
     decisions: DecisionsView | None = None,
-    aggregate: Aggregate | None = None,
+    siblings: Siblings | None = None,
     ready: Callable[[], bool] | None = None,
 ) -> web.Application:
     """``families``: which metric names /metrics serves, GIE's and/or llm-d-router's (metrics/llmd.py).
     ``debug_state``: what ``/debug/plugins/state`` shows (behind the same authorisation as /metrics).
     ``decisions``: the last routing decisions ``/debug/decisions`` shows (``?request_id=``, ``?limit=``).
-    ``aggregate``: turns this process's /metrics body into the pod's (worker 0 of ``--workers``).
+    ``siblings``: worker 0 of ``--workers`` merges the other workers' /metrics and /debug/decisions in.
     ``ready``: serve ``/ready`` from it (each worker of ``--workers``, for worker 0's health).
     """
     app = web.Application(middlewares=[_auth_middleware(authorize)] if authorize is not None else [])
     app[_EXPOSITION] = FamilySetView(REGISTRY, families)
-    if aggregate is not None:
-        app[_AGGREGATE] = aggregate
+    if siblings is not None:
+        app[_SIBLINGS] = siblings
     app.router.add_get("/metrics", _metrics)
     if ready is not None:
         app.router.add_get("/ready", _ready(ready))
@@ -182,7 +195,7 @@ class MetricsServer:
         families: Iterable[str] = FAMILY_SETS,
         debug_state: Callable[[], dict[str, Any]] | None = None,
         decisions: DecisionsView | None = None,
-        aggregate: Aggregate | None = None,
+        siblings: Siblings | None = None,
         ready: Callable[[], bool] | None = None,
         unix_path: str = "",
     ) -> None:
@@ -197,7 +210,7 @@ class MetricsServer:
             families=self._families,
             debug_state=debug_state,
             decisions=decisions,
-            aggregate=aggregate,
+            siblings=siblings,
             ready=ready,
         )
         self._runner: web.AppRunner | None = None

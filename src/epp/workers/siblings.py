@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Any, Final
+from urllib.parse import urlencode
 
 import aiohttp
 import structlog
@@ -107,6 +108,19 @@ class Siblings:
         bodies = [own, *(a[1] for a in answers if a is not None and a[0] == 200)]
         bodies.append(self._supervisor_series(len(bodies)).encode())
         return await asyncio.to_thread(aggregate, bodies)
+
+    async def decisions(self, own: dict[str, Any], request_id: str, limit: int) -> dict[str, Any]:
+        """The pod's /debug/decisions: every worker's ring, newest first, ``limit`` of them."""
+        query = urlencode({"request_id": request_id, "limit": limit})
+        answers = await asyncio.gather(
+            *(self._get(i, f"/debug/decisions?{query}") for i in self._role.siblings)
+        )
+        merged = list(own.get("decisions", []))
+        for a in answers:
+            if a is not None and a[0] == 200:
+                merged.extend(json.loads(a[1]).get("decisions", []))
+        merged.sort(key=lambda d: float(d.get("time") or 0), reverse=True)
+        return {**own, "decisions": merged if request_id else merged[:limit]}
 
     def _supervisor_series(self, reporting: int) -> str:
         lines = [
