@@ -23,7 +23,7 @@ with open(os.path.join(run, "pids"), "a") as f:
 mode = sys.argv[1]
 if mode == "crash":
     sys.exit(3)
-if mode == "config" and role["index"] == 1:
+if mode == "config" and role["index"] == 1 or mode == "config-all":
     sys.exit(1)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 while True:
@@ -122,6 +122,12 @@ def test_a_rejected_config_stops_everything_with_exit_1(
     run = tmp_path / "run"
     assert [i for i, _ in _pids(run)].count(1) == 1  # a config error is not retried
     assert not any(_alive(pid) for _, pid in _pids(run))
+
+
+def test_every_worker_rejecting_the_config_is_still_exit_1(
+    supervise: Callable[[str], subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    assert supervise("config-all").wait(20) == 1  # the second rejection, while stopping, is no crash
 
 
 def test_workers_die_with_a_killed_supervisor(

@@ -142,7 +142,8 @@ class Supervisor:
                     for signum in os.read(rfd, 64):
                         self._on_signal(signum)
                 else:
-                    code = max(code, self._on_exit(key.data))
+                    result = self._on_exit(key.data)  # always: it reaps the child
+                    code = code or result  # the first failure names the exit
                     if code and not self._stopping:  # config error or crash loop: take the rest down
                         self._stop_all(signal.SIGTERM)
             now = time.monotonic()
@@ -174,6 +175,8 @@ class Supervisor:
         now = time.monotonic()
         if self._stopping:
             log.info("worker_stopped", worker=child.index, exit_code=rc)
+            if rc == CONFIG_ERROR:
+                return CONFIG_ERROR
             return 0 if rc in (0, -signal.SIGTERM) else CRASH_LOOP
         if rc == CONFIG_ERROR:
             log.error("worker_rejected_config", worker=child.index, exit_code=rc)
