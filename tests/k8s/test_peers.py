@@ -94,8 +94,8 @@ async def test_iterating_yields_each_new_set_once(api: KubeApiServer, slices: Ku
     seen: list[frozenset[Peer]] = []
 
     async def consume() -> None:
-        async for s in slices:
-            seen.append(s)
+        async for s in slices.updates():
+            seen.append(frozenset(s))
 
     task = asyncio.create_task(consume())
     try:

@@ -17,7 +17,7 @@ def test_round_trip_and_derived_names() -> None:
     assert not role.primary and WorkerRole(0, 3, Path("/run/epp"), "epp-abc").primary
     assert role.replica_id == "epp-abc-w1"
     assert role.siblings == (0, 2)
-    assert role.sync_endpoint(2) == "ipc:///run/epp/w2.sync"
+    assert role.peer_port(9004) == 9006 and role.peer_port(9004, 0) == 9004
     assert role.metrics_socket() == Path("/run/epp/w1.metrics.sock")
 
 

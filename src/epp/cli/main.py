@@ -95,25 +95,30 @@ def _supervise(options: Options, args: Sequence[str], count: int, env: Mapping[s
 _FLAG_NAMES = frozenset(f.name for f in FLAGS)
 
 
-def sync_args(options: Options) -> ExtraArgs:
-    """Per worker: what makes the workers of one pod peers of each other for routing-state sync.
+def sync_args(options: Options, flag_names: frozenset[str] = _FLAG_NAMES) -> ExtraArgs:
+    """Per worker: what makes the workers of one pod sync peers of each other (epp.sync).
 
-    ``--replica-id <pod>-w<i>`` and ``--peers`` = the flag's own peers (other pods) plus each
-    sibling's ``ipc://<run dir>/w<j>.sync``, and ``--peer-listen`` = the worker's own ipc
-    address.  Given only when the sync hub declares those flags (epp.sync, docs/workers.md).
+    Worker *i* gets ``--replica-id <id>-w<i>`` (``<id>``: ``--replica-id``, else POD_NAME, else the
+    host name), ``--peer-port <base + 2i>`` (worker 0 keeps the pod's port, the one other pods
+    list) and ``--peers`` = the given peers plus every sibling's loopback address.  Only the flags
+    the sync hub declares are passed, and none of the peer flags when sync is off
+    (``--peer-port 0``) or peers come from ``--peers-file`` (it excludes ``--peers``).
     """
-    given = getattr(options, "peers", "") or ""
-    peers = given.split(",") if isinstance(given, str) else [str(p) for p in given]
+    base = int(getattr(options, "peer_port", 0) or 0)
+    given = str(getattr(options, "peers", "") or "")
+    own_id = str(getattr(options, "replica_id", "") or "")
+    host = options.bind_address if options.bind_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    peer_flags = {"peer-port", "peers"} <= flag_names and base > 0 and not getattr(options, "peers_file", "")
 
     def extra(role: WorkerRole) -> list[str]:
         out: list[str] = []
-        if "replica-id" in _FLAG_NAMES:
-            out.append(f"--replica-id={role.replica_id}")
-        if "peers" in _FLAG_NAMES:
-            siblings = [role.sync_endpoint(i) for i in role.siblings]
-            out.append("--peers=" + ",".join([p for p in peers if p] + siblings))
-        if "peer-listen" in _FLAG_NAMES:
-            out.append(f"--peer-listen={role.sync_endpoint()}")
+        if "replica-id" in flag_names:
+            out.append(f"--replica-id={own_id or role.replica}-w{role.index}")
+        if peer_flags:
+            siblings = [f"{host}:{role.peer_port(base, j)}" for j in role.siblings]
+            out.append(f"--peer-port={role.peer_port(base)}")
+            out.append("--peers=" + ",".join([p for p in given.split(",") if p.strip()] + siblings))
         return out
 
     return extra

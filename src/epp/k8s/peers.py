@@ -116,11 +116,11 @@ def pod_peers(obj: Obj, spec: PeerDiscoverySpec) -> frozenset[Peer]:
 
 
 class KubernetesPeers:
-    """A ``PeerSource``: ``async with`` it watches; ``async for peers in it`` yields each new set.
+    """A ``PeerSource`` (``epp.sync.peers``): ``async with`` it watches; ``updates()`` yields each new set.
 
     The first set is yielded once the first list is applied; after that, only a set that
     differs from the last one yielded (a slice or pod update that leaves the peers as they
-    were yields nothing).
+    were yields nothing).  Sets are tuples sorted by peer, as the sync hub takes them.
     """
 
     def __init__(self, kube: Kube, spec: PeerDiscoverySpec) -> None:
@@ -182,7 +182,7 @@ class KubernetesPeers:
         self._changed = asyncio.Event()
 
     # PeerSource ----------------------------------------------------------------------------
-    async def __aiter__(self) -> AsyncIterator[frozenset[Peer]]:
+    async def updates(self) -> AsyncIterator[tuple[Peer, ...]]:
         last: frozenset[Peer] | None = None
         seen = -1
         while True:
@@ -192,7 +192,7 @@ class KubernetesPeers:
             seen = self._generation
             if self._current != last:
                 last = self._current
-                yield last
+                yield tuple(sorted(last))
 
 
 class K8sPeerDiscoveryParams(PluginParams):

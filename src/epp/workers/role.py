@@ -15,6 +15,7 @@ from typing import Final
 from epp.errors import ConfigError
 
 ENV: Final = "EPP_WORKER"
+PEER_PORT_STRIDE: Final = 2  # epp.sync binds --peer-port (PUB) and the port after it (snapshots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +44,11 @@ class WorkerRole:
         """The Unix socket where worker ``index`` (default: this one) serves /metrics and /ready."""
         return self.run_dir / f"w{self.index if index is None else index}.metrics.sock"
 
-    def sync_endpoint(self, index: int | None = None) -> str:
-        """The ZMQ ``ipc://`` address worker ``index`` binds for routing-state sync with its siblings."""
-        return f"ipc://{self.run_dir / f'w{self.index if index is None else index}.sync'}"
+    def peer_port(self, base: int, index: int | None = None) -> int:
+        """The sync port of worker ``index`` (default: this one) when the pod's is ``base``
+        (``--peer-port``): each replica binds two ports (deltas, and snapshots on the next), so
+        worker *i* takes ``base + 2i``; worker 0 keeps the pod's own port."""
+        return base + PEER_PORT_STRIDE * (self.index if index is None else index)
 
     @property
     def kv_events_relay(self) -> str:
