@@ -58,6 +58,7 @@ def test_gauge_policy_per_family() -> None:
     assert gauge_policy("inference_extension_flow_control_queue_size") == "sum"
     assert gauge_policy("inference_extension_prefix_indexer_size") == "sum"
     assert gauge_policy("inference_pool_ready_pods") == "max"
+    assert gauge_policy("llm_d_epp_per_endpoint_queue_size") == "max"  # a model server's queue: a copy
     assert gauge_policy("inference_extension_info") == "max"
 
 
@@ -67,6 +68,12 @@ def test_series_labelled_by_worker_pass_through() -> None:
     merged = _values(aggregate([w0, w1]))
     assert merged[("s_total", (("worker", "0"),))] == 3
     assert merged[("s_total", (("worker", "1"),))] == 4
+
+
+def test_what_every_worker_observes_of_one_engine_is_counted_once() -> None:
+    w0 = b'# TYPE epp_kv_events_gaps_total counter\nepp_kv_events_gaps_total{endpoint="e"} 1.0\n'
+    w1 = b'# TYPE epp_kv_events_gaps_total counter\nepp_kv_events_gaps_total{endpoint="e"} 1.0\n'
+    assert _values(aggregate([w0, w1]))[("epp_kv_events_gaps_total", (("endpoint", "e"),))] == 1
 
 
 def test_created_takes_the_earliest() -> None:

@@ -4,10 +4,13 @@ Per family kind (``docs/workers.md``):
 
 * counters, histograms and summaries: **summed** per series (same name and label set) — every
   worker counts its own requests, the pod counts all of them; ``*_created`` takes the earliest;
-* gauges: by family policy.  ``sum`` for what each worker holds a share of (requests running or
-  queued in *this* process, an index it built); ``max`` for everything else, because every worker
-  watches the same pool and scrapes the same model servers, so their pool and endpoint gauges
-  are copies of one value and summing them would multiply it by N.  A series a worker labels with
+* gauges: by family policy.  ``sum`` for what each worker holds a share of (``SUMMED_GAUGES``:
+  requests running or queued in *this* process, the index it built); ``max`` for everything
+  else, because every worker watches the same pool and scrapes the same model servers, so their
+  pool and endpoint gauges are copies of one value and summing them would multiply it by N;
+* families that count what every worker observes of the same outside stream (``COPIED``: each
+  engine's KV-event stream, each endpoint's health) take the ``max`` whatever their kind: N
+  workers seeing one gap is one gap.  A series a worker labels with
   ``worker`` (its own identity) never collides with another worker's, so it passes through;
 * a series only some workers have (label sets differ, e.g. a model only one worker has seen) is
   kept as it is: the union of all workers' series.
@@ -27,25 +30,33 @@ from prometheus_client.parser import text_string_to_metric_families
 
 Policy = Literal["sum", "max", "min"]
 
-# Gauges that are shares of the pod's total: each worker's own in-flight work or its own memory.
-SUMMED_GAUGES: Final = (
-    "running_requests",
-    "inflight",
-    "in_flight",
-    "queue_size",
-    "queue_bytes",
-    "indexer_size",
+# Gauges that are shares of the pod's total: each worker's own in-flight work or its own memory
+# (GIE's names and their llm-d twins).
+SUMMED_GAUGES: Final = frozenset(
+    {
+        "inference_objective_running_requests",
+        "llm_d_epp_request_running",
+        "inference_extension_flow_control_queue_size",
+        "llm_d_epp_flow_control_queue_size",
+        "inference_extension_flow_control_queue_bytes",
+        "llm_d_epp_flow_control_queue_bytes",
+        "inference_extension_prefix_indexer_size",
+    }
 )
+# Families (any kind) every worker observes the same way: copies, not shares.
+COPIED: Final = ("epp_kv_events_", "epp_endpoint_health_")
 
 
 def gauge_policy(name: str) -> Policy:
     """How one gauge family merges across workers (see the module docstring)."""
-    return "sum" if any(part in name for part in SUMMED_GAUGES) else "max"
+    return "sum" if name in SUMMED_GAUGES else "max"
 
 
 def _policy(kind: str, family: str, sample: str) -> Policy:
     if sample.endswith("_created"):
         return "min"
+    if family.startswith(COPIED):
+        return "max"
     if kind in ("counter", "histogram", "summary", "gaugehistogram"):
         return "sum"
     if kind == "gauge":
