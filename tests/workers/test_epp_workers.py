@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -20,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from epp_sim.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.procs import EppProcess, SimFleet, free_port
 from tests.server.harness import destination_metadata, llm_request
 
 pytestmark = pytest.mark.slow
@@ -160,3 +163,68 @@ async def test_a_bad_config_exits_1_before_serving(tmp_path: Path) -> None:
     finally:
         await epp.stop()
         epp.cleanup()
+
+
+def _run_dir(pid: int) -> Path:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    role = next(e for e in env if e.startswith(b"EPP_WORKER="))
+    return Path(json.loads(role.split(b"=", 1)[1])["run_dir"])
+
+
+async def _precise_state(url: str, unix: Path | None = None) -> dict[str, Any]:
+    connector = aiohttp.UnixConnector(path=str(unix)) if unix is not None else None
+    async with aiohttp.ClientSession(connector=connector) as s, s.get(url) as r:
+        doc: dict[str, Any] = await r.json()
+    state: dict[str, Any] = doc["plugins"]["precise-prefix-cache-scorer"]
+    return state
+
+
+async def test_centralised_kv_events_reach_every_worker(tmp_path: Path) -> None:
+    """Engines connect to the one zmqEndpoint worker 0 binds; worker 1 indexes them through the relay."""
+    central = free_port()
+    sim = ("--time-scale", "0.02", "--kv-events", f"tcp://127.0.0.1:{central}", "--prefix-caching-hash-algo",
+           "sha256_cbor", "--hash-seed", "42")  # fmt: skip
+    (tmp_path / "config.yaml").write_text(f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-scorer
+  parameters:
+    tokenProcessorConfig: {{blockSizeTokens: 16, hashSeed: "42", hashAlgo: sha256_cbor}}
+    kvEventsConfig: {{zmqEndpoint: "tcp://127.0.0.1:{central}", discoverPods: false}}
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: precise-prefix-cache-scorer}}]
+""")
+    async with SimFleet(2, *sim) as fleet:
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            "--workers=2",
+            f"--config-file={tmp_path / 'config.yaml'}",
+        )
+        try:
+            async with epp, aiohttp.ClientSession() as http:
+                sibling = _run_dir(_children(epp.pid)[1]) / "w1.metrics.sock"
+                primary_url = f"http://127.0.0.1:{epp.metrics_port}/debug/plugins/state"
+
+                async def every_worker_heard_every_engine() -> bool:
+                    for i, hp in enumerate(fleet.hostports):  # engines publish as they cache prompts
+                        body = {"prompt": f"probe {i} {time.monotonic()} " + "p" * 64, "max_tokens": 1}
+                        async with http.post(f"http://{hp}/v1/completions", json=body) as r:
+                            assert r.status == 200
+                    states = [
+                        await _precise_state(primary_url),
+                        await _precise_state("http://worker1/debug/plugins/state", sibling),
+                    ]
+                    return all(
+                        len(st["endpoints"]) == 2 and all(e["batches"] > 0 for e in st["endpoints"].values())
+                        for st in states
+                    )
+
+                await _until(every_worker_heard_every_engine)
+                relayed = await _precise_state("http://worker1/debug/plugins/state", sibling)
+                assert relayed["unattributedMessages"] == 0
+        except BaseException:
+            print("---- epp log ----\n", epp.log_tail())
+            raise
