@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -48,3 +49,12 @@ def test_nothing_about_peers_when_sync_is_off_or_peers_come_from_a_file() -> Non
 
 def test_no_flags_the_hub_does_not_declare() -> None:
     assert sync_args(_options(), frozenset())(_role(1)) == []
+
+
+def test_only_worker_0_runs_leader_election() -> None:
+    from epp.app.options import DEFAULTS
+    from epp.cli.main import worker_options
+
+    opts = dataclasses.replace(DEFAULTS, ha_enable_leader_election=True)
+    assert worker_options(opts, _role(0)).ha_enable_leader_election
+    assert not worker_options(opts, _role(1)).ha_enable_leader_election
