@@ -174,7 +174,6 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         log.info(
             "epp_started",
             version=__version__,
-            worker=role.index if role is not None else None,
             transport=opts.ext_proc_transport,
             grpc_port=grpc_port,
             grpc_health_port=health_port,

@@ -16,7 +16,7 @@ from epp.app.options import FLAGS, Options
 from epp.app.serve import serve
 from epp.cli.flags import HelpRequested, parse_flags
 from epp.errors import ConfigError
-from epp.log import configure_logging
+from epp.log import bind_contextvars, configure_logging
 from epp.workers.cores import available_cores
 from epp.workers.role import WorkerRole
 from epp.workers.supervisor import ExtraArgs, Supervisor, reserve_port, worker_argv
@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(_supervise(options, args, count, os.environ))
     else:
         options = worker_options(options, role)
+        bind_contextvars(worker=role.index)  # every line a worker logs says which worker
     try:
         app = build_app(options, os.environ)
     except ConfigError as e:
