@@ -83,7 +83,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _supervise(options: Options, args: Sequence[str], count: int, env: Mapping[str, str]) -> int:
     """``--workers N`` (N > 1): this process only supervises; each worker is this command line again."""
-    reservation = reserve_port(options.bind_address, options.grpc_port)  # --grpc-port 0: one port for all
+    try:
+        reservation = reserve_port(options.bind_address, options.grpc_port)  # --grpc-port 0: one for all
+    except OSError as e:
+        print(f"epp: --grpc-port {options.grpc_port}: cannot bind: {e}", file=sys.stderr)
+        return 1
     with reservation:
         port = int(reservation.getsockname()[1])
         replica = env.get("POD_NAME") or socket.gethostname()
