@@ -29,13 +29,14 @@ FETCH_TIMEOUT: Final = 2.0
 
 
 def quorum(count: int) -> int:
-    """Workers that must be ready for the pod to say SERVING: a majority.
+    """Workers that must be ready for the pod to say SERVING: at least half of them.
 
     Not all: SO_REUSEPORT hands new connections only to listening workers, so one worker
     restarting costs capacity, not requests, and taking the whole pod out of rotation for it
-    would cost more.  Not one: a pod whose workers mostly crash-loop should leave the rotation.
+    (with 2 workers, a majority is both) would cost more.  Not one: a pod whose workers mostly
+    crash-loop should leave the rotation.
     """
-    return count // 2 + 1
+    return (count + 1) // 2
 
 
 class WorkerSeries:
