@@ -80,6 +80,15 @@ async def _until(cond: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> 
             await asyncio.sleep(0.05)  # polling another process
 
 
+async def _all_up(epp: EppProcess, workers: int) -> None:
+    """SERVING needs half the workers: wait until every one answers worker 0."""
+
+    async def reporting() -> bool:
+        return (await _metrics(epp)).get(("epp_workers_reporting", ())) == workers
+
+    await _until(reporting)
+
+
 @contextlib.asynccontextmanager
 async def _pod(workers: int, *args: str) -> AsyncIterator[tuple[SimFleet, EppProcess]]:
     async with SimFleet(2, "--time-scale", "0.02") as fleet:
@@ -91,9 +100,11 @@ async def _pod(workers: int, *args: str) -> AsyncIterator[tuple[SimFleet, EppPro
         )
         try:
             async with epp:
+                if workers > 1:
+                    await _all_up(epp, workers)
                 yield fleet, epp
         except BaseException:
-            print("---- epp log ----\n", epp.log_tail())
+            print("---- epp log ----\n", epp.log_tail(200_000))
             raise
 
 
@@ -205,6 +216,7 @@ schedulingProfiles:
         )
         try:
             async with epp, aiohttp.ClientSession() as http:
+                await _all_up(epp, 2)
                 sibling = _run_dir(_children(epp.pid)[1]) / "w1.metrics.sock"
                 primary_url = f"http://127.0.0.1:{epp.metrics_port}/debug/plugins/state"
 
@@ -226,5 +238,5 @@ schedulingProfiles:
                 relayed = await _precise_state("http://worker1/debug/plugins/state", sibling)
                 assert relayed["unattributedMessages"] == 0
         except BaseException:
-            print("---- epp log ----\n", epp.log_tail())
+            print("---- epp log ----\n", epp.log_tail(200_000))
             raise
