@@ -12,6 +12,7 @@ from epp.app.registry import default_registry
 from epp.datalayer.builtin import BUILTINS as DATALAYER
 from epp.director.builtin import BUILTINS as DIRECTOR
 from epp.flowcontrol.builtin import BUILTINS as FLOWCONTROL
+from epp.k8s.builtin import BUILTINS as K8S
 from epp.parsers.builtin import BUILTINS as PARSERS
 from epp.plugin.base import PluginBase
 from epp.scheduling.builtin import BUILTINS as SCHEDULING
@@ -25,7 +26,7 @@ class OutOfTree(PluginBase):
 def test_every_builtin_is_registered_under_its_type() -> None:
     """Each concept's BUILTINS class is reachable by its GIE type string."""
     registry = default_registry(entry_points=False)
-    classes = (*SCHEDULING, *DIRECTOR, *PARSERS, *DATALAYER, *FLOWCONTROL, *SYNC)
+    classes = (*SCHEDULING, *DIRECTOR, *PARSERS, *DATALAYER, *FLOWCONTROL, *SYNC, *K8S)
     assert {cls.TYPE: cls for cls in classes} == dict(registry.types())
 
 

@@ -75,6 +75,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "grpc-keepalive-time": 7200.0,
     "grpc-keepalive-timeout": 20.0,
     "grpc-max-connection-idle": 3600.0,
+    "workers": 0,  # ours: --workers N, 0 = the cores the pod may use (docs/workers.md)
     "log-format": "json",
     "metrics-families": "gie,llm-d",
     "config-reload-interval": 0.25,  # ours: live config reload

@@ -369,6 +369,17 @@ class Options:
         new=True,
         check=_not_negative,
     )
+    # --workers (docs/workers.md): processes sharing the ext_proc port; the supervisor is epp.workers
+    workers: int = _flag(
+        0,
+        "int",
+        _SERVER,
+        "Worker processes sharing the ext_proc port (SO_REUSEPORT), worker 0 serving health and the "
+        "merged /metrics; 0: the cores the pod may use (CPU affinity capped by the cgroup quota); "
+        "1: one process, no supervisor.",
+        new=True,
+        check=_in_range(0, 1024),
+    )
     # endpoint discovery
     pool_name: str = _flag(
         "", "str", _DISCOVERY, "Name of the InferencePool this Endpoint Picker is associated with."

@@ -7,6 +7,7 @@ from itertools import chain
 from epp.datalayer.builtin import BUILTINS as DATALAYER_BUILTINS
 from epp.director.builtin import BUILTINS as DIRECTOR_BUILTINS
 from epp.flowcontrol.builtin import BUILTINS as FLOWCONTROL_BUILTINS
+from epp.k8s.builtin import BUILTINS as K8S_BUILTINS
 from epp.parsers.builtin import BUILTINS as PARSERS_BUILTINS
 from epp.plugin.registry import ENTRY_POINT_GROUP, Registry
 from epp.scheduling.builtin import BUILTINS as SCHEDULING_BUILTINS
@@ -23,6 +24,7 @@ def default_registry(*, entry_points: bool = True) -> Registry:
             DATALAYER_BUILTINS,
             FLOWCONTROL_BUILTINS,
             SYNC_BUILTINS,
+            K8S_BUILTINS,
         )
     )
     if entry_points:

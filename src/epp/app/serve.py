@@ -27,6 +27,8 @@ from epp.server import extproc, health
 from epp.server.h2.limits import H2Limits
 from epp.server.transport import Tls, make_server
 from epp.sync.service import SyncService
+from epp.workers.role import WorkerRole
+from epp.workers.siblings import Siblings, WorkerSeries
 
 log = structlog.get_logger(__name__)
 
@@ -78,11 +80,18 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             and (app.sync is None or (app.sync_hub is not None and app.sync_hub.serving))
         )
 
+    role = WorkerRole.from_env(app.env)  # --workers N: which worker this is (docs/workers.md)
+    siblings = Siblings(role) if role is not None and role.primary and role.count > 1 else None
+
+    def pod_ready() -> bool:  # worker 0 answers for the pod: a quorum of workers must be ready
+        own = ready()
+        return own and (siblings is None or siblings.quorate(own))
+
     cluster = _cluster(app)
     if cluster is not None:
         await cluster.connect()  # a bad kubeconfig fails here, before anything starts
     health_servicer = health.HealthServicer(
-        ready,
+        pod_ready,
         leader_election=opts.ha_enable_leader_election,
         leader=cluster.is_leader if cluster is not None else lambda: True,
     )
@@ -115,12 +124,25 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             )
         )
         authorize = cluster.authorize if cluster is not None and cluster.authorizer is not None else None
+        servicer = extproc.ExtProcServicer(
+            app.director, max_body_bytes=opts.max_request_body_bytes, tracing=app.tracing
+        )
+        if siblings is not None:
+            await stack.enter_async_context(siblings)
+        if role is not None:
+            worker_series = WorkerSeries(role, lambda: servicer.opened)
+            series.REGISTRY.register(worker_series)
+            stack.callback(series.REGISTRY.unregister, worker_series)
+        local = role is not None and not role.primary  # siblings-only /metrics: a 0700 run dir guards it
         metrics_server = await stack.enter_async_context(
             MetricsServer(
                 opts.bind_address,
                 opts.metrics_port,
+                unix_path=str(role.metrics_socket()) if local and role is not None else "",
+                ready=ready if role is not None else None,
+                siblings=siblings,
                 enable_pprof=opts.enable_pprof,
-                authorize=authorize,
+                authorize=None if local else authorize,
                 families=parse_families(opts.metrics_families),
                 debug_state=lambda: debug_state(app, cluster),
                 decisions=app.director.pipeline.decisions,
@@ -133,15 +155,14 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
                 served="without authentication",
             )
 
-        health_server = grpc.aio.server()
-        health.add_to_server(health_servicer, health_server)
-        health_port = health_server.add_insecure_port(_address(opts, opts.grpc_health_port))
-        await health_server.start()
-        stack.push_async_callback(health_server.stop, 0)
+        health_port = 0
+        if role is None or role.primary:  # one health endpoint per pod
+            health_server = grpc.aio.server()
+            health.add_to_server(health_servicer, health_server)
+            health_port = health_server.add_insecure_port(_address(opts, opts.grpc_health_port))
+            await health_server.start()
+            stack.push_async_callback(health_server.stop, 0)
 
-        servicer = extproc.ExtProcServicer(
-            app.director, max_body_bytes=opts.max_request_body_bytes, tracing=app.tracing
-        )
         limits = H2Limits(
             max_concurrent_streams=opts.grpc_max_concurrent_streams,
             max_message_bytes=opts.grpc_max_message_bytes,
@@ -153,7 +174,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             opts.ext_proc_transport, servicer, health_servicer if opts.health_checking else None, limits
         )
         tls = Tls(opts.cert_path, opts.enable_cert_reload) if opts.secure_serving else None
-        grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls)
+        grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls, reuse_port=role is not None)
         app.serving = True  # only now may probes say SERVING: a self-signed key takes seconds
         tune_gc()
         log.info(

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import structlog
 
 from epp.app.compose import App, build_app
+from epp.app.options import FLAGS, Options
 from epp.app.serve import serve
 from epp.cli.flags import HelpRequested, parse_flags
 from epp.errors import ConfigError
-from epp.log import configure_logging
+from epp.log import bind_contextvars, configure_logging
+from epp.workers.cores import available_cores
+from epp.workers.role import WorkerRole
+from epp.workers.supervisor import ExtraArgs, Supervisor, reserve_port, worker_argv
 
 log = structlog.get_logger(__name__)
 
@@ -43,8 +49,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"epp: {e}", file=sys.stderr)
         sys.exit(1)
     configure_logging(options)
-    for notice in options.notices:
-        log.warning("deprecated", notice=notice)
+    try:
+        role = WorkerRole.from_env(os.environ)
+    except ConfigError as e:
+        print(f"epp: {e}", file=sys.stderr)
+        sys.exit(1)
+    if role is None:
+        for notice in options.notices:
+            log.warning("deprecated", notice=notice)
+        count = options.workers or available_cores()
+        if count > 1:
+            sys.exit(_supervise(options, args, count, os.environ))
+    else:
+        options = worker_options(options, role)
+        bind_contextvars(worker=role.index)  # every line a worker logs says which worker
     try:
         app = build_app(options, os.environ)
     except ConfigError as e:
@@ -61,3 +79,59 @@ def main(argv: Sequence[str] | None = None) -> None:
         log.exception("epp_crashed")
         sys.exit(2)
     sys.exit(code)
+
+
+def _supervise(options: Options, args: Sequence[str], count: int, env: Mapping[str, str]) -> int:
+    """``--workers N`` (N > 1): this process only supervises; each worker is this command line again."""
+    try:
+        reservation = reserve_port(options.bind_address, options.grpc_port)  # --grpc-port 0: one for all
+    except OSError as e:
+        print(f"epp: --grpc-port {options.grpc_port}: cannot bind: {e}", file=sys.stderr)
+        return 1
+    with reservation:
+        port = int(reservation.getsockname()[1])
+        replica = env.get("POD_NAME") or socket.gethostname()
+        supervisor = Supervisor(
+            worker_argv(args, port), count, env=env, replica=replica, extra_args=sync_args(options)
+        )
+        return supervisor.run()
+
+
+_FLAG_NAMES = frozenset(f.name for f in FLAGS)
+
+
+def sync_args(options: Options, flag_names: frozenset[str] = _FLAG_NAMES) -> ExtraArgs:
+    """Per worker: what makes the workers of one pod sync peers of each other (epp.sync).
+
+    Worker *i* gets ``--replica-id <id>-w<i>`` (``<id>``: ``--replica-id``, else POD_NAME, else the
+    host name), ``--peer-port <base + 2i>`` (worker 0 keeps the pod's port, the one other pods
+    list) and ``--peers`` = the given peers plus every sibling's loopback address.  Only the flags
+    the sync hub declares are passed, and none of the peer flags when sync is off
+    (``--peer-port 0``) or peers come from ``--peers-file`` (it excludes ``--peers``).
+    """
+    base = int(getattr(options, "peer_port", 0) or 0)
+    given = str(getattr(options, "peers", "") or "")
+    own_id = str(getattr(options, "replica_id", "") or "")
+    host = options.bind_address if options.bind_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    peer_flags = {"peer-port", "peers"} <= flag_names and base > 0 and not getattr(options, "peers_file", "")
+
+    def extra(role: WorkerRole) -> list[str]:
+        out: list[str] = []
+        if "replica-id" in flag_names:
+            out.append(f"--replica-id={own_id or role.replica}-w{role.index}")
+        if peer_flags:
+            siblings = [f"{host}:{role.peer_port(base, j)}" for j in role.siblings]
+            out.append(f"--peer-port={role.peer_port(base)}")
+            out.append("--peers=" + ",".join([p for p in given.split(",") if p.strip()] + siblings))
+        return out
+
+    return extra
+
+
+def worker_options(options: Options, role: WorkerRole) -> Options:
+    """What only worker 0 does: leader election (the pod leads or not as one; the others follow its
+    health).  The health and metrics ports are decided in ``serve`` from the same role."""
+    if role.primary:
+        return options
+    return dataclasses.replace(options, ha_enable_leader_election=False)

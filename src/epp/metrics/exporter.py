@@ -27,12 +27,37 @@ MAX_PROFILE_SECONDS = 60.0
 Authorize = Callable[[str, str], Awaitable[tuple[int, str]]]
 
 
+class Siblings(Protocol):
+    """``--workers``: worker 0 answers for the pod, merging in what the other workers answer."""
+
+    async def metrics(self, own: bytes) -> bytes:
+        """This process's /metrics body → the pod's."""
+        ...
+
+    async def decisions(self, own: dict[str, Any], request_id: str, limit: int) -> dict[str, Any]:
+        """This process's /debug/decisions answer → the pod's."""
+        ...
+
+
 _EXPOSITION: Final = web.AppKey("exposition", FamilySetView)
+_SIBLINGS: Final[web.AppKey[Siblings]] = web.AppKey("siblings")
 
 
 async def _metrics(request: web.Request) -> web.Response:
     body = await asyncio.to_thread(generate_latest, request.app[_EXPOSITION])
+    siblings = request.app.get(_SIBLINGS)
+    if siblings is not None:
+        body = await siblings.metrics(body)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _ready(ready: Callable[[], bool]) -> Any:
+    """``/ready`` (``--workers``: on a worker's Unix socket, for worker 0's health): 200 or 503."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(status=200 if ready() else 503)
+
+    return handler
 
 
 async def _tasks(request: web.Request) -> web.Response:
@@ -107,7 +132,11 @@ def _decisions(view: DecisionsView) -> Any:
         if not raw.isdigit():
             return web.Response(status=400, text="limit must be a non-negative integer\n")
         limit = int(raw)
-        body = view.query(q.get("request_id", ""), limit)
+        request_id = q.get("request_id", "")
+        body = view.query(request_id, limit)
+        siblings = request.app.get(_SIBLINGS)
+        if siblings is not None:
+            body = await siblings.decisions(body, request_id, limit)
         return web.Response(
             body=orjson.dumps(body, option=orjson.OPT_INDENT_2), content_type="application/json"
         )
@@ -122,14 +151,22 @@ def build_app(
     families: Iterable[str] = FAMILY_SETS,
     debug_state: Callable[[], dict[str, Any]] | None = None,
     decisions: DecisionsView | None = None,
+    siblings: Siblings | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> web.Application:
     """``families``: which metric names /metrics serves, GIE's and/or llm-d-router's (metrics/llmd.py).
     ``debug_state``: what ``/debug/plugins/state`` shows (behind the same authorisation as /metrics).
     ``decisions``: the last routing decisions ``/debug/decisions`` shows (``?request_id=``, ``?limit=``).
+    ``siblings``: worker 0 of ``--workers`` merges the other workers' /metrics and /debug/decisions in.
+    ``ready``: serve ``/ready`` from it (each worker of ``--workers``, for worker 0's health).
     """
     app = web.Application(middlewares=[_auth_middleware(authorize)] if authorize is not None else [])
     app[_EXPOSITION] = FamilySetView(REGISTRY, families)
+    if siblings is not None:
+        app[_SIBLINGS] = siblings
     app.router.add_get("/metrics", _metrics)
+    if ready is not None:
+        app.router.add_get("/ready", _ready(ready))
     if debug_state is not None:
         app.router.add_get("/debug/plugins/state", _debug_state(debug_state))
     if decisions is not None:
@@ -142,7 +179,11 @@ def build_app(
 
 
 class MetricsServer:
-    """``async with MetricsServer(host, port):`` serves /metrics until the block exits."""
+    """``async with MetricsServer(host, port):`` serves /metrics until the block exits.
+
+    ``unix_path``: listen on that Unix socket instead of ``host:port`` (a worker of ``--workers``
+    other than worker 0: only its siblings read it).
+    """
 
     def __init__(
         self,
@@ -154,8 +195,12 @@ class MetricsServer:
         families: Iterable[str] = FAMILY_SETS,
         debug_state: Callable[[], dict[str, Any]] | None = None,
         decisions: DecisionsView | None = None,
+        siblings: Siblings | None = None,
+        ready: Callable[[], bool] | None = None,
+        unix_path: str = "",
     ) -> None:
         self._host = host
+        self._unix_path = unix_path
         self._port = port
         self._pprof = enable_pprof
         self._families = frozenset(families)
@@ -165,6 +210,8 @@ class MetricsServer:
             families=self._families,
             debug_state=debug_state,
             decisions=decisions,
+            siblings=siblings,
+            ready=ready,
         )
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -172,6 +219,10 @@ class MetricsServer:
     async def __aenter__(self) -> MetricsServer:
         self._runner = web.AppRunner(self._app, access_log=None)
         await self._runner.setup()
+        if self._unix_path:
+            await web.UnixSite(self._runner, self._unix_path).start()
+            log.info("metrics_server_started", path=self._unix_path)
+            return self
         site = web.TCPSite(self._runner, self._host or None, self._port)
         await site.start()
         server: Any = site._server  # aiohttp exposes no public accessor for the bound port

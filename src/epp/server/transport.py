@@ -22,8 +22,11 @@ class Tls:
 
 
 class ExtProcServer(Protocol):
-    async def start(self, host: str, port: int, tls: Tls | None) -> int:
-        """Listen on ``host:port`` (``""``: all interfaces; port 0: ephemeral); return the bound port."""
+    async def start(self, host: str, port: int, tls: Tls | None, *, reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (``""``: all interfaces; port 0: ephemeral); return the bound port.
+
+        ``reuse_port``: SO_REUSEPORT, so the workers of ``--workers N`` share the port and the
+        kernel spreads new connections over them."""
         ...
 
     async def stop(self, grace: float) -> None:
@@ -56,7 +59,8 @@ class GrpcAioServer:
         if health_servicer is not None:
             health.add_to_server(health_servicer, self._server)
 
-    async def start(self, host: str, port: int, tls: Tls | None) -> int:
+    async def start(self, host: str, port: int, tls: Tls | None, *, reuse_port: bool = False) -> int:
+        # gRPC core sets SO_REUSEPORT on every listener already (``grpc.so_reuseport`` defaults to 1).
         address = f"{_bracket(host or '[::]')}:{port}"
         if tls is None:
             bound = self._server.add_insecure_port(address)

@@ -313,6 +313,9 @@ class EppProcess(_Proc):
             "--secure-serving=false",
             "--tracing=false",
             "--metrics-endpoint-auth=false",
+            # One process unless the caller asks for workers (a later --workers wins): the tests
+            # and benches read per-process state (/debug/plugins/state) and compare with one core.
+            "--workers=1",
             *self.args,
         ]
 

@@ -54,6 +54,7 @@ events (bench/precise_prefix.py measures the CPU per 1,000 events).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -69,6 +70,11 @@ from epp.datalayer.kvevents.hashing import BlockHasher
 from epp.datalayer.kvevents.index import BlockIndex, EndpointState
 from epp.datalayer.kvevents.wire import Batch, Cleared, Removed, Stored, WireError, decode_batch
 from epp.errors import ConfigError
+
+# ``--workers N``: one process can bind ``zmqEndpoint``.  Worker 0 binds it and republishes every
+# message on ``bind:<ipc address>``; the other workers' centralised SUB connects there instead
+# (``connect:<ipc address>``).  Set by epp.cli for each worker (docs/workers.md).
+RELAY_ENV: Final = "EPP_KV_EVENTS_RELAY"
 
 log = structlog.get_logger(__name__)
 
@@ -133,6 +139,7 @@ class KVEventSubscriber:
         self._fresh: set[str] = set()  # endpoints whose socket is new: the next message starts a stream
         self._watchdog: asyncio.Task[None] | None = None
         self._central: asyncio.Task[None] | None = None
+        self._relay: zmq.asyncio.Socket | None = None  # worker 0 of --workers: republishes to siblings
         self.bound_endpoint = ""  # the centralised SUB's address once bound (port 0 resolved)
         self.unattributed = 0  # centralised messages whose topic named no endpoint
         self._unattributed_topics: set[bytes] = set()
@@ -163,6 +170,9 @@ class KVEventSubscriber:
         self._tasks.clear()
         self._watchdog = None
         self._central = None
+        if self._relay is not None:
+            self._relay.close(linger=0)
+            self._relay = None
         if self._context is not None:
             self._context.destroy(linger=0)
             self._context = None
@@ -297,6 +307,17 @@ class KVEventSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.SUBSCRIBE, s.topic_filter.encode())
+        mode, _, relay = os.environ.get(RELAY_ENV, "").partition(":")
+        if mode == "connect":  # a sibling of worker 0, which owns the address
+            sock.connect(relay)
+            self.bound_endpoint = relay
+            log.info("kv_events_central_relayed", relay=relay, endpoint=s.zmq_endpoint)
+            return sock
+        if mode == "bind":
+            self._relay = self._context.socket(zmq.PUB)
+            self._relay.setsockopt(zmq.LINGER, 0)
+            self._relay.setsockopt(zmq.SNDHWM, 100_000)
+            self._relay.bind(relay)
         try:
             sock.bind(s.zmq_endpoint)
         except zmq.ZMQError as e:
@@ -338,6 +359,8 @@ class KVEventSubscriber:
         try:
             while True:
                 frames = await sock.recv_multipart()
+                if self._relay is not None:  # at the high-water mark PUB drops: a sibling sees a gap
+                    self._relay.send_multipart(frames, flags=zmq.NOBLOCK)
                 if len(frames) != 3 or len(frames[1]) != 8:
                     self._decode_error("central", "not a [topic, seq, payload] message")
                     continue

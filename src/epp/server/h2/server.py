@@ -75,7 +75,7 @@ class H2GrpcServer:
         resp = await self._health.List(health_pb2.HealthListRequest(), None)
         await call.send(resp.SerializeToString())
 
-    async def start(self, host: str, port: int, tls: Any) -> int:
+    async def start(self, host: str, port: int, tls: Any, *, reuse_port: bool = False) -> int:
         ctx = None
         if tls is not None:
             ctx = await asyncio.to_thread(ssl_context, tls.cert_path)
@@ -84,7 +84,12 @@ class H2GrpcServer:
                 self._reload = asyncio.create_task(_reload_certs(ctx, reloader))
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self), host.strip("[]") or None, port, ssl=ctx, reuse_address=True
+            lambda: Connection(self),
+            host.strip("[]") or None,
+            port,
+            ssl=ctx,
+            reuse_address=True,
+            reuse_port=reuse_port,
         )
         return int(self._server.sockets[0].getsockname()[1])
 

@@ -1,0 +1,242 @@
+"""``epp --workers N`` for real: N processes on one ext_proc port, one health and one /metrics per pod.
+
+ext_proc streams are driven directly (no Envoy), each on its own connection, because
+SO_REUSEPORT spreads connections, not streams, over the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from epp_sim.demo.procs import EppProcess, SimFleet, free_port
+from tests.server.harness import destination_metadata, llm_request
+
+pytestmark = pytest.mark.slow
+STREAMS = 24
+
+
+async def _route(port: int) -> str:
+    """One ext_proc stream on a fresh connection; the endpoint the EPP picked."""
+    # grpc shares connections between a process's channels unless each has its own subchannel pool
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as ch:
+        call = pb_grpc.ExternalProcessorStub(ch).Process()
+        for m in llm_request("hello", "m", "m"):
+            await call.write(m)
+        await call.done_writing()
+        replies: list[pb.ProcessingResponse] = [r async for r in call]
+    return next(d for r in replies if (d := destination_metadata(r)))
+
+
+async def _metrics(epp: EppProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{epp.metrics_port}/metrics") as r:
+        text = await r.text()
+    return {
+        (smp.name, tuple(sorted(smp.labels.items()))): smp.value
+        for fam in text_string_to_metric_families(text)
+        for smp in fam.samples
+    }
+
+
+def _by_worker(series: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> dict[str, float]:
+    return {dict(labels)["worker"]: v for (n, labels), v in series.items() if n == name}
+
+
+def _children(pid: int) -> dict[int, int]:
+    """worker index -> pid, read from the supervisor's children's environments."""
+    out = {}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        role = next(e for e in env if e.startswith(b"EPP_WORKER="))
+        out[int(role.split(b'"index": ')[1].split(b",")[0])] = int(child)
+    return out
+
+
+def _gone(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(") ")[1].startswith("Z")  # reaped or a zombie
+
+
+async def _until(cond: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            if await cond():
+                return
+            await asyncio.sleep(0.05)  # polling another process
+
+
+async def _all_up(epp: EppProcess, workers: int) -> None:
+    """SERVING needs half the workers: wait until every one answers worker 0."""
+
+    async def reporting() -> bool:
+        return (await _metrics(epp)).get(("epp_workers_reporting", ())) == workers
+
+    await _until(reporting)
+
+
+@contextlib.asynccontextmanager
+async def _pod(workers: int, *args: str) -> AsyncIterator[tuple[SimFleet, EppProcess]]:
+    async with SimFleet(2, "--time-scale", "0.02") as fleet:
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            f"--workers={workers}",
+            *args,
+        )
+        try:
+            async with epp:
+                if workers > 1:
+                    await _all_up(epp, workers)
+                yield fleet, epp
+        except BaseException:
+            print("---- epp log ----\n", epp.log_tail(200_000))
+            raise
+
+
+async def test_two_workers_share_the_port_and_one_metrics_endpoint_counts_both() -> None:
+    async with _pod(2, "--decisions-buffer-size=64") as (fleet, epp):
+        assert sorted(_children(epp.pid)) == [0, 1]
+        picked = await asyncio.gather(*(_route(epp.grpc_port) for _ in range(STREAMS)))
+        assert set(picked) <= set(fleet.hostports)
+        series = await _metrics(epp)
+        streams = _by_worker(series, "epp_worker_ext_proc_streams_total")
+        assert set(streams) == {"0", "1"}
+        assert all(v > 0 for v in streams.values()), streams  # both workers served
+        assert sum(streams.values()) == STREAMS
+        total = sum(v for (n, _), v in series.items() if n == "inference_objective_request_total")
+        assert total == STREAMS  # each worker's counter, summed into the pod's
+        assert series[("epp_workers_reporting", ())] == 2
+        url = f"http://127.0.0.1:{epp.metrics_port}/debug/decisions?limit=100"
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            decisions = (await r.json())["decisions"]
+        assert len(decisions) == STREAMS  # both workers' rings, one pod-wide answer
+        times = [d["time"] for d in decisions]
+        assert times == sorted(times, reverse=True)
+
+
+async def test_a_killed_worker_is_restarted_and_no_new_stream_fails() -> None:
+    async with _pod(2) as (_, epp):
+        workers = _children(epp.pid)
+        os.kill(workers[1], signal.SIGKILL)
+
+        async def restarted() -> bool:
+            series = await _metrics(epp)
+            return (
+                _by_worker(series, "epp_worker_restarts_total").get("1") == 1
+                and series.get(("epp_workers_reporting", ())) == 2
+                and await epp.serving()
+            )
+
+        await _until(restarted)
+        assert _children(epp.pid)[1] != workers[1]
+        await asyncio.gather(*(_route(epp.grpc_port) for _ in range(STREAMS)))  # any failure raises
+        streams = _by_worker(await _metrics(epp), "epp_worker_ext_proc_streams_total")
+        assert streams["1"] > 0  # the new worker 1 takes connections
+
+
+async def test_sigterm_drains_every_worker_and_exits_0() -> None:
+    async with _pod(2) as (_, epp):
+        workers = _children(epp.pid)
+        await epp.signal(signal.SIGTERM)
+        assert await epp.wait(30) == 0
+        assert all(_gone(pid) for pid in workers.values())
+
+
+async def test_one_worker_is_the_single_process_epp() -> None:
+    async with _pod(1) as (_, epp):
+        assert _children(epp.pid) == {}  # no supervisor: the process serves itself
+        await _route(epp.grpc_port)
+        series = await _metrics(epp)
+        assert not any(n.startswith("epp_worker") for n, _ in series)
+        assert sum(v for (n, _), v in series.items() if n == "inference_objective_request_total") == 1
+
+
+async def test_a_bad_config_exits_1_before_serving(tmp_path: Path) -> None:
+    epp = EppProcess("--endpoints=127.0.0.1:1", "--workers=2", "--config-text=plugins: 7")
+    await epp.start(wait=False)
+    try:
+        assert await epp.wait(30) == 1
+    finally:
+        await epp.stop()
+        epp.cleanup()
+
+
+def _run_dir(pid: int) -> Path:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    role = next(e for e in env if e.startswith(b"EPP_WORKER="))
+    return Path(json.loads(role.split(b"=", 1)[1])["run_dir"])
+
+
+async def _precise_state(url: str, unix: Path | None = None) -> dict[str, Any]:
+    connector = aiohttp.UnixConnector(path=str(unix)) if unix is not None else None
+    async with aiohttp.ClientSession(connector=connector) as s, s.get(url) as r:
+        doc: dict[str, Any] = await r.json()
+    state: dict[str, Any] = doc["plugins"]["precise-prefix-cache-scorer"]
+    return state
+
+
+async def test_centralised_kv_events_reach_every_worker(tmp_path: Path) -> None:
+    """Engines connect to the one zmqEndpoint worker 0 binds; worker 1 indexes them through the relay."""
+    central = free_port()
+    sim = ("--time-scale", "0.02", "--kv-events", f"tcp://127.0.0.1:{central}", "--prefix-caching-hash-algo",
+           "sha256_cbor", "--hash-seed", "42")  # fmt: skip
+    (tmp_path / "config.yaml").write_text(f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-scorer
+  parameters:
+    tokenProcessorConfig: {{blockSizeTokens: 16, hashSeed: "42", hashAlgo: sha256_cbor}}
+    kvEventsConfig: {{zmqEndpoint: "tcp://127.0.0.1:{central}", discoverPods: false}}
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: precise-prefix-cache-scorer}}]
+""")
+    async with SimFleet(2, *sim) as fleet:
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            "--workers=2",
+            f"--config-file={tmp_path / 'config.yaml'}",
+        )
+        try:
+            async with epp, aiohttp.ClientSession() as http:
+                await _all_up(epp, 2)
+                sibling = _run_dir(_children(epp.pid)[1]) / "w1.metrics.sock"
+                primary_url = f"http://127.0.0.1:{epp.metrics_port}/debug/plugins/state"
+
+                async def every_worker_heard_every_engine() -> bool:
+                    for i, hp in enumerate(fleet.hostports):  # engines publish as they cache prompts
+                        body = {"prompt": f"probe {i} {time.monotonic()} " + "p" * 64, "max_tokens": 1}
+                        async with http.post(f"http://{hp}/v1/completions", json=body) as r:
+                            assert r.status == 200
+                    states = [
+                        await _precise_state(primary_url),
+                        await _precise_state("http://worker1/debug/plugins/state", sibling),
+                    ]
+                    return all(
+                        len(st["endpoints"]) == 2 and all(e["batches"] > 0 for e in st["endpoints"].values())
+                        for st in states
+                    )
+
+                await _until(every_worker_heard_every_engine)
+                relayed = await _precise_state("http://worker1/debug/plugins/state", sibling)
+                assert relayed["unattributedMessages"] == 0
+        except BaseException:
+            print("---- epp log ----\n", epp.log_tail(200_000))
+            raise
