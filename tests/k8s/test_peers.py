@@ -10,7 +10,8 @@ import pytest
 
 from epp.errors import ConfigError
 from epp.k8s.client import Kube
-from epp.k8s.peers import K8sPeerDiscovery, K8sPeerDiscoveryParams, KubernetesPeers, Peer, PeerDiscoverySpec
+from epp.k8s.peers import K8sPeerDiscovery, K8sPeerDiscoveryParams, KubernetesPeers, PeerDiscoverySpec
+from epp.sync.peers import Peer
 from epp.testing.plugins import FakeHandle
 from epp.testing.waiting import until
 from epp_kubeapi import KubeApiServer, Resource

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from epp.testing.waiting import until
+from epp_kubeapi import Resource
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess
 from tests.e2e.test_kubernetes import LE_ARGS, NS, Cluster, _leader_of, cluster, complete, holder
@@ -17,6 +18,7 @@ from tests.sync.conftest import port_pair
 from tests.sync.test_e2e import CONFIG, _metrics, _plugin_site, _value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+SLICES = Resource(group="discovery.k8s.io", version="v1", plural="endpointslices", kind="EndpointSlice")
 
 
 def _pair(c: Cluster, tmp: pathlib.Path, *extra: str, health: str) -> tuple[EppProcess, EppProcess]:
@@ -94,6 +96,86 @@ async def test_a_hot_standby_keeps_syncing(tmp_path: pathlib.Path) -> None:
                         assert all(status == 200 for status, _ in results)
                 assert not await standby.serving("readiness")  # still a standby, but warm
                 assert await leader.serving("readiness")
+        except BaseException:
+            print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
+            raise
+        finally:
+            await asyncio.gather(a.stop(), b.stop())
+            a.cleanup()
+            b.cleanup()
+
+
+DISCOVERY_CONFIG = (
+    CONFIG.replace(
+        "- type: token-load-scorer\n",
+        "- type: token-load-scorer\n- type: k8s-peer-discovery\n  name: peers\n"
+        "  parameters: {service: epp, portName: peer}\n"
+        "- type: metrics-data-source\n- type: core-metrics-extractor\n",
+    )
+    + "dataLayer:\n  peerDiscovery: {pluginRef: peers}\n"
+    + "  sources: [{pluginRef: metrics-data-source, extractors: [{pluginRef: core-metrics-extractor}]}]\n"
+)
+
+
+def _slice(pod: str, port: int) -> dict[str, object]:
+    """The EPP Service's EndpointSlice for one replica (its own port: both run on loopback)."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": pod, "namespace": NS, "labels": {"kubernetes.io/service-name": "epp"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "peer", "port": port}],
+        "endpoints": [
+            {
+                "addresses": ["127.0.0.1"],
+                "conditions": {"ready": True},
+                "targetRef": {"kind": "Pod", "name": pod},
+            }
+        ],
+    }
+
+
+async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Path) -> None:
+    """No --peers: each replica finds the other in the EPP Service's EndpointSlices and syncs."""
+    async with cluster(tmp_path, 2) as c:
+        c.api.register(SLICES)
+        (tmp_path / "config.yaml").write_text(DISCOVERY_CONFIG)
+        site = _plugin_site(tmp_path)
+        replicas = []
+        for name in ("a", "b"):
+            port = port_pair()
+            pod_name = f"epp-7d9f8b6c5d-{name}"
+            c.api.create(_slice(pod_name, port))
+            replicas.append(
+                EppProcess(
+                    "--pool-name=pool",
+                    f"--pool-namespace={NS}",
+                    f"--kubeconfig={c.kubeconfig}",
+                    "--bind-address=127.0.0.1",
+                    f"--config-file={tmp_path / 'config.yaml'}",
+                    f"--peer-port={port}",
+                    env={"POD_NAME": pod_name, "NAMESPACE": NS, "PYTHONPATH": str(site)},
+                    health_service="readiness",
+                )
+            )
+        a, b = replicas
+        await asyncio.gather(a.start(wait=False), b.start(wait=False))
+        try:
+            await asyncio.gather(a.wait_serving(), b.wait_serving())
+            cfg = EnvoyConfig(
+                ext_proc_port=a.grpc_port,
+                ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
+            )
+            async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
+                async with asyncio.timeout(20):
+                    while not (await _received(http, a) > 0 and await _received(http, b) > 0):
+                        results = await asyncio.gather(
+                            *(complete(http, proxy.url, f"p{i}") for i in range(20))
+                        )
+                        assert all(status == 200 for status, _ in results)
+                for epp in (a, b):
+                    text = await _metrics(http, epp)
+                    assert _value(text, 'epp_sync_peers{state="connected"}') == 1
         except BaseException:
             print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
             raise

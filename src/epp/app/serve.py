@@ -18,14 +18,17 @@ from epp.app.debug import debug_state
 from epp.app.options import Options
 from epp.app.reload import ConfigReloader
 from epp.datalayer.pool_metrics import PoolMetrics
+from epp.errors import ConfigError
 from epp.k8s.cluster import Cluster
 from epp.k8s.leader import Timings
+from epp.k8s.peers import K8sPeerDiscovery
 from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
 from epp.metrics.llmd import parse_families
 from epp.server import extproc, health
 from epp.server.h2.limits import H2Limits
 from epp.server.transport import Tls, make_server
+from epp.sync.peers import PeerSource, PodWorkers, UnionPeers
 from epp.sync.service import SyncService
 from epp.workers.role import WorkerRole
 from epp.workers.siblings import Siblings, WorkerSeries
@@ -50,6 +53,28 @@ def _cluster(app: App) -> Cluster | None:
         metrics_auth=opts.metrics_endpoint_auth,
         notification_sources=app.data_layer.k8s_sources,  # type: ignore[arg-type]
     )
+
+
+async def _peer_source(
+    app: App, cluster: Cluster | None, role: WorkerRole | None, stack: contextlib.AsyncExitStack
+) -> PeerSource:
+    """The hub's peers: the command line's (a pod's own workers among them), plus the pods a
+    platform discovery plugin watches, each expanded to its workers."""
+    assert app.sync is not None
+    assert app.peers is not None
+    discovery = app.sync.discovery
+    if discovery is None:
+        return app.peers
+    if not isinstance(discovery, K8sPeerDiscovery):
+        raise ConfigError(f"dataLayer.peerDiscovery.pluginRef: '{discovery}' cannot be watched here")
+    if cluster is None or cluster.kube is None:
+        raise ConfigError(
+            "dataLayer.peerDiscovery.pluginRef: k8s-peer-discovery needs Kubernetes (--pool-name "
+            "and a cluster); without one give --peers or --peers-file"
+        )
+    pods = await stack.enter_async_context(discovery.source(cluster.kube, app.env))
+    count = role.count if role is not None else 1
+    return UnionPeers(PodWorkers(pods, count) if count > 1 else pods, app.peers)
 
 
 def _address(options: Options, port: int) -> str:
@@ -108,8 +133,9 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             await wf.start()
             stack.push_async_callback(wf.stop)
         if app.sync is not None and app.peers is not None:  # warm start: peers' state before ready
+            peers = await _peer_source(app, cluster, role, stack)
             app.sync_hub = await stack.enter_async_context(
-                SyncService(app.sync, app.peers, app.components.plugins.values())
+                SyncService(app.sync, peers, app.components.plugins.values())
             )
         await stack.enter_async_context(ConfigReloader(app))  # --config-file changes apply live
         if cluster is not None:

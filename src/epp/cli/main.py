@@ -109,12 +109,12 @@ def sync_args(options: Options, flag_names: frozenset[str] = _FLAG_NAMES) -> Ext
     the sync hub declares are passed, and none of the peer flags when sync is off
     (``--peer-port 0``) or peers come from ``--peers-file`` (it excludes ``--peers``).
     """
-    base = int(getattr(options, "peer_port", 0) or 0)
-    given = str(getattr(options, "peers", "") or "")
-    own_id = str(getattr(options, "replica_id", "") or "")
+    base = options.peer_port
+    given = options.peers
+    own_id = options.replica_id
     host = options.bind_address if options.bind_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
-    peer_flags = {"peer-port", "peers"} <= flag_names and base > 0 and not getattr(options, "peers_file", "")
+    peer_flags = {"peer-port", "peers"} <= flag_names and base > 0 and not options.peers_file
 
     def extra(role: WorkerRole) -> list[str]:
         out: list[str] = []

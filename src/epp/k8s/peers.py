@@ -30,6 +30,7 @@ from epp.errors import ConfigError
 from epp.k8s.client import Kube, ResourceWatch
 from epp.k8s.reflector import Obj, Reflector, object_key
 from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.sync.peers import Peer
 
 log = structlog.get_logger(__name__)
 
@@ -40,18 +41,6 @@ DEFAULT_PORT_NAME: Final = "peer"
 # resource, verbs.
 ENDPOINTSLICE_GRANTS: Final = ("discovery.k8s.io", "endpointslices", ("list", "watch"))
 POD_GRANTS: Final = ("", "pods", ("list", "watch"))
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Peer:
-    """One other replica: ``id`` is its pod name (its address when the slice names no pod)."""
-
-    id: str
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,7 +164,7 @@ class KubernetesPeers:
         if peers == self._current and not force:
             return
         if peers != self._current:
-            log.info("k8s_peers", peers=sorted(str(p) for p in peers), count=len(peers))
+            log.info("k8s_peers", peers=sorted(p.endpoint() for p in peers), count=len(peers))
         self._current = peers
         self._generation += 1
         self._changed.set()

@@ -1,8 +1,10 @@
 """What to sync and with whom: the config's ``dataLayer`` refs and the ``--peers`` flags → ``SyncPlan``.
 
-Precedence, most specific first: the peer-discovery plugin's peers, then the syncer's
+Precedence, most specific first: a static peer-discovery plugin's peers, then the syncer's
 ``peers``/``peersFile``, then ``--peers``/``--peers-file``; the syncer's ``port`` and
-``timeout`` over ``--peer-port``/``--peer-timeout``.  Sync runs when a ``zmq-syncer`` is
+``timeout`` over ``--peer-port``/``--peer-timeout``.  A platform discovery plugin
+(``k8s-peer-discovery``) adds the peers it watches to the others (a pod's own workers come
+from the command line).  Sync runs when a ``zmq-syncer`` is
 configured (it then also serves peers that list it) or peers are given on the command line,
 and the port is not 0.  ``local-syncer`` (llm-d's in-tree mock) means no sharing at all.
 """
@@ -45,6 +47,9 @@ class SyncPlan:
     timeout: float
     interval: float
     bind_host: str
+    # A discovery plugin that watches the platform (``k8s-peer-discovery``): the app, which
+    # holds the Kubernetes client, turns it into a PeerSource; its peers join ``peers``.
+    discovery: object | None = None
 
 
 def _ref(plugins: Mapping[str, object], name: str, path: str, *kinds: type[Plugin]) -> object:
@@ -81,17 +86,26 @@ def plan(
             peers_file = p.peers_file
         port = p.port if p.port is not None else port
         timeout = p.timeout if p.timeout is not None else timeout
+    dynamic: object | None = None
     if discovery is not None:
-        source = _ref(plugins, discovery.plugin_ref, DISCOVERY_REF, StaticPeerDiscovery)
-        assert isinstance(source, StaticPeerDiscovery)
-        peers = tuple(
-            parse_peer(s, f"{discovery.plugin_ref}.peers[{i}]") for i, s in enumerate(source.params.peers)
-        )
-        peers_file = source.params.peers_file
-    if syncer is None and not (peers or peers_file):
+        found = plugins.get(discovery.plugin_ref)
+        if (
+            found is not None
+            and not isinstance(found, StaticPeerDiscovery)
+            and callable(getattr(found, "source", None))
+        ):
+            dynamic = found  # peers from the platform, beside the command line's (a pod's workers)
+        else:
+            source = _ref(plugins, discovery.plugin_ref, DISCOVERY_REF, StaticPeerDiscovery)
+            assert isinstance(source, StaticPeerDiscovery)
+            peers = tuple(
+                parse_peer(s, f"{discovery.plugin_ref}.peers[{i}]") for i, s in enumerate(source.params.peers)
+            )
+            peers_file = source.params.peers_file
+    if syncer is None and not (peers or peers_file or dynamic):
         return None
     if port == 0:
-        if peers or peers_file:
+        if peers or peers_file or dynamic:
             raise ConfigError(
                 "--peer-port: 0 turns sync off, but peers are given; set a port or drop the peers"
             )
@@ -106,4 +120,5 @@ def plan(
         timeout=timeout,
         interval=interval,
         bind_host=flags.bind_host,
+        discovery=dynamic,
     )

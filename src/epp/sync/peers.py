@@ -14,14 +14,14 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from epp.errors import ConfigError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class Peer:
     """A peer's sync address; ``id`` is its ``host:port`` until its messages name its replica id."""
 
@@ -97,3 +97,54 @@ class StaticPeers:
             self._changed.clear()
             yield self.peers
             await self._changed.wait()
+
+
+class UnionPeers:
+    """Several sources as one: the union of their latest sets, yielded once every source has
+    given its first (Kubernetes-discovered pods plus this pod's own workers)."""
+
+    def __init__(self, *sources: PeerSource) -> None:
+        self.sources = sources
+
+    async def updates(self) -> AsyncGenerator[tuple[Peer, ...], None]:
+        latest: list[tuple[Peer, ...] | None] = [None] * len(self.sources)
+        changed = asyncio.Event()
+
+        async def follow(i: int, source: PeerSource) -> None:
+            async for peers in source.updates():
+                latest[i] = peers
+                changed.set()
+
+        tasks = [asyncio.create_task(follow(i, s), name=f"peers-{i}") for i, s in enumerate(self.sources)]
+        last: tuple[Peer, ...] | None = None
+        try:
+            while True:
+                await changed.wait()
+                changed.clear()
+                if any(x is None for x in latest):
+                    continue
+                union = tuple(sorted({p for x in latest if x is not None for p in x}))
+                if union != last:
+                    last = union
+                    yield union
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+class PodWorkers:
+    """Each discovered pod as its ``count`` workers: worker *j* syncs on the pod's peer port +
+    2*j* (the port and the snapshot port after it, per worker; ``epp.workers``).  Pods of one
+    Deployment share their CPU limit and so their worker count: this one's is used."""
+
+    def __init__(self, source: PeerSource, count: int) -> None:
+        self.source = source
+        self.count = count
+
+    async def updates(self) -> AsyncGenerator[tuple[Peer, ...], None]:
+        async for peers in self.source.updates():
+            yield tuple(
+                Peer(id=p.id if j == 0 else f"{p.id}-w{j}", host=p.host, port=p.port + 2 * j)
+                for p in peers
+                for j in range(self.count)
+            )

@@ -15,7 +15,7 @@ import structlog
 
 from epp.sync.assembly import SyncPlan
 from epp.sync.hub import SyncHub
-from epp.sync.peers import Peer, StaticPeers, own_hosts, without_self
+from epp.sync.peers import Peer, PeerSource, StaticPeers, own_hosts, without_self
 from epp.sync.transport import ZmqTransport
 
 log = structlog.get_logger(__name__)
@@ -36,7 +36,7 @@ class PeerList(StaticPeers):
 class SyncService:
     """``async with SyncService(plan, peers, plugins) as hub``: bound, warm, running."""
 
-    def __init__(self, plan: SyncPlan, peers: StaticPeers, plugins: Iterable[Any]) -> None:
+    def __init__(self, plan: SyncPlan, peers: PeerSource, plugins: Iterable[Any]) -> None:
         self.plan = plan
         self.peers = peers
         self.hub = SyncHub(
@@ -58,7 +58,7 @@ class SyncService:
             "sync_started",
             replica_id=self.plan.replica_id,
             port=port,
-            peers=[p.id for p in self.peers.peers],
+            peers=[p.id for p in self.peers.peers] if isinstance(self.peers, StaticPeers) else "discovered",
             shared=sorted(self.hub.plugins),
             interval=self.plan.interval or "per tick",
             timeout=self.plan.timeout,
