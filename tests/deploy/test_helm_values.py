@@ -145,7 +145,7 @@ def test_ha_is_hot_standby_with_leader_election() -> None:
 
 def test_active_active_keeps_every_replica_ready() -> None:
     objs = render("active-active-values.yaml")
-    assert deployment(objs)["spec"]["replicas"] == 2
+    assert deployment(objs)["spec"]["replicas"] == 3
     assert options(objs).ha_enable_leader_election is False
     container = test_wiring.epp_container(deployment(objs))
     assert container["readinessProbe"]["grpc"]["service"] == test_wiring.GIE_PROBE_SERVICE

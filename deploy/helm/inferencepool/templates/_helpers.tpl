@@ -147,6 +147,21 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- if hasKey $flags "metrics-endpoint-auth" -}}
 {{- $metricsAuth = eq (toString (index $flags "metrics-endpoint-auth")) "true" -}}
 {{- end -}}
+{{- /* active-active (issue 30): every replica ready, routing state shared with its peers. Our
+  inferenceExtension.activeActive (true, or a map with enabled / peerPort), or llm-d-router's switch:
+  replicas > 1 with flags.ha-enable-leader-election false */ -}}
+{{- $aa := $epp.activeActive | default dict -}}
+{{- if kindIs "bool" $aa }}{{ $aa = dict "enabled" $aa }}{{ end -}}
+{{- $activeActive := false -}}
+{{- if $aa.enabled -}}
+{{- if and (hasKey $flags "ha-enable-leader-election") $leaderElection -}}
+{{- fail ".Values.inferenceExtension.activeActive: every replica serves, so flags.ha-enable-leader-election must not be true (hot standby is replicas > 1 without activeActive)" -}}
+{{- end -}}
+{{- $activeActive = true -}}
+{{- $leaderElection = false -}}
+{{- else if and (gt (int $epp.replicas) 1) (hasKey $flags "ha-enable-leader-election") (not $leaderElection) -}}
+{{- $activeActive = true -}}
+{{- end -}}
 {{- $tracing := $epp.tracing.enabled -}}
 {{- if hasKey $flags "tracing" -}}
 {{- $tracing = eq (toString (index $flags "tracing")) "true" -}}
@@ -160,6 +175,8 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
   "createPool" $createPool
   "standalone" $standalone
   "leaderElection" $leaderElection
+  "activeActive" $activeActive
+  "peerPort" (int (index $flags "peer-port" | default $aa.peerPort | default 9004))
   "secureServing" $secureServing
   "metricsAuth" $metricsAuth
   "tracing" $tracing
