@@ -74,6 +74,8 @@ EXPECTED: dict[str, set[Grant]] = {
     "gie-full-values.yaml": BASE,
     "llm-d-values.yaml": BASE | LEADER_ELECTION,
     "llm-d-standalone-values.yaml": PODS | METRICS_AUTH | METRICS_READER,
+    "llm-d-standalone-proxy-values.yaml": PODS | METRICS_AUTH | METRICS_READER,
+    "llm-d-tokenizer-values.yaml": BASE,
 }
 
 EPP_SA = ("ServiceAccount", EPP, NAMESPACE)

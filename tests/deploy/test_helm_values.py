@@ -380,8 +380,25 @@ def test_llm_d_parsers_name_the_parser() -> None:
             {"router": {"epp": {"parsers": ["openai-parser", "anthropic-parser"]}, **MODEL_SERVERS_LLM_D}},
             "router.epp.parsers: this EPP runs one request parser",
         ),
-        ({"router": {"proxy": {"enabled": True}, **MODEL_SERVERS_LLM_D}}, "router.proxy"),
-        ({"router": {"tokenizer": {"enabled": True}, **MODEL_SERVERS_LLM_D}}, "router.tokenizer"),
+        (
+            {"router": {"proxy": {"enabled": True, "proxyType": "agentgateway"}, **MODEL_SERVERS_LLM_D}},
+            ".Values.router.proxy.proxyType: only envoy is rendered",
+        ),
+        (
+            {"router": {"proxy": {"enabled": True, "mode": "service"}, **MODEL_SERVERS_LLM_D}},
+            ".Values.router.proxy.mode: only sidecar is rendered",
+        ),
+        (
+            {
+                "inferenceExtension": {"proxy": {"enabled": True, "port": "http"}},
+                "inferencePool": MODEL_SERVERS,
+            },
+            ".Values.inferenceExtension.proxy.port must be a port number",
+        ),
+        (
+            {"router": {"tokenizer": {"enabled": True}, **MODEL_SERVERS_LLM_D}},
+            ".Values.router.tokenizer.modelName is required",
+        ),
         (
             {
                 "provider": {"name": "gke", "gke": {"preferredBackends": {"enabled": True}}},

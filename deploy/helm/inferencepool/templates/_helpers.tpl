@@ -74,6 +74,11 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- include "inferencepool.merge" (dict "dst" (index $epp $to) "src" .) -}}
 {{- end -}}
 {{- end -}}
+{{- range $key := list "tokenizer" "proxy" -}}
+{{- with index $r $key -}}
+{{- include "inferencepool.merge" (dict "dst" (index $epp $key) "src" .) -}}
+{{- end -}}
+{{- end -}}
 {{- if hasKey $r "extraServicePorts" -}}
 {{- $_ := set $epp "extraServicePorts" $r.extraServicePorts -}}
 {{- end -}}

@@ -67,11 +67,24 @@ render (so a user is told, rather than silently given less).
 {{- fail (printf ".Values.inferenceExtension.flags: write flag names without dashes, got %q" $k) -}}
 {{- end -}}
 {{- end -}}
-{{- if and $r.proxy $r.proxy.enabled -}}
-{{- fail "router.proxy: the proxy sidecar of llm-d-router's standalone chart is not rendered by this chart; run Envoy with deploy/envoy/*.yaml (docs/helm.md)" -}}
+{{- $key := ternary "router" "inferenceExtension" (hasKey $r "proxy") -}}
+{{- with $v.epp.proxy -}}
+{{- if .enabled -}}
+{{- if ne (toString .proxyType) "envoy" -}}
+{{- fail (printf ".Values.%s.proxy.proxyType: only envoy is rendered, got %q (agentgateway's config is not one this project tests)" $key .proxyType) -}}
 {{- end -}}
-{{- if and $r.tokenizer $r.tokenizer.enabled -}}
-{{- fail "router.tokenizer: the vllm-render sidecar is not rendered by this chart; point token-producer at the model servers' render endpoint instead (docs/helm.md)" -}}
+{{- if ne (toString .mode) "sidecar" -}}
+{{- fail (printf ".Values.%s.proxy.mode: only sidecar is rendered, got %q; for a separate, scaled Envoy run deploy/envoy/active-active.yaml in front of the EPP Service" $key .mode) -}}
+{{- end -}}
+{{- if not (regexMatch "^[0-9]+$" (toString .port)) -}}
+{{- fail (printf ".Values.%s.proxy.port must be a port number, got %q" $key (toString .port)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.epp.tokenizer -}}
+{{- if and .enabled (not .modelName) -}}
+{{- fail (printf ".Values.%s.tokenizer.modelName is required when the tokenizer is enabled (vllm launch render <modelName>)" (ternary "router" "inferenceExtension" (hasKey $r "tokenizer"))) -}}
+{{- end -}}
 {{- end -}}
 {{- with $root.Values.provider -}}
 {{- if and .gke .gke.preferredBackends .gke.preferredBackends.enabled -}}
