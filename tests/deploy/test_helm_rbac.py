@@ -76,6 +76,7 @@ EXPECTED: dict[str, set[Grant]] = {
     "llm-d-standalone-values.yaml": PODS | METRICS_AUTH | METRICS_READER,
     "llm-d-standalone-proxy-values.yaml": PODS | METRICS_AUTH | METRICS_READER,
     "llm-d-tokenizer-values.yaml": BASE,
+    "gke-preferred-backends-values.yaml": BASE,
 }
 
 EPP_SA = ("ServiceAccount", EPP, NAMESPACE)

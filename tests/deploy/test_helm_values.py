@@ -400,11 +400,26 @@ def test_llm_d_parsers_name_the_parser() -> None:
             ".Values.router.tokenizer.modelName is required",
         ),
         (
+            {"provider": {"gke": {"preferredBackends": {"enabled": True}}}, "inferencePool": MODEL_SERVERS},
+            ".Values.provider.gke.preferredBackends: GKE's preferred and backup backends need provider.name gke",
+        ),
+        (
             {
-                "provider": {"name": "gke", "gke": {"preferredBackends": {"enabled": True}}},
+                "provider": {
+                    "name": "gke",
+                    "gke": {"preferredBackends": {"enabled": True, "defaultReplicas": -1}},
+                },
                 "inferencePool": MODEL_SERVERS,
             },
-            "provider.gke.preferredBackends",
+            ".Values.provider.gke.preferredBackends.defaultReplicas must be at least 1",
+        ),
+        (
+            {
+                "provider": {"name": "gke", "gke": {"preferredBackends": {"enabled": True}}},
+                "inferenceExtension": {"activeActive": True},
+                "inferencePool": MODEL_SERVERS,
+            },
+            "cannot be combined with activeActive",
         ),
         (
             {"inferenceExtension": {"flags": {"pool-name": "x"}}, "inferencePool": MODEL_SERVERS},

@@ -167,6 +167,23 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- else if and (gt (int $epp.replicas) 1) (hasKey $flags "ha-enable-leader-election") (not $leaderElection) -}}
 {{- $activeActive = true -}}
 {{- end -}}
+{{- /* GKE preferred backends (llm-d-router's chart): a StatefulSet whose first pods are GKE's
+  PREFERRED backends and the rest its DEFAULT (backup) ones, each pod behind its own Service; every
+  pod ready, so no leader election */ -}}
+{{- $pb := dict "enabled" false -}}
+{{- with ((.Values.provider | default dict).gke | default dict).preferredBackends -}}
+{{- if .enabled -}}
+{{- $pb = dict "enabled" true
+  "preferredReplicas" (int (.preferredReplicas | default 1))
+  "defaultReplicas" (int (.defaultReplicas | default 1))
+  "balancingMode" (.balancingMode | default "")
+  "maxRatePerEndpoint" (.maxRatePerEndpoint | default 0)
+  "capacityScalerPercent" (.capacityScalerPercent | default 0) -}}
+{{- if not (hasKey $flags "ha-enable-leader-election") -}}
+{{- $leaderElection = false -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $tracing := $epp.tracing.enabled -}}
 {{- if hasKey $flags "tracing" -}}
 {{- $tracing = eq (toString (index $flags "tracing")) "true" -}}
@@ -181,6 +198,7 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
   "standalone" $standalone
   "leaderElection" $leaderElection
   "activeActive" $activeActive
+  "preferredBackends" $pb
   "peerPort" (int (index $flags "peer-port" | default $aa.peerPort | default 9004))
   "secureServing" $secureServing
   "metricsAuth" $metricsAuth
@@ -201,4 +219,32 @@ A flag value as the EPP's parser reads it: integers stay integers (YAML numbers 
 {{- else -}}
 {{ . }}
 {{- end -}}
+{{- end -}}
+
+{{/*
+GKE preferred backends: one Service per StatefulSet pod, named as llm-d-router's chart names them
+(ordinal 0 is <release>-epp, then -preferred-<i>, then -backup, -backup-<j>), with its GKE tier.
+*/}}
+{{- define "inferencepool.preferredServices" -}}
+{{- $v := include "inferencepool.values" . | fromYaml -}}
+{{- $pb := $v.preferredBackends -}}
+{{- $name := include "inferencepool.name" . -}}
+{{- $preferred := int $pb.preferredReplicas -}}
+{{- $out := list -}}
+{{- range $i := until (int (add $preferred $pb.defaultReplicas)) -}}
+{{- $svc := printf "%s-preferred-%d" $name $i -}}
+{{- $policy := printf "%s-preferred-%d" $.Release.Name $i -}}
+{{- $tier := "PREFERRED" -}}
+{{- if eq $i 0 -}}
+{{- $svc = $name -}}
+{{- $policy = $.Release.Name -}}
+{{- else if ge $i $preferred -}}
+{{- $tier = "DEFAULT" -}}
+{{- $suffix := ternary "" (printf "-%d" (sub $i $preferred)) (eq $i $preferred) -}}
+{{- $svc = printf "%s-backup%s" $name $suffix -}}
+{{- $policy = printf "%s-backup%s" $.Release.Name $suffix -}}
+{{- end -}}
+{{- $out = append $out (dict "service" $svc "policy" $policy "tier" $tier "pod" (printf "%s-%d" $name $i)) -}}
+{{- end -}}
+{{- toYaml (dict "services" $out) -}}
 {{- end -}}

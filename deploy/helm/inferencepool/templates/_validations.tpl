@@ -86,9 +86,17 @@ render (so a user is told, rather than silently given less).
 {{- fail (printf ".Values.%s.tokenizer.modelName is required when the tokenizer is enabled (vllm launch render <modelName>)" (ternary "router" "inferenceExtension" (hasKey $r "tokenizer"))) -}}
 {{- end -}}
 {{- end -}}
-{{- with $root.Values.provider -}}
-{{- if and .gke .gke.preferredBackends .gke.preferredBackends.enabled -}}
-{{- fail "provider.gke.preferredBackends: GKE preferred backends (a StatefulSet of active and backup EPPs) is not rendered by this chart" -}}
+{{- if $v.preferredBackends.enabled -}}
+{{- if ne $v.providerName "gke" -}}
+{{- fail (printf ".Values.provider.gke.preferredBackends: GKE's preferred and backup backends need provider.name gke, got %q" $v.providerName) -}}
+{{- end -}}
+{{- range $key := list "preferredReplicas" "defaultReplicas" -}}
+{{- if lt (int (index $v.preferredBackends $key)) 1 -}}
+{{- fail (printf ".Values.provider.gke.preferredBackends.%s must be at least 1 when preferredBackends.enabled is true" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.activeActive -}}
+{{- fail ".Values.provider.gke.preferredBackends: GKE's preferred backends route on each pod's own state; it cannot be combined with activeActive (or ha-enable-leader-election: false)" -}}
 {{- end -}}
 {{- end -}}
 {{- if and $v.epp.sidecar.enabled (not (and $v.epp.sidecar.name $v.epp.sidecar.image)) -}}
