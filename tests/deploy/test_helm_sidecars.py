@@ -79,6 +79,7 @@ def test_the_tokenizer_follows_its_values() -> None:
                     "extraArgs": ["--tokenizer-mode=slow"],
                     "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
                     "image": {"registry": "", "repository": "render", "tag": 1},
+                    "env": [{"name": "HF_HOME", "value": "/models"}],  # llm-d's README example
                 }
             },
             "inferencePool": MODEL_SERVERS,
@@ -86,6 +87,8 @@ def test_the_tokenizer_follows_its_values() -> None:
     )
     render_container = container(objs, "vllm-render")
     assert render_container["image"] == "render:1"
+    env = [(e["name"], e.get("value")) for e in render_container["env"]]
+    assert env == [("HOME", "/cache"), ("HF_HOME", "/models")]  # each name once: the user's wins
     assert render_container["args"] == ["m", "--port=8100", "--tokenizer-mode=slow"]
     producer = [p for p in config_of(objs)["plugins"] if p["type"] == "token-producer"]
     assert producer[0]["parameters"]["vllm"]["url"] == "http://localhost:8100"
