@@ -5,7 +5,6 @@ every request sent after that succeeds on the other one (issue 30, "Faults")."""
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -65,7 +64,10 @@ async def trickle(http: aiohttp.ClientSession, url: str, sent: list[Sent], stop:
     await asyncio.gather(*tasks)
 
 
-async def test_a_killed_epp_leaves_the_rotation_and_no_later_request_fails(tmp_path: pathlib.Path) -> None:
+async def two_epps_behind_envoy(
+    body: Callable[[RunningEnvoy, aiohttp.ClientSession, EppProcess, EppProcess], Awaitable[None]],
+) -> None:
+    """A fleet of two simulated model servers, two EPPs on it, Envoy on active-active.yaml."""
     async with SimFleet(2, *FAST_SIM) as fleet:
         endpoints = f"--endpoints={','.join(fleet.hostports)}"
         async with (
@@ -75,7 +77,7 @@ async def test_a_killed_epp_leaves_the_rotation_and_no_later_request_fails(tmp_p
             config = active_active([(e.grpc_port, e.health_port) for e in (doomed, survivor)])
             async with run(config) as envoy, aiohttp.ClientSession() as http:
                 try:
-                    await kill_one_under_load(envoy, http, doomed, survivor)
+                    await body(envoy, http, doomed, survivor)
                 except BaseException:
                     print(
                         "---- envoy log ----\n",
@@ -84,6 +86,45 @@ async def test_a_killed_epp_leaves_the_rotation_and_no_later_request_fails(tmp_p
                         survivor.log_tail(),
                     )
                     raise
+
+
+async def test_a_killed_epp_leaves_the_rotation_and_no_later_request_fails() -> None:
+    await two_epps_behind_envoy(kill_one_under_load)
+
+
+async def test_a_stopped_epp_loses_no_request() -> None:
+    """SIGTERM (a rolling update, a drain): the EPP reports NOT_SERVING, Envoy's health check moves
+    new streams to the other replica, and only then does it close; not one request fails."""
+    await two_epps_behind_envoy(stop_one_under_load)
+
+
+async def stop_one_under_load(
+    envoy: RunningEnvoy, http: aiohttp.ClientSession, leaving: EppProcess, staying: EppProcess
+) -> None:
+    async def both_take_streams() -> bool:
+        hosts = await envoy.hosts("ext_proc")
+        return all(
+            hosts[e.grpc_port].in_rotation and hosts[e.grpc_port].streams >= 5 for e in (leaving, staying)
+        )
+
+    sent: list[Sent] = []
+    stop = asyncio.Event()
+    load = asyncio.create_task(trickle(http, envoy.url, sent, stop))
+    await until(both_take_streams, 15, "both EPPs route requests (active-active)")
+    term_at = time.monotonic()
+    await leaving.signal(signal.SIGTERM)
+    assert await leaving.wait(30) == 0  # drained and exited cleanly
+    exited_at = time.monotonic()
+
+    async def enough_after() -> bool:
+        return sum(s.at > exited_at for s in sent) >= AFTER_DROP
+
+    await until(enough_after, AFTER_DROP / RATE * 3 + 10, f"{AFTER_DROP} requests answered after the exit")
+    stop.set()
+    await load
+    assert not (await envoy.hosts("ext_proc"))[leaving.grpc_port].in_rotation
+    assert sum(term_at <= s.at <= exited_at for s in sent) >= 5  # requests were sent while it drained
+    assert [s for s in sent if s.status != 200] == []
 
 
 async def kill_one_under_load(
