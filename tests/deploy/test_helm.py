@@ -41,6 +41,15 @@ from tests.deploy.schemas import KUBERNETES_VERSIONS, SchemaMissing, validate_bu
 Obj = dict[str, Any]
 
 VALUES = values_files()
+# Every replica ready and routing (issue 30): no leader election, peers over the Service's `peer` port.
+ACTIVE_ACTIVE = {"active-active-values.yaml", "llm-d-active-active-values.yaml"}
+# GKE's preferred and backup EPPs: a StatefulSet, every pod ready, one Service per pod.
+PREFERRED_BACKENDS = "gke-preferred-backends-values.yaml"
+# The peer-discovery plugin and dataLayer.peerDiscovery arrive with the sync branch; until then
+# this branch's config loader refuses them. The merger flips these to plain parameters.
+AWAITING_SYNC = pytest.mark.xfail(
+    strict=True, reason="k8s-peer-discovery / dataLayer.peerDiscovery land with wt/sync"
+)
 # Kinds with no schema offline, each checked by a pointed test below; anything else must validate.
 NO_SCHEMA = {
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
@@ -147,7 +156,9 @@ def test_probes_and_ports_are_the_epps(values: str) -> None:
     assert pod["terminationGracePeriodSeconds"] > opts.shutdown_grace_period
 
 
-@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize(
+    "values", [pytest.param(v, marks=AWAITING_SYNC) if v in ACTIVE_ACTIVE else v for v in VALUES]
+)
 def test_the_config_file_is_mounted_and_builds(values: str) -> None:
     """The config the EPP would load builds, every plugin with its parameters, as at its start."""
     objs = render(values)
@@ -172,7 +183,7 @@ def test_leader_election_follows_the_replicas(values: str) -> None:
     objs = render(values)
     replicas = deployment(objs)["spec"]["replicas"]
     opts = options(objs)
-    expected = replicas > 1 and values != "active-active-values.yaml"
+    expected = replicas > 1 and values not in ACTIVE_ACTIVE and values != PREFERRED_BACKENDS
     assert opts.ha_enable_leader_election == expected
     lease_roles = [
         o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-leader-election")
@@ -184,21 +195,29 @@ def test_leader_election_follows_the_replicas(values: str) -> None:
 def test_service_and_pool_reach_the_epp(values: str) -> None:
     objs = render(values)
     dep = deployment(objs)
-    service = one(objs, "Service", EPP)
     labels = dep["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= labels.items()
     assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
     ports = {p["name"]: p["containerPort"] for p in test_wiring.epp_container(dep)["ports"]}
-    by_name = {p["name"]: p for p in service["spec"]["ports"]}
-    assert ports[by_name["grpc-ext-proc"]["targetPort"]] == options(objs).grpc_port
-    assert by_name["grpc-ext-proc"]["appProtocol"] == "http2"
+    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
+    assert EPP in services
+    for service in services.values():
+        selector = dict(service["spec"]["selector"])
+        pod = selector.pop("statefulset.kubernetes.io/pod-name", None)
+        if pod is not None:  # one pod of the StatefulSet (the controller adds this label)
+            assert dep["kind"] == "StatefulSet"
+            assert pod in {f"{EPP}-{i}" for i in range(dep["spec"]["replicas"])}
+        assert selector.items() <= labels.items()
+        by_name = {p["name"]: p for p in service["spec"]["ports"]}
+        assert ports[by_name["grpc-ext-proc"]["targetPort"]] == options(objs).grpc_port
+        assert by_name["grpc-ext-proc"]["appProtocol"] == "http2"
     assert (
         dep["spec"]["template"]["spec"]["serviceAccountName"]
         == one(objs, "ServiceAccount", EPP)["metadata"]["name"]
     )
     for pool in (o for o in objs if o["kind"] == "InferencePool"):
         ref = pool["spec"]["endpointPickerRef"]
-        assert ref["name"] == EPP
+        assert ref["name"] == (f"{EPP}-backup" if values == PREFERRED_BACKENDS else EPP)
+        by_name = {p["name"]: p for p in services[ref["name"]]["spec"]["ports"]}
         assert ref["port"]["number"] == by_name["grpc-ext-proc"]["port"]
     for obj in objs:
         if obj["kind"] == "InferenceObjective":
@@ -220,7 +239,15 @@ def test_pod_shape_is_the_kustomize_bases(values: str) -> None:
     tmp = {v["name"]: v for v in pod["volumes"]}["tmp"]
     assert tmp == {v["name"]: v for v in base["volumes"]}["tmp"]
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
-    assert deployment(render(values))["spec"]["strategy"] == {"type": "Recreate"}
+    workload = deployment(render(values))
+    if values == PREFERRED_BACKENDS:  # a StatefulSet: pods one at a time (its default), stable names
+        assert workload["kind"] == "StatefulSet" and "updateStrategy" not in workload["spec"]
+        return
+    strategy = workload["spec"]["strategy"]
+    if values in ACTIVE_ACTIVE:  # every replica serves: one new pod before an old one goes
+        assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    else:  # one active picker (GIE's chart): a rolling update would keep the old leader alive
+        assert strategy == {"type": "Recreate"}
 
 
 def kinds(objs: list[Obj]) -> Counter[str]:
@@ -228,7 +255,12 @@ def kinds(objs: list[Obj]) -> Counter[str]:
 
 
 @pytest.mark.parametrize(
-    ("values", "setup"), [("default-values.yaml", "epp"), ("ha-values.yaml", "overlays/ha")]
+    ("values", "setup"),
+    [
+        ("default-values.yaml", "epp"),
+        ("ha-values.yaml", "overlays/ha"),
+        ("active-active-values.yaml", "overlays/active-active"),
+    ],
 )
 def test_the_same_objects_as_kustomize(values: str, setup: str) -> None:
     """The chart renders what the kustomize base applies, plus the InferencePool (examples/)."""

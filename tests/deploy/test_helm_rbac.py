@@ -3,7 +3,8 @@
 Pool mode reads pods, the pool, objectives and rewrites; standalone mode only pods. Metrics auth
 adds the TokenReview / SubjectAccessReview rights and a /metrics reader role, bound to whoever
 scrapes with it: nobody (you bind your Prometheus), the EPP's own ServiceAccount (GIE's
-ServiceMonitor presents its token) or GMP's reader on GKE. Leader election adds the Lease.
+ServiceMonitor presents its token) or GMP's reader on GKE. Leader election adds the Lease;
+active-active the EPP Service's EndpointSlices (list and watch: its peers).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ LEADER_ELECTION = role_grants(
     ("leases",),
     ("get", "list", "watch", "create", "update", "patch", "delete"),
 ) | role_grants(f"Role/{EPP}-leader-election", "", ("events",), ("create", "patch"))
+# active-active: the peers are the EPP Service's endpoints (k8s-peer-discovery watches them)
+PEERS = role_grants(f"Role/{EPP}", "discovery.k8s.io", ("endpointslices",), ("list", "watch"))
 GMP_SECRET = {
     (f"Role/{RELEASE}-metrics-reader-secret-read", "", "secrets", v, f"{RELEASE}-metrics-reader-secret")
     for v in READ
@@ -55,7 +58,8 @@ BASE = PODS | POOL | METRICS_AUTH | METRICS_READER
 EXPECTED: dict[str, set[Grant]] = {
     "default-values.yaml": BASE,
     "ha-values.yaml": BASE | LEADER_ELECTION,
-    "active-active-values.yaml": BASE,
+    "active-active-values.yaml": BASE | PEERS,
+    "llm-d-active-active-values.yaml": BASE | PEERS,
     "prometheus-values.yaml": BASE,
     "no-metrics-auth-values.yaml": PODS | POOL,
     "custom-config-values.yaml": BASE,
@@ -70,6 +74,9 @@ EXPECTED: dict[str, set[Grant]] = {
     "gie-full-values.yaml": BASE,
     "llm-d-values.yaml": BASE | LEADER_ELECTION,
     "llm-d-standalone-values.yaml": PODS | METRICS_AUTH | METRICS_READER,
+    "llm-d-standalone-proxy-values.yaml": PODS | METRICS_AUTH | METRICS_READER,
+    "llm-d-tokenizer-values.yaml": BASE,
+    "gke-preferred-backends-values.yaml": BASE,
 }
 
 EPP_SA = ("ServiceAccount", EPP, NAMESPACE)

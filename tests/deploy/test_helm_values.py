@@ -145,7 +145,7 @@ def test_ha_is_hot_standby_with_leader_election() -> None:
 
 def test_active_active_keeps_every_replica_ready() -> None:
     objs = render("active-active-values.yaml")
-    assert deployment(objs)["spec"]["replicas"] == 2
+    assert deployment(objs)["spec"]["replicas"] == 3
     assert options(objs).ha_enable_leader_election is False
     container = test_wiring.epp_container(deployment(objs))
     assert container["readinessProbe"]["grpc"]["service"] == test_wiring.GIE_PROBE_SERVICE
@@ -380,14 +380,46 @@ def test_llm_d_parsers_name_the_parser() -> None:
             {"router": {"epp": {"parsers": ["openai-parser", "anthropic-parser"]}, **MODEL_SERVERS_LLM_D}},
             "router.epp.parsers: this EPP runs one request parser",
         ),
-        ({"router": {"proxy": {"enabled": True}, **MODEL_SERVERS_LLM_D}}, "router.proxy"),
-        ({"router": {"tokenizer": {"enabled": True}, **MODEL_SERVERS_LLM_D}}, "router.tokenizer"),
+        (
+            {"router": {"proxy": {"enabled": True, "proxyType": "agentgateway"}, **MODEL_SERVERS_LLM_D}},
+            ".Values.router.proxy.proxyType: only envoy is rendered",
+        ),
+        (
+            {"router": {"proxy": {"enabled": True, "mode": "service"}, **MODEL_SERVERS_LLM_D}},
+            ".Values.router.proxy.mode: only sidecar is rendered",
+        ),
+        (
+            {
+                "inferenceExtension": {"proxy": {"enabled": True, "port": "http"}},
+                "inferencePool": MODEL_SERVERS,
+            },
+            ".Values.inferenceExtension.proxy.port must be a port number",
+        ),
+        (
+            {"router": {"tokenizer": {"enabled": True}, **MODEL_SERVERS_LLM_D}},
+            ".Values.router.tokenizer.modelName is required",
+        ),
+        (
+            {"provider": {"gke": {"preferredBackends": {"enabled": True}}}, "inferencePool": MODEL_SERVERS},
+            ".Values.provider.gke.preferredBackends: GKE's preferred and backup backends need provider.name gke",
+        ),
+        (
+            {
+                "provider": {
+                    "name": "gke",
+                    "gke": {"preferredBackends": {"enabled": True, "defaultReplicas": -1}},
+                },
+                "inferencePool": MODEL_SERVERS,
+            },
+            ".Values.provider.gke.preferredBackends.defaultReplicas must be at least 1",
+        ),
         (
             {
                 "provider": {"name": "gke", "gke": {"preferredBackends": {"enabled": True}}},
+                "inferenceExtension": {"activeActive": True},
                 "inferencePool": MODEL_SERVERS,
             },
-            "provider.gke.preferredBackends",
+            "cannot be combined with activeActive",
         ),
         (
             {"inferenceExtension": {"flags": {"pool-name": "x"}}, "inferencePool": MODEL_SERVERS},

@@ -1,7 +1,8 @@
 """RBAC is exactly GIE's set (inventory §7.7): nothing missing, nothing more.
 
 The base grants what InferencePool mode and metrics auth need; the leases/events rules for
-leader election come only with overlays/ha, the one setup that elects a leader. Rules are
+leader election come only with overlays/ha, the one setup that elects a leader; the
+EndpointSlice watch only with overlays/active-active, whose replicas find each other. Rules are
 compared as flat (role, apiGroup, resource, verb) grants, so splitting or merging rules in
 the YAML does not matter but any extra verb or resource does.
 """
@@ -43,9 +44,13 @@ LEADER_ELECTION: set[Grant] = {
     ("Role/epp-leader-election", "", "events", "patch"),
 }
 
+# active-active: the peers are the `epp` Service's endpoints (k8s-peer-discovery)
+PEERS: set[Grant] = {("Role/epp", "discovery.k8s.io", "endpointslices", v) for v in ("list", "watch")}
+
 EXPECTED = {
     "epp": EPP_ROLE | METRICS_AUTH | METRICS_READER,
     "overlays/ha": EPP_ROLE | METRICS_AUTH | METRICS_READER | LEADER_ELECTION,
+    "overlays/active-active": EPP_ROLE | METRICS_AUTH | METRICS_READER | PEERS,
     ".": EPP_ROLE | METRICS_AUTH | METRICS_READER,
 }
 # role → bound to the EPP's ServiceAccount? (the metrics reader is for the scraper to bind)

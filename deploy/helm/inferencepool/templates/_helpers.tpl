@@ -74,6 +74,11 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- include "inferencepool.merge" (dict "dst" (index $epp $to) "src" .) -}}
 {{- end -}}
 {{- end -}}
+{{- range $key := list "tokenizer" "proxy" -}}
+{{- with index $r $key -}}
+{{- include "inferencepool.merge" (dict "dst" (index $epp $key) "src" .) -}}
+{{- end -}}
+{{- end -}}
 {{- if hasKey $r "extraServicePorts" -}}
 {{- $_ := set $epp "extraServicePorts" $r.extraServicePorts -}}
 {{- end -}}
@@ -147,6 +152,38 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- if hasKey $flags "metrics-endpoint-auth" -}}
 {{- $metricsAuth = eq (toString (index $flags "metrics-endpoint-auth")) "true" -}}
 {{- end -}}
+{{- /* active-active (issue 30): every replica ready, routing state shared with its peers. Our
+  inferenceExtension.activeActive (true, or a map with enabled / peerPort), or llm-d-router's switch:
+  replicas > 1 with flags.ha-enable-leader-election false */ -}}
+{{- $aa := $epp.activeActive | default dict -}}
+{{- if kindIs "bool" $aa }}{{ $aa = dict "enabled" $aa }}{{ end -}}
+{{- $activeActive := false -}}
+{{- if $aa.enabled -}}
+{{- if and (hasKey $flags "ha-enable-leader-election") $leaderElection -}}
+{{- fail ".Values.inferenceExtension.activeActive: every replica serves, so flags.ha-enable-leader-election must not be true (hot standby is replicas > 1 without activeActive)" -}}
+{{- end -}}
+{{- $activeActive = true -}}
+{{- $leaderElection = false -}}
+{{- else if and (gt (int $epp.replicas) 1) (hasKey $flags "ha-enable-leader-election") (not $leaderElection) -}}
+{{- $activeActive = true -}}
+{{- end -}}
+{{- /* GKE preferred backends (llm-d-router's chart): a StatefulSet whose first pods are GKE's
+  PREFERRED backends and the rest its DEFAULT (backup) ones, each pod behind its own Service; every
+  pod ready, so no leader election */ -}}
+{{- $pb := dict "enabled" false -}}
+{{- with ((.Values.provider | default dict).gke | default dict).preferredBackends -}}
+{{- if .enabled -}}
+{{- $pb = dict "enabled" true
+  "preferredReplicas" (int (.preferredReplicas | default 1))
+  "defaultReplicas" (int (.defaultReplicas | default 1))
+  "balancingMode" (.balancingMode | default "")
+  "maxRatePerEndpoint" (.maxRatePerEndpoint | default 0)
+  "capacityScalerPercent" (.capacityScalerPercent | default 0) -}}
+{{- if not (hasKey $flags "ha-enable-leader-election") -}}
+{{- $leaderElection = false -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $tracing := $epp.tracing.enabled -}}
 {{- if hasKey $flags "tracing" -}}
 {{- $tracing = eq (toString (index $flags "tracing")) "true" -}}
@@ -160,6 +197,9 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
   "createPool" $createPool
   "standalone" $standalone
   "leaderElection" $leaderElection
+  "activeActive" $activeActive
+  "preferredBackends" $pb
+  "peerPort" (int (index $flags "peer-port" | default $aa.peerPort | default 9004))
   "secureServing" $secureServing
   "metricsAuth" $metricsAuth
   "tracing" $tracing
@@ -179,4 +219,32 @@ A flag value as the EPP's parser reads it: integers stay integers (YAML numbers 
 {{- else -}}
 {{ . }}
 {{- end -}}
+{{- end -}}
+
+{{/*
+GKE preferred backends: one Service per StatefulSet pod, named as llm-d-router's chart names them
+(ordinal 0 is <release>-epp, then -preferred-<i>, then -backup, -backup-<j>), with its GKE tier.
+*/}}
+{{- define "inferencepool.preferredServices" -}}
+{{- $v := include "inferencepool.values" . | fromYaml -}}
+{{- $pb := $v.preferredBackends -}}
+{{- $name := include "inferencepool.name" . -}}
+{{- $preferred := int $pb.preferredReplicas -}}
+{{- $out := list -}}
+{{- range $i := until (int (add $preferred $pb.defaultReplicas)) -}}
+{{- $svc := printf "%s-preferred-%d" $name $i -}}
+{{- $policy := printf "%s-preferred-%d" $.Release.Name $i -}}
+{{- $tier := "PREFERRED" -}}
+{{- if eq $i 0 -}}
+{{- $svc = $name -}}
+{{- $policy = $.Release.Name -}}
+{{- else if ge $i $preferred -}}
+{{- $tier = "DEFAULT" -}}
+{{- $suffix := ternary "" (printf "-%d" (sub $i $preferred)) (eq $i $preferred) -}}
+{{- $svc = printf "%s-backup%s" $name $suffix -}}
+{{- $policy = printf "%s-backup%s" $.Release.Name $suffix -}}
+{{- end -}}
+{{- $out = append $out (dict "service" $svc "policy" $policy "tier" $tier "pod" (printf "%s-%d" $name $i)) -}}
+{{- end -}}
+{{- toYaml (dict "services" $out) -}}
 {{- end -}}

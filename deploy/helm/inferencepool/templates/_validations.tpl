@@ -67,15 +67,36 @@ render (so a user is told, rather than silently given less).
 {{- fail (printf ".Values.inferenceExtension.flags: write flag names without dashes, got %q" $k) -}}
 {{- end -}}
 {{- end -}}
-{{- if and $r.proxy $r.proxy.enabled -}}
-{{- fail "router.proxy: the proxy sidecar of llm-d-router's standalone chart is not rendered by this chart; run Envoy with deploy/envoy/*.yaml (docs/helm.md)" -}}
+{{- $key := ternary "router" "inferenceExtension" (hasKey $r "proxy") -}}
+{{- with $v.epp.proxy -}}
+{{- if .enabled -}}
+{{- if ne (toString .proxyType) "envoy" -}}
+{{- fail (printf ".Values.%s.proxy.proxyType: only envoy is rendered, got %q (agentgateway's config is not one this project tests)" $key .proxyType) -}}
 {{- end -}}
-{{- if and $r.tokenizer $r.tokenizer.enabled -}}
-{{- fail "router.tokenizer: the vllm-render sidecar is not rendered by this chart; point token-producer at the model servers' render endpoint instead (docs/helm.md)" -}}
+{{- if ne (toString .mode) "sidecar" -}}
+{{- fail (printf ".Values.%s.proxy.mode: only sidecar is rendered, got %q; for a separate, scaled Envoy run deploy/envoy/active-active.yaml in front of the EPP Service" $key .mode) -}}
 {{- end -}}
-{{- with $root.Values.provider -}}
-{{- if and .gke .gke.preferredBackends .gke.preferredBackends.enabled -}}
-{{- fail "provider.gke.preferredBackends: GKE preferred backends (a StatefulSet of active and backup EPPs) is not rendered by this chart" -}}
+{{- if not (regexMatch "^[0-9]+$" (toString .port)) -}}
+{{- fail (printf ".Values.%s.proxy.port must be a port number, got %q" $key (toString .port)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.epp.tokenizer -}}
+{{- if and .enabled (not .modelName) -}}
+{{- fail (printf ".Values.%s.tokenizer.modelName is required when the tokenizer is enabled (vllm launch render <modelName>)" (ternary "router" "inferenceExtension" (hasKey $r "tokenizer"))) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.preferredBackends.enabled -}}
+{{- if ne $v.providerName "gke" -}}
+{{- fail (printf ".Values.provider.gke.preferredBackends: GKE's preferred and backup backends need provider.name gke, got %q" $v.providerName) -}}
+{{- end -}}
+{{- range $key := list "preferredReplicas" "defaultReplicas" -}}
+{{- if lt (int (index $v.preferredBackends $key)) 1 -}}
+{{- fail (printf ".Values.provider.gke.preferredBackends.%s must be at least 1 when preferredBackends.enabled is true" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.activeActive -}}
+{{- fail ".Values.provider.gke.preferredBackends: GKE's preferred backends route on each pod's own state; it cannot be combined with activeActive (or ha-enable-leader-election: false)" -}}
 {{- end -}}
 {{- end -}}
 {{- if and $v.epp.sidecar.enabled (not (and $v.epp.sidecar.name $v.epp.sidecar.image)) -}}
