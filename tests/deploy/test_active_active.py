@@ -29,9 +29,6 @@ from tests.deploy.schemas import KUBERNETES_VERSIONS, validate_builtin
 Obj = dict[str, Any]
 MODEL_SERVERS = {"modelServers": {"matchLabels": {"app": "vllm-qwen3-32b"}}}
 PEER_PORT = 9004  # the EPP's --peer-port default; the warm-start snapshot is served on the next port
-AWAITING_SYNC = pytest.mark.xfail(
-    strict=True, reason="k8s-peer-discovery, dataLayer.peerDiscovery and --peer-port land with wt/sync"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +152,7 @@ def test_no_peers_without_active_active(name: str) -> None:
     assert s.deployment["spec"]["strategy"] == {"type": "Recreate"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=AWAITING_SYNC) for n in ACTIVE_ACTIVE])
+@pytest.mark.parametrize("name", sorted(ACTIVE_ACTIVE))
 def test_the_active_active_config_builds(name: str) -> None:
     """The config the EPP would load, with its peer discovery, builds as at the EPP's start."""
     s = setup(name)
@@ -254,9 +251,8 @@ def test_a_moved_peer_port_moves_every_reference() -> None:
     assert {p["name"]: p["port"] for p in s.service["spec"]["ports"]}["peer"] == 9100
 
 
-@AWAITING_SYNC
 def test_a_moved_peer_port_reaches_the_epp() -> None:
-    assert getattr(helm.options(_moved_peer_port()), "peer_port", None) == 9100
+    assert helm.options(_moved_peer_port()).peer_port == 9100
 
 
 def test_active_active_with_leader_election_is_refused() -> None:

@@ -45,11 +45,6 @@ VALUES = values_files()
 ACTIVE_ACTIVE = {"active-active-values.yaml", "llm-d-active-active-values.yaml"}
 # GKE's preferred and backup EPPs: a StatefulSet, every pod ready, one Service per pod.
 PREFERRED_BACKENDS = "gke-preferred-backends-values.yaml"
-# The peer-discovery plugin and dataLayer.peerDiscovery arrive with the sync branch; until then
-# this branch's config loader refuses them. The merger flips these to plain parameters.
-AWAITING_SYNC = pytest.mark.xfail(
-    strict=True, reason="k8s-peer-discovery / dataLayer.peerDiscovery land with wt/sync"
-)
 # Kinds with no schema offline, each checked by a pointed test below; anything else must validate.
 NO_SCHEMA = {
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
@@ -156,9 +151,7 @@ def test_probes_and_ports_are_the_epps(values: str) -> None:
     assert pod["terminationGracePeriodSeconds"] > opts.shutdown_grace_period
 
 
-@pytest.mark.parametrize(
-    "values", [pytest.param(v, marks=AWAITING_SYNC) if v in ACTIVE_ACTIVE else v for v in VALUES]
-)
+@pytest.mark.parametrize("values", VALUES)
 def test_the_config_file_is_mounted_and_builds(values: str) -> None:
     """The config the EPP would load builds, every plugin with its parameters, as at its start."""
     objs = render(values)
