@@ -40,6 +40,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("reload", "bench.reload", True),
     ("precise_prefix", "bench.precise_prefix", True),
     ("pd", "bench.pd", True),
+    ("scaleout", "bench.scaleout", True),
 )
 
 

@@ -23,6 +23,7 @@ from bench.report.overhead import overhead_section
 from bench.report.pd import pd_section
 from bench.report.prefix_routing import prefix_routing_section
 from bench.report.routing import routing_section
+from bench.report.scaleout import scaleout_section
 from bench.report.streaming import streaming_section
 from bench.report.summary import header
 
@@ -36,6 +37,7 @@ SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], list[str]]], ...] = (
     ("long_prompts", long_prompts_section),
     ("streaming", streaming_section),
     ("pd", pd_section),
+    ("scaleout", scaleout_section),
     ("latency", latency_section),
 )
 MICRO = ("scheduler", "scrape", "parsers", "flowcontrol", "sim_cost")

@@ -1,0 +1,115 @@
+"""Section: active-active replicas and workers (bench/scaleout.py, issue 30)."""
+
+# The report is typeset markdown: the multiplication sign is meant.
+# ruff: noqa: RUF001
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.report.fmt import f, met, ratio, table
+
+
+def scaleout_section(doc: dict[str, Any]) -> list[str]:
+    goals = doc["goals"]
+    out = [
+        "## Scale-out: active-active replicas and workers",
+        "",
+        "`python -m bench.scaleout` (see its docstring). Ratios are within one run on this 2-core "
+        "machine; every process of a cell shares the two cores.",
+        "",
+    ]
+    q = doc.get("quality")
+    if q and "cells" in q:
+        rows = [
+            [
+                str(c["replicas"]),
+                "shared" if c["sync"] else "independent",
+                f(c["ttft_p90_ms"]),
+                f(c["prefix_hit_rate"], 3),
+                f(c["success_rate"], 3),
+            ]
+            for c in q["cells"]
+        ]
+        out += [
+            "**Routing quality** (shared-prefix profile through one Envoy, approximate prefix index)",
+            "",
+            table(["EPP replicas", "routing state", "TTFT p90 (ms)", "fleet hit rate", "success"], rows),
+            "",
+            f"4 shared replicas vs one: TTFT p90 {ratio(q['ttft_p90_4_synced_vs_one'])} (goal ≤ "
+            f"{goals['quality_ttft_p90_vs_one']}×, {met(q['met']['ttft'])}), hit rate "
+            f"{ratio(q['hit_rate_4_synced_vs_one'])} (goal ≥ {goals['quality_hit_rate_vs_one']}×, "
+            f"{met(q['met']['hits'])}).",
+            "",
+        ]
+    c = doc.get("cost")
+    if c and "cells" in c:
+        rows = [
+            [
+                str(x["replicas"]),
+                "on" if x["sync"] else "off",
+                f(x["cpu_us_per_request"]),
+                f(x["p99_ms"], 2),
+                f(x["staleness_p99_ms"], 2),
+                str(x["failed"]),
+            ]
+            for x in c["cells"]
+        ]
+        sc = c["effective_scaling"]
+        out += [
+            "**Cost of sharing** (each replica driven directly over ext_proc at the same rate)",
+            "",
+            table(
+                ["replicas", "sync", "CPU µs/request (replica 0)", "p99 ms", "staleness p99 ms", "failed"],
+                rows,
+            ),
+            "",
+            "Effective scaling N × cost(1) / cost(N): "
+            + ", ".join(f"{n}: {f(v, 2)}" for n, v in sc.items())
+            + f" (goals ≥ {goals['scaling_4']} at 4: {met(c['met']['scaling_4'])}; "
+            f"≥ {goals['scaling_8']} at 8: {met(c['met']['scaling_8'])}); "
+            f"worst staleness p99 {f(c['staleness_p99_ms_worst'], 2)} ms "
+            f"(goal ≤ {goals['staleness_p99_ms']} ms, {met(c['met']['staleness'])}).",
+            "",
+        ]
+    w = doc.get("workers")
+    if w and "rounds" in w:
+        rows = [
+            [
+                str(i + 1),
+                f(r["one"]["rps"]),
+                f(r["one"]["p99_ms"], 2),
+                f(r["two"]["rps"]),
+                f(r["two"]["p99_ms"], 2),
+                ratio(r["ratio"]),
+            ]
+            for i, r in enumerate(w["rounds"])
+        ]
+        out += [
+            "**Workers** (`--workers 2` vs `1`, closed loop over ext_proc, no Envoy)",
+            "",
+            table(["round", "1 worker req/s", "p99 ms", "2 workers req/s", "p99 ms", "ratio"], rows),
+            "",
+            f"Median capacity ratio {ratio(w['capacity_ratio_median'])} (goal ≥ {goals['workers_2']}×, "
+            f"{met(w['met']['capacity'])}; p99 no worse: {met(w['met']['p99_no_worse'])}).",
+            "",
+        ]
+    fl = doc.get("faults")
+    if fl and "kill" in fl:
+        k, r, ro = fl["kill"], fl["restart"], fl["rolling"]
+        out += [
+            "**Faults** (three shared replicas behind Envoy, 50 req/s)",
+            "",
+            f"- SIGKILL of one replica: {k['failed_total']} requests failed in all, {k['failed_after_1s']} "
+            f"more than 1 s after the kill ({met(fl['met']['kill'])}).",
+            f"- Restarted with a warm start: its first requests' predicted prefix hit ratio "
+            f"{f(r['restarted_hit_ratio'], 3)} vs its peers' {f(r['peers_hit_ratio'], 3)} "
+            f"({ratio(r['vs_peers'])}, {met(fl['met']['warm_start'])}).",
+            f"- Rolling update of all three: {ro['failed']} of {ro['sent']} requests failed "
+            f"({met(fl['met']['rolling'])}).",
+            "",
+        ]
+    for part in ("quality", "cost", "workers", "faults"):
+        if doc.get(part, {}).get("error"):
+            out += [f"*Part {part} failed: {doc[part]['error']}*", ""]
+    return out
