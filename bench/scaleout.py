@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import re
 import signal
+import socket
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -50,7 +51,7 @@ from bench.prefix_routing import QUICK as PR_QUICK
 from bench.prefix_routing import _shared
 from bench.routing import MODEL, Workload, builtin_load, fleet_counters, sim_args
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess, SimFleet, free_port
+from epp_sim.demo.procs import EppProcess, SimFleet
 
 SEEDS = {"sim": 1, "workload": 42, "arrivals": 7}
 GOALS = {
@@ -88,6 +89,26 @@ QUICK = Settings(12.0, 10, PR_QUICK.profiles[0].workload, (1, 2, 4, 8), 60.0, 8.
 # replicas
 
 
+def peer_ports(n: int) -> list[int]:
+    """``n`` sync ports, each with its successor free too (the warm-start socket), none overlapping."""
+    taken: set[int] = set()
+    out: list[int] = []
+    while len(out) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if {port, port + 1} & taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        taken |= {port, port + 1}
+        out.append(port)
+    return out
+
+
 def peer_args(i: int, peer_ports: Sequence[int]) -> list[str]:
     """The flags that make replica ``i`` of ``peer_ports`` an active-active peer of the others."""
     others = [f"127.0.0.1:{p}" for j, p in enumerate(peer_ports) if j != i]
@@ -100,14 +121,14 @@ def peer_args(i: int, peer_ports: Sequence[int]) -> list[str]:
 
 
 def replicas(n: int, endpoints: Sequence[str], *, sync: bool, config: Path | None = None) -> list[EppProcess]:
-    peer_ports = [free_port() for _ in range(n)]
+    ports = peer_ports(n)
     out = []
     for i in range(n):
         args = [f"--endpoints={','.join(endpoints)}", "--bind-address=127.0.0.1"]
         if config is not None:
             args.append(f"--config-file={config}")
         if sync:
-            args += peer_args(i, peer_ports)
+            args += peer_args(i, ports)
         out.append(EppProcess(*args))
     return out
 
@@ -400,7 +421,7 @@ async def faults(st: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
         slots = 6  # three serving, three for the rolling update's new pods
-        peer_ports = [free_port() for _ in range(slots)]
+        ports = peer_ports(slots)
         epps: list[EppProcess] = []
         for i in range(slots):
             args = [
@@ -408,7 +429,7 @@ async def faults(st: Settings) -> dict[str, Any]:
                 "--bind-address=127.0.0.1",
                 f"--config-file={CONFIG}",
             ]
-            args += peer_args(i, peer_ports)
+            args += peer_args(i, ports)
             epps.append(EppProcess(*args))
         await start_all(epps[:3])
         cfg = EnvoyConfig(

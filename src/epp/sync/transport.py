@@ -62,6 +62,8 @@ class ZmqTransport:
         self._connected: dict[str, Peer] = {}
         self._pub_raw: zmq.Socket[bytes] | None = None
         self._sub_raw: zmq.Socket[bytes] | None = None
+        self._readable: asyncio.Event | None = None  # the SUB's descriptor said "look" (recv_many)
+        self._fd = -1
         self.redials = 0
 
     # --- lifecycle -------------------------------------------------------------------
@@ -115,6 +117,10 @@ class ZmqTransport:
         raise zmq.ZMQError(zmq.EADDRINUSE, "no free consecutive port pair for sync")
 
     def close(self) -> None:
+        if self._readable is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._fd)
+            self._readable = None
         for sock in (self._pub, self._sub, self._router):
             if sock is not None:
                 sock.close(0)
@@ -180,18 +186,38 @@ class ZmqTransport:
         return frames
 
     async def recv_many(self, limit: int = 256) -> list[Frames]:
-        """Wait for a message, then take every one already queued (up to ``limit``) in one go."""
-        sub = self._require(self._sub)
+        """Wait for a message, then take every one already queued (up to ``limit``) in one go.
+
+        The wait is the SUB's ZMQ file descriptor, registered with the loop once: pyzmq's
+        asyncio ``poll`` adds and removes the reader and builds a poller and futures on every
+        call, which cost more than the batch it waited for (bench/scaleout, py-spy).  ZMQ's
+        descriptor signals "look at EVENTS", so the callback asks EVENTS (which re-arms it).
+        """
         raw = self._sub_raw
-        assert raw is not None
-        await sub.poll()  # POLLIN, no timeout
-        out: list[Frames] = []
-        while len(out) < limit:
-            try:
-                out.append(raw.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                break
-        return out
+        if raw is None:
+            raise RuntimeError("sync transport is not bound (or already closed)")
+        if self._readable is None:
+            self._readable = asyncio.Event()
+            self._fd = int(raw.getsockopt(zmq.FD))
+            asyncio.get_running_loop().add_reader(self._fd, self._on_readable)
+        while True:
+            out: list[Frames] = []
+            while len(out) < limit:
+                try:
+                    out.append(raw.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            if out:
+                return out
+            self._readable.clear()
+            if _events(raw) & zmq.POLLIN:  # arrived between the read and clear()
+                continue
+            await self._readable.wait()
+
+    def _on_readable(self) -> None:
+        raw = self._sub_raw
+        if raw is not None and self._readable is not None and _events(raw) & zmq.POLLIN:
+            self._readable.set()
 
     # --- warm start --------------------------------------------------------------------
     async def serve_snapshots(self, answer: Callable[[Frames], bytes | None]) -> None:
@@ -235,3 +261,8 @@ class ZmqTransport:
         if sock is None:
             raise RuntimeError("sync transport is not bound (or already closed)")
         return sock
+
+
+def _events(sock: zmq.Socket[bytes]) -> int:
+    """``ZMQ_EVENTS`` (reading it also re-arms the socket's descriptor)."""
+    return int(sock.getsockopt(zmq.EVENTS))
