@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import random
 import re
 import signal
 import socket
@@ -89,24 +90,41 @@ QUICK = Settings(12.0, 10, PR_QUICK.profiles[0].workload, (1, 2, 4, 8), 60.0, 8.
 # replicas
 
 
-def peer_ports(n: int) -> list[int]:
-    """``n`` sync ports, each with its successor free too (the warm-start socket), none overlapping."""
-    taken: set[int] = set()
-    out: list[int] = []
-    while len(out) < n:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if {port, port + 1} & taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
+class Ports:
+    """Ports for every process of a cell, below the kernel's ephemeral range (32768+): a port
+    handed out now and bound seconds later (a rolling update's new replica) cannot have been
+    taken meanwhile by an outgoing connection, and no two handed out here overlap."""
+
+    def __init__(self) -> None:
+        self.taken: set[int] = set()
+        self._rng = random.Random()
+
+    def one(self, *, pair: bool = False) -> int:
+        """A free port (``pair``: and its successor, the sync warm-start socket)."""
+        for _ in range(1000):
+            port = self._rng.randrange(20000, 32000)
+            wanted = {port, port + 1} if pair else {port}
+            if wanted & self.taken or not all(_free(p) for p in wanted):
                 continue
-        taken |= {port, port + 1}
-        out.append(port)
-    return out
+            self.taken |= wanted
+            return port
+        raise RuntimeError("no free port below the ephemeral range")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def epp(ports: Ports, *args: str) -> EppProcess:
+    """An EppProcess on ports from ``ports``."""
+    e = EppProcess(*args)
+    e.grpc_port, e.health_port, e.metrics_port = ports.one(), ports.one(), ports.one()
+    return e
 
 
 def peer_args(i: int, peer_ports: Sequence[int]) -> list[str]:
@@ -121,7 +139,8 @@ def peer_args(i: int, peer_ports: Sequence[int]) -> list[str]:
 
 
 def replicas(n: int, endpoints: Sequence[str], *, sync: bool, config: Path | None = None) -> list[EppProcess]:
-    ports = peer_ports(n)
+    pool = Ports()
+    ports = [pool.one(pair=True) for _ in range(n)]
     out = []
     for i in range(n):
         args = [f"--endpoints={','.join(endpoints)}", "--bind-address=127.0.0.1"]
@@ -129,7 +148,7 @@ def replicas(n: int, endpoints: Sequence[str], *, sync: bool, config: Path | Non
             args.append(f"--config-file={config}")
         if sync:
             args += peer_args(i, ports)
-        out.append(EppProcess(*args))
+        out.append(epp(pool, *args))
     return out
 
 
@@ -193,6 +212,7 @@ async def quality_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
         await start_all(epps)
         try:
             cfg = EnvoyConfig(
+                ext_proc_port=epps[0].grpc_port,
                 ext_proc_replicas=[(e.grpc_port, e.health_port) for e in epps],
                 ext_proc_health_service="readiness",
             )
@@ -421,7 +441,8 @@ async def faults(st: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
         slots = 6  # three serving, three for the rolling update's new pods
-        ports = peer_ports(slots)
+        pool = Ports()
+        ports = [pool.one(pair=True) for _ in range(slots)]
         epps: list[EppProcess] = []
         for i in range(slots):
             args = [
@@ -430,11 +451,13 @@ async def faults(st: Settings) -> dict[str, Any]:
                 f"--config-file={CONFIG}",
             ]
             args += peer_args(i, ports)
-            epps.append(EppProcess(*args))
+            epps.append(epp(pool, *args))
         await start_all(epps[:3])
         cfg = EnvoyConfig(
+            ext_proc_port=epps[0].grpc_port,
             ext_proc_replicas=[(e.grpc_port, e.health_port) for e in epps],
             ext_proc_health_service="readiness",
+            ext_proc_panic_threshold=0.0,  # as deploy/envoy/active-active.yaml
         )
         try:
             async with Envoy(cfg) as envoy:

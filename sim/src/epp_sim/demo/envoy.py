@@ -64,6 +64,10 @@ class EnvoyConfig:
     # gRPC health service ``ext_proc_health_service`` (GIE's readiness: only the leader passes).
     ext_proc_replicas: Sequence[tuple[int, int]] = ()
     ext_proc_health_service: str = "readiness"
+    # Envoy's panic routing (below this % of healthy replicas, send to all of them): right for
+    # a hot standby that can route before it leads; 0 for active-active, where a replica that
+    # fails its health check is dead, whatever the share of the others.
+    ext_proc_panic_threshold: float | None = None
 
 
 _TLS_TO_EPP: dict[str, Any] = {
@@ -276,7 +280,13 @@ def _health_checked(cfg: EnvoyConfig) -> dict[str, Any]:
         }
         for grpc_port, health_port in cfg.ext_proc_replicas
     ]
+    panic = (
+        {}
+        if cfg.ext_proc_panic_threshold is None
+        else {"common_lb_config": {"healthy_panic_threshold": {"value": cfg.ext_proc_panic_threshold}}}
+    )
     return {
+        **panic,
         "load_assignment": {"cluster_name": "ext_proc", "endpoints": [{"lb_endpoints": eps}]},
         "health_checks": [
             {
