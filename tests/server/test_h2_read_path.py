@@ -77,11 +77,15 @@ async def test_a_request_is_routed_and_answered_in_one_write_within_its_read() -
     done = loop.create_future()
 
     def read() -> None:  # as the loop calls it: a callback, no task current
-        conn.data_received(_request(1))
-        done.set_result((t.writes, bytes(t.out)))
+        try:
+            conn.data_received(_request(1))
+        except Exception as e:
+            done.set_exception(e)
+        else:
+            done.set_result((t.writes, bytes(t.out)))
 
     loop.call_soon(read)
-    writes, out = await done
+    writes, out = await asyncio.wait_for(done, 5.0)
     assert writes == 1  # HEADERS, the routing reply and the body, together, before the read returned
     replies = _routing_replies(out, 1)
     assert replies[0].WhichOneof("response") == "request_headers"
