@@ -12,8 +12,11 @@ end_of_stream, then the routing headers reply (destination header, Content-Lengt
 metadata) and the body as streamed mutations of <= 62,000 bytes; response headers get an empty
 reply, response body chunks are echoed as streamed mutations, trailers get empty replies.  With
 BUFFERED request bodies (Envoy's other mode) the headers are answered at once and the body reply
-carries the routing mutation; STREAMED/BUFFERED response chunks get empty replies.  Prints
-``{"port": N}`` once serving.
+carries the routing mutation; STREAMED/BUFFERED response chunks get empty replies.  With
+``--response-phases none`` and body modes in which Envoy honours ``mode_override`` (neither is
+FULL_DUPLEX_STREAMED), the reply to the request headers asks Envoy to skip the response phases,
+with the same override the EPP sends when no plugin reads the response: the fair floor under
+deploy/envoy/lean.yaml.  Prints ``{"port": N}`` once serving.
 """
 
 from __future__ import annotations
@@ -44,6 +47,19 @@ EMPTY_REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersRespo
 EMPTY_RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 EMPTY_RESPONSE_BODY = pb.ProcessingResponse(response_body=pb.BodyResponse())
 _EMPTY_RESPONSE_HEADERS = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+_SEND, _SKIP = mode_pb.ProcessingMode.SEND, mode_pb.ProcessingMode.SKIP
+
+
+def skip_response(request_mode: int) -> mode_pb.ProcessingMode:
+    """The override skipping response headers, body and trailers (deploy/envoy/lean.yaml lists it)."""
+    return mode_pb.ProcessingMode(
+        request_header_mode=_SEND,
+        request_body_mode=request_mode,  # type: ignore[arg-type]
+        request_trailer_mode=_SEND,
+        response_header_mode=_SKIP,
+        response_body_mode=mode_pb.ProcessingMode.NONE,
+        response_trailer_mode=_SKIP,
+    )
 
 
 def destination_metadata(destination: str) -> struct_pb2.Struct:
@@ -93,14 +109,25 @@ class NoopSession:
     servicer below iterates the same object, so both floors send the same replies.
     """
 
-    __slots__ = ("_body", "_next", "_request_mode", "_response_mode", "finished", "route_pending")
+    __slots__ = (
+        "_body",
+        "_next",
+        "_request_mode",
+        "_response_mode",
+        "_skip",
+        "finished",
+        "route_pending",
+        "writer",
+    )
 
-    def __init__(self, next_upstream: Callable[[], str]) -> None:
+    def __init__(self, next_upstream: Callable[[], str], *, skip_response: bool = False) -> None:
         self._next = next_upstream
+        self._skip = skip_response
         self._body: list[bytes] = []
         self._request_mode = self._response_mode = FULL_DUPLEX
         self.finished = False
         self.route_pending = False  # never: routing is a round robin, answered in ``handle``
+        self.writer: Any = None  # the driver sets itself here; a no-op never ends a call unasked
 
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         kind = msg.WhichOneof("request")
@@ -108,16 +135,24 @@ class NoopSession:
             if msg.HasField("protocol_config"):
                 self._request_mode = msg.protocol_config.request_body_mode
                 self._response_mode = msg.protocol_config.response_body_mode
+            override = (
+                skip_response(self._request_mode)
+                if self._skip and FULL_DUPLEX not in (self._request_mode, self._response_mode)
+                else None
+            )
             if msg.request_headers.end_of_stream:
                 dest = self._next()
                 return [
                     pb.ProcessingResponse(
                         request_headers=pb.HeadersResponse(response=_mutation(dest, None)),
                         dynamic_metadata=destination_metadata(dest),
+                        mode_override=override,
                     )
                 ]
             if self._request_mode == BUFFERED:
-                return [EMPTY_REQUEST_HEADERS]
+                if override is None:
+                    return [EMPTY_REQUEST_HEADERS]
+                return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(), mode_override=override)]
             return []
         if kind == "request_body":
             hb = msg.request_body
@@ -157,6 +192,9 @@ class NoopSession:
     async def route(self) -> list[pb.ProcessingResponse]:  # pragma: no cover - route_pending is never set
         return []
 
+    def take_eviction(self) -> list[pb.ProcessingResponse]:  # pragma: no cover - never evicts
+        return []
+
     def close(self) -> None:
         pass
 
@@ -168,11 +206,12 @@ class NoopProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     (``epp.server.h2.H2GrpcServer``) asks of a servicer.
     """
 
-    def __init__(self, upstreams: list[str]) -> None:
+    def __init__(self, upstreams: list[str], *, skip_response: bool = False) -> None:
         self._next = itertools.cycle(upstreams).__next__
+        self._skip = skip_response
 
     def open(self) -> NoopSession:
-        return NoopSession(self._next)
+        return NoopSession(self._next, skip_response=self._skip)
 
     async def wait_idle(self) -> None:
         return None
@@ -186,8 +225,8 @@ class NoopProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 yield reply
 
 
-async def serve(upstreams: list[str], transport: str) -> None:
-    servicer = NoopProcessor(upstreams)
+async def serve(upstreams: list[str], transport: str, *, skip_response: bool = False) -> None:
+    servicer = NoopProcessor(upstreams, skip_response=skip_response)
     if transport == "h2":
         # The EPP's own HTTP/2 + gRPC framing (its default transport), driving the same sessions.
         from epp.server.h2 import H2GrpcServer
@@ -219,14 +258,21 @@ def main(argv: list[str] | None = None) -> int:
         default="grpcio",
         help="grpcio: grpc.aio (gRPC core); h2: the EPP's own HTTP/2 framing (src/epp/server/h2)",
     )
+    ap.add_argument(
+        "--response-phases",
+        choices=("all", "none"),
+        default="all",
+        help="none: ask Envoy to skip the response phases where it honours mode_override",
+    )
     args = ap.parse_args(argv)
     upstreams = [u.strip() for u in args.upstreams.split(",") if u.strip()]
+    skip = args.response_phases == "none"
     try:
         import uvloop
 
-        uvloop.run(serve(upstreams, args.transport))
+        uvloop.run(serve(upstreams, args.transport, skip_response=skip))
     except ImportError:  # pragma: no cover - uvloop is a project dependency
-        asyncio.run(serve(upstreams, args.transport))
+        asyncio.run(serve(upstreams, args.transport, skip_response=skip))
     return 0
 
 

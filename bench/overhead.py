@@ -4,28 +4,49 @@
 
 Paths: (a) direct, (b) Envoy alone (round robin), (c) Envoy + the no-op Python ext_proc server
 (bench/noop_extproc.py: the floor of the protocol in Python) on grpc.aio, (c') the same no-op
-server on the EPP's own transport (src/epp/server/h2: the floor under the EPP), (d) Envoy + the EPP with GIE's
-default config, (e) vllm-router and sglang-router (cache_aware) when installed.  1 KB chat
+server on the EPP's own transport (src/epp/server/h2: the floor under the EPP), (d) Envoy + the EPP
+with the default and the prefix-heavy config, under GIE's Envoy config (FULL_DUPLEX_STREAMED) and
+under deploy/envoy/lean.yaml (only the phases the plugins need), each with its fair floor: the
+no-op server under the same Envoy config asking for the same phases (c''), (e) vllm-router and
+sglang-router (cache_aware) when installed.  1 KB chat
 requests, non-streamed answers from 4 upstreams.  Open-loop Poisson windows over a rate ladder,
 paths interleaved within each round and their order rotated between rounds; latency from the
 scheduled send time.  A path that cannot keep up with a rate (achieved < 90% of offered, or
 errors) is not offered the higher rates.  Capacity: closed loop with 32 concurrent requests.
-CPU: utime+stime of the routing processes only, per successful request.
+CPU: utime+stime of the routing processes only, per successful request, split by process (Envoy,
+the ext_proc server); the hop goals (issue 31) are medians over rounds of ratios within a round.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import orjson
 
 from bench.common import log, sum_cpu, versions, write_result
 from bench.httpload import RunResult, closed_loop, open_loop, post, summarize
-from bench.paths import DIRECT, ENVOY, EPP, EPP_FAIL_OPEN, FLOOR, FLOOR_H2, PEERS, Lab, Path, available
+from bench.paths import (
+    DIRECT,
+    ENVOY,
+    EPP,
+    EPP_FAIL_OPEN,
+    EPP_LEAN,
+    EPP_PREFIX,
+    EPP_PREFIX_LEAN,
+    FLOOR,
+    FLOOR_H2,
+    FLOOR_H2_LEAN,
+    FLOOR_H2_LEAN_FULL,
+    PEERS,
+    Lab,
+    Path,
+    available,
+)
 from bench.profiling import Profiler
 
 SEED = 7
@@ -38,6 +59,26 @@ GOALS = {
 SUSTAIN_FRACTION = 0.95
 SUSTAIN_P99_MS = 20.0
 PROFILE_RATE = 600  # req/s while py-spy samples the EPP: busy, below saturation
+# The whole hop against its fair floor (issue 31): Envoy + EPP CPU per request at capacity, capacity,
+# and added p50 at HOP_RATE, each an EPP path over the no-op path under the same Envoy config.
+HOP_GOALS = {"cpu_ratio": 1.25, "capacity_ratio": 0.85, "added_p50_ms": 0.15}
+HOP_RATE = 200
+# (GIE's Envoy config, lean Envoy config) pairs of the same EPP config: what the lean config saves Envoy.
+LEAN_PAIRS = {"default": ("epp", "epp-lean"), "prefix-heavy": ("epp-prefix", "epp-prefix-lean")}
+SPECS = (
+    DIRECT,
+    ENVOY,
+    FLOOR,
+    FLOOR_H2,
+    FLOOR_H2_LEAN,
+    FLOOR_H2_LEAN_FULL,
+    EPP,
+    EPP_PREFIX,
+    EPP_LEAN,
+    EPP_PREFIX_LEAN,
+    EPP_FAIL_OPEN,
+    *PEERS,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +93,7 @@ class Settings:
 
 QUICK = Settings(rates=(200, 600), window_s=2.0, rounds=1, capacity_s=2.0, concurrency=32, profile_s=3.0)
 FULL = Settings(
-    rates=(100, 300, 600, 1000, 1500, 2000, 3000),
+    rates=(100, 200, 300, 600, 1000, 1500, 2000, 3000),
     window_s=5.0,
     rounds=3,
     capacity_s=5.0,
@@ -145,9 +186,11 @@ def _sustained(w: dict[str, Any]) -> bool:
     )
 
 
-async def run(mode: str, *, profile: bool = True) -> dict[str, Any]:
+async def run(mode: str, *, profile: bool = True, rounds: int | None = None) -> dict[str, Any]:
     st = QUICK if mode == "quick" else FULL
-    specs, notes = available([DIRECT, ENVOY, FLOOR, FLOOR_H2, EPP, EPP_FAIL_OPEN, *PEERS])
+    if rounds:
+        st = replace(st, rounds=rounds)
+    specs, notes = available(SPECS)
     for n in notes:
         log(f"overhead: {n}")
     requests = chat_requests(64, 1024, SEED)
@@ -217,6 +260,11 @@ async def run(mode: str, *, profile: bool = True) -> dict[str, Any]:
         "notes": notes,
         "ladder": ladder,
         "capacity": {name: _best(cs) for name, cs in capacity.items()},
+        "capacity_rounds": {
+            name: [{"achieved_rps": c["achieved_rps"], "cpu_us_per_req": c["cpu_us_per_req"]} for c in cs]
+            for name, cs in capacity.items()
+        },
+        "floors": {s.name: s.floor for s in specs if s.floor},
         "max_sustained_rps": {
             name: max((int(r) for r, c in cells_.items() if c["sustained"]), default=0)
             for name, cells_ in ladder.items()
@@ -287,6 +335,7 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
             },
         },
     }
+    out["hop"] = derive_hop(result)
     if own:
         j = _judged(ladder, added, "floor-h2", "p50_ms_over_own_floor")
         v = j[1] if j else None
@@ -299,6 +348,99 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
             "met": v is not None and v <= GOALS["epp_added_p50_ms_over_own_floor"],
         }
     return out
+
+
+def derive_hop(result: dict[str, Any]) -> dict[str, Any]:
+    """Each EPP path over its fair floor (issue 31), and what the lean Envoy config saves Envoy.
+
+    Ratios are taken within a round (both paths measured minutes apart at most, in the same machine
+    state) and the median over rounds is reported.  CPU is split by process: "envoy" and "extproc".
+    """
+    rounds: dict[str, list[dict[str, Any]]] = result.get("capacity_rounds", {})
+    ladder = result["ladder"]
+    paths: dict[str, Any] = {}
+    goals: list[dict[str, Any]] = []
+    for name, floor in result.get("floors", {}).items():
+        mine, base = rounds.get(name, []), rounds.get(floor, [])
+        if not mine or not base:
+            continue
+        pairs = list(zip(mine, base, strict=False))
+        cpu = _median(
+            [_q(a["cpu_us_per_req"].get("total"), b["cpu_us_per_req"].get("total")) for a, b in pairs]
+        )
+        cap = _median([_q(a["achieved_rps"], b["achieved_rps"]) for a, b in pairs])
+        at = str(HOP_RATE)
+        p50 = _diff(
+            ladder.get(name, {}).get(at, {}).get("p50_ms"), ladder.get(floor, {}).get(at, {}).get("p50_ms")
+        )
+        paths[name] = {
+            "floor": floor,
+            "rounds": len(pairs),
+            "achieved_rps": _median([a["achieved_rps"] for a in mine]),
+            "floor_achieved_rps": _median([b["achieved_rps"] for b in base]),
+            "cpu_us_per_req": _by_process(mine),
+            "floor_cpu_us_per_req": _by_process(base),
+            "cpu_ratio": _round(cpu, 3),
+            "capacity_ratio": _round(cap, 3),
+            "added_p50_ms": p50,
+            "cpu_ratio_vs_gie_floor": _round(
+                _median(
+                    [
+                        _q(a["cpu_us_per_req"].get("total"), b["cpu_us_per_req"].get("total"))
+                        for a, b in zip(mine, rounds.get("floor-h2", []), strict=False)
+                    ]
+                ),
+                3,
+            ),
+        }
+        for key, value, better in (
+            ("cpu_ratio", cpu, "le"),
+            ("capacity_ratio", cap, "ge"),
+            ("added_p50_ms", p50, "le"),
+        ):
+            goal = HOP_GOALS[key]
+            met = value is not None and (value <= goal if better == "le" else value >= goal)
+            goals.append(
+                {"path": name, "floor": floor, "goal": key, "limit": goal, "value": value, "met": met}
+            )
+    saved: dict[str, Any] = {}
+    for config, (gie, lean) in LEAN_PAIRS.items():
+        g, ln = rounds.get(gie, []), rounds.get(lean, [])
+        if not g or not ln:
+            continue
+        pg, pl = _by_process(g), _by_process(ln)
+        saved[config] = {
+            "gie": gie,
+            "lean": lean,
+            "envoy_us_per_req": {"gie": pg.get("envoy"), "lean": pl.get("envoy")},
+            "extproc_us_per_req": {"gie": pg.get("extproc"), "lean": pl.get("extproc")},
+            "envoy_share_saved": _round(_saved(pl.get("envoy"), pg.get("envoy")), 3),
+            "total_share_saved": _round(_saved(pl.get("total"), pg.get("total")), 3),
+        }
+    return {"paths": paths, "goals": goals, "lean_saves": saved, "rate": HOP_RATE, "limits": HOP_GOALS}
+
+
+def _by_process(cs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Median over rounds of each process's CPU per request (and the total)."""
+    keys = sorted({k for c in cs for k in c["cpu_us_per_req"]})
+    return {k: _round(_median([c["cpu_us_per_req"].get(k) for c in cs]), 1) for k in keys}
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = sorted(x for x in xs if x is not None)
+    return statistics.median(vals) if vals else None
+
+
+def _q(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _saved(lean: float | None, gie: float | None) -> float | None:
+    return 1 - lean / gie if lean is not None and gie else None
+
+
+def _round(x: float | None, nd: int) -> float | None:
+    return round(x, nd) if x is not None else None
 
 
 def _judged(
@@ -322,11 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--rounds", type=int, default=0, help="rounds instead of the mode's (medians need 3+)")
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "full"
     import uvloop
 
-    result = uvloop.run(run(mode, profile=not args.no_profile))
+    result = uvloop.run(run(mode, profile=not args.no_profile, rounds=args.rounds or None))
     result["versions"] = versions()
     path = write_result("overhead", result, mode=mode, seeds={"loadgen": SEED})
     log(f"overhead: wrote {path}")

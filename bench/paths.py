@@ -14,8 +14,11 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import yaml
+
 from bench.common import (
     CONFIGS,
+    ROOT,
     Child,
     CpuMeter,
     PeerRouter,
@@ -29,8 +32,27 @@ from bench.httpload import Pool
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess
 
-# Envoy settings in which the EPP may ask Envoy to skip response bodies (docs/decisions.md).
-SKIPPABLE = {"request_body_mode": "BUFFERED", "response_body_mode": "STREAMED", "allow_mode_override": True}
+
+def _lean_envoy() -> dict[str, object]:
+    """EnvoyConfig overrides reproducing deploy/envoy/lean.yaml's ext_proc settings (read from the
+    file, so the benchmark measures the config we ship): BUFFERED request bodies, STREAMED response
+    bodies, allow_mode_override with the modes the EPP asks for (docs/envoy.md)."""
+    doc = yaml.safe_load((ROOT / "deploy" / "envoy" / "lean.yaml").read_text())
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    (cfg,) = (f["typed_config"] for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")
+    mode = cfg["processing_mode"]
+    return {
+        **{k: mode[k] for k in ("request_body_mode", "response_body_mode", "response_header_mode")},
+        **{k: mode[k] for k in ("request_trailer_mode", "response_trailer_mode")},
+        "allow_mode_override": cfg["allow_mode_override"],
+        "buffer_limit_bytes": 1 << 20,  # lean.yaml: 16 MiB; 1 MiB holds every benchmark body
+        "extra_ext_proc": {"allowed_override_modes": cfg["allowed_override_modes"]},
+    }
+
+
+# Envoy settings in which the EPP may ask Envoy to skip response phases: deploy/envoy/lean.yaml.
+LEAN: dict[str, object] = _lean_envoy()
+SKIPPABLE = LEAN  # the older name (bench/streaming.py, tests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +66,10 @@ class PathSpec:
     peer: PeerSpec | None = None
     label: str = ""
     transport: str = "grpcio"  # the no-op floor's: "grpcio" (grpc.aio) or "h2" (the EPP's own)
+    # The no-op floor's response phases where Envoy honours mode_override: "all", or "none" (it asks
+    # Envoy to skip them, as the EPP does when no plugin reads the response).
+    response_phases: str = "all"
+    floor: str = ""  # an EPP path's fair floor: the no-op path under the same Envoy config and phases
 
     @property
     def title(self) -> str:
@@ -58,14 +84,50 @@ FLOOR = PathSpec("floor", "floor", label="(c) Envoy + no-op Python ext_proc (grp
 FLOOR_H2 = PathSpec(
     "floor-h2", "floor", transport="h2", label="(c') Envoy + no-op Python ext_proc (EPP's own h2 transport)"
 )
-EPP = PathSpec("epp", "epp", label="(d) Envoy + EPP (default config)")
-# deploy/envoy/fail-open.yaml: BUFFERED request bodies + failure_mode_allow, so Envoy goes on without
-# the EPP when it is down (FULL_DUPLEX_STREAMED does not fail open with Envoy 1.40).
+EPP = PathSpec("epp", "epp", floor="floor-h2", label="(d) Envoy + EPP (default config)")
+EPP_PREFIX = PathSpec(
+    "epp-prefix",
+    "epp",
+    epp_config="prefix-heavy.yaml",
+    floor="floor-h2",
+    label="(d) Envoy + EPP (prefix-heavy)",
+)
+# deploy/envoy/lean.yaml: the default config reads no response, so the EPP asks Envoy to skip it; its
+# fair floor asks for the same.  prefix-heavy's plugins read response bodies, so nothing is skipped.
+_LEAN = tuple(LEAN.items())
+FLOOR_H2_LEAN = PathSpec(
+    "floor-h2-lean",
+    "floor",
+    transport="h2",
+    envoy=_LEAN,
+    response_phases="none",
+    label="(c'') no-op ext_proc on h2, lean Envoy, response skipped",
+)
+FLOOR_H2_LEAN_FULL = PathSpec(
+    "floor-h2-lean-full",
+    "floor",
+    transport="h2",
+    envoy=_LEAN,
+    label="(c'') no-op ext_proc on h2, lean Envoy, response sent",
+)
+EPP_LEAN = PathSpec(
+    "epp-lean", "epp", envoy=_LEAN, floor="floor-h2-lean", label="(d) Envoy lean + EPP (default)"
+)
+EPP_PREFIX_LEAN = PathSpec(
+    "epp-prefix-lean",
+    "epp",
+    epp_config="prefix-heavy.yaml",
+    envoy=_LEAN,
+    floor="floor-h2-lean-full",
+    label="(d) Envoy lean + EPP (prefix-heavy)",
+)
+# deploy/envoy/fail-open.yaml: lean.yaml's modes + failure_mode_allow, so Envoy goes on without the EPP
+# when it is down (FULL_DUPLEX_STREAMED does not fail open with Envoy 1.40).
 EPP_FAIL_OPEN = PathSpec(
     "epp-fail-open",
     "epp",
-    envoy=(("request_body_mode", "BUFFERED"), ("failure_mode_allow", True), ("buffer_limit_bytes", 1 << 20)),
-    label="(d') Envoy + EPP, fail-open config (BUFFERED)",
+    envoy=(*LEAN.items(), ("failure_mode_allow", True)),
+    label="(d') Envoy + EPP, fail-open config (BUFFERED, response skipped)",
 )
 PEERS = (
     PathSpec(
@@ -203,6 +265,8 @@ class Lab:
                         ",".join(self.hostports),
                         "--transport",
                         spec.transport,
+                        "--response-phases",
+                        spec.response_phases,
                     ),
                 )
             )

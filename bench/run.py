@@ -27,6 +27,7 @@ STEPS: tuple[tuple[str, str, bool], ...] = (
     ("overhead", "bench.overhead", True),
     ("long_prompts", "bench.long_prompts", True),
     ("streaming", "bench.streaming", True),
+    ("envoy_phases", "bench.envoy_phases", True),
     ("scheduler", "bench.scheduler", True),
     ("explain", "bench.explain", True),
     ("scrape", "bench.scrape", True),

@@ -10,7 +10,7 @@ concurrent streams, for each path at N = 1 and N = large, so that the per-chunk 
 free of the per-request cost.  "Chunks" are the response-body messages Envoy sent to the
 ext_proc server, read from Envoy's ext_proc counters.
 
-Two Envoy configurations (docs/decisions.md "Skipping response bodies"):
+Two Envoy configurations (docs/decisions.md "What each phase costs the proxy"):
 * GIE's FULL_DUPLEX_STREAMED both ways: every response chunk reaches the ext_proc server,
   whether or not a plugin needs it;
 * request body BUFFERED, response body STREAMED, allow_mode_override: the EPP asks Envoy to skip
@@ -18,7 +18,10 @@ Two Envoy configurations (docs/decisions.md "Skipping response bodies"):
 Each with the default config and with a plugin that needs response bodies (the
 request-attribute-reporter of bench/configs/response-body.yaml); Envoy alone and Envoy + the
 no-op Python ext_proc server (FULL_DUPLEX_STREAMED, echoing every chunk; on grpc.aio and on the
-EPP's own h2 transport, the floor under the EPP) are the baselines.
+EPP's own h2 transport, the floor under the EPP) are the baselines.  Each EPP path is also set
+against its fair floor: the no-op server on h2 under the same Envoy config, asking for the same
+phases (lean: skipping the response, or echoing STREAMED chunks), per streamed event and by
+process (the EPP, Envoy).
 """
 
 from __future__ import annotations
@@ -43,15 +46,39 @@ SPECS = (
     PathSpec(
         "floor-h2", "floor", transport="h2", label="Envoy + no-op ext_proc on the EPP's h2 (full duplex)"
     ),
-    PathSpec("epp-fd", "epp", label="EPP default, full duplex (GIE)"),
-    PathSpec("epp-fd-body", "epp", epp_config="response-body.yaml", label="EPP + body plugin, full duplex"),
-    PathSpec("epp-skip", "epp", envoy=_SKIP, label="EPP default, buffered/streamed + override"),
+    PathSpec(
+        "floor-h2-lean",
+        "floor",
+        transport="h2",
+        envoy=_SKIP,
+        response_phases="none",
+        label="Envoy lean + no-op ext_proc on h2, response skipped",
+    ),
+    PathSpec(
+        "floor-h2-lean-full",
+        "floor",
+        transport="h2",
+        envoy=_SKIP,
+        label="Envoy lean + no-op ext_proc on h2, STREAMED chunks echoed",
+    ),
+    PathSpec("epp-fd", "epp", floor="floor-h2", label="EPP default, full duplex (GIE)"),
+    PathSpec(
+        "epp-fd-body",
+        "epp",
+        epp_config="response-body.yaml",
+        floor="floor-h2",
+        label="EPP + body plugin, full duplex",
+    ),
+    PathSpec(
+        "epp-skip", "epp", envoy=_SKIP, floor="floor-h2-lean", label="EPP default, lean Envoy (override)"
+    ),
     PathSpec(
         "epp-skip-body",
         "epp",
         epp_config="response-body.yaml",
         envoy=_SKIP,
-        label="EPP + body plugin, buffered/streamed + override",
+        floor="floor-h2-lean-full",
+        label="EPP + body plugin, lean Envoy (override)",
     ),
 )
 
@@ -143,17 +170,31 @@ async def run(mode: str) -> dict[str, Any]:
             if a is None or b is None:
                 continue
             row[f"{proc}_us_per_event"] = round((b - a) / (st.chunks - 1), 3)
-            if proc == "extproc":
-                row["extproc_us_per_chunk"] = round((b - a) / extra_msgs, 2) if extra_msgs >= 1 else None
+            row[f"{proc}_us_per_chunk"] = round((b - a) / extra_msgs, 2) if extra_msgs >= 1 else None
         us = row.get("extproc_us_per_chunk")
         row["chunks_per_core_s"] = round(1e6 / us, 0) if us and us > 0 else None
+        ev = [row.get(f"{proc}_us_per_event") for proc in ("extproc", "envoy")]
+        row["us_per_event"] = (
+            round(sum(x for x in ev if x is not None), 3) if any(x is not None for x in ev) else None
+        )
         per_chunk[name] = row
+    for spec in SPECS:  # each EPP path against its fair floor, per streamed event (Envoy + ext_proc)
+        if spec.floor and spec.floor in per_chunk:
+            mine, floor = per_chunk[spec.name], per_chunk[spec.floor]
+            mine["us_per_event_over_floor"] = _minus(mine.get("us_per_event"), floor.get("us_per_event"))
+            mine["envoy_us_per_event_over_floor"] = _minus(
+                mine.get("envoy_us_per_event"), floor.get("envoy_us_per_event")
+            )
+            mine["extproc_us_per_event_over_floor"] = _minus(
+                mine.get("extproc_us_per_event"), floor.get("extproc_us_per_event")
+            )
     fd = per_chunk.get("epp-fd-body", {}).get("chunks_per_core_s")
     skip_msgs = per_chunk.get("epp-skip", {}).get("extproc_msgs_per_event")
     return {
         "idle_cores": idle,
         "settings": asdict(st),
         "paths": {s.name: s.title for s in SPECS},
+        "floors": {s.name: s.floor for s in SPECS if s.floor},
         "table": table,
         "per_chunk": per_chunk,
         "goals": {
@@ -169,6 +210,10 @@ async def run(mode: str) -> dict[str, Any]:
             },
         },
     }
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return round(a - b, 3) if a is not None and b is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:

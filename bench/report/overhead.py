@@ -57,6 +57,7 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
                     f(a.get("p50_ms_over_floor"), 2),
                     *([f(a.get("p50_ms_over_own_floor"), 2)] if own_floor else []),
                     f(cpu.get("total"), 0),
+                    f(cpu.get("envoy"), 0),
                     f(cpu.get("extproc") or cpu.get("router"), 0),
                     f"{c['ok']}/{c['offered']}",
                     "yes" if c["sustained"] else "**no**",
@@ -75,6 +76,7 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
                 "p50 over floor",
                 *(["p50 over own floor"] if own_floor else []),
                 "CPU µs/req (all)",
+                "Envoy µs/req",
                 "CPU µs/req (ext_proc or router)",
                 "ok/offered",
                 "sustained",
@@ -102,6 +104,7 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
                 ratio(quotient(c["achieved_rps"], floor.get("achieved_rps"))),
                 *([ratio(quotient(c["achieved_rps"], own.get("achieved_rps")))] if own_floor else []),
                 f(cpu.get("total"), 0),
+                f(cpu.get("envoy"), 0),
                 f(proc, 0),
                 f(1e6 / proc, 0) if proc else "–",
                 f(o["max_sustained_rps"].get(name), 0),
@@ -119,6 +122,7 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
                 "vs floor",
                 *(["vs own floor"] if own_floor else []),
                 "CPU µs/req (all)",
+                "Envoy µs/req",
                 "CPU µs/req (ext_proc or router)",
                 "req/s per core of that process",
                 "max sustained open-loop rate",
@@ -127,6 +131,7 @@ def overhead_section(o: dict[str, Any]) -> list[str]:
         ),
         "",
     ]
+    out += hop_section(o)
     img = plot_overhead(o)
     if img:
         out += [f"![Added latency over the direct path vs request rate]({img})", ""]
@@ -166,3 +171,101 @@ def plot_overhead(o: dict[str, Any]) -> str:
         ax.grid(True, alpha=0.3)
     b.legend(fontsize=7)
     return save_plot(fig, "overhead.png")
+
+
+def hop_section(o: dict[str, Any]) -> list[str]:
+    """The whole hop by process against its fair floor (issue 31), and what lean.yaml saves Envoy."""
+    hop = o["derived"].get("hop") or {}
+    if not hop.get("paths"):
+        return []
+    paths = o["paths"]
+    rows = []
+    for name, h in hop["paths"].items():
+        cpu, fl = h["cpu_us_per_req"], h["floor_cpu_us_per_req"]
+        rows.append(
+            [
+                paths.get(name, name),
+                paths.get(h["floor"], h["floor"]),
+                f(h["achieved_rps"], 0),
+                ratio(h["capacity_ratio"]),
+                f(cpu.get("envoy"), 0),
+                f(cpu.get("extproc"), 0),
+                f(cpu.get("total"), 0),
+                f(fl.get("envoy"), 0),
+                f(fl.get("extproc"), 0),
+                f(fl.get("total"), 0),
+                ratio(h["cpu_ratio"]),
+                ratio(h["cpu_ratio_vs_gie_floor"]),
+                f(h["added_p50_ms"], 2),
+            ]
+        )
+    out = [
+        "### The whole hop against its fair floor, by process",
+        "",
+        "Each EPP path over the no-op ext_proc path under the same Envoy config, asking Envoy for the "
+        "same phases (GIE's FULL_DUPLEX_STREAMED config, or deploy/envoy/lean.yaml, where the EPP skips "
+        "the response phases no plugin reads). At capacity, median over rounds; ratios are taken within "
+        f"a round. Added p50 at {hop['rate']} req/s over the same floor.",
+        "",
+        table(
+            [
+                "path",
+                "fair floor",
+                "req/s",
+                "vs floor",
+                "Envoy µs/req",
+                "EPP µs/req",
+                "total µs/req",
+                "floor Envoy",
+                "floor ext_proc",
+                "floor total",
+                "CPU vs floor",
+                "CPU vs GIE floor-h2",
+                f"added p50 ms @{hop['rate']}",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    saves = hop.get("lean_saves") or {}
+    if saves:
+        out += [
+            "What the lean Envoy config saves per EPP config (Envoy's CPU per request at capacity, "
+            "GIE's config against lean.yaml):",
+            "",
+            table(
+                [
+                    "EPP config",
+                    "Envoy µs/req GIE",
+                    "Envoy µs/req lean",
+                    "Envoy share saved",
+                    "whole hop saved",
+                ],
+                [
+                    [
+                        config,
+                        f(v["envoy_us_per_req"]["gie"], 0),
+                        f(v["envoy_us_per_req"]["lean"], 0),
+                        _pct(v["envoy_share_saved"]),
+                        _pct(v["total_share_saved"]),
+                    ]
+                    for config, v in saves.items()
+                ],
+            ),
+            "",
+        ]
+    out += ["Goals (issue 31):", ""]
+    for g in hop.get("goals", []):
+        op = "≥" if g["goal"] == "capacity_ratio" else "≤"
+        unit = " ms" if g["goal"] == "added_p50_ms" else "×"
+        value = "–" if g["value"] is None else f"{g['value']:.2f}{unit}"
+        out.append(
+            f"- {'PASS' if g['met'] else 'FAIL'}: {paths.get(g['path'], g['path'])} {g['goal']} "
+            f"{value} {op} {g['limit']:g}{unit} (over {g['floor']})"
+        )
+    out.append("")
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"

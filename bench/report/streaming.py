@@ -22,7 +22,9 @@ def streaming_section(s: dict[str, Any]) -> list[str]:
         f"{st['rounds']} round(s). "
         "A *chunk* is a response-body message Envoy sent to the ext_proc server (Envoy's ext_proc counters; "
         "Envoy merges events that arrive together). Per-chunk CPU = (CPU per request with N events − CPU per "
-        "request with 1 event) / (extra messages per request), so per-request costs cancel.",
+        "request with 1 event) / (extra messages per request), so per-request costs cancel. Each EPP path "
+        "is also set against its fair floor (the no-op server under the same Envoy config asking for the "
+        "same phases), per event and by process.",
         "",
     ]
     rows = []
@@ -40,6 +42,10 @@ def streaming_section(s: dict[str, Any]) -> list[str]:
                 f(pc.get("chunks_per_core_s"), 0),
                 f(pc.get("extproc_us_per_event"), 2),
                 f(pc.get("envoy_us_per_event"), 2),
+                f(pc.get("envoy_us_per_chunk"), 1),
+                s.get("floors", {}).get(name, "–"),
+                f(pc.get("extproc_us_per_event_over_floor"), 2),
+                f(pc.get("envoy_us_per_event_over_floor"), 2),
             ]
         )
     out += [
@@ -53,6 +59,10 @@ def streaming_section(s: dict[str, Any]) -> list[str]:
                 "chunks per ext_proc core-s",
                 "ext_proc µs/event",
                 "Envoy µs/event",
+                "Envoy µs/chunk",
+                "fair floor",
+                "ext_proc µs/event over floor",
+                "Envoy µs/event over floor",
             ],
             rows,
         ),

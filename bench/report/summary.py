@@ -137,6 +137,13 @@ def summary_rows(res: dict[str, dict[str, Any] | None]) -> list[list[str]]:
                 met(g["epp_req_per_s_per_core"]["met"]),
             ]
         )
+        for h in (o["derived"].get("hop") or {}).get("goals", []):
+            what = {"cpu_ratio": "CPU/req at capacity ≤ {}×", "capacity_ratio": "capacity ≥ {}×",
+                    "added_p50_ms": "added p50 ≤ {} ms"}[h["goal"]].format(h["limit"])  # fmt: skip
+            unit = " ms" if h["goal"] == "added_p50_ms" else "×"
+            rows.append(
+                ["2 overhead", f"{h['path']}: {what} of {h['floor']}", f(h["value"], 2, unit), met(h["met"])]
+            )
     lp = res.get("long_prompts")
     if lp:
         g = lp["derived"]["goals"]["epp_added_p50_ms_over_floor_at_400kb"]

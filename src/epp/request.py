@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
+
+from epp.plugin.keys import StateKey
 
 
 class ApiKind(enum.StrEnum):
@@ -17,6 +19,7 @@ class ApiKind(enum.StrEnum):
     RESPONSES = "responses"
     CONVERSATIONS = "conversations"
     MESSAGES = "messages"  # Anthropic /v1/messages
+    GENERATE = "generate"  # vLLM HTTP /inference/v1/generate (token ids in, llm-d's vllmhttp-parser)
     GRPC_GENERATE = "grpc/generate"  # vLLM engine Generate
     GRPC_EMBED = "grpc/embed"  # vLLM engine Embed
     RAW = "raw"  # passthrough: body not parsed
@@ -55,6 +58,14 @@ class HeaderMutation:
     remove: list[str] = field(default_factory=list)
 
 
+class Evictable(Protocol):
+    """An edge able to end its request in the response phase (llm-d-router's eviction channel)."""
+
+    def evict(self) -> None:
+        """End the request at the next chance with 429 ``request evicted by flow control``."""
+        ...
+
+
 @dataclass(slots=True, kw_only=True)
 class InferenceRequest:
     """One request, built by the ext_proc edge and enriched by the director."""
@@ -73,6 +84,11 @@ class InferenceRequest:
     explain: bool = False  # keep every candidate's final score (--emit-endpoint-scores)
     # Upstream header changes asked for by pre-request plugins (P/D headers); None for most requests.
     header_mutation: HeaderMutation | None = None
+    # In-flight eviction (flowControl.enableEviction): the edge that can end this request while its
+    # response streams (the ext_proc session, FULL_DUPLEX_STREAMED response only; None otherwise),
+    # and what flow control runs when the stream ends (set only for a request it tracks).
+    edge: Evictable | None = None
+    on_closed: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
@@ -103,9 +119,52 @@ class ResponseInfo:
 
 
 BYTES_PER_TOKEN: Final = 4  # GIE's SimpleTokenEstimator
-# The per-request latency SLO headers of GIE's predictor family and its SLO-deadline ordering.
-SLO_TTFT_HEADER: Final = "x-slo-ttft-ms"
-SLO_TPOT_HEADER: Final = "x-slo-tpot-ms"
+
+# The agent session a request belongs to (llm-d-router's producer-agnostic ``agent-identity``
+# request attribute).  Any request-header plugin able to resolve one may put it; the director
+# makes it the fairness id when the client sent none, and the session-affinity plugins read it
+# as a ``sessionIdConfig`` source.  Here, below both, so each reads the one key.
+AGENT_IDENTITY: Final[StateKey[str]] = StateKey("agent-identity")
+# The session id ``session-id-producer`` reads from a header or cookie (llm-d-router's
+# ``SessionIDDataKey`` attribute), for the session-affinity plugins' ``sessionIdConfig`` too.
+SESSION_ID: Final[StateKey[str]] = StateKey("SessionID")
+
+# The request headers a client or gateway sets to steer the EPP.  llm-d-router renamed GIE's
+# headers to ``x-llm-d-*`` and still reads the old names as deprecated aliases (its
+# ``metadata.headerAliases``); the names here are llm-d's, ``control_header`` reads both.
+FAIRNESS_HEADER: Final = "x-llm-d-inference-fairness-id"
+OBJECTIVE_HEADER: Final = "x-llm-d-inference-objective"
+MODEL_REWRITE_HEADER: Final = "x-llm-d-model-name-rewrite"
+# The per-request latency SLO headers of the predictor family and the SLO-deadline ordering.
+SLO_TTFT_HEADER: Final = "x-llm-d-slo-ttft-ms"
+SLO_TPOT_HEADER: Final = "x-llm-d-slo-tpot-ms"
+# Each current name, then its deprecated aliases (GIE's names), all lower case.
+HEADER_ALIASES: Final[Mapping[str, tuple[str, ...]]] = {
+    FAIRNESS_HEADER: (FAIRNESS_HEADER, "x-gateway-inference-fairness-id"),
+    OBJECTIVE_HEADER: (OBJECTIVE_HEADER, "x-gateway-inference-objective"),
+    MODEL_REWRITE_HEADER: (MODEL_REWRITE_HEADER, "x-gateway-model-name-rewrite"),
+    SLO_TTFT_HEADER: (SLO_TTFT_HEADER, "x-slo-ttft-ms"),
+    SLO_TPOT_HEADER: (SLO_TPOT_HEADER, "x-slo-tpot-ms"),
+}
+
+
+def header_names(key: str) -> tuple[str, ...]:
+    """The names a control header is read under: the current one first, then its aliases."""
+    key = key.lower()
+    return HEADER_ALIASES.get(key, (key,))
+
+
+def control_header(headers: Mapping[str, str], key: str) -> str | None:
+    """A control header's value from lower-cased request headers, by any of its names.
+
+    As upstream's ``GetLowerCaseHeaderValue``: the first name *present* wins, so a client
+    sending both names gets llm-d's; None when no name is present.
+    """
+    for name in HEADER_ALIASES.get(key, (key,)):
+        value = headers.get(name)
+        if value is not None:
+            return value
+    return None
 
 
 def prompt_tokens(request: InferenceRequest) -> int:

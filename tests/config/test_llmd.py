@@ -107,9 +107,9 @@ def test_inject_defaults_adds_the_metrics_source_beside_listed_ones() -> None:
             id="gie-field-validation-kept",
         ),
         pytest.param(
-            "flowControl: {enableEviction: true}\n",
-            "flowControl: in-flight eviction (flowControl.enableEviction) is not supported by this EPP",
-            id="eviction-unsupported",
+            "flowControl: {enableEviction: yes-please}\n",
+            "flowControl.enableEviction: Input should be a valid boolean",
+            id="eviction-type",
         ),
         pytest.param(
             "flowControl: {noEndpointRequestTTL: 5m}\n",
@@ -122,9 +122,9 @@ def test_inject_defaults_adds_the_metrics_source_beside_listed_ones() -> None:
             id="no-endpoint-ttl-type",
         ),
         pytest.param(
-            "dataLayer: {discovery: {pluginRef: d}}\n",
-            "dataLayer: endpoint discovery plugins (dataLayer.discovery) is not supported",
-            id="discovery-unsupported",
+            "dataLayer: {peerDiscovery: {pluginRef: d}}\n",
+            "dataLayer: peer discovery (dataLayer.peerDiscovery) is not supported",
+            id="peer-discovery-unsupported",
         ),
         pytest.param(
             "dataLayer: {injectDefaults: false}\n",

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import pytest
 
 from epp.datalayer.api import Endpoint
-from epp.director.dag import order_producers
+from epp.director.dag import order_producers, producer_timeout
 from epp.errors import ConfigError
 from epp.plugin.base import PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey
@@ -177,3 +177,26 @@ def test_the_inflight_producer_runs_last_wherever_it_is_listed() -> None:
     inflight = build(InFlightLoadProducer)
     plugins = [inflight, Producer("tokenizing", "a"), Producer("other", "b")]
     assert [p.typed_name.name for p in order_producers(plugins)][-1] == inflight.typed_name.name
+
+
+class _Declares:
+    """A producer declaring its own timeout (upstream's timeoutAwareMockPlugin)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    def produce_timeout(self) -> float:
+        return self.timeout
+
+
+@pytest.mark.parametrize(
+    ("producer", "want"),
+    [
+        (object(), 0.4),  # not timeout-aware: the default
+        (_Declares(30.0), 30.0),  # a declared timeout overrides the default
+        (_Declares(0.0), 0.4),  # non-positive: the default
+        (_Declares(-1.0), 0.4),
+    ],
+)
+def test_producer_timeout(producer: object, want: float) -> None:
+    assert producer_timeout(producer, 0.4) == want

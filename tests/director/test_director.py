@@ -330,10 +330,56 @@ async def test_failing_producer_does_not_stop_the_request() -> None:
 
 
 async def test_producers_share_one_timeout() -> None:
-    """A hanging producer is cut off by the shared timeout and the request still routes."""
+    """A hanging producer is cut off by the default timeout and the request still routes."""
     d, _ = director(producers=(Producer("slow", "hang"),), timeout=0.05)
     decision = await d.start({}, {}).route(body())
     assert decision.destination == "192.168.1.2:8000"
+
+
+class SlowProducer(Producer):
+    """Takes ``delay`` seconds (a producer that waits by design, e.g. a burst window); declares
+    ``own`` as its timeout (upstream's TimeoutAwareProducer) when given."""
+
+    def __init__(self, name: str, delay: float, own: float | None = None) -> None:
+        super().__init__(name)
+        self.delay, self.own = delay, own
+        if own is not None:
+            self.produce_timeout = lambda: own
+
+    async def prepare_request_data(
+        self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> None:
+        await asyncio.sleep(self.delay)  # the producer's own work takes this long: the scenario
+        LOG.append(f"done:{self.typed_name.name}")
+
+
+async def test_a_producer_declaring_a_long_timeout_is_waited_for_one_without_is_cut() -> None:
+    """A producer declaring a timeout runs past the budget under its own; one declaring none (or
+    <= 0) is cut at the budget, which ends production (upstream's first failing producer)."""
+    d, _ = director(
+        producers=(
+            SlowProducer("windowed", delay=0.15, own=5.0),  # 3x the budget, within its own
+            SlowProducer("zero-declared", delay=3600, own=0.0),  # <= 0: the budget applies
+            Producer("after"),
+        ),
+        timeout=0.05,
+    )
+    decision = await d.start({}, {}).route(body())
+    assert decision.destination
+    assert [e for e in LOG if e.startswith(("done:", "produce:"))] == ["done:windowed"]
+
+
+async def test_a_declared_producer_s_time_is_not_charged_to_the_shared_budget() -> None:
+    d, _ = director(
+        producers=(
+            SlowProducer("before", delay=0.03),
+            SlowProducer("windowed", delay=0.4, own=5.0),  # twice the budget on its own
+            SlowProducer("after", delay=0.03),  # 0.06 s of the 0.2 s budget spent in all
+        ),
+        timeout=0.2,
+    )
+    await d.start({}, {}).route(body())
+    assert [e for e in LOG if e.startswith("done:")] == ["done:before", "done:windowed", "done:after"]
 
 
 async def test_sheddable_request_is_shed_when_saturated() -> None:
@@ -467,3 +513,22 @@ async def test_stale_endpoints_are_skipped_while_a_fresh_one_exists() -> None:
     assert (await d.start({}, {}).route(body())).destination == alive.hostport
     alive.metrics = dead.metrics
     assert (await d.start({}, {}).route(body())).destination == dead.hostport  # fail open: lowest queue
+
+
+async def test_llmd_header_names_are_read_and_win_over_gie_names() -> None:
+    """llm-d-router's ``x-llm-d-*`` names steer the request; GIE's stay its deprecated aliases."""
+    d, ds = director()
+    ds.set_objectives([Objective(name="gold", priority=2), Objective(name="old", priority=-1)])
+    lc = d.start(
+        {
+            "x-llm-d-inference-objective": "gold",
+            "x-gateway-inference-objective": "old",
+            "x-llm-d-model-name-rewrite": "target-x",
+            "x-llm-d-inference-fairness-id": "tenant-a",
+        },
+        {},
+    )
+    decision = await lc.route(body("client-m"))
+    assert lc.request.objective == "gold" and lc.request.priority == 2
+    assert lc.request.fairness_id == "tenant-a"
+    assert decision.body is not None and orjson.loads(decision.body)["model"] == "target-x"

@@ -18,12 +18,12 @@ from epp.app.registry import default_registry
 from epp.config.load import load_config, load_config_file
 from epp.datalayer.api import Endpoint, EndpointMetadata
 from epp.datastore.store import Datastore
-from epp.director.director import FAIRNESS_HEADER, Director
+from epp.director.director import Director
 from epp.errors import Internal
 from epp.flowcontrol.fairness.program_aware import ProgramAwareFairness
 from epp.plugin.base import NoParams, PluginParams, TypedName
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
+from epp.request import FAIRNESS_HEADER, InferenceRequest
 
 AGENTIC = Path(__file__).resolve().parents[1] / "config" / "corpus" / "llmd-guides--agentic-serving.yaml"
 BODY = orjson.dumps({"model": "m", "prompt": "write a function " * 20, "max_tokens": 5})
@@ -33,6 +33,9 @@ CASES: tuple[tuple[dict[str, str], str], ...] = (
     ({"x-claude-code-session-id": "sess-a"}, "sess-a"),
     ({"session-id": "sess-b"}, "sess-b"),
     ({"x-claude-code-session-id": "sess-a", FAIRNESS_HEADER: "tenant-x"}, "tenant-x"),  # explicit wins
+    # GIE's name is llm-d's deprecated alias: explicit too, and llm-d's wins when both are sent.
+    ({"x-claude-code-session-id": "sess-a", "x-gateway-inference-fairness-id": "gie"}, "gie"),
+    ({"x-gateway-inference-fairness-id": "gie", FAIRNESS_HEADER: "llmd"}, "llmd"),
     ({"x-unrelated": "v"}, "default-flow"),
 )
 
@@ -89,7 +92,7 @@ async def test_agent_sessions_are_separate_programs_under_real_flow_control() ->
         for headers, _ in CASES:
             await director.start(dict(headers), {}).route(BODY)
     in_flight = {k: p.in_flight for k, p in _program_aware(components).programs.items()}
-    assert in_flight == {"sess-a": 1, "sess-b": 1, "tenant-x": 1, "default-flow": 1}
+    assert in_flight == {fairness: 1 for _, fairness in CASES}
 
 
 class Failing:

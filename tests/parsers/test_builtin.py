@@ -1,4 +1,4 @@
-"""The parsers concept registers its three plugins under GIE's type names."""
+"""The parsers concept registers GIE's three parsers and llm-d-router's three narrower ones."""
 
 from __future__ import annotations
 
@@ -11,9 +11,16 @@ from epp.plugin.registry import Registry
 
 
 def test_builtins_register_under_gie_types() -> None:
-    """openai-parser, vllmgrpc-parser and passthrough-parser build from the registry as Parsers."""
+    """Every parser type builds from the registry as a Parser."""
     registry = Registry(BUILTINS)
-    assert set(registry.types()) == {"openai-parser", "vllmgrpc-parser", "passthrough-parser"}
+    assert set(registry.types()) == {
+        "openai-parser",
+        "vllmgrpc-parser",
+        "passthrough-parser",
+        "anthropic-parser",
+        "vllmhttp-parser",
+        "vertexai-parser",
+    }
     for type_name in registry.types():
         plugin = registry.build(
             name=type_name, type_name=type_name, parameters=None, handle=cast(Handle, None), path="plugins[0]"

@@ -160,6 +160,15 @@ EXPECTED: dict[str, set[str]] = {
         "sessionIdConfig",
     },
 }
+# llm-d-router's multicluster family (the stock parameters) and p2p-source-producer
+EXPECTED |= {
+    "multicluster-queue-scorer": set(),
+    "multicluster-kv-cache-utilization-scorer": set(),
+    "multicluster-prefix-cache-scorer": EXPECTED["prefix-cache-scorer"],
+    "multicluster-session-affinity-filter": EXPECTED["session-affinity-filter"],
+    "p2p-source-producer": {"prefixMatchInfoProducerName", "minCachedTokenDelta", "prefillProfileName"},
+    "multicluster-approx-prefix-cache-producer": EXPECTED["approx-prefix-cache-producer"],
+}
 
 # Types whose parameters have no valid empty form (llm-d rejects them empty too).
 REQUIRED_PARAMETERS: dict[str, dict[str, object]] = {

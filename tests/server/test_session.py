@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.director.lifecycle import Phase
 from epp.server import responses as r
@@ -109,3 +110,38 @@ def test_headers_only_request_is_answered_at_once() -> None:
     assert reply.WhichOneof("response") == "request_headers"
     assert s.lifecycle is not None and phase(s) is Phase.ROUTED and not s.lifecycle.scheduled
     s.close()
+
+
+async def test_an_evicted_request_ends_at_its_next_response_message_with_upstreams_429() -> None:
+    """FULL_DUPLEX_STREAMED response: the session is the request's edge; once flow control evicts
+    it, the next response message is answered with llm-d-router's ImmediateResponse and the
+    session ends; closing runs what flow control registered."""
+    s, closed = session()
+    s.handle(req_headers({":path": "/v1/completions"}))
+    assert s.lifecycle is not None and s.lifecycle.request.edge is s
+    s.handle(req_body(BODY, eos=True))
+    await s.route()
+    ended: list[str] = []
+    s.lifecycle.request.on_closed = lambda: ended.append("untracked")
+    (headers_reply,) = parse(s.handle(resp_headers({":status": "200", "content-type": "text/event-stream"})))
+    assert headers_reply.WhichOneof("response") == "response_headers"
+    s.handle(resp_body(b"data: {}\n\n", eos=False))
+    s.evict()
+    (reply,) = parse(s.handle(resp_body(b"data: {}\n\n", eos=False)))
+    ir = reply.immediate_response
+    assert (ir.status.code, ir.body) == (429, b"request evicted by flow control")
+    assert [(h.header.key, h.header.raw_value) for h in ir.headers.set_headers] == [
+        ("x-llm-d-request-dropped-reason", b"evicted")
+    ]
+    assert s.finished and s.error is not None and s.error.reason == "evicted"
+    s.close()
+    assert ended == ["untracked"] and closed == ["closed"]
+
+
+def test_a_request_whose_response_envoy_does_not_stream_has_no_edge() -> None:
+    s, _ = session()
+    msg = req_headers({":path": "/v1/completions"})
+    msg.protocol_config.request_body_mode = mode_pb.ProcessingMode.BUFFERED
+    msg.protocol_config.response_body_mode = mode_pb.ProcessingMode.BUFFERED
+    s.handle(msg)
+    assert s.lifecycle is not None and s.lifecycle.request.edge is None

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from epp import pflag
 from epp.app.options import DEFAULTS, DEPRECATED_METRIC_FLAGS, FLAGS, Flag, HostPort, Mode, Options
+from epp.config.load import load
 from epp.datalayer.sources.metrics_http import MODEL_SERVER_METRICS_FLAGS
 from epp.errors import ConfigError
 from epp.units import (
@@ -154,6 +155,17 @@ def _complete(opts: Options, raw_endpoints: str, env: Mapping[str, str]) -> Opti
     )
 
 
+def _config_discovers(opts: Options) -> bool:
+    """Whether the config names a discovery plugin; a config that does not load says so later."""
+    if not (opts.config_file or opts.config_text) or (opts.config_file and opts.config_text):
+        return False
+    try:
+        config = load(config_file=opts.config_file, config_text=opts.config_text)
+    except ConfigError:
+        return False
+    return config.data_layer is not None and config.data_layer.discovery is not None
+
+
 def _validate_discovery(opts: Options, raw_endpoints: str) -> None:
     given = [
         name
@@ -164,6 +176,13 @@ def _validate_discovery(opts: Options, raw_endpoints: str) -> None:
         )
         if value
     ]
+    if _config_discovers(opts):  # llm-d-router's dataLayer.discovery (file-discovery) finds them
+        if given:
+            raise ConfigError(
+                f"flag {go_quote(given[0])} and the config's dataLayer.discovery cannot both find "
+                "endpoints; choose one"
+            )
+        return
     if not given:
         raise ConfigError(
             "either pool-name or endpoint-selector must be set "

@@ -11,7 +11,7 @@ added a few fields (docs/configuration.md, "llm-d-router configs"):
 * ``dataLayer.injectDefaults`` (default true) adds the default metrics source beside the user's
   sources unless one named ``metrics-data-source`` is listed.
 * Fields for features this EPP does not have (``flowControl.noEndpointRequestTTL``,
-  ``defaultNegativePriorityBand``, ``enableEviction: true``, ``dataLayer.discovery``,
+  ``defaultNegativePriorityBand``,
   ``peerDiscovery``, ``crossReplicaSyncerPluginRef``, ``crossReplicaSyncInterval``) are rejected
   with their field path rather than silently ignored.
 
@@ -71,7 +71,6 @@ class LlmdDataLayerConfig(_Model):
     @model_validator(mode="after")
     def _supported(self) -> LlmdDataLayerConfig:
         for field, what in (
-            ("discovery", "endpoint discovery plugins (dataLayer.discovery)"),
             ("peer_discovery", "peer discovery (dataLayer.peerDiscovery)"),
             ("cross_replica_sync_interval", "cross-replica state sync (dataLayer.crossReplicaSyncInterval)"),
         ):
@@ -86,7 +85,6 @@ class LlmdFlowControlConfig(FlowControlConfig):
     saturation_detector: PluginRef | None = None
     no_endpoint_request_ttl: Duration | None = Field(default=None, alias="noEndpointRequestTTL")
     default_negative_priority_band: PriorityBandConfig | None = None
-    enable_eviction: bool = False
 
     @model_validator(mode="after")
     def _supported(self) -> LlmdFlowControlConfig:
@@ -94,8 +92,6 @@ class LlmdFlowControlConfig(FlowControlConfig):
             raise _unsupported("a separate queue budget for an empty pool (flowControl.noEndpointRequestTTL)")
         if self.default_negative_priority_band is not None:
             raise _unsupported("a negative-priority band template (flowControl.defaultNegativePriorityBand)")
-        if self.enable_eviction:
-            raise _unsupported("in-flight eviction (flowControl.enableEviction)")
         return self
 
     def as_gie(self) -> FlowControlConfig:
@@ -203,7 +199,7 @@ class LlmdEndpointPickerConfig(_Model):
                     "dataLayer.injectDefaults: false with no dataLayer.sources leaves the EPP without "
                     "endpoint metrics; list a source or drop injectDefaults"
                 )
-            data_layer = DataLayerConfig.model_construct(sources=sources)
+            data_layer = DataLayerConfig.model_construct(sources=sources, discovery=self.data_layer.discovery)
         return EndpointPickerConfig.model_construct(
             api_version=self.api_version,
             kind=self.kind,

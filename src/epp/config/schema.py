@@ -154,6 +154,7 @@ class DataLayerSource(_Model):
 
 class DataLayerConfig(_Model):
     sources: Seq[DataLayerSource] = ()
+    discovery: PluginRef | None = None  # llm-d-router: a plugin that finds the endpoints (file-discovery)
 
     @model_validator(mode="after")
     def _needs_a_source(self) -> DataLayerConfig:
@@ -196,6 +197,7 @@ class FlowControlConfig(_Model):
     default_priority_band: PriorityBandConfig | None = None
     priority_bands: Seq[PriorityBandConfig] = ()
     usage_limit_policy_plugin_ref: str = ""
+    enable_eviction: bool = False  # llm-d-router's in-flight eviction (epp.flowcontrol.eviction)
 
     def resolved(self) -> FlowControlConfig:
         """Every default made explicit, so the flow-control runtime reads plain values."""

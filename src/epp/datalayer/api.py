@@ -29,6 +29,7 @@ class EndpointMetadata:
     labels: Mapping[str, str] = field(default_factory=dict)
     hostport: str = ""  # "ip:port" for the destination header; derived when empty
     node_address: str = ""  # the node's IP (a pod's hostIP), for node-level exporters; "" unknown
+    metrics_address: str = ""  # where metrics are served when not at ``address`` (a peer cluster's); "" same
 
     def __post_init__(self) -> None:
         if not self.hostport:
@@ -36,7 +37,7 @@ class EndpointMetadata:
 
     @property
     def metrics_host(self) -> str:
-        return join_host_port(self.address, self.metrics_port or self.port)
+        return join_host_port(self.metrics_address or self.address, self.metrics_port or self.port)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -267,3 +268,23 @@ class NotificationExtractor(Plugin, Protocol):
     def gvk(self) -> GroupVersionKind: ...
 
     def extract_notification(self, event: NotificationEvent) -> None: ...
+
+
+@runtime_checkable
+class EndpointSink(Protocol):
+    """What a discovery plugin fills: the datastore (which sits above this layer)."""
+
+    def replace_all(self, metadatas: Sequence[EndpointMetadata]) -> None: ...
+
+
+@runtime_checkable
+class EndpointDiscovery(Protocol):
+    """A plugin that finds the endpoints itself (``dataLayer.discovery``, e.g. ``file-discovery``).
+
+    The data-layer runtime starts it with the datastore on entry (an error there fails
+    startup) and stops it on exit.
+    """
+
+    async def start_discovery(self, sink: EndpointSink) -> None: ...
+
+    async def stop(self) -> None: ...

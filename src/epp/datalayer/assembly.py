@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from epp.config.schema import DataLayerConfig
-from epp.datalayer.api import DataSource, EndpointObserver, Extractor, NotificationSource, SourceBinding
+from epp.datalayer.api import (
+    DataSource,
+    EndpointDiscovery,
+    EndpointObserver,
+    Extractor,
+    NotificationSource,
+    SourceBinding,
+)
 from epp.datalayer.legacy_poller import legacy_binding
 from epp.datalayer.runtime import DataLayerRuntime, ObservableEndpoints
 from epp.datalayer.sources.metrics_http import ModelServerMetricsFlags
@@ -94,6 +101,15 @@ def bindings(section: DataLayerConfig | None, plugins: PluginSet) -> tuple[Sourc
         # SourceBinding is typed for polling sources; the data-layer runtime also takes push
         # sources there and tells them apart with NotificationSource.
         out.append(SourceBinding(source, tuple(extractors)))  # type: ignore[arg-type]
+    if section is not None and section.discovery is not None:
+        # The runtime starts the discovery plugin with the datastore (it finds the endpoints).
+        ref = section.discovery.plugin_ref
+        discovery = _referenced(plugins, "dataLayer.discovery.pluginRef", ref, "discovery")
+        if not isinstance(discovery, EndpointDiscovery):
+            raise ConfigError(
+                f"dataLayer.discovery.pluginRef: the plugin {ref} is not an endpoint discovery plugin"
+            )
+        out.append(SourceBinding(discovery, ()))  # type: ignore[arg-type]
     return tuple(out)
 
 

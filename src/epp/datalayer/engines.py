@@ -29,6 +29,13 @@ class ExtractionError(ValueError):
     """A spec found no usable series (or a label did not parse); the message says which."""
 
 
+class CustomMetricParams(PluginParams):
+    """One ``customMetrics`` entry: a scalar metric published as an endpoint attribute."""
+
+    attribute_key: str = ""
+    metric_spec: str = ""
+
+
 class EngineTable(PluginParams):
     """One engine's spec strings, as written in ``engineConfigs`` (empty string = disabled).
 
@@ -47,6 +54,7 @@ class EngineTable(PluginParams):
     cache_num_blocks_label_name: str = ""
     cache_block_size_spec: str = ""
     cache_num_blocks_spec: str = ""
+    custom_metrics: tuple[CustomMetricParams, ...] = ()
 
 
 BUILTIN_ENGINES: Final = (
@@ -274,6 +282,7 @@ class EngineMapping:
     cache_num_blocks_label: str = DEFAULT_CACHE_NUM_BLOCKS_LABEL
     cache_block_size: Spec | None = None
     cache_num_blocks: Spec | None = None
+    custom: tuple[tuple[str, Spec], ...] = ()  # (attributeKey, spec) of each customMetrics entry
 
     @classmethod
     def from_table(cls, table: EngineTable) -> EngineMapping:
@@ -297,6 +306,7 @@ class EngineMapping:
             cache_num_blocks_label=table.cache_num_blocks_label_name or DEFAULT_CACHE_NUM_BLOCKS_LABEL,
             cache_block_size=parse(table.cache_block_size_spec),
             cache_num_blocks=parse(table.cache_num_blocks_spec),
+            custom=_custom_metrics(table.custom_metrics, errors),
         )
         if errors:
             raise SpecError("; ".join(errors))
@@ -313,9 +323,37 @@ class EngineMapping:
                 self.cache_info,
                 self.cache_block_size,
                 self.cache_num_blocks,
+                *(spec for _, spec in self.custom),
             )
             if s is not None
         )
+
+
+def _custom_metrics(
+    entries: tuple[CustomMetricParams, ...], errors: list[str]
+) -> tuple[tuple[str, Spec], ...]:
+    """The parsed ``customMetrics`` of one table, with llm-d-router's checks and messages."""
+    out: list[tuple[str, Spec]] = []
+    seen: set[str] = set()
+    for entry in entries:
+        key = entry.attribute_key
+        if not key:
+            errors.append("custom metric attributeKey cannot be empty")
+            continue
+        if key in seen:
+            errors.append(f'custom metric attributeKey "{key}" is duplicated')
+            continue
+        seen.add(key)
+        try:
+            spec = parse_spec(entry.metric_spec)
+        except SpecError as e:
+            errors.append(f'custom metric "{key}": {e}')
+            continue
+        if spec is None:
+            errors.append(f'custom metric "{key}" spec cannot be empty')
+            continue
+        out.append((key, spec))
+    return tuple(out)
 
 
 # --- building Metrics fast ---------------------------------------------------------------

@@ -393,3 +393,47 @@ class ScrapeClient:
         ).encode("latin-1")
         self._requests[(host, port, path)] = payload
         return payload
+
+
+class TLSConfigError(ValueError):
+    """A TLS option of a scrape client cannot be used; the message names the parameter."""
+
+
+def tls_client_context(
+    *,
+    skip_verify: bool,
+    ca_cert_path: str = "",
+    client_cert_path: str = "",
+    client_key_path: str = "",
+) -> ssl.SSLContext:
+    """The client side of an https scrape, as llm-d-router's ``tlsClientConfig`` builds it.
+
+    ``skip_verify`` accepts any server certificate; otherwise the server is verified against
+    ``ca_cert_path`` (a PEM bundle) or the system pool.  ``client_cert_path`` and
+    ``client_key_path`` (set together) present a client certificate, so a target that requires
+    mTLS accepts the scraper.  Files are read now, so a bad path fails at startup, naming the
+    parameter, instead of on every poll.
+    """
+    ctx = ssl.create_default_context()
+    if skip_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif ca_cert_path:
+        try:
+            ctx.load_verify_locations(cafile=ca_cert_path)
+        except FileNotFoundError as e:
+            raise TLSConfigError(f"caCertPath: reading CA cert {ca_cert_path}: {e.strerror}") from None
+        except ssl.SSLError:
+            raise TLSConfigError(f"caCertPath: no valid CA certs in {ca_cert_path}") from None
+    if client_cert_path or client_key_path:
+        if not (client_cert_path and client_key_path):
+            missing = "clientKeyPath" if client_cert_path else "clientCertPath"
+            raise TLSConfigError(f"{missing}: clientCertPath and clientKeyPath must be set together")
+        try:
+            ctx.load_cert_chain(client_cert_path, client_key_path)
+        except OSError as e:  # ssl.SSLError is an OSError too: a bad PEM or a key that does not match
+            raise TLSConfigError(
+                f"clientCertPath/clientKeyPath: loading client cert {client_cert_path} "
+                f"with key {client_key_path}: {e.strerror or e}"
+            ) from None
+    return ctx

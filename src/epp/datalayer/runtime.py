@@ -16,9 +16,11 @@ from epp.datalayer.api import (
     BindsExtractors,
     DataSource,
     Endpoint,
+    EndpointDiscovery,
     EndpointEvent,
     EndpointEventSink,
     EndpointObserver,
+    EndpointSink,
     Extractor,
     HasPollTimeout,
     NotificationSource,
@@ -160,6 +162,7 @@ class DataLayerRuntime:
         self._sinks: list[EndpointEventSink] = []
         self._k8s: list[NotificationSource] = []
         self._sources: list[object] = []
+        self._discovery: EndpointDiscovery | None = None
         gvks: dict[str, str] = {}
         for binding in bindings:
             self._wire(binding, default_timeout, gvks)
@@ -172,7 +175,7 @@ class DataLayerRuntime:
         self._watchdog_task: asyncio.Task[None] | None = None
         self._loops: dict[Endpoint, _Loop] = {}
         self._stopping: set[asyncio.Task[None]] = set()
-        self._started: list[Lifecycle] = []
+        self._started: list[Lifecycle | EndpointDiscovery] = []  # what to stop, last first
         self._running = False
 
     def _wire(self, binding: SourceBinding, default_timeout: float, gvks: dict[str, str]) -> None:
@@ -195,6 +198,13 @@ class DataLayerRuntime:
                 every = period_ticks(source.poll_interval, self._interval)
             signal = getattr(source, "HEALTH_SIGNAL", True) is not False
             self._polled.append(_Polled(source, binding.extractors, timeout, label, every, signal))
+        elif isinstance(source, EndpointDiscovery):
+            if self._discovery is not None:
+                raise ConfigError(f"only one endpoint discovery plugin can run; {label} is a second")
+            if not isinstance(self._datastore, EndpointSink):
+                raise ConfigError(f"{label}: this datastore cannot be filled by a discovery plugin")
+            self._discovery = source
+            return
         elif isinstance(source, NotificationSource):
             gvk = getattr(source, "gvk", None)
             if gvk is not None:
@@ -218,6 +228,11 @@ class DataLayerRuntime:
                 if isinstance(source, Lifecycle):
                     await source.start()
                     self._started.append(source)
+            discovery = self._discovery
+            if discovery is not None:  # fills the datastore; the observer below replays what it found
+                assert isinstance(self._datastore, EndpointSink)
+                self._started.append(discovery)
+                await discovery.start_discovery(self._datastore)
         except BaseException:
             await self._stop_sources()
             raise

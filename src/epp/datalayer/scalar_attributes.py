@@ -68,3 +68,10 @@ class ScalarAttributeRef:
                         break
             self._values = found
         return found
+
+
+# A cluster-endpoint's pool aggregates (llm-d-router's multicluster family): written by
+# ``multicluster-metrics-extractor``, read by the multicluster scorers.  Upstream addresses them
+# with no producer (any extractor that supplies the aggregate will do), so the key is the name.
+MULTICLUSTER_KV_CACHE_UTILIZATION_KEY: Final = "llm-d.ai/multicluster-kv-cache-utilization"
+MULTICLUSTER_QUEUE_SIZE_KEY: Final = "llm-d.ai/multicluster-queue-size"

@@ -2,42 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
-import socket
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
-
-from epp.datalayer.api import EndpointMetadata, join_host_port
+# The endpoints file's one parser, shared with the file-discovery plugins (datalayer/discovery).
+from epp.datalayer.api import EndpointMetadata
+from epp.datalayer.endpoints_file import EndpointSpec, load_endpoints_file, resolve, to_metadata
 from epp.errors import ConfigError
-from epp.plugin.registry import format_validation_error
 
-
-class EndpointSpec(BaseModel):
-    """One endpoint in an endpoints file."""
-
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    address: str = Field(min_length=1)
-    port: int = Field(ge=1, le=65535)
-    name: str = ""
-    metrics_port: int = Field(default=0, ge=0, le=65535)
-    labels: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("address")
-    @classmethod
-    def _strip_brackets(cls, v: str) -> str:
-        return v[1:-1] if v.startswith("[") and v.endswith("]") else v
-
-
-class EndpointsFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    endpoints: list[EndpointSpec] = Field(default_factory=list)
+__all__ = [
+    "EndpointSpec",
+    "endpoints_from_flag",
+    "endpoints_from_pairs",
+    "load_endpoints_file",
+    "resolve",
+    "split_hostport",
+    "to_metadata",
+]
 
 
 def split_hostport(value: str) -> tuple[str, int]:
@@ -59,32 +39,6 @@ def split_hostport(value: str) -> tuple[str, int]:
     if not port_s.isdigit() or not 1 <= int(port_s) <= 65535:
         raise ValueError(f"invalid port {port_s!r}")
     return host, int(port_s)
-
-
-def resolve(host: str) -> str:
-    """An IP literal as is; a DNS name resolved once (IPv4 first), since Envoy's ORIGINAL_DST
-    cluster needs an IP in the destination header.  Blocking: call it off the event loop."""
-    with contextlib.suppress(ValueError):
-        return str(ipaddress.ip_address(host))
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError as e:
-        raise ConfigError(f"cannot resolve endpoint host {host!r}: {e}") from None
-    infos.sort(key=lambda i: i[0] != socket.AF_INET)
-    return str(infos[0][4][0])
-
-
-def to_metadata(spec: EndpointSpec, namespace: str) -> EndpointMetadata:
-    name = spec.name or join_host_port(spec.address, spec.port)
-    return EndpointMetadata(
-        name=name,
-        address=resolve(spec.address),
-        port=spec.port,
-        pod_name=name,
-        namespace=namespace,
-        metrics_port=spec.metrics_port,
-        labels=dict(spec.labels),
-    )
 
 
 def endpoints_from_flag(value: str, namespace: str) -> list[EndpointMetadata]:
@@ -110,35 +64,4 @@ def endpoints_from_pairs(pairs: Sequence[tuple[str, int]], namespace: str) -> li
         out.append(md)
     if not out:
         raise ConfigError('flag "endpoints" needs at least one HOST:PORT')
-    return out
-
-
-def load_endpoints_file(
-    text: str, namespace: str, *, source: str = "endpoints file"
-) -> list[EndpointMetadata]:
-    """Parse an endpoints file: ``endpoints: [...]`` or a bare list of endpoint mappings.
-
-    Errors name the entry and field, e.g. ``endpoints[2].port: Input should be less than or
-    equal to 65535``.
-    """
-    try:
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: invalid YAML: {e}") from None
-    if data is None:
-        data = {"endpoints": []}
-    if isinstance(data, list):
-        data = {"endpoints": data}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: expected a mapping with 'endpoints' or a list of endpoints")
-    try:
-        parsed = EndpointsFile.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(f"{source}: {format_validation_error('', e)}") from None
-    out = [to_metadata(s, namespace) for s in parsed.endpoints]
-    names: set[str] = set()
-    for i, md in enumerate(out):
-        if md.name in names:
-            raise ConfigError(f"{source}: endpoints[{i}].name: duplicate endpoint name {md.name!r}")
-        names.add(md.name)
     return out

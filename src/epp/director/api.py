@@ -7,12 +7,16 @@ config order (the order of ``plugins:``), unlike Go, which uses map order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.datalayer.api import Endpoint
 from epp.plugin.base import Plugin
-from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
+
+# The request's agent identity: defined beside the request (the session-affinity plugins read it
+# too); request-header plugins import it from here.
+from epp.request import AGENT_IDENTITY as AGENT_IDENTITY
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
 
@@ -22,12 +26,6 @@ class Consumer(Protocol):
     """Anything (producer, filter, scorer) that reads per-endpoint attributes."""
 
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]]
-
-
-# The request's agent identity (llm-d-router's ``agent-identity`` request attribute).  Any
-# request-header plugin able to resolve one may put it; with no explicit fairness header the
-# director makes it the request's fairness id, so every turn of an agent session shares a queue.
-AGENT_IDENTITY: Final[StateKey[str]] = StateKey("agent-identity")
 
 
 @runtime_checkable
@@ -47,8 +45,9 @@ class RequestHeaderProcessor(Plugin, Protocol):
 class DataProducer(Plugin, Protocol):
     """Writes per-endpoint attributes for one request before scheduling.
 
-    Producers run in topological order of PRODUCES/CONSUMES under one shared timeout;
-    a failure is logged and the request goes on without that data.
+    Producers run in topological order of PRODUCES/CONSUMES on the director's shared budget, or
+    under the timeout one declares (``TimeoutAwareProducer.produce_timeout``); a failure or a
+    timeout is logged and the request goes on without that data.
     """
 
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]]
@@ -57,6 +56,18 @@ class DataProducer(Plugin, Protocol):
     async def prepare_request_data(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> None: ...
+
+
+@runtime_checkable
+class TimeoutAwareProducer(Protocol):
+    """A producer that declares its own timeout (llm-d-router's ``TimeoutAwareProducer``).
+
+    A producer that waits by design (``burst-prefix-cache-producer`` holds each request for its
+    window) would otherwise be cut at the director's default.  Seconds; a value <= 0 selects
+    the default.  Read once when the pipeline is built.
+    """
+
+    def produce_timeout(self) -> float: ...
 
 
 @runtime_checkable

@@ -6,10 +6,14 @@ from typing import Final
 
 from epp.director.admitters.latency_slo import LatencySloAdmitter
 from epp.director.admitters.probabilistic import ProbabilisticAdmitter
-from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.director.producers.approx_prefix import (
+    ApproxPrefixCacheProducer,
+    MulticlusterApproxPrefixCacheProducer,
+)
 from epp.director.producers.burst_prefix import BurstPrefixCacheProducer
 from epp.director.producers.inflight_load import InFlightLoadProducer
 from epp.director.producers.mm_embeddings import MmEmbeddingsCacheProducer
+from epp.director.producers.p2p_source import P2PSourceProducer
 from epp.director.producers.precise_prefix import PrecisePrefixCacheProducer
 from epp.director.producers.predicted_latency import PredictedLatencyProducer
 from epp.director.producers.session_id import SessionIdProducer
@@ -21,6 +25,8 @@ from epp.plugin.base import Plugin
 
 BUILTINS: Final[tuple[type[Plugin], ...]] = (
     ApproxPrefixCacheProducer,
+    MulticlusterApproxPrefixCacheProducer,
+    P2PSourceProducer,
     InFlightLoadProducer,
     RequestAttributeReporter,
     DestinationEndpointServedVerifier,

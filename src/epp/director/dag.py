@@ -20,7 +20,7 @@ import heapq
 from collections.abc import Sequence
 from typing import Any
 
-from epp.director.api import DataProducer
+from epp.director.api import DataProducer, TimeoutAwareProducer
 from epp.errors import ConfigError
 from epp.plugin.keys import AttributeKey
 
@@ -35,6 +35,16 @@ def _label(plugin: object) -> str:
 def _keys(plugin: object, attr: str) -> frozenset[AttributeKey[Any]]:
     keys = getattr(plugin, attr, _NONE)
     return keys if isinstance(keys, frozenset) else frozenset(keys)
+
+
+def producer_timeout(producer: object, default: float) -> float:
+    """The producer's declared timeout when it declares a positive one, else ``default``
+    (upstream's ``producerTimeout``)."""
+    if isinstance(producer, TimeoutAwareProducer):
+        declared = producer.produce_timeout()
+        if declared > 0:
+            return declared
+    return default
 
 
 def _by_name(keys: frozenset[AttributeKey[Any]]) -> list[AttributeKey[Any]]:

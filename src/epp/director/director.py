@@ -2,7 +2,7 @@
 
 Order (GIE §3.1): parse → model rewrite → objective priority → request-header plugins
 (llm-d-router's; they may set the fairness id) → candidates → admission →
-data producers (DAG order, shared timeout) → admit plugins → scheduler → pre-request
+data producers (DAG order, a shared budget or a declared timeout) → admit plugins → scheduler → pre-request
 plugins → body repackaging.  The director hands out one ``RequestLifecycle`` per request
 (``start``); the lifecycle calls back here to route and into ``ResponseSide`` (response.py)
 for the response.  What is noted about routing (a span per stage for a sampled request, the
@@ -22,9 +22,10 @@ import structlog
 
 from epp.datalayer.api import Endpoint
 from epp.datastore.store import Datastore
-from epp.director.api import AGENT_IDENTITY, Admitter
+from epp.director.api import AGENT_IDENTITY, Admitter, DataProducer
 from epp.director.candidates import locate, usable
 from epp.director.context import RequestContext, RoutingDecision
+from epp.director.dag import producer_timeout
 from epp.director.lifecycle import RequestLifecycle
 from epp.director.observer import NOT_OBSERVED, ActiveObserver, StageObserver, commit
 from epp.director.pipeline import Pipeline
@@ -34,7 +35,14 @@ from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, Servic
 from epp.explain.record import Decision, breakdown, header_value, primary_trace
 from epp.metrics import series
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, RequestBody
+from epp.request import (
+    FAIRNESS_HEADER,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    InferenceRequest,
+    RequestBody,
+    control_header,
+)
 from epp.scheduling.api import PROFILE_TRACES, SchedulingResult
 from epp.tracing import spans
 
@@ -44,9 +52,6 @@ __all__ = ["Director", "Pipeline", "RequestLifecycle"]
 log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER: Final = "x-request-id"
-OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"
-MODEL_REWRITE_HEADER: Final = "x-gateway-model-name-rewrite"
-FAIRNESS_HEADER: Final = "x-gateway-inference-fairness-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
 
 
@@ -71,6 +76,8 @@ class Director:
         self._request_header_timers = tuple(
             (p, plugin_timer("RequestHeader", p)) for p in pipeline.request_header
         )
+        # Each producer with the timeout it declares (0: none, it runs on the shared budget).
+        self._producers = tuple((p, producer_timeout(p, 0.0)) for p in pipeline.producers)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -124,9 +131,9 @@ class Director:
         req = InferenceRequest(
             request_id=request_id,
             headers=headers,
-            objective=headers.get(OBJECTIVE_HEADER, ""),
-            fairness_id=headers.get(FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
-            target_model=headers.get(MODEL_REWRITE_HEADER, ""),
+            objective=control_header(headers, OBJECTIVE_HEADER) or "",
+            fairness_id=control_header(headers, FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
+            target_model=control_header(headers, MODEL_REWRITE_HEADER) or "",
             metadata=metadata,
             received_at=time.monotonic(),
         )
@@ -252,7 +259,7 @@ class Director:
             except Exception as e:
                 raise Internal(f"request header plugin {plugin.typed_name} failed: {e}") from e
             timer.observe(time.perf_counter() - started)
-        if not req.headers.get(FAIRNESS_HEADER):
+        if not control_header(req.headers, FAIRNESS_HEADER):
             identity = state.get(AGENT_IDENTITY)
             if identity:
                 req.fairness_id = identity
@@ -421,26 +428,47 @@ class Director:
         return parsed, changed, rewrite
 
     async def _prepare_data(self, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]) -> None:
-        """Run producers in DAG order under one timeout; a failure is logged and the request goes on.
+        """Run producers in DAG order; a failure is logged and the request goes on.
 
-        Unlike Go, a failing producer does not skip the producers after it: each runs, and
-        consumers of missing data see no attribute (scorers treat that as no signal).
+        The producers that declare no timeout share the pipeline's budget (0.4 s); one that
+        declares its own (``TimeoutAwareProducer``: a burst window, a render call) runs under it,
+        and its time is not charged to the budget.  One timer a request: its deadline moves
+        around a declared producer.  A timeout ends production, as upstream's first failing
+        producer does; a producer that raises does not (each runs, and consumers of missing data
+        see no attribute, which scorers treat as no signal).
         """
+        loop = asyncio.get_running_loop()
+        budget = self._pipeline.producer_timeout
+        running = None
         try:
-            async with asyncio.timeout(self._pipeline.producer_timeout):
-                for producer in self._pipeline.producers:
-                    try:
-                        await producer.prepare_request_data(state, req, eps)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.warning(
-                            "prepare_data_failed",
-                            plugin=str(producer.typed_name),
-                            request_id=req.request_id,
-                            exc_info=True,
-                        )
+            async with asyncio.timeout(budget) as deadline:
+                for producer, declared in self._producers:
+                    running = producer
+                    if not declared:
+                        await self._produce(producer, state, req, eps)
+                        continue
+                    started = loop.time()
+                    left = (deadline.when() or started) - started
+                    deadline.reschedule(started + declared)
+                    await self._produce(producer, state, req, eps)
+                    deadline.reschedule(loop.time() + left)
         except TimeoutError:
             log.warning(
-                "prepare_data_timed_out", request_id=req.request_id, timeout=self._pipeline.producer_timeout
+                "prepare_data_timed_out",
+                plugin=str(running.typed_name) if running is not None else "",
+                request_id=req.request_id,
+            )
+
+    @staticmethod
+    async def _produce(
+        producer: DataProducer, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> None:
+        try:
+            await producer.prepare_request_data(state, req, eps)
+        except Exception:  # not the timeout's cancellation: that is a BaseException
+            log.warning(
+                "prepare_data_failed",
+                plugin=str(producer.typed_name),
+                request_id=req.request_id,
+                exc_info=True,
             )

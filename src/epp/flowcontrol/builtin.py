@@ -6,6 +6,7 @@ from typing import Final
 
 from epp.flowcontrol.detectors.concurrency import ConcurrencyDetector
 from epp.flowcontrol.detectors.utilization import UtilizationDetector
+from epp.flowcontrol.eviction.policies import PriorityThenTimeEvictionOrder, SheddableEvictionFilter
 from epp.flowcontrol.fairness.global_strict import GlobalStrictFairnessPolicy
 from epp.flowcontrol.fairness.program_aware import ProgramAwareFairness
 from epp.flowcontrol.fairness.round_robin import RoundRobinFairnessPolicy
@@ -29,4 +30,6 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     SoftReflectiveCeilingPolicy,
     PriorityHoldbackPolicy,
     ProgramAwareFairness,
+    SheddableEvictionFilter,
+    PriorityThenTimeEvictionOrder,
 )

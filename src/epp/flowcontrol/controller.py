@@ -18,14 +18,41 @@ from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.api import Outcome, SaturationDetector, TransitAwareDetector, UsageLimitPolicy
 from epp.flowcontrol.bands import Band, BandPolicies, Flow, Item
+from epp.flowcontrol.eviction.policies import (
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+    PriorityThenTimeEvictionOrder,
+    SheddableEvictionFilter,
+)
+from epp.flowcontrol.eviction.reclaim import LEADING_SENSOR_GRACE, SCRAPED_SENSOR_GRACE, InFlightEviction
 from epp.flowcontrol.verdict import stage_saturation, verdict
 from epp.metrics import disagg as disagg_metrics
 from epp.metrics import series
-from epp.plugin.base import Plugin
+from epp.plugin.base import Handle, NoParams, Plugin
 from epp.request import InferenceRequest
 
 if TYPE_CHECKING:  # the plan imports the controller only when the flowControl gate is on
     from epp.flowcontrol.assembly import FlowControlPlan
+
+
+def in_flight_eviction(plan: FlowControlPlan, clock: Callable[[], float]) -> InFlightEviction:
+    """``flowControl.enableEviction``: upstream's fixed policies (a declared instance of either type
+    is the one used) and a pacing grace derived from the saturation detector, as upstream's."""
+    ordering: EvictionOrderingPolicy = PriorityThenTimeEvictionOrder(
+        PriorityThenTimeEvictionOrder.TYPE, NoParams(), cast(Handle, None)
+    )
+    accept: EvictionFilterPolicy = SheddableEvictionFilter(
+        SheddableEvictionFilter.TYPE, NoParams(), cast(Handle, None)
+    )
+    for plugin in plan.plugins.values():
+        if isinstance(plugin, PriorityThenTimeEvictionOrder):
+            ordering = plugin
+        elif isinstance(plugin, SheddableEvictionFilter):
+            accept = plugin
+    leading = plan.detector.typed_name.type == "concurrency-detector"
+    grace = LEADING_SENSOR_GRACE if leading else SCRAPED_SENSOR_GRACE
+    return InFlightEviction(ordering, accept, grace=grace, clock=clock)
+
 
 log = structlog.get_logger(__name__)
 
@@ -86,8 +113,10 @@ class FlowController:
         band_gc_timeout: float = BAND_GC_TIMEOUT,
         gc_interval: float = GC_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        eviction: InFlightEviction | None = None,
     ) -> None:
         self._detector = detector
+        self._eviction = eviction  # flowControl.enableEviction
         self._transit_detector = detector if isinstance(detector, TransitAwareDetector) else None
         # dispatched requests that no endpoint's in-flight counters have yet (id -> request),
         # kept only for a detector that counts them
@@ -144,6 +173,8 @@ class FlowController:
         usage = plan.plugins.get(ref)
         if not isinstance(usage, UsageLimitPolicy):
             raise ConfigError(f"flowControl.usageLimitPolicyPluginRef: '{ref}' is not a usage limit policy")
+        if settings.enable_eviction and "eviction" not in kwargs:
+            kwargs["eviction"] = in_flight_eviction(plan, kwargs.get("clock", time.monotonic))
         return cls(
             settings,
             detector=plan.detector,
@@ -271,6 +302,8 @@ class FlowController:
         failed before: it no longer counts as in transit.  A failure frees the room it held."""
         if self._transit.pop(id(request), None) is not None and not scheduled and self._queued:
             self._wake.set()
+        if scheduled and self._eviction is not None:
+            self._eviction.placed(request)
 
     @property
     def in_transit(self) -> int:
@@ -335,6 +368,7 @@ class FlowController:
             "maxBytes": self._max_bytes or None,
             "saturation": reading,
             "bands": bands,
+            **({"eviction": self._eviction.debug_state()} if self._eviction is not None else {}),
         }
 
     def _has_capacity(self, band: Band, size: int) -> bool:
@@ -410,8 +444,10 @@ class FlowController:
         try:
             saturation = self._saturation()
             limits = self._usage.compute_limits(saturation, self._priorities)
-            for band, ceiling in zip(self._ordered, limits, strict=False):
+            for i, (band, ceiling) in enumerate(zip(self._ordered, limits, strict=False)):
                 if saturation >= ceiling:
+                    if self._eviction is not None:  # end sheddable in-flight work for the blocked demand
+                        self._eviction.maybe_reclaim(saturation, self._ordered, limits, i)
                     return False  # head-of-line: lower bands wait behind a blocked higher one
                 if not band.count:
                     continue

@@ -22,6 +22,11 @@ Rules every implementation keeps:
 * ``snapshot``/``restore`` carry the whole view (own and learned) for a warm start: a new
   replica restores a serving peer's snapshot before it reports ready.
 * Every method runs on the event loop and is O(size of its argument).
+* A plugin that implements the methods but is configured not to share (llm-d's
+  ``syncCrossReplicaState: false``, a session strategy with nothing to share) sets an
+  attribute ``replicated = False``; the hub skips it.
+* Recording starts at the first ``drain`` (so a replica without peers pays one ``None``
+  check per change): the hub drains every plugin once when it wires them, before traffic.
 """
 
 from __future__ import annotations

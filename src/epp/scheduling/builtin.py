@@ -15,6 +15,7 @@ from epp.scheduling.filters.by_label import (
 )
 from epp.scheduling.filters.endpoint_attribute import EndpointAttributeFilter
 from epp.scheduling.filters.header_testing import HeaderBasedTestingFilter
+from epp.scheduling.filters.multicluster import MultiClusterSessionAffinityFilter
 from epp.scheduling.filters.peer import ExcludePeerFilter
 from epp.scheduling.filters.prefix_affinity import PrefixCacheAffinityFilter
 from epp.scheduling.filters.session_affinity import SessionAffinityFilter
@@ -48,6 +49,11 @@ from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.load_aware import LoadAwareScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from epp.scheduling.scorers.mm_embeddings import MmEmbeddingsCacheScorer
+from epp.scheduling.scorers.multicluster import (
+    MultiClusterKVCacheUtilizationScorer,
+    MultiClusterPrefixCacheScorer,
+    MultiClusterQueueScorer,
+)
 from epp.scheduling.scorers.no_hit_lru import NoHitLruScorer
 from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
@@ -59,6 +65,11 @@ from epp.scheduling.scorers.token_load import TokenLoadScorer
 from epp.scheduling.scorers.topology_affinity import TopologyAffinityScorer
 
 BUILTINS: Final[tuple[type[Plugin], ...]] = (
+    # llm-d-router's multicluster family (cluster endpoints; scorers/multicluster.py)
+    MultiClusterQueueScorer,
+    MultiClusterKVCacheUtilizationScorer,
+    MultiClusterPrefixCacheScorer,
+    MultiClusterSessionAffinityFilter,
     SingleProfileHandler,
     MaxScorePicker,
     RandomPicker,

@@ -14,16 +14,27 @@ remember where that is, both llm-d's:
 Endpoints are remembered by name, not by object: a binding to an endpoint that left the
 pool matches no candidate and the request falls through to normal scoring, after which the
 session is rebound to wherever it was served.
+
+Active-active replicas share the ``session_id`` bindings (``epp.plugin.replicated.Replicated``,
+implemented by ``SessionHooks`` for both plugins): a conversation's turns may reach any
+replica, and each must send the turn where the last one went.  A delta is ``[session, endpoint
+name, age]`` (seconds since the binding was last used, so it expires at the same moment on
+every replica whatever its TTL setting or clock), for the sessions this replica bound since
+the previous drain; a peer's binding replaces a local one only when it is more recent.
+``forget`` is a no-op: where a departed peer sent the session is still where its context is
+cached.  The ``encoded_endpoint_header`` strategy has nothing to share (the client carries
+the binding): its ``replicated`` is False and ``drain`` returns ``[]``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from epp.datalayer.api import Endpoint
 from epp.plugin.base import Handle
@@ -76,11 +87,19 @@ def find(endpoints: Sequence[Endpoint], name: str | None) -> Endpoint | None:
     return by_pod
 
 
-def header_value(request: InferenceRequest, names: Sequence[str]) -> str:
-    """The first non-empty value among the request headers ``names`` (lower-cased)."""
+# Where a session id is read: a request header (lower-cased name) or a request-level value a
+# request-header plugin put in the cycle state (llm-d's ``sessionIdConfig.sources[].attribute``).
+SessionSource = str | StateKey[str]
+
+
+def header_value(
+    request: InferenceRequest, names: Sequence[SessionSource], state: CycleState | None = None
+) -> str:
+    """The first value among the sources ``names``, in order, that is not blank once trimmed
+    (upstream's ``resolveSessionID``; an attribute that is not a string is skipped)."""
     for name in names:
-        value = request.headers.get(name)
-        if value:
+        value = request.headers.get(name) if isinstance(name, str) else state.get(name) if state else None
+        if isinstance(value, str) and (value := value.strip()):
             return value
     return ""
 
@@ -92,6 +111,8 @@ class SessionBindings:
     expired bindings from the cold end, which is the LRU end because the TTL counts from
     last use.  So no sweeper task is needed and the store never holds more than
     ``max_sessions``.  Per-endpoint counts of bound sessions place new sessions evenly.
+    Once ``drain`` has been called (a sync hub is attached), ``bind`` also marks the session
+    for the next drain (at most ``max_sessions`` marks); ``learn`` takes a peer's binding.
     """
 
     def __init__(self, *, max_sessions: int, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -100,6 +121,7 @@ class SessionBindings:
         self.clock = clock
         self._bindings: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._counts: dict[str, int] = {}
+        self._undrained: dict[str, None] | None = None  # sessions bound here since the last drain
 
     def __len__(self) -> int:
         return len(self._bindings)
@@ -116,12 +138,47 @@ class SessionBindings:
 
     def bind(self, session: str, name: str) -> None:
         now = self.clock()
+        self._put(session, name, now)
+        self._evict(now)
+        u = self._undrained
+        if u is not None and (len(u) < self.max_sessions or session in u):
+            u[session] = None
+
+    def learn(self, session: str, name: str, age: float) -> None:
+        """A peer's binding, last used ``age`` seconds ago; kept unless expired or older than ours."""
+        now = self.clock()
+        if self.ttl > 0 and age > self.ttl:
+            return
+        used = now - age
+        old = self._bindings.get(session)
+        if old is not None and old[1] >= used:
+            return
+        self._put(session, name, used)
+        self._evict(now)
+
+    def drain(self) -> list[list[Any]]:
+        """``[session, name, age]`` for the sessions bound here since the last call (still bound)."""
+        marked, self._undrained = self._undrained, {}
+        if not marked:
+            return []
+        now = self.clock()
+        b = self._bindings
+        return [[s, e[0], now - e[1]] for s in marked if (e := b.get(s)) is not None]
+
+    def dump(self) -> list[list[Any]]:
+        """Every binding not yet expired as ``[session, name, age]``, least recently used first."""
+        now = self.clock()
+        ttl = self.ttl
+        return [
+            [s, n, now - used] for s, (n, used) in self._bindings.items() if ttl <= 0 or now - used <= ttl
+        ]
+
+    def _put(self, session: str, name: str, used: float) -> None:
         old = self._bindings.pop(session, None)
         if old is not None:
             self._uncount(old[0])
-        self._bindings[session] = (name, now)
+        self._bindings[session] = (name, used)
         self._counts[name] = self._counts.get(name, 0) + 1
-        self._evict(now)
 
     def sessions_on(self, name: str) -> int:
         return self._counts.get(name, 0)
@@ -211,7 +268,8 @@ class SessionAffinity:
         owner: object,
         *,
         stateful: bool,
-        headers: Sequence[str],
+        sync_key: str,
+        headers: Sequence[SessionSource],
         response_header: str,
         profile_name: str,
         skip_when_saturated: bool,
@@ -219,7 +277,8 @@ class SessionAffinity:
         ttl: float,
     ) -> None:
         self.stateful = stateful
-        self.headers = tuple(h.lower() for h in headers)
+        self.sync_key = sync_key
+        self.headers = tuple(h.lower() if isinstance(h, str) else h for h in headers)
         self.response_header_name = response_header.lower()
         self.profile_name = profile_name
         self.skip_when_saturated = skip_when_saturated
@@ -227,17 +286,19 @@ class SessionAffinity:
         self.probe = SaturationProbe(handle, owner)
         self._picked = StateKey[Endpoint](f"session-affinity/picked/{id(self)}")  # this instance's
 
-    def session(self, request: InferenceRequest) -> str:
-        return header_value(request, self.headers)
+    def session(self, request: InferenceRequest, state: CycleState | None = None) -> str:
+        return header_value(request, self.headers, state)
 
-    def bound_name(self, request: InferenceRequest) -> str | None:
-        value = self.session(request)
+    def bound_name(self, request: InferenceRequest, state: CycleState | None = None) -> str | None:
+        value = self.session(request, state)
         if not value:
             return None
         return self.bindings.get(value) if self.stateful else decode_token(value)
 
-    def bound(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> Endpoint | None:
-        ep = find(endpoints, self.bound_name(request))
+    def bound(
+        self, request: InferenceRequest, endpoints: Sequence[Endpoint], state: CycleState | None = None
+    ) -> Endpoint | None:
+        ep = find(endpoints, self.bound_name(request, state))
         return None if ep is not None and self.released(ep) else ep
 
     def released(self, endpoint: Endpoint) -> bool:
@@ -251,7 +312,7 @@ class SessionAffinity:
         target = run.target_endpoints[0]
         state.put(self._picked, target)
         if self.stateful:
-            session = self.session(request)
+            session = self.session(request, state)
             if session:
                 self.bindings.bind(session, target.name)
 
@@ -268,9 +329,39 @@ class SessionAffinity:
 
 class SessionHooks:
     """The request-lifecycle hooks the filter and the scorer share: both own a ``SessionAffinity``
-    and (re)bind the session after the pick, hand out the token, and forget removed endpoints."""
+    and (re)bind the session after the pick, hand out the token, and forget removed endpoints.
+    Also their ``Replicated`` side (module docstring): the sync hub skips a plugin whose
+    ``replicated`` is False (the ``encoded_endpoint_header`` strategy)."""
 
     affinity: SessionAffinity
+
+    @property
+    def replicated(self) -> bool:
+        return self.affinity.stateful
+
+    @property
+    def sync_key(self) -> str:
+        return self.affinity.sync_key
+
+    def drain(self) -> list[Any]:
+        return self.affinity.bindings.drain() if self.affinity.stateful else []
+
+    def apply(self, origin: str, deltas: list[Any]) -> None:
+        """Learn a peer's bindings; a malformed batch raises ValueError before any of it is kept."""
+        learn = self.affinity.bindings.learn
+        for session, name, age in _parse_bindings(deltas, "session-affinity delta"):
+            learn(session, name, age)
+
+    def forget(self, origin: str) -> None:
+        """Nothing: a departed peer's sessions still have their context where it sent them."""
+
+    def snapshot(self) -> list[list[Any]]:
+        return self.affinity.bindings.dump()
+
+    def restore(self, snapshot: Any) -> None:
+        learn = self.affinity.bindings.learn
+        for session, name, age in _parse_bindings(snapshot, "session-affinity snapshot"):
+            learn(session, name, age)
 
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
         self.affinity.after_pick(state, request, result)
@@ -285,3 +376,23 @@ class SessionHooks:
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self.affinity.endpoint_removed(endpoint)
+
+
+def _parse_bindings(deltas: Any, what: str) -> list[tuple[str, str, float]]:
+    """Check a whole batch of ``[session, endpoint name, age >= 0]`` before any of it is used."""
+    if not isinstance(deltas, list):
+        raise ValueError(f"{what}: expected a list, got {type(deltas).__name__}")  # noqa: TRY004
+    out = []
+    for d in deltas:
+        if (
+            not isinstance(d, (list, tuple))
+            or len(d) != 3
+            or not isinstance(d[0], str)
+            or not isinstance(d[1], str)
+            or type(d[2]) not in (int, float)
+            or not math.isfinite(d[2])
+            or d[2] < 0
+        ):
+            raise ValueError(f"{what}: expected [session, endpoint name, age seconds >= 0], got {d!r:.80}")
+        out.append((d[0], d[1], float(d[2])))
+    return out

@@ -23,29 +23,88 @@ no replies and sets ``route_pending``, and the transport awaits ``route()`` for 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 
+from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp._pb.envoy.type.v3 import http_status_pb2
 from epp.director.context import RoutingDecision
 from epp.director.director import Director
 from epp.director.lifecycle import Phase, RequestLifecycle
-from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge
+from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, ResourceExhausted
 from epp.server import responses, wire
 from epp.tracing.otel import RequestTrace, Tracing
 
 log = structlog.get_logger(__name__)
 _NO_TRACING = Tracing()
 _EMPTY_REQUEST_HEADERS_BYTES: Final = responses.EMPTY_REQUEST_HEADERS.SerializeToString()
+# llm-d-router's answer to an evicted request (handlers/server.go): 429, this body, and why.
+EVICTED_BODY: Final = b"request evicted by flow control"
+EVICTED_REASON: Final = "evicted"
+_EVICTED_REPLY: Final = pb.ProcessingResponse(
+    immediate_response=pb.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=http_status_pb2.TooManyRequests),
+        body=EVICTED_BODY,
+        headers=pb.HeaderMutation(
+            set_headers=[
+                base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(
+                        key=responses.DROPPED_REASON_HEADER, raw_value=EVICTED_REASON.encode()
+                    )
+                )
+            ]
+        ),
+    )
+).SerializeToString()
 
 FULL_DUPLEX: Final = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED: Final = mode_pb.ProcessingMode.BUFFERED
 BUFFERED_PARTIAL: Final = mode_pb.ProcessingMode.BUFFERED_PARTIAL
 STREAMED: Final = mode_pb.ProcessingMode.STREAMED
 NONE: Final = mode_pb.ProcessingMode.NONE
+
+
+def overridable(config: pb.ProtocolConfiguration) -> bool:
+    """Whether Envoy (1.40) honours a ``mode_override`` on a stream with this ``protocol_config``.
+
+    Envoy ignores the field whenever either configured body mode is FULL_DUPLEX_STREAMED (GIE's
+    config) or ``send_body_without_waiting_for_header_response`` is set; otherwise it applies it
+    if ``allow_mode_override`` is on and ``allowed_override_modes`` is empty or lists it (which
+    the EPP cannot see: deploy/envoy/lean.yaml lists exactly ``lean_override``'s modes).
+    docs/envoy.md, "When Envoy honours mode_override".
+    """
+    return (
+        config.request_body_mode != FULL_DUPLEX
+        and config.response_body_mode != FULL_DUPLEX
+        and not config.send_body_without_waiting_for_header_response
+    )
+
+
+@functools.cache
+def lean_override(request_mode: int, *, headers: bool) -> bytes:
+    """The ``mode_override`` field (ProcessingResponse field 9) that skips the response body and
+    trailers, and the response headers unless ``headers``; the request side as configured.
+
+    Request trailers stay SEND: with a BUFFERED body, HTTP/2 trailers are what ends the body, so
+    skipping them would leave the request unrouted.  Body modes are always taken from the
+    override, so the request body mode is restated.  Cached: at most a few distinct values,
+    and one bytes object per request saved.
+    """
+    send, skip = mode_pb.ProcessingMode.SEND, mode_pb.ProcessingMode.SKIP
+    mode = mode_pb.ProcessingMode(
+        request_header_mode=send,
+        request_body_mode=request_mode,  # type: ignore[arg-type]
+        request_trailer_mode=send,
+        response_header_mode=send if headers else skip,
+        response_body_mode=NONE,
+        response_trailer_mode=skip,
+    )
+    return wire.field(b"\x4a", mode.SerializeToString())
 
 
 def headers_to_dict(hm: Any) -> dict[str, str]:
@@ -55,6 +114,12 @@ def headers_to_dict(hm: Any) -> dict[str, str]:
         raw = h.raw_value
         out[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
     return out
+
+
+class UnaskedWriter(Protocol):
+    """A transport able to write a session's reply that no message asked for."""
+
+    def write_unasked(self) -> None: ...
 
 
 class ExtProcSession:
@@ -71,8 +136,10 @@ class ExtProcSession:
         "_body_size",
         "_director",
         "_ended_by_trailers",
+        "_evicted",
         "_max_body",
         "_on_close",
+        "_overridable",
         "_tracing",
         "closed",
         "error",
@@ -82,6 +149,7 @@ class ExtProcSession:
         "response_mode",
         "route_pending",
         "trace",
+        "writer",
     )
 
     def __init__(
@@ -105,8 +173,13 @@ class ExtProcSession:
         self.finished = False
         self.closed = False
         self.route_pending = False  # the request body is complete: ``route()`` answers it
+        self._evicted = False  # flow control evicted the request: its next response message ends it
+        # The transport's way to write a reply unasked (h2: at once, when no task owns the call);
+        # None: the next message Envoy sends carries it.
+        self.writer: UnaskedWriter | None = None
         self.request_mode: int = FULL_DUPLEX
         self.response_mode: int = FULL_DUPLEX
+        self._overridable = False  # whether Envoy honours mode_override here (protocol_config)
 
     # the transport's two calls ----------------------------------------------------
     def handle(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
@@ -115,6 +188,8 @@ class ExtProcSession:
         kind = msg.WhichOneof("request")
         try:
             if kind == "response_body":  # once per streamed token: inlined, and first
+                if self._evicted:
+                    return self._end_evicted()
                 http_body = msg.response_body
                 chunk, eos = http_body.body, http_body.end_of_stream
                 lc = self.lifecycle
@@ -132,6 +207,8 @@ class ExtProcSession:
             if kind == "request_headers":
                 return self._request_headers(msg)
             if kind == "response_headers":
+                if self._evicted:
+                    return self._end_evicted()
                 return self._response_headers(msg)
             if kind == "request_trailers":
                 return self._request_trailers()
@@ -162,6 +239,9 @@ class ExtProcSession:
             try:
                 if self.lifecycle is not None:
                     self.lifecycle.close(self.error)
+                    on_closed = self.lifecycle.request.on_closed
+                    if on_closed is not None:  # flow control tracked it for eviction
+                        on_closed()
             finally:
                 if self.trace is not None:
                     self._tracing.end_request(self.trace)
@@ -176,13 +256,17 @@ class ExtProcSession:
             config = msg.protocol_config
             self.request_mode = config.request_body_mode
             self.response_mode = config.response_body_mode
+            self._overridable = overridable(config)
         http_headers = msg.request_headers
         headers = headers_to_dict(http_headers.headers)
         if self._tracing.enabled:
             self.trace = self._tracing.start_request(headers)
+        full_duplex_response = self.response_mode == FULL_DUPLEX
         lc = self.lifecycle = self._director.start(
-            headers, _metadata(msg), can_hold_response=self.response_mode == FULL_DUPLEX
+            headers, _metadata(msg), can_hold_response=full_duplex_response
         )
+        if full_duplex_response:  # Envoy sends every response message: eviction can end it
+            lc.request.edge = self
         mode = self.request_mode
         if http_headers.end_of_stream or mode in (NONE, STREAMED, BUFFERED_PARTIAL):
             decision = lc.route_headers_only()  # any body that follows is passed through
@@ -194,32 +278,17 @@ class ExtProcSession:
             return [_EMPTY_REQUEST_HEADERS_BYTES + self._skip_response_override(lc)]
         return []
 
-    def _skippable(self) -> bool:
-        """Envoy honours mode_override only when neither body mode is FULL_DUPLEX_STREAMED."""
-        return self.request_mode != FULL_DUPLEX and self.response_mode != FULL_DUPLEX
-
     def _skip_response_override(self, lc: RequestLifecycle) -> bytes:
         """``ProcessingResponse.mode_override`` asking Envoy not to send the response (its headers
         too when no plugin reads them), or b"".
 
-        Only when nothing in the EPP needs it, and effective only with ``allow_mode_override:
-        true`` and non-full-duplex body modes (protobuf fields concatenate, so the field is
-        appended to the reply's bytes).  The request-side modes are restated because the
-        override replaces the whole mode.
+        Only when nothing in the EPP needs it, and only where Envoy honours it (``overridable``):
+        an override Envoy would ignore is bytes for nothing.  Protobuf fields concatenate, so the
+        precomputed field is appended to the reply's bytes.
         """
-        if not self._skippable() or lc.response_body_needed:
+        if not self._overridable or lc.response_body_needed:
             return b""
-        mode = mode_pb.ProcessingMode(
-            request_header_mode=mode_pb.ProcessingMode.SEND,
-            request_body_mode=self.request_mode,  # type: ignore[arg-type]
-            request_trailer_mode=mode_pb.ProcessingMode.SKIP,
-            response_header_mode=mode_pb.ProcessingMode.SEND
-            if lc.response_headers_needed
-            else mode_pb.ProcessingMode.SKIP,
-            response_body_mode=NONE,
-            response_trailer_mode=mode_pb.ProcessingMode.SKIP,
-        )
-        return wire.field(b"\x4a", mode.SerializeToString())  # ProcessingResponse.mode_override = 9
+        return lean_override(self.request_mode, headers=lc.response_headers_needed)
 
     def _request_body(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
         lc = self.lifecycle
@@ -320,6 +389,28 @@ class ExtProcSession:
                 out.extend(responses.streamed_response_body(held, False))
         out.append(responses.EMPTY_RESPONSE_TRAILERS)
         return out
+
+    # in-flight eviction -------------------------------------------------------------
+    def evict(self) -> None:
+        """Flow control evicted the request (``epp.request.Evictable``): upstream's ImmediateResponse
+        ends it, written at once where the transport can (``push``), else in answer to the next
+        response message Envoy sends (a 429 before the response headers went downstream; a
+        reset stream after, which also resets the model server's connection)."""
+        self._evicted = True
+        if self.writer is not None and not self.finished:
+            self.writer.write_unasked()  # the transport writes ``take_eviction()`` now if it can
+
+    def take_eviction(self) -> list[responses.Reply]:
+        """The eviction reply, for a transport writing it unasked; [] when there is none to send."""
+        if not self._evicted or self.finished or self.lifecycle is None:
+            return []
+        return self._end_evicted()
+
+    def _end_evicted(self) -> list[responses.Reply]:
+        self.finished = True
+        self.error = ResourceExhausted(EVICTED_BODY.decode(), reason=EVICTED_REASON)
+        log.info("request_evicted", **self._log_ids())
+        return [_EVICTED_REPLY]
 
     # errors -----------------------------------------------------------------------
     def _failed(self, e: Exception, kind: str | None) -> list[responses.Reply]:

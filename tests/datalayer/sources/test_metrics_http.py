@@ -34,10 +34,18 @@ from tests.datalayer.conftest import FakeModelServer, make_endpoint, make_extrac
         pytest.param({"timeout": "250ms"}, "timeout", 0.25, id="millis"),
         pytest.param({"timeout": 2}, "timeout", 2.0, id="seconds-number"),
         pytest.param({"maxBodyBytes": 1024}, "max_body_bytes", 1024, id="max-body"),
+        pytest.param({}, "port", None, id="default-port"),
+        pytest.param({"port": 9090}, "port", 9090, id="port"),
+        pytest.param({}, "interval", None, id="default-interval"),
+        pytest.param({"interval": ""}, "interval", None, id="empty-interval"),
+        pytest.param({"interval": "1s"}, "interval", 1.0, id="interval"),
+        pytest.param({"caCertPath": "/ca.pem"}, "ca_cert_path", "/ca.pem", id="ca"),
+        pytest.param({"clientCertPath": "/c.pem"}, "client_cert_path", "/c.pem", id="client-cert"),
+        pytest.param({"clientKeyPath": "/k.pem"}, "client_key_path", "/k.pem", id="client-key"),
     ],
 )
 def test_params(params: dict[str, Any], field: str, value: Any) -> None:
-    """GIE's parameters with their defaults, plus our timeout and body bound."""
+    """llm-d-router's parameters with their defaults, plus our timeout and body bound."""
     assert getattr(MetricsDataSourceParams.model_validate(params), field) == value
 
 
@@ -48,7 +56,11 @@ def test_params(params: dict[str, Any], field: str, value: Any) -> None:
         pytest.param({"timeout": "soon"}, 'time: invalid duration "soon"', id="duration"),
         pytest.param({"timeout": "0s"}, "greater than 0", id="zero-timeout"),
         pytest.param({"maxBodyBytes": 0}, "greater than 0", id="zero-body"),
-        pytest.param({"port": 9000}, "Extra inputs are not permitted", id="unknown"),
+        pytest.param({"port": 0}, "invalid port 0: must be between 1 and 65535", id="port-zero"),
+        pytest.param({"port": 65536}, "invalid port 65536", id="port-high"),
+        pytest.param({"interval": -1}, "greater than or equal to 0", id="negative-interval"),
+        pytest.param({"interval": "often"}, 'time: invalid duration "often"', id="bad-interval"),
+        pytest.param({"portt": 9000}, "Extra inputs are not permitted", id="unknown"),
     ],
 )
 def test_param_errors(params: dict[str, Any], message: str) -> None:

@@ -18,10 +18,11 @@ from epp.config.load import load_config_file
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.datastore.store import Datastore
+from epp.director.api import TimeoutAwareProducer
+from epp.director.dag import producer_timeout
 from epp.director.director import Director
 from epp.director.pipeline import DEFAULT_PRODUCER_TIMEOUT
 from epp.director.producers.burst_prefix import (
-    DIRECTOR_PRODUCER_BUDGET,
     BurstPrefixCacheProducer,
     block_hashes,
 )
@@ -97,7 +98,9 @@ def test_defaults_and_timeout() -> None:
     )  # fmt: skip
     assert p.produce_timeout() == pytest.approx(0.4)
     assert producer(maxPrefixTokensToMatch=640).max_blocks == 10
-    assert DIRECTOR_PRODUCER_BUDGET == DEFAULT_PRODUCER_TIMEOUT  # the budget the start-up warning names
+    assert producer(windowDurationMs=2000).produce_timeout() == pytest.approx(2.3)
+    assert isinstance(p, TimeoutAwareProducer)  # the director reads it
+    assert producer_timeout(producer(windowDurationMs=2000), DEFAULT_PRODUCER_TIMEOUT) == pytest.approx(2.3)
 
 
 async def test_identical_prompt_burst_colocates() -> None:

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from epp.app.build import build
 from epp.app.registry import default_registry
 from epp.config.load import load_config
-from epp.director.dag import order_producers
+from epp.director.dag import order_producers, producer_timeout
 from epp.director.producers.token_producer import LegacyTokenizer, TokenProducer
 from epp.errors import ConfigError
 from epp.plugin.state import CycleState
@@ -96,6 +96,15 @@ def test_backend_selection_follows_upstream() -> None:
     )
     uds = load({"modelName": "m", "udsTokenizerConfig": {"socketFile": "127.0.0.1:1", "useTCP": True}})
     assert uds.backend == "uds" and uds.tokens.target == "127.0.0.1:1"
+
+
+def test_render_backend_declares_its_worst_case_timeout() -> None:
+    """Upstream's vllmHTTPRenderer.produceTimeout: the larger of timeout and mmTimeout, so the
+    director waits for a render past its default; in-memory backends keep the default."""
+    assert producer_timeout(load({"modelName": "m"}), 0.4) == 30.0
+    slow_text = load({"modelName": "m", "vllm": {"timeout": "1m30s", "mmTimeout": "250ms"}})
+    assert producer_timeout(slow_text, 0.4) == 90.0
+    assert producer_timeout(load({}), 0.4) == 0.4  # estimate
 
 
 def test_legacy_type_name_warns_and_loads(

@@ -48,6 +48,16 @@ def _key(cls: Any, **item: Any) -> tuple[float, float]:
             (math.inf, 10.0),
             id="slo-no-header-last-by-receive-time",
         ),
+        pytest.param(
+            SloDeadlineOrderingPolicy,
+            {
+                "request": req(
+                    headers={"x-llm-d-slo-ttft-ms": "100", "x-slo-ttft-ms": "250"}, received_at=10.0
+                )
+            },
+            (10.1, 10.0),
+            id="slo-llm-d-header-name-wins-over-the-old-one",
+        ),
     ],
 )
 def test_order_key(cls: Any, item: dict[str, Any], expected: tuple[float, float]) -> None:

@@ -7,12 +7,19 @@ from typing import Any
 
 import pytest
 
-from epp.datalayer.api import Endpoint
+from epp.admission.shedding import AlwaysAdmit
+from epp.app.build import build as build_components
+from epp.app.registry import default_registry
+from epp.config.load import load_config
+from epp.datalayer.api import Endpoint, EndpointMetadata
+from epp.datastore.store import Datastore
+from epp.director.director import Director
+from epp.director.requestheader.agent_identity import AgentIdentity
 from epp.errors import ConfigError
 from epp.flowcontrol.detectors.concurrency import ConcurrencyDetector
 from epp.flowcontrol.detectors.utilization import UtilizationDetector
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo
+from epp.request import AGENT_IDENTITY, InferenceRequest, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.sessions import encode_token
@@ -159,10 +166,120 @@ def test_several_sources_first_non_empty_wins() -> None:
     "params",
     [
         {"strategy": "cookie"},
-        {"strategy": "session_id", "sessionIdConfig": {"sources": [{"attribute": "agent-identity"}]}},
         {"strategy": "session_id", "sessionIdConfig": {"sources": [{}]}},
     ],
 )
 def test_bad_config(params: dict[str, Any]) -> None:
     with pytest.raises((ConfigError, ValueError)):
         build(SessionAffinityFilter, **params)
+
+
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        ({"header": "h", "attribute": "agent-identity"}, "exactly one of header or attribute"),
+        ({"attribute": "tenant"}, r"sources.attribute: .tenant. .* .agent-identity. .* .SessionIDDataKey."),
+        ({"attribute": "agent-identity", "producer": "session-id-producer"}, "sources.producer"),
+    ],
+)
+def test_bad_source_names_the_field(source: dict[str, str], error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        build(SessionAffinityFilter, strategy="session_id", sessionIdConfig={"sources": [source]})
+
+
+def _identity(value: object) -> CycleState:
+    state = CycleState()
+    state.put(AGENT_IDENTITY, value)  # type: ignore[misc]  # a non-string too, as upstream's vector
+    return state
+
+
+# upstream's TestResolveSessionID vectors: (sources, request headers, agent identity, session id)
+RESOLVE: list[tuple[list[dict[str, str]], dict[str, str], object, str]] = [
+    ([{"header": "x-session-id"}], {"x-session-id": "sess-1"}, None, "sess-1"),
+    ([{"attribute": "agent-identity"}], {}, "agent-42", "agent-42"),
+    ([{"attribute": "agent-identity"}], {}, 42, ""),  # not a string: skipped
+    (
+        [{"header": "x-session-id"}, {"attribute": "agent-identity"}],
+        {"x-session-id": "from-header"},
+        "from-attr",
+        "from-header",
+    ),
+    ([{"header": "x-session-id"}, {"attribute": "agent-identity"}], {}, "from-attr", "from-attr"),
+    ([{"header": "x-session-id"}, {"attribute": "agent-identity"}], {}, None, ""),
+    ([{"header": "x-session-id"}], {"x-session-id": "   "}, None, ""),  # blank is empty
+]
+
+
+@pytest.mark.parametrize(("sources", "headers", "identity", "want"), RESOLVE)
+def test_resolve_session_id(
+    sources: list[dict[str, str]], headers: dict[str, str], identity: object, want: str
+) -> None:
+    f = build(SessionAffinityFilter, strategy="session_id", sessionIdConfig={"sources": sources})
+    assert f.affinity.session(make_request(headers=headers), _identity(identity)) == want
+
+
+def test_agent_identity_source_pins_an_agent_session_end_to_end() -> None:
+    """agent-identity publishes the session header's value; the filter pins on it."""
+    agent = build(AgentIdentity)
+    f = build(
+        SessionAffinityFilter,
+        strategy="session_id",
+        sessionIdConfig={"sources": [{"attribute": "agent-identity"}]},
+    )
+    eps = [make_endpoint(i) for i in range(3)]
+
+    def routed(headers: dict[str, str], fallback: Endpoint) -> Sequence[Endpoint]:
+        state, request = CycleState(), make_request(headers=headers)
+        agent.request_header(state, request)
+        kept = f.filter(state, request, eps)
+        picked = kept[0] if len(kept) == 1 else fallback
+        f.pre_request(state, request, SchedulingResult({"default": ProfileRunResult((picked,))}, "default"))
+        return kept
+
+    assert routed({"x-claude-code-session-id": "agent-a"}, fallback=eps[2]) == eps  # first turn: unbound
+    assert routed({"x-claude-code-session-id": "agent-a"}, fallback=eps[0]) == [eps[2]]
+    assert routed({"session-id": "agent-b"}, fallback=eps[1]) == eps  # another agent: unaffected
+    assert routed({}, fallback=eps[0]) == eps  # no identity, no pin
+
+
+SESSION_ID_CONFIG = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: session-id-producer, parameters: {cookieName: conv}}
+- type: session-affinity-filter
+  parameters:
+    strategy: session_id
+    sessionIdConfig: {sources: [{attribute: SessionIDDataKey, producer: session-id-producer}]}
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: session-affinity-filter}, {pluginRef: random-picker}]
+"""
+
+
+async def test_session_id_producer_attribute_pins_a_cookie_session_through_the_director() -> None:
+    """llm-d's ``{attribute: SessionIDDataKey, producer: session-id-producer}``: the producer reads
+    the session from a cookie before scheduling, the filter pins on it (random picks otherwise)."""
+    components = build_components(load_config(SESSION_ID_CONFIG), default_registry())
+    ds = Datastore()
+    for i in range(4):
+        ds.upsert(
+            EndpointMetadata(
+                name=f"default/pod-{i}", address=f"10.0.0.{i + 1}", port=8000, pod_name=f"pod-{i}"
+            )
+        )
+    director = Director(
+        ds, components.request_control.pipeline(scheduler=components.scheduler, admission=AlwaysAdmit())
+    )
+    body = b'{"model": "m", "prompt": "hi"}'
+
+    async def routed(cookie: str) -> str:
+        lc = director.start({"cookie": cookie} if cookie else {}, {})
+        destination = (await lc.route(body)).destination
+        lc.close()
+        return destination
+
+    first = await routed("conv=c1; other=x")
+    assert {await routed("conv=c1") for _ in range(12)} == {first}
+    assert len({await routed("") for _ in range(24)}) > 1  # no session: the random picker spreads

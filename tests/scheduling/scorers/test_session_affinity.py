@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from epp.datalayer.api import Endpoint
 from epp.flowcontrol.detectors.utilization import UtilizationDetector
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest, ResponseInfo
+from epp.request import AGENT_IDENTITY, InferenceRequest, ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from epp.scheduling.sessions import encode_token
@@ -137,3 +137,27 @@ def test_llm_d_v0_10_parameters_configure_the_scorer_like_the_filter() -> None:
     )
     _, resp = turn(token, make_request(), eps, pick=eps[0])
     assert resp.headers["x-t"] == encode_token(eps[0])
+
+
+def test_the_agent_identity_attribute_is_a_session_id_source() -> None:
+    """``sessionIdConfig.sources[].attribute: agent-identity``: the scorer reads the identity the
+    agent-identity plugin put in the cycle state, so an agent's turns return to one endpoint."""
+    eps = [make_endpoint(i) for i in range(3)]
+    s: SessionAffinityScorer = build(
+        SessionAffinityScorer,
+        strategy="session_id",
+        sessionIdConfig={"sources": [{"attribute": "agent-identity"}]},
+    )
+
+    def scored(identity: str | None, pick: Endpoint | None = None) -> list[float]:
+        state, request = CycleState(), make_request()
+        if identity is not None:
+            state.put(AGENT_IDENTITY, identity)
+        scores = list(s.score(state, request, eps))
+        picked = pick or eps[scores.index(max(scores))]
+        s.pre_request(state, request, SchedulingResult({"default": ProfileRunResult((picked,))}, "default"))
+        return scores
+
+    scored("agent-a", pick=eps[2])
+    assert scored("agent-a") == [0.0, 0.0, 1.0]
+    assert scored(None) == [0.0, 0.0, 0.0]  # no identity: no preference

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import ClassVar, Final
 
 from pydantic import Field
@@ -23,6 +24,7 @@ from epp.datalayer.engines import (
     finite_value,
 )
 from epp.datalayer.exposition import MetricFamilies, with_total_aliases
+from epp.datalayer.scalar_attributes import data_key
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 
@@ -31,6 +33,7 @@ LORA_WAITING_LABEL: Final = "waiting_lora_adapters"
 LORA_MAX_LABEL: Final = "max_lora"
 _ADAPTER_CACHE_SIZE: Final = 1024
 _ADAPTER_CACHE_MAX_KEY: Final = 4096  # longer lists are split every time rather than remembered
+EXTRACTOR_TYPE: Final = "core-metrics-extractor"
 
 
 # One ``engineConfigs`` entry is an engine table; an empty spec string disables that metric.
@@ -66,11 +69,19 @@ class CoreMetricsExtractor(PluginBase):
     Parameters: ``engineLabelKey``, ``defaultEngine``, ``engineConfigs[]`` (``name``,
     ``queuedRequestsSpec``, ``runningRequestsSpec``, ``kvUsageSpec``, ``loraSpec``,
     ``cacheInfoSpec``, ``cacheBlockSizeLabelName``, ``cacheNumBlocksLabelName``,
-    ``cacheBlockSizeSpec``, ``cacheNumBlocksSpec``).  An entry replaces the built-in of the
-    same name entirely; the name ``default`` is reserved.
+    ``cacheBlockSizeSpec``, ``cacheNumBlocksSpec``, ``customMetrics[]``).  An entry replaces the
+    built-in of the same name entirely; the name ``default`` is reserved.
+
+    ``customMetrics`` (``attributeKey``, ``metricSpec``) publish any scalar metric as a numeric
+    endpoint attribute ``<attributeKey>/core-metrics-extractor`` (upstream's data key: the
+    producer part is the type, whatever this instance is named), for ``endpoint-attribute-*``;
+    the bare ``attributeKey`` names it too, as upstream's readers resolve an attribute given
+    without a producer.  A value is the spec's latest matching series; it stays until the next
+    successful read and goes when the endpoint leaves.  An empty or repeated ``attributeKey``,
+    or an empty or bad ``metricSpec``, is refused at startup naming the engine and the key.
     """
 
-    TYPE: ClassVar[str] = "core-metrics-extractor"
+    TYPE: ClassVar[str] = EXTRACTOR_TYPE
     PARAMS: ClassVar[type[PluginParams]] = CoreMetricsExtractorParams
     INPUT: ClassVar[type[MetricFamilies]] = MetricFamilies
 
@@ -107,6 +118,26 @@ class CoreMetricsExtractor(PluginBase):
         self._default = default
         self._wanted = with_total_aliases(s.name for m in self._mappings.values() for s in m.specs())
         self._adapter_sets: dict[str, frozenset[str]] = {}  # LoRA label value -> adapter names
+        # customMetrics: one live dict per attribute, shared by its full and bare keys.
+        self._custom: dict[str, dict[Endpoint, float]] = {}
+        self._custom_keys: dict[str, dict[Endpoint, float]] = {}
+        for mapping in self._mappings.values():
+            for attribute, _ in mapping.custom:
+                values = self._custom.setdefault(attribute, {})
+                self._custom_keys[data_key(attribute, EXTRACTOR_TYPE)] = values
+                if "/" not in attribute:
+                    self._custom_keys.setdefault(attribute, values)
+
+    def scalar_values(self, key: str) -> Mapping[Endpoint, float] | None:
+        """The ``customMetrics`` attribute ``key`` by endpoint (None: not one of ours)."""
+        return self._custom_keys.get(key)
+
+    def endpoint_added(self, endpoint: Endpoint) -> None:
+        """Nothing to do: custom values appear with the endpoint's first successful scrape."""
+
+    def endpoint_removed(self, endpoint: Endpoint) -> None:
+        for values in self._custom.values():
+            values.pop(endpoint, None)
 
     def _adapters(self, csv: str) -> frozenset[str]:
         """Adapter names of a comma list, trimmed; memoised since the lists rarely change."""
@@ -204,6 +235,13 @@ class CoreMetricsExtractor(PluginBase):
                 updated = True
             except ExtractionError as e:
                 errors.append(str(e))
+
+        for attribute, spec in mapping.custom:
+            try:
+                self._custom[attribute][endpoint] = finite_value(spec, spec.latest(data))
+                updated = True
+            except ExtractionError as e:
+                errors.append(f'custom metric "{attribute}": {e}')
 
         if updated:
             endpoint.metrics = build_metrics(

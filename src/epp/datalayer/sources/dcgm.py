@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from epp.datalayer.api import Endpoint, EndpointEvent
 from epp.datalayer.exposition import MetricFamilies
-from epp.datalayer.sources.metrics_http import MetricsDataSource, MetricsDataSourceParams, Seconds
+from epp.datalayer.sources.metrics_http import MetricsDataSource, MetricsDataSourceParams
 from epp.plugin.base import Handle, PluginParams
 
 SOURCE_TYPE: Final = "dcgm-data-source"
@@ -18,14 +18,13 @@ DEFAULT_PORT: Final = 9400
 class DCGMDataSourceParams(MetricsDataSourceParams):
     """Upstream's parameters (``scheme``, ``path``, ``insecureSkipVerify`` as metrics-data-source)."""
 
-    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    port: int | None = Field(default=DEFAULT_PORT, ge=0, le=65535)  # 0: the endpoint's metrics port
     use_node_address: bool = False
-    interval: Seconds | None = Field(default=None, ge=0)
 
-    @field_validator("interval", mode="before")
+    @field_validator("port")
     @classmethod
-    def _empty_interval(cls, v: object) -> object:
-        return None if v == "" else v  # upstream: empty or omitted is every base tick
+    def _port(cls, v: int | None) -> int | None:
+        return v  # the range is the field's: 0 is allowed here, unlike on metrics-data-source
 
 
 class DCGMDataSource(MetricsDataSource):
@@ -52,14 +51,7 @@ class DCGMDataSource(MetricsDataSource):
     def __init__(self, name: str, params: PluginParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
         assert isinstance(params, DCGMDataSourceParams)
-        self._port = params.port
         self._node = params.use_node_address
-        self._interval = params.interval
-
-    @property
-    def poll_interval(self) -> float | None:
-        """The configured scrape period in seconds (None: every tick)."""
-        return self._interval
 
     def target(self, endpoint: Endpoint) -> tuple[str, int]:
         """Where this endpoint's exporter listens."""
@@ -71,15 +63,7 @@ class DCGMDataSource(MetricsDataSource):
             raise ValueError(f"useNodeAddress: endpoint {md.name} has no node address (the pod's hostIP)")
         return md.node_address, port
 
-    async def poll(self, endpoint: Endpoint) -> MetricFamilies:
-        client = self._client
-        if client is None:
-            raise RuntimeError(f"{self.typed_name}: poll before start")
-        host, port = self.target(endpoint)
-        body = await client.get(host, port, self._path)
-        return self._parser.parse(body)
-
     def endpoint_event(self, event: EndpointEvent) -> None:
         """Close idle connections to an endpoint's exporter when it leaves (not a shared node's)."""
-        if event.type == "Delete" and self._client is not None and not self._node:
-            self._client.forget(*self.target(event.endpoint))
+        if not self._node:
+            super().endpoint_event(event)

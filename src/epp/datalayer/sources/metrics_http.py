@@ -12,7 +12,8 @@ from pydantic import BeforeValidator, Field, field_validator
 
 from epp.datalayer.api import Endpoint, EndpointEvent
 from epp.datalayer.exposition import DEFAULT_MAX_BYTES, ExpositionParser, FamilyConsumer, MetricFamilies
-from epp.datalayer.http_client import ScrapeClient
+from epp.datalayer.http_client import ScrapeClient, TLSConfigError, tls_client_context
+from epp.errors import ConfigError
 from epp.plugin.base import Handle, Plugin, PluginBase, PluginParams
 
 _GO_DURATION_RE: Final = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
@@ -38,10 +39,16 @@ def parse_duration(value: object) -> object:
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
 
-class MetricsDataSourceParams(PluginParams):
+class HTTPSourceParams(PluginParams):
+    """What every HTTP polling source of llm-d-router takes (its ``source/http`` package)."""
+
     scheme: str = "http"
     path: str = "/metrics"
     insecure_skip_verify: bool = True
+    interval: Seconds | None = Field(default=None, ge=0)
+    ca_cert_path: str = ""
+    client_cert_path: str = ""
+    client_key_path: str = ""
     # Ours, not GIE's: a per-poll deadline (default: the runtime's, below the refresh interval)
     # and a bound on the page size.
     timeout: Seconds | None = Field(default=None, gt=0)
@@ -52,6 +59,22 @@ class MetricsDataSourceParams(PluginParams):
     def _scheme(cls, v: str) -> str:
         if v not in ("http", "https"):
             raise ValueError(f"unsupported scheme: {v}")
+        return v
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _empty_interval(cls, v: object) -> object:
+        return None if v == "" else v  # upstream: empty or omitted is every base tick
+
+
+class MetricsDataSourceParams(HTTPSourceParams):
+    port: int | None = None  # overrides every endpoint's metrics port (not for data-parallel pools)
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 65535:
+            raise ValueError(f"invalid port {v}: must be between 1 and 65535")
         return v
 
 
@@ -118,25 +141,31 @@ class ModelServerMetricsFlags:
         return {
             field.alias or name: getattr(self, name)
             for name, field in MetricsDataSourceParams.model_fields.items()
-            if name in attrs
+            if name in attrs and name != "port"  # the flag's port is per endpoint, not this override
         }
 
 
 class MetricsDataSource(PluginBase):
     """Fetches ``scheme://<endpoint metrics host>/path`` and parses it.  Type ``metrics-data-source``.
 
-    The metrics host is the endpoint's address and its ``metrics_port`` (set from
-    ``--model-server-metrics-port`` when the pool has one target port), else its serving
-    port.  All endpoints share one client with one kept-alive connection per endpoint;
+    The metrics host is the endpoint's address and ``port`` when set, else its ``metrics_port``
+    (set from ``--model-server-metrics-port`` when the pool has one target port), else its
+    serving port.  All endpoints share one client with one kept-alive connection per endpoint;
     a non-200 answer, a malformed or oversized page, or a timeout is an error for that
     poll only, and the connection it happened on is dropped.  Only the metric families
     the attached extractors name are parsed (all of them if an extractor does not say).
 
     Output: ``MetricFamilies``.
-    Parameters: ``scheme`` (``http``|``https``, default ``http``), ``path`` (``/metrics``),
-    ``insecureSkipVerify`` (``true``: skip TLS verification); ours: ``timeout`` (per poll,
-    e.g. ``"1s"``; default the runtime's) and ``maxBodyBytes`` (16 MiB).  The deprecated
-    ``--model-server-metrics-*`` flags, when set, are merged in below explicit parameters.
+    Parameters (llm-d-router's): ``scheme`` (``http``|``https``, default ``http``), ``path``
+    (``/metrics``), ``port`` (1..65535: one port for every endpoint, e.g. a metrics sidecar;
+    not for data-parallel pools, whose ranks each have their own), ``insecureSkipVerify``
+    (``true``: skip TLS verification), ``caCertPath`` (PEM bundle to verify the target with,
+    unless skipping), ``clientCertPath`` + ``clientKeyPath`` (a client certificate for targets
+    that require mTLS), ``interval`` (a Go duration: the scrape period, rounded to a multiple
+    of ``--refresh-metrics-interval``; omitted, every tick).  The TLS files are read at startup
+    and only for ``https``, as upstream.  Ours: ``timeout`` (per poll, e.g. ``"1s"``; default the
+    runtime's) and ``maxBodyBytes`` (16 MiB).  The deprecated ``--model-server-metrics-*``
+    flags, when set, are merged in below explicit parameters.
     """
 
     TYPE: ClassVar[str] = "metrics-data-source"
@@ -145,15 +174,33 @@ class MetricsDataSource(PluginBase):
 
     def __init__(self, name: str, params: PluginParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
-        assert isinstance(params, MetricsDataSourceParams)
+        assert isinstance(params, HTTPSourceParams)  # a subclass's own parameters may lack ``port``
         self._params = params
         self._path = params.path if params.path.startswith("/") else "/" + params.path
+        self._port = (params.port or 0) if isinstance(params, MetricsDataSourceParams) else 0
+        self._interval = params.interval
         self._parser = ExpositionParser(None, max_bytes=params.max_body_bytes)
         self._client: ScrapeClient | None = None
+        self._ssl: ssl.SSLContext | None = None
+        if params.scheme == "https":  # built now: a bad certificate path never half-starts
+            try:
+                self._ssl = tls_client_context(
+                    skip_verify=params.insecure_skip_verify,
+                    ca_cert_path=params.ca_cert_path,
+                    client_cert_path=params.client_cert_path,
+                    client_key_path=params.client_key_path,
+                )
+            except TLSConfigError as e:
+                raise ConfigError(f"{self.typed_name}: {e}") from None
 
     @property
     def poll_timeout(self) -> float | None:
         return self._params.timeout
+
+    @property
+    def poll_interval(self) -> float | None:
+        """The configured scrape period in seconds (None: every tick)."""
+        return self._interval
 
     @property
     def wanted(self) -> frozenset[str] | None:
@@ -173,34 +220,32 @@ class MetricsDataSource(PluginBase):
         self._parser = ExpositionParser(wanted_or_all, max_bytes=self._params.max_body_bytes)
 
     async def start(self) -> None:
-        if self._client is not None:
-            return
-        context: ssl.SSLContext | None = None
-        if self._params.scheme == "https":
-            context = ssl.create_default_context()
-            if self._params.insecure_skip_verify:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-        self._client = ScrapeClient(ssl_context=context, max_body_bytes=self._params.max_body_bytes)
+        if self._client is None:
+            self._client = ScrapeClient(ssl_context=self._ssl, max_body_bytes=self._params.max_body_bytes)
 
     async def stop(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
 
+    def target(self, endpoint: Endpoint) -> tuple[str, int]:
+        """Where this endpoint's page is served: the port override on its address, else its metrics host."""
+        md = endpoint.metadata
+        if self._port:
+            return md.address, self._port
+        return md.metrics_address or md.address, md.metrics_port or md.port
+
     async def poll(self, endpoint: Endpoint) -> MetricFamilies:
         client = self._client
         if client is None:
             raise RuntimeError(f"{self.typed_name}: poll before start")
-        md = endpoint.metadata
-        body = await client.get(md.address, md.metrics_port or md.port, self._path)
-        return self._parser.parse(body)
+        host, port = self.target(endpoint)
+        return self._parser.parse(await client.get(host, port, self._path))
 
     def endpoint_event(self, event: EndpointEvent) -> None:
         """Close idle connections of an endpoint that left."""
         if event.type == "Delete" and self._client is not None:
-            md = event.endpoint.metadata
-            self._client.forget(md.address, md.metrics_port or md.port)
+            self._client.forget(*self.target(event.endpoint))
 
     def idle_connections(self) -> int:
         return 0 if self._client is None else self._client.idle_connections()

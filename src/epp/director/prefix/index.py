@@ -96,6 +96,15 @@ class PrefixIndex:
         """The endpoint object last recorded for ``slot`` (to map matches back cheaply)."""
         return self._endpoints[slot]
 
+    def dump(self) -> dict[str, list[int]]:
+        """Every server's hashes, least recently used first (``add`` of each list rebuilds the index)."""
+        out: dict[str, list[int]] = {}
+        for server, slot in self._slot_of.items():
+            lru = self._lrus[slot]
+            if lru:
+                out[server] = list(lru)
+        return out
+
     # updates ------------------------------------------------------------------------
     def add(self, server: str, endpoint: Endpoint | None, hashes: Sequence[int], capacity: int) -> None:
         """Record that ``server`` now holds ``hashes`` (most recent last), within ``capacity`` entries."""
@@ -104,7 +113,8 @@ class PrefixIndex:
             slot = self._new_slot(server)
         lru = self._lrus[slot]
         assert lru is not None
-        self._endpoints[slot] = endpoint
+        if endpoint is not None:  # a peer's insertion (no object) keeps the one routing recorded
+            self._endpoints[slot] = endpoint
         index = self._index
         intern = self._intern
         bit = 1 << slot

@@ -21,6 +21,8 @@ from epp.scheduling.api import SchedulingResult
 DEFAULT_BLOCK_SIZE_TOKENS: Final = 16  # vLLM's default
 DEFAULT_MAX_PREFIX_BLOCKS: Final = 256
 DEFAULT_LRU_CAPACITY_PER_SERVER: Final = 31250  # ~500k tokens of H100 KV-cache / 16 tokens per block
+# insertions kept for the sync hub between two drains; past it new ones are dropped (and counted)
+MAX_UNDRAINED: Final = 65536
 PREFILL_PROFILE: Final = "prefill"  # P/D: the prefill endpoint's cache is recorded too
 
 
@@ -67,6 +69,15 @@ class ApproxPrefixCacheProducer(PluginBase):
     Parameters: ``autoTune`` (true), ``blockSizeTokens`` (16), ``blockSize`` (deprecated,
     characters), ``maxPrefixBlocksToMatch`` (256), ``maxPrefixTokensToMatch`` (0),
     ``lruCapacityPerServer`` (31250).
+
+    Active-active replicas (``epp.plugin.replicated.Replicated``): every insertion routing makes
+    here is kept, as ``[endpoint name, hashes]`` (the request's own hash list, not a copy), for
+    the sync hub's next ``drain``; ``apply`` inserts a peer's into this index as if routed here
+    (same live-endpoint check, LRU and capacity), so a prompt routed by any replica hits on all.
+    ``forget`` is a no-op: a prefix a departed peer routed is still cached on that endpoint,
+    and the LRU ages it out as any other.  ``snapshot`` is every endpoint's hashes in LRU order
+    (bounded by the capacities), ``restore`` re-inserts them.  Insertions are kept only once a
+    hub has drained (no hub: no cost) and at most ``MAX_UNDRAINED`` between two drains.
     """
 
     TYPE: ClassVar[str] = "approx-prefix-cache-producer"
@@ -110,7 +121,9 @@ class ApproxPrefixCacheProducer(PluginBase):
         # Names of live endpoints once the datastore tells us about them (None: no observer
         # wiring, record everything).  Guards against re-creating the entries of an endpoint
         # removed between scheduling and PreRequest.
-        self._live: set[str] | None = None
+        self._live: dict[str, Endpoint] | None = None
+        self._undrained: list[list[Any]] | None = None  # [name, hashes] since the last drain
+        self.undrained_dropped = 0
         self._state_key: StateKey[_RequestPrefix] = StateKey(f"{name}/{self.TYPE}")
         # Hit-rate counters for /debug/plugins/state, three additions per routed request (PreRequest).
         self.lookups = 0  # requests routed after a lookup
@@ -211,10 +224,16 @@ class ApproxPrefixCacheProducer(PluginBase):
             targets.append(prefill.target_endpoints[0])
         if prefix.hashes:
             live = self._live
+            undrained = self._undrained
             for ep in targets:
                 name = ep.metadata.name
                 if live is None or name in live:
                     self.index.add(name, ep, prefix.hashes, self.capacity(ep))
+                    if undrained is not None:
+                        if len(undrained) < MAX_UNDRAINED:
+                            undrained.append([name, prefix.hashes])
+                        else:
+                            self.undrained_dropped += 1
             PREFIX_INDEXER_SIZE.set(len(self.index))
         total = len(prefix.hashes)
         matched = prefix.matches.get(target.metadata.name, 0)
@@ -230,11 +249,86 @@ class ApproxPrefixCacheProducer(PluginBase):
     # EndpointObserver ---------------------------------------------------------------
     def endpoint_added(self, endpoint: Endpoint) -> None:
         if self._live is None:
-            self._live = set()
-        self._live.add(endpoint.metadata.name)
+            self._live = {}
+        self._live[endpoint.metadata.name] = endpoint
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         if self._live is not None:
-            self._live.discard(endpoint.metadata.name)
+            self._live.pop(endpoint.metadata.name, None)
         self.index.remove_server(endpoint.metadata.name)
         PREFIX_INDEXER_SIZE.set(len(self.index))
+
+    # Replicated ---------------------------------------------------------------------
+    @property
+    def sync_key(self) -> str:
+        return f"{self.TYPE}/{self.typed_name.name}"
+
+    def drain(self) -> list[Any]:
+        """``[endpoint name, hashes]`` for each insertion routing made here since the last call."""
+        out, self._undrained = self._undrained, []
+        return out or []
+
+    def apply(self, origin: str, deltas: list[Any]) -> None:
+        """Insert a peer's routed prefixes as if routed here; ValueError leaves the index as it was."""
+        self._insert(_parse_insertions(deltas, "approx-prefix delta"))
+
+    def forget(self, origin: str) -> None:
+        """Nothing: what ``origin`` routed is still cached on the endpoint; the LRUs age it out."""
+
+    def snapshot(self) -> dict[str, list[int]]:
+        return self.index.dump()
+
+    def restore(self, snapshot: Any) -> None:
+        if not isinstance(snapshot, dict):
+            kind = type(snapshot).__name__
+            raise ValueError(f"approx-prefix snapshot: expected a map of endpoint hashes, got {kind}")  # noqa: TRY004
+        self._insert(_parse_insertions([[n, h] for n, h in snapshot.items()], "approx-prefix snapshot"))
+
+    def _insert(self, insertions: list[tuple[str, list[int]]]) -> None:
+        live = self._live
+        index = self.index
+        for name, hashes in insertions:
+            if live is None:
+                index.add(name, None, hashes, self.lru_capacity)
+            else:
+                ep = live.get(name)
+                if ep is not None:
+                    index.add(name, ep, hashes, self.capacity(ep))
+        if insertions:
+            PREFIX_INDEXER_SIZE.set(len(index))
+
+
+def _parse_insertions(deltas: Any, what: str) -> list[tuple[str, list[int]]]:
+    """Check a whole batch before any of it is inserted: ``[[endpoint name, [uint64 hash, ...]], ...]``."""
+    if not isinstance(deltas, list):
+        raise ValueError(f"{what}: expected a list, got {type(deltas).__name__}")  # noqa: TRY004
+    out = []
+    for d in deltas:
+        if (
+            not isinstance(d, (list, tuple))
+            or len(d) != 2
+            or not isinstance(d[0], str)
+            or not isinstance(d[1], list)
+            or not _uint64s(d[1])
+        ):
+            raise ValueError(f"{what}: expected [endpoint name, [block hash (uint64), ...]], got {d!r:.80}")
+        out.append((d[0], d[1]))
+    return out
+
+
+_HASH_LIMIT: Final = 1 << 64
+
+
+def _uint64s(hashes: list[Any]) -> bool:
+    """Whether every element is an int in [0, 2**64): C-speed passes, a few us per 256 hashes."""
+    if not hashes:
+        return True
+    return set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) < _HASH_LIMIT
+
+
+class MulticlusterApproxPrefixCacheProducer(ApproxPrefixCacheProducer):
+    """llm-d-router's ``multicluster-approx-prefix-cache-producer``: the same index over
+    endpoints that are peer clusters (``multicluster-file-discovery``), with the same
+    parameters; a cluster's prefix cache is learned from this EPP's routing as a pod's is."""
+
+    TYPE: ClassVar[str] = "multicluster-approx-prefix-cache-producer"

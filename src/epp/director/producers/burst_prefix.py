@@ -16,9 +16,12 @@ counts, as upstream's; at most ``maxPrefixTokensToMatch / blockSizeTokens`` bloc
 
 The window is upstream's: opened by the first request, sealed ``windowDurationMs`` later; a full
 window (``maxBatchSize``) fails the request's production (logged; it routes without affinity).
-Upstream extends its per-producer timeout to the window + 300 ms (``produce_timeout``); this
-EPP's director gives all producers one budget (0.4 s), so a longer window is warned about at
-start and a request whose budget runs out first routes without the burst's affinity.
+As upstream, it declares its own producer timeout, the window + 300 ms (``produce_timeout``),
+which the director honours instead of its 0.4 s default.
+
+Active-active replicas share nothing here: a window lives ``windowDurationMs`` and places only the
+requests this replica received in it; what its placements teach is shared by the producers that
+remember them (``approx-prefix-cache-producer``, the pending precise-prefix blocks).
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
 
-import structlog
 from xxhash import xxh64_intdigest
 
 from epp.datalayer.api import Endpoint
@@ -44,14 +46,9 @@ from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 
-log = structlog.get_logger(__name__)
-
 DEFAULT_MAX_PREFIX_BLOCKS: Final = 2048
 MAX_WINDOW_MS: Final = 10000  # every request waits up to the window: a huge one would stall all
 PRODUCE_TIMEOUT_MARGIN: Final = 0.3  # seconds upstream adds to the window for its producer timeout
-# The director's one budget for all producers (epp.director.pipeline.DEFAULT_PRODUCER_TIMEOUT, which a
-# plugin may not import; a test keeps the two equal).
-DIRECTOR_PRODUCER_BUDGET: Final = 0.4
 
 
 class BurstPrefixParams(PluginParams):
@@ -161,18 +158,10 @@ class BurstPrefixCacheProducer(PluginBase):
         self.requests = 0
         self.steered = 0  # requests given an affinity
         self.rejected = 0  # requests refused by a full window
-        if self.produce_timeout() > DIRECTOR_PRODUCER_BUDGET:
-            log.warning(
-                "burst_window_exceeds_producer_budget",
-                plugin=str(self.typed_name),
-                window_ms=params.window_duration_ms,
-                budget_seconds=DIRECTOR_PRODUCER_BUDGET,
-                effect="requests whose data producers run out of budget before the window seals "
-                "route without the burst's affinity",
-            )
 
     def produce_timeout(self) -> float:
-        """Upstream's ``ProduceTimeout``: the window plus a margin (seconds)."""
+        """Upstream's ``ProduceTimeout``: the window plus a margin (seconds); the director runs
+        this producer under it (``epp.director.api.TimeoutAwareProducer``)."""
         return self.window + PRODUCE_TIMEOUT_MARGIN
 
     def debug_state(self) -> dict[str, Any]:
@@ -199,7 +188,7 @@ class BurstPrefixCacheProducer(PluginBase):
             raise RuntimeError(f"burst prefix batch full: maxBatchSize {self.max_batch} reached")
         batch.entries.append(entry)
         self.requests += 1
-        await batch.sealed.wait()  # cancelled (producer budget spent): no affinity is written
+        await batch.sealed.wait()  # cancelled (its producer timeout spent): no affinity is written
 
         total = len(hashes)
         zero = PrefixMatchInfo(0, total, self.block_size)

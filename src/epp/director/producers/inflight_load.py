@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Final
 
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
-from epp.plugin.base import Handle, NoParams, PluginBase
+from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, estimate_tokens
@@ -17,16 +17,31 @@ from epp.scheduling.api import SchedulingResult
 # disagg profile handler names (``SchedulingResult.disagg.prefill_profile``), else "prefill".
 PREFILL_PROFILE: Final = "prefill"
 IDLE: Final = InFlightLoad(requests=0, tokens=0)
+# restore(): the snapshot source's own counts, kept until a peer's delta names the endpoint
+SNAPSHOT_ORIGIN: Final = "\x00snapshot"
+
+
+class InFlightLoadParams(PluginParams):
+    """llm-d's ``syncCrossReplicaState`` (default true): share the counts with peer replicas."""
+
+    sync_cross_replica_state: bool = True
 
 
 class _Counter:
-    """One endpoint's in-flight totals, with a cached immutable view for the CycleState."""
+    """One endpoint's in-flight totals, with a cached immutable view for the CycleState.
 
-    __slots__ = ("_view", "requests", "tokens")
+    ``requests``/``tokens`` are this replica's own; ``peer_requests``/``peer_tokens`` the sum
+    of what peers last reported, kept up to date on ``apply`` so a read stays O(1).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_view", "name", "peer_requests", "peer_tokens", "requests", "tokens")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.requests = 0
         self.tokens = 0
+        self.peer_requests = 0
+        self.peer_tokens = 0
         self._view: InFlightLoad | None = IDLE
 
     def add(self, tokens: int) -> None:
@@ -41,10 +56,17 @@ class _Counter:
         self.tokens = max(self.tokens - tokens, 0)
         self._view = None
 
+    def add_peer(self, requests: int, tokens: int) -> None:
+        self.peer_requests += requests
+        self.peer_tokens += tokens
+        self._view = None
+
     def view(self) -> InFlightLoad:
         v = self._view
         if v is None:
-            v = self._view = InFlightLoad(requests=self.requests, tokens=self.tokens)
+            v = self._view = InFlightLoad(
+                requests=self.requests + self.peer_requests, tokens=self.tokens + self.peer_tokens
+            )
         return v
 
 
@@ -59,7 +81,7 @@ class _Added:
 
 
 class InFlightLoadProducer(PluginBase):
-    """Count what each endpoint is serving for this EPP.  Type ``inflight-load-producer``.
+    """Count what each endpoint is serving for this EPP and its peers.  Type ``inflight-load-producer``.
 
     Per endpoint (by name) it keeps the number of requests and the estimated tokens
     (``estimate_tokens``: input from the body size, output 1.5 * input) that were sent
@@ -76,18 +98,39 @@ class InFlightLoadProducer(PluginBase):
 
     ``inflight_load(endpoint)`` reads the live counters outside any request: the
     ``concurrency-detector`` uses it for pool saturation (GIE Appendix A #7).
-    Produces: ``INFLIGHT_LOAD``.  Consumes: nothing.  Parameters: none.
+
+    Active-active replicas (``epp.plugin.replicated.Replicated``): every count read above is
+    this replica's own plus the sum of what each peer last reported, cached per endpoint so a
+    read stays O(1).  ``drain`` returns ``[name, requests, tokens]`` — this replica's absolute
+    own counts — for each endpoint whose own count changed since the previous drain (so a lost
+    or repeated batch cannot drift); ``apply`` replaces the origin's value for those endpoints
+    and recomputes only their totals; ``forget(origin)`` removes the origin's counts.  Bookkeeping
+    for ``drain`` starts at its first call (no hub: no cost) and marks a dict per change, bounded
+    by the endpoints.  ``snapshot`` is ``{"own": {name: [r, t]}, "peers": {origin: {...}}}``;
+    ``restore`` keeps the peers' counts under their origins and the source's own counts under a
+    placeholder origin that yields, endpoint by endpoint, to the first delta naming the endpoint
+    (counts in flight are transient: a brief undercount heals, a double count would not), and
+    that any ``forget`` drops.  Parameter ``syncCrossReplicaState`` (true, llm-d's name): false
+    sets ``replicated`` to False — the rule for the sync hub is to skip a plugin whose
+    ``replicated`` attribute is False — and ``drain`` then always returns ``[]``, so even a hub
+    that ignores the flag shares nothing.
+    Produces: ``INFLIGHT_LOAD``.  Consumes: nothing.  Parameters: ``syncCrossReplicaState``.
     """
 
     TYPE: ClassVar[str] = "inflight-load-producer"
+    PARAMS: ClassVar[type[PluginParams]] = InFlightLoadParams
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({INFLIGHT_LOAD})
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset()
     # the counts are a snapshot: taken last, right before scheduling (director/dag.py)
     RUN_LAST: ClassVar[bool] = True
 
-    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
+    def __init__(self, name: str, params: InFlightLoadParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
+        self.replicated = params.sync_cross_replica_state
         self._counters: dict[str, _Counter] = {}
+        # endpoints whose own counts changed since the last drain; None until a hub drains
+        self._changed: dict[str, _Counter] | None = None
+        self._peers: dict[str, dict[str, tuple[int, int]]] = {}  # origin -> name -> (requests, tokens)
         # True once the datastore reports endpoints: from then on only endpoints it added
         # get a counter, so one removed between scheduling and PreRequest cannot come back.
         self._observed = False
@@ -143,6 +186,8 @@ class InFlightLoadProducer(PluginBase):
                 tokens = estimate_tokens(request)
             counter = self._counter(run.target_endpoints[0].metadata.name)
             counter.add(tokens)
+            if self._changed is not None:
+                self._changed[counter.name] = counter
             prefill = profile == prefill_profile
             added.entries.append((prefill, counter, tokens))
             if prefill:
@@ -151,7 +196,8 @@ class InFlightLoadProducer(PluginBase):
     def _counter(self, name: str) -> _Counter:
         counter = self._counters.get(name)
         if counter is None:
-            counter = _Counter()
+            counter = _Counter(name)
+            self._add_peers(counter)
             if not self._observed:  # no datastore wiring: count every endpoint we see
                 self._counters[name] = counter
             # else: the endpoint left the datastore; count into a detached counter
@@ -170,6 +216,8 @@ class InFlightLoadProducer(PluginBase):
             prefill, counter, tokens = entry
             if prefill:
                 counter.release(tokens)
+                if self._changed is not None:
+                    self._changed[counter.name] = counter
             else:
                 kept.append(entry)
         added.entries = kept
@@ -181,13 +229,122 @@ class InFlightLoadProducer(PluginBase):
         if added is None:
             return
         entries, added.entries, added.prefill = added.entries, [], False
+        changed = self._changed
         for _, counter, tokens in entries:
             counter.release(tokens)
+            if changed is not None:
+                changed[counter.name] = counter
 
     # EndpointObserver ---------------------------------------------------------------
     def endpoint_added(self, endpoint: Endpoint) -> None:
         self._observed = True
-        self._counters.setdefault(endpoint.metadata.name, _Counter())
+        name = endpoint.metadata.name
+        if name not in self._counters:
+            counter = self._counters[name] = _Counter(name)
+            self._add_peers(counter)
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self._counters.pop(endpoint.metadata.name, None)
+
+    # Replicated ---------------------------------------------------------------------
+    @property
+    def sync_key(self) -> str:
+        return f"{self.TYPE}/{self.typed_name.name}"
+
+    def drain(self) -> list[Any]:
+        """``[name, requests, tokens]``: own absolute counts of the endpoints changed since the last call."""
+        if not self.replicated:
+            return []
+        changed = self._changed
+        self._changed = {}
+        if not changed:
+            return []
+        return [[name, c.requests, c.tokens] for name, c in changed.items()]
+
+    def apply(self, origin: str, deltas: list[Any]) -> None:
+        """Replace ``origin``'s counts on the endpoints ``deltas`` name; ValueError leaves state as it was."""
+        parsed = _parse_loads(deltas)
+        mine = self._peers.setdefault(origin, {})
+        restored = self._peers.get(SNAPSHOT_ORIGIN)
+        counters = self._counters
+        for name, requests, tokens in parsed:
+            old_r, old_t = mine.pop(name, (0, 0))
+            if requests or tokens:
+                mine[name] = (requests, tokens)
+            d_r, d_t = requests - old_r, tokens - old_t
+            if restored is not None and origin != SNAPSHOT_ORIGIN:
+                r_r, r_t = restored.pop(name, (0, 0))
+                d_r, d_t = d_r - r_r, d_t - r_t
+            counter = counters.get(name)
+            if counter is None:
+                if not self._observed and (requests or tokens):
+                    self._counter(name)  # no datastore wiring: count every endpoint named
+            elif d_r or d_t:
+                counter.add_peer(d_r, d_t)
+        for o in (origin, SNAPSHOT_ORIGIN):
+            if not self._peers.get(o, True):
+                del self._peers[o]
+
+    def forget(self, origin: str) -> None:
+        """Drop ``origin``'s in-flight counts (and any a snapshot restored: they are as stale)."""
+        self._drop(origin)
+        self._drop(SNAPSHOT_ORIGIN)
+
+    def _drop(self, origin: str) -> None:
+        for name, (requests, tokens) in self._peers.pop(origin, {}).items():
+            counter = self._counters.get(name)
+            if counter is not None:
+                counter.add_peer(-requests, -tokens)
+
+    def snapshot(self) -> dict[str, Any]:
+        own = {name: [c.requests, c.tokens] for name, c in self._counters.items() if c.requests or c.tokens}
+        peers = {
+            o: {n: list(v) for n, v in m.items()} for o, m in self._peers.items() if o != SNAPSHOT_ORIGIN
+        }
+        return {"own": own, "peers": peers}
+
+    def restore(self, snapshot: Any) -> None:
+        """Adopt a peer's ``snapshot()``: its peers' counts by origin, its own under a placeholder."""
+        if not isinstance(snapshot, dict) or not isinstance(snapshot.get("own"), dict):
+            raise ValueError("inflight snapshot: expected a map with 'own' and 'peers' maps")  # noqa: TRY004
+        peers = snapshot.get("peers")
+        if not isinstance(peers, dict) or not all(isinstance(o, str) for o in peers):
+            raise ValueError("inflight snapshot: 'peers' must map origin names to count maps")
+        batches = [(o, _parse_loads(_parse_map(m))) for o, m in peers.items()]
+        batches.append(
+            (SNAPSHOT_ORIGIN, _parse_loads(_parse_map(snapshot["own"])))
+        )  # checked: all or nothing
+        for origin, batch in batches:
+            self._drop(origin)
+            self.apply(origin, batch)
+
+    def _add_peers(self, counter: _Counter) -> None:
+        for counts in self._peers.values():
+            load = counts.get(counter.name)
+            if load is not None:
+                counter.add_peer(*load)
+
+
+def _parse_loads(deltas: Any) -> list[tuple[str, int, int]]:
+    """Check a batch completely before any of it is applied."""
+    if not isinstance(deltas, list):
+        raise ValueError(f"inflight deltas: expected a list, got {type(deltas).__name__}")  # noqa: TRY004
+    out = []
+    for d in deltas:
+        if (
+            not isinstance(d, (list, tuple))
+            or len(d) != 3
+            or not isinstance(d[0], str)
+            or not all(type(v) is int and v >= 0 for v in d[1:])
+        ):
+            raise ValueError(
+                f"inflight delta: expected [endpoint name, requests >= 0, tokens >= 0], got {d!r:.80}"
+            )
+        out.append((d[0], d[1], d[2]))
+    return out
+
+
+def _parse_map(counts: Any) -> list[Any]:
+    if not isinstance(counts, dict):
+        raise ValueError(f"inflight snapshot: expected a map of endpoint counts, got {type(counts).__name__}")  # noqa: TRY004
+    return [[name, *v] if isinstance(v, (list, tuple)) else [name, v] for name, v in counts.items()]

@@ -1,26 +1,24 @@
 """``session-id-producer`` (llm-d-router): the request's session id, from a header or a cookie.
 
 llm-d-router publishes it as the request's ``SessionID`` attribute so session-aware plugins need
-not know where a deployment carries it.  Here it is the cycle state's ``SESSION_ID`` value; the
-session-affinity plugins read their own ``sessionIdConfig`` sources (llm-d-router v0.10's do too:
-nothing there reads the attribute yet), so this producer is for configs that declare it and for
-out-of-tree plugins.
+not know where a deployment carries it.  Here it is the cycle state's ``SESSION_ID`` value, which
+the session-affinity plugins read through ``sessionIdConfig.sources[]`` ``{attribute:
+SessionIDDataKey, producer: <this plugin's name>}``, as upstream's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 from pydantic import model_validator
 
 from epp.datalayer.api import Endpoint
 from epp.plugin.base import Handle, PluginBase, PluginParams
-from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.keys import AttributeKey
 from epp.plugin.state import CycleState
+from epp.request import SESSION_ID as SESSION_ID
 from epp.request import InferenceRequest
-
-SESSION_ID: Final[StateKey[str]] = StateKey("SessionID")
 
 
 def cookie_value(header: str, name: str) -> str:

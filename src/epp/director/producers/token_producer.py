@@ -143,6 +143,7 @@ class TokenProducer(PluginBase):
     def __init__(self, name: str, params: TokenProducerParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
         self.backend = "estimate"
+        self.own_timeout = 0.0  # the render backend's worst case (upstream's produceTimeout); 0 = default
         self.tokens: TokenSource | None = None
         self.tokenizer_path = ""
         model = params.model_name
@@ -166,12 +167,10 @@ class TokenProducer(PluginBase):
             elif params.vllm is not None or model:
                 cfg = params.vllm or VllmConfig()
                 self.backend = "vllm"
-                self.tokens = RenderTokenizer(
-                    cfg.url,
-                    model,
-                    timeout=parse_duration(cfg.timeout, "vllm.timeout"),
-                    mm_timeout=parse_duration(cfg.mm_timeout, "vllm.mmTimeout"),
-                )
+                timeout = parse_duration(cfg.timeout, "vllm.timeout")
+                mm_timeout = parse_duration(cfg.mm_timeout, "vllm.mmTimeout")
+                self.tokens = RenderTokenizer(cfg.url, model, timeout=timeout, mm_timeout=mm_timeout)
+                self.own_timeout = max(timeout, mm_timeout)
         except ValueError as e:
             raise ConfigError(f"{self.TYPE} {name!r}: {e}") from e
         self.produced = 0
@@ -227,6 +226,12 @@ class TokenProducer(PluginBase):
         if isinstance(self.tokens, (UdsTokenizer, RenderTokenizer)):
             await self.tokens.close()
 
+    def produce_timeout(self) -> float:
+        """The ``vllm`` backend's worst-case render timeout (``mmTimeout`` or ``timeout``), so the
+        director waits for a render past its 0.4 s default, as upstream; 0 (the default) for the
+        in-memory backends."""
+        return self.own_timeout
+
     async def prepare_request_data(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> None:
@@ -251,7 +256,7 @@ class TokenProducer(PluginBase):
         self.failing += 1
         if self.failing >= _FAILURES_TO_BACK_OFF:
             # a backend that keeps failing (down, or slower than its timeout) would spend every
-            # request's producer budget (0.4 s for all producers) on waiting: skip it for a while
+            # request's producer timeout on waiting: skip it for a while
             self.resume_at = time.monotonic() + self.backoff
             log.warning(
                 "token_producer_backing_off",

@@ -62,7 +62,8 @@ class ConcurrencyDetector(PluginBase):
     (gie-inventory Appendix A #7).  Here it asks the first configured plugin that
     implements ``InFlightLoadSource`` (``inflight_load(endpoint)``); with none, the load
     is 0, as in GIE.  The filter also falls back to that source when the CycleState has no
-    ``INFLIGHT_LOAD``.
+    ``INFLIGHT_LOAD``.  With active-active replicas both read the pool's load, not this
+    replica's share: the ``inflight-load-producer`` adds its peers' counts to its own.
     Parameters: ``concurrencyMode`` (``requests`` | ``tokens``), ``maxConcurrency`` (100,
     > 0), ``maxTokenConcurrency`` (1000000, > 0), ``headroom`` (0.0, >= 0).
     """

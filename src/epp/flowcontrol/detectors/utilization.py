@@ -46,6 +46,8 @@ class UtilizationDetector(PluginBase):
     Consumes: endpoint metrics.  Parameters: ``queueDepthThreshold`` (5, > 0),
     ``kvCacheUtilThreshold`` (0.8, in (0, 1]), ``metricsStalenessThreshold`` ("200ms",
     > 0), ``headroom`` (0.0, >= 0).  ``clock`` is a plain attribute tests may replace.
+    Nothing to share between active-active replicas: every replica scrapes the engines, whose
+    queues and KV caches already hold every replica's requests.
     """
 
     TYPE: ClassVar[str] = "utilization-detector"

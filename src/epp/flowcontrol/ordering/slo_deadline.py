@@ -1,4 +1,4 @@
-"""``slo-deadline-ordering-policy``: earliest TTFT deadline (received + ``x-slo-ttft-ms``) first."""
+"""``slo-deadline-ordering-policy``: earliest TTFT deadline (received + the TTFT SLO header) first."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import ClassVar, Final
 
 from epp.flowcontrol.api import QueueCapability, QueuedItem
 from epp.plugin.base import PluginBase
-from epp.request import SLO_TTFT_HEADER
+from epp.request import SLO_TTFT_HEADER, control_header
 
 _INT64_MAX: Final = (1 << 63) - 1
 _DECIMAL: Final = re.compile(r"[+-]?[0-9]+")
@@ -32,10 +32,10 @@ class SloDeadlineOrderingPolicy(PluginBase):
     """Dispatch the request whose time-to-first-token SLO expires first.  Type
     ``slo-deadline-ordering-policy``.
 
-    Deadline = the request's receive time + ``x-slo-ttft-ms`` (header names are lower-cased
-    at the edge, so the lookup is case-insensitive); requests without a valid header sort
-    after every SLO-bound one.  Ties go to the earlier receive time.
-    Queue: a heap (needs ``PriorityConfigurable``).  Consumes: the ``x-slo-ttft-ms`` request
+    Deadline = the request's receive time + ``x-llm-d-slo-ttft-ms`` (or GIE's ``x-slo-ttft-ms``;
+    header names are lower-cased at the edge, so the lookup is case-insensitive); requests
+    without a valid header sort after every SLO-bound one.  Ties go to the earlier receive time.
+    Queue: a heap (needs ``PriorityConfigurable``).  Consumes: the TTFT SLO request
     header.  Parameters: none.
     """
 
@@ -46,4 +46,7 @@ class SloDeadlineOrderingPolicy(PluginBase):
 
     def order_key(self, item: QueuedItem) -> tuple[float, float]:
         request = item.request
-        return (slo_deadline(request.received_at, request.headers.get(SLO_TTFT_HEADER)), request.received_at)
+        return (
+            slo_deadline(request.received_at, control_header(request.headers, SLO_TTFT_HEADER)),
+            request.received_at,
+        )

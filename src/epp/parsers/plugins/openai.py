@@ -272,3 +272,7 @@ class OpenAIParser(PluginBase):
         if "text/event-stream" in headers.get("content-type", "").lower():
             return SseUsageParser()
         return JsonUsageParser()
+
+
+# Shared with anthropic-parser and vllmhttp-parser (the same decoding, llm-d's narrower contracts).
+content_ok, decode_error, is_token_ids, messages_ok = _content_ok, _decode_error, _is_token_ids, _messages_ok

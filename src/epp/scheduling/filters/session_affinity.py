@@ -3,31 +3,58 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from pydantic import Field, model_validator
 
 from epp.datalayer.api import Endpoint
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
+from epp.plugin.keys import StateKey
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
-from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks
+from epp.request import AGENT_IDENTITY, SESSION_ID, InferenceRequest
+from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks, SessionSource
+
+SESSION_ID_ATTRIBUTE: Final = "SessionIDDataKey"  # upstream's session-id-producer key
+# The request attributes a session id may be read from, by upstream's name.
+ATTRIBUTES: Final[dict[str, StateKey[str]]] = {
+    AGENT_IDENTITY.name: AGENT_IDENTITY,
+    SESSION_ID_ATTRIBUTE: SESSION_ID,
+}
 
 
 class HeaderSource(PluginParams):
-    """One place to read the session id from (llm-d: exactly one of ``header``/``attribute``)."""
+    """One place to read the session id from (llm-d: exactly one of ``header``/``attribute``).
+
+    ``attribute`` names a request attribute a plugin published before scheduling: ``agent-identity``
+    (the ``agent-identity`` request-header plugin's, producer-agnostic: ``producer`` stays empty)
+    or ``SessionIDDataKey`` (``session-id-producer``'s; upstream's key carries the producer's
+    name, here one value a request whatever ``producer`` names).
+    """
 
     header: str = ""
     attribute: str = ""
+    producer: str = ""
 
     @model_validator(mode="after")
     def _one(self) -> HeaderSource:
-        if self.attribute:
-            raise ConfigError("sessionIdConfig.sources: attribute sources are not supported here; use header")
-        if not self.header:
-            raise ConfigError("sessionIdConfig.sources: each source needs a header")
+        if bool(self.header) == bool(self.attribute):
+            raise ConfigError("sessionIdConfig.sources: exactly one of header or attribute must be set")
+        if self.attribute and self.attribute not in ATTRIBUTES:
+            raise ConfigError(
+                f"sessionIdConfig.sources.attribute: {self.attribute!r} is not a request attribute "
+                f"published here; the supported ones are {AGENT_IDENTITY.name!r} (agent-identity) "
+                f"and {SESSION_ID_ATTRIBUTE!r} (session-id-producer)"
+            )
+        if self.attribute == AGENT_IDENTITY.name and self.producer:
+            raise ConfigError(
+                f"sessionIdConfig.sources.producer: {AGENT_IDENTITY.name!r} is published "
+                "producer-agnostic; leave producer empty"
+            )
         return self
+
+    def source(self) -> SessionSource:
+        return self.header or ATTRIBUTES[self.attribute]
 
 
 class EncodedEndpointHeaderConfig(PluginParams):
@@ -39,6 +66,10 @@ class SessionIdConfig(PluginParams):
     eviction_ttl_seconds: float = Field(300.0, ge=0)
     eviction_sweep_seconds: float = Field(10.0, gt=0)  # accepted; expiry is lazy (sessions.py)
     max_sessions: int = Field(100_000, gt=0)  # this EPP's bound on the store (LRU beyond it)
+
+    def lookup(self) -> list[SessionSource]:
+        """The sources in priority order: header names and cycle-state keys."""
+        return [s.source() for s in self.sources]
 
 
 class SessionAffinityFilterParams(PluginParams):
@@ -64,7 +95,8 @@ class SessionAffinityFilter(SessionHooks, PluginBase):
     Strategies (llm-d's): ``encoded_endpoint_header`` (default) reads the endpoint from the
     base64 token in ``encodedEndpointHeaderConfig.header`` (``x-session-token``) and writes
     the chosen endpoint's token on the response; ``session_id`` reads an opaque id from the
-    first non-empty header of ``sessionIdConfig.sources`` and keeps session -> endpoint in a
+    first non-empty source of ``sessionIdConfig.sources`` (a header, or the ``agent-identity`` or
+    ``session-id-producer`` attribute) and keeps session -> endpoint in a
     store bounded by ``maxSessions`` (LRU) and ``evictionTtlSeconds`` of idleness.
     Also a PreRequest (binds the session), ResponseHeaderProcessor (writes the token) and
     EndpointObserver (drops the bindings of a removed endpoint).
@@ -82,7 +114,8 @@ class SessionAffinityFilter(SessionHooks, PluginBase):
             handle,
             self,
             stateful=stateful,
-            headers=[s.header for s in sid.sources] if stateful else [token],
+            sync_key=f"{self.TYPE}/{name}",
+            headers=sid.lookup() if stateful else [token],
             response_header=token,
             profile_name=params.profile_name,
             skip_when_saturated=params.skip_when_saturated,
@@ -93,5 +126,5 @@ class SessionAffinityFilter(SessionHooks, PluginBase):
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[Endpoint]:
-        ep = self.affinity.bound(request, endpoints)
+        ep = self.affinity.bound(request, endpoints, state)
         return endpoints if ep is None else [ep]

@@ -40,6 +40,14 @@ scorer touches a request's blocks tail first when it ends, as the engine frees t
 Score, as llm-d: blocks matched, min-max normalised over the candidates with a match (all equal:
 1.0; no match: 0.0).  ``scoreNormalization: fraction`` gives matched/total instead, as the
 approximate ``prefix-cache-scorer`` does.  docs/precise-prefix.md has the parameters.
+
+Active-active replicas (``epp.plugin.replicated.Replicated``): every replica subscribes to every
+engine's events, so only the pending entries are shared.  ``drain`` returns ``[endpoint name,
+hashes]`` for each request routed here since the last drain (kept once a hub has drained, at most
+``MAX_UNDRAINED`` between two drains); ``apply`` adds them as pending on this replica under the
+peer's identity, where they last the speculative TTL (this replica never sees those requests end);
+``forget`` drops the peer's.  ``snapshot`` is the pending records of requests still in flight,
+``restore`` adds them under a placeholder origin (they expire by TTL).
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import structlog
 from pydantic import Field
@@ -65,7 +73,7 @@ from epp.datalayer.kvevents.config import (
     default_backends,
 )
 from epp.datalayer.kvevents.hashing import BlockHasher
-from epp.datalayer.kvevents.pending import PendingRecord
+from epp.datalayer.kvevents.pending import PendingRecord, parse_routed
 from epp.datalayer.kvevents.subscriber import KVEventSubscriber
 from epp.datalayer.kvevents.tokenizers import UdsTokenizer, parse_duration, pool_tokenizer
 from epp.datalayer.kvevents.tokens import TOKENIZED_PROMPT, LocalTokenizer, ServerTokenizer, TokenSource
@@ -79,6 +87,9 @@ from epp.scheduling.api import SchedulingResult, ScorerCategory
 from epp.scheduling.reuse_sampler import ReuseSampler
 
 log = structlog.get_logger(__name__)
+
+MAX_UNDRAINED: Final = 65536  # routed requests kept for the sync hub between two drains
+SNAPSHOT_ORIGIN: Final = "\x00snapshot"  # restore(): the records a peer's snapshot carried
 
 
 class IndexerConfig(PluginParams):
@@ -253,6 +264,8 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.ahead: dict[str, int] = {}  # endpoint -> new blocks queued there by routed requests
         self.unheld = 0  # requests scored from the approximate index because nobody held them
         self.tokenize_failures = 0
+        self._undrained: list[list[Any]] | None = None  # [name, hashes] pending since the last drain
+        self.undrained_dropped = 0
 
     # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
     async def start(self) -> None:
@@ -488,6 +501,12 @@ class PrecisePrefixCacheScorer(PluginBase):
                 # all its blocks: pending on the pick while it is in flight, even those the engine
                 # reports now (evicted while the request waits, they will be computed again there)
                 prediction.pending = self.index.pending.add(st.slot, hashes, now)
+                undrained = self._undrained
+                if undrained is not None and prediction.pending is not None:
+                    if len(undrained) < MAX_UNDRAINED:
+                        undrained.append([name, hashes])
+                    else:
+                        self.undrained_dropped += 1
 
     def surviving(
         self, slot: int, hashes: Sequence[int], run: int, evictions: int, cached_free: int = -1
@@ -587,6 +606,42 @@ class PrecisePrefixCacheScorer(PluginBase):
                 prediction.latest_decoding_ms,
             )
         )
+
+    # Replicated (module docstring) -------------------------------------------------------------
+    @property
+    def sync_key(self) -> str:
+        return f"{self.TYPE}/{self.typed_name.name}"
+
+    def drain(self) -> list[Any]:
+        out, self._undrained = self._undrained, []
+        return out or []
+
+    def apply(self, origin: str, deltas: list[Any]) -> None:
+        """Add a peer's routed requests as pending here; ValueError leaves the pending blocks as they were."""
+        self._add_routed(origin, parse_routed(deltas, "precise-prefix delta"))
+
+    def forget(self, origin: str) -> None:
+        self.index.pending.forget(origin)
+
+    def snapshot(self) -> list[list[Any]]:
+        names = {st.slot: name for name, st in self.index.states.items()}
+        self.index.pending.expire(time.monotonic())
+        records = self.index.pending.live_records()
+        return [[names[r.slot], list(r.hashes)] for r in records if r.slot in names]
+
+    def restore(self, snapshot: Any) -> None:
+        self._add_routed(SNAPSHOT_ORIGIN, parse_routed(snapshot, "precise-prefix snapshot"))
+
+    def _add_routed(self, origin: str, routed: list[tuple[str, list[int]]]) -> None:
+        if not routed or not self.speculative:  # pending blocks are off: nothing would read them
+            return
+        pending = self.index.pending
+        slot_of = self.index.slot_of
+        now = time.monotonic()
+        for name, hashes in routed:
+            slot = slot_of(name)
+            if slot is not None:
+                pending.add_peer(origin, slot, hashes, now)
 
     # DebugState -------------------------------------------------------------------------------
     def debug_state(self) -> dict[str, Any]:

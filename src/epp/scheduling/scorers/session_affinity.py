@@ -14,7 +14,7 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import ScorerCategory
 from epp.scheduling.filters.session_affinity import EncodedEndpointHeaderConfig, SessionIdConfig
-from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks, find
+from epp.scheduling.sessions import ENCODED, SessionAffinity, SessionHooks, SessionSource, find
 
 
 class SessionAffinityScorerParams(PluginParams):
@@ -62,6 +62,7 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
 
     def __init__(self, name: str, params: SessionAffinityScorerParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
+        headers: list[SessionSource]
         if params.strategy is None:  # llm-d-router <= v0.9's form
             stateful = params.algorithm == "session_id_header"
             headers, token = [params.header_name], params.header_name
@@ -69,12 +70,13 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
         else:  # v0.10's, the filter's
             stateful = params.strategy == "session_id"
             sid, token = params.session_id_config, params.encoded_endpoint_header_config.header
-            headers = [src.header for src in sid.sources] if stateful else [token]
+            headers = sid.lookup() if stateful else [token]
             max_sessions, ttl = sid.max_sessions, sid.eviction_ttl_seconds
         self.affinity = SessionAffinity(
             handle,
             self,
             stateful=stateful,
+            sync_key=f"{self.TYPE}/{name}",
             headers=headers,
             response_header=token,
             profile_name=params.profile_name,
@@ -91,14 +93,14 @@ class SessionAffinityScorer(SessionHooks, PluginBase):
         if not endpoints:
             return out
         a = self.affinity
-        target = find(endpoints, a.bound_name(request))
+        target = find(endpoints, a.bound_name(request, state))
         if target is not None:
             if a.released(target):
                 # saturated: the pin is released, and the turn is left to the other scorers (its
                 # context is still cached there; pushing it to the least-bound endpoint would pay
                 # a full prefill elsewhere whatever they say)
                 return out
-        elif a.stateful and a.session(request):
+        elif a.stateful and a.session(request, state):
             target = self._least_bound(endpoints)
         if target is not None:
             out[endpoints.index(target)] = 1.0

@@ -130,8 +130,11 @@ class ExtProcSessionLike(Protocol):
     finished: bool
     route_pending: bool
 
+    writer: Any  # set to the driver: ``write_unasked`` (epp.server.session.UnaskedWriter)
+
     def handle(self, msg: Any) -> list[Any]: ...
     async def route(self) -> list[Any]: ...
+    def take_eviction(self) -> list[Any]: ...
     def close(self) -> None: ...
 
 
@@ -147,6 +150,7 @@ class SessionDriver:
         self._pending: deque[Any] = deque()
         self._task: asyncio.Task[None] | None = None  # set: it owns the call until nothing is pending
         self._routing: asyncio.Task[list[Any]] | None = None  # routing that waited, until ``_task`` has it
+        session.writer = self
 
     def on_message(self, msg: Any) -> bool:
         if self._task is not None:
@@ -168,6 +172,14 @@ class SessionDriver:
     def on_end_stream(self) -> None:
         if self._task is None:
             self._end(OK)
+
+    def write_unasked(self) -> None:
+        """A reply the session has unasked (an evicted request's end): written now unless a task
+        owns the call, which then writes it with the next message's replies."""
+        if self._task is None and not self._call.ended:
+            out = self._session.take_eviction()
+            if out:
+                self._write(out)
 
     def cancel(self) -> None:
         if self._task is not None:

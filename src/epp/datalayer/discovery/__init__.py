@@ -1,0 +1,1 @@
+"""Endpoint discovery plugins (``dataLayer.discovery``): what fills the datastore without Kubernetes."""

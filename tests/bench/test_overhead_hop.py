@@ -1,0 +1,85 @@
+"""The whole-hop accounting of bench/overhead.py: fair floors, ratios within a round, medians."""
+
+# The report is typeset: the multiplication sign is meant.
+# ruff: noqa: RUF001
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.overhead import HOP_RATE, SPECS, derive_hop
+from bench.paths import LEAN
+from bench.report.overhead import hop_section
+
+
+def cap(rps: float, envoy: float, extproc: float) -> dict[str, Any]:
+    return {
+        "achieved_rps": rps,
+        "cpu_us_per_req": {"envoy": envoy, "extproc": extproc, "total": envoy + extproc},
+    }
+
+
+def result() -> dict[str, Any]:
+    # Round 2 is disturbed for both paths alike: the within-round ratio stays 1.2, a ratio of medians
+    # across rounds would not.
+    rounds = {
+        "floor-h2": [cap(1000, 100, 100), cap(500, 200, 200), cap(1000, 100, 100)],
+        "epp": [cap(900, 120, 120), cap(450, 240, 240), cap(800, 150, 150)],
+        "floor-h2-lean": [cap(2000, 50, 50), cap(2000, 50, 50), cap(2000, 50, 50)],
+        "epp-lean": [cap(1500, 60, 90), cap(1500, 60, 90), cap(1500, 60, 90)],
+    }
+    p50 = {"floor-h2": 1.0, "epp": 1.1, "floor-h2-lean": 0.8, "epp-lean": 1.0}
+    return {
+        "capacity_rounds": rounds,
+        "floors": {"epp": "floor-h2", "epp-lean": "floor-h2-lean"},
+        "ladder": {name: {str(HOP_RATE): {"p50_ms": v}} for name, v in p50.items()},
+        "paths": {name: name for name in rounds},
+    }
+
+
+def test_hop_ratios_are_medians_of_ratios_within_a_round() -> None:
+    hop = derive_hop(result())
+    epp = hop["paths"]["epp"]
+    assert epp["cpu_ratio"] == 1.2  # rounds: 1.2, 1.2, 1.5
+    assert epp["capacity_ratio"] == 0.9  # 0.9, 0.9, 0.8
+    assert epp["cpu_us_per_req"] == {"envoy": 150.0, "extproc": 150.0, "total": 300.0}
+    assert epp["added_p50_ms"] == 0.1
+    lean = hop["paths"]["epp-lean"]
+    assert lean["cpu_ratio"] == 1.5 and lean["cpu_ratio_vs_gie_floor"] == 0.75
+    met = {(g["path"], g["goal"]): g["met"] for g in hop["goals"]}
+    assert met == {
+        ("epp", "cpu_ratio"): True,
+        ("epp", "capacity_ratio"): True,
+        ("epp", "added_p50_ms"): True,
+        ("epp-lean", "cpu_ratio"): False,
+        ("epp-lean", "capacity_ratio"): False,
+        ("epp-lean", "added_p50_ms"): False,
+    }
+
+
+def test_lean_saves_envoys_share_per_config() -> None:
+    saved = derive_hop(result())["lean_saves"]
+    assert set(saved) == {"default"}  # prefix-heavy has no rounds here
+    assert saved["default"]["envoy_us_per_req"] == {"gie": 150.0, "lean": 60.0}  # medians of rounds
+    assert saved["default"]["envoy_share_saved"] == 0.6
+    assert saved["default"]["total_share_saved"] == 0.5
+
+
+def test_report_prints_each_goal_as_pass_or_fail() -> None:
+    r = result()
+    r["derived"] = {"hop": derive_hop(r)}
+    text = "\n".join(hop_section(r))
+    assert "- PASS: epp cpu_ratio 1.20× ≤ 1.25× (over floor-h2)" in text
+    assert "- FAIL: epp-lean cpu_ratio 1.50× ≤ 1.25× (over floor-h2-lean)" in text
+    assert "| default | 150 | 60 | 60% | 50% |" in text
+
+
+def test_every_epp_path_has_a_fair_floor_under_the_same_envoy_config() -> None:
+    by_name = {s.name: s for s in SPECS}
+    for s in SPECS:
+        if s.floor:
+            floor = by_name[s.floor]
+            assert floor.kind == "floor" and floor.transport == "h2"
+            assert dict(floor.envoy) == dict(s.envoy)
+    assert dict(by_name["epp-lean"].envoy) == LEAN and by_name["floor-h2-lean"].response_phases == "none"
+    assert {"vllm-router", "sglang-router"} <= set(by_name)  # the Rust routers in every report

@@ -1,0 +1,152 @@
+"""approx-prefix-cache-producer across replicas: A's routed insertions applied on B under "A"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from epp.datalayer.api import Endpoint
+from epp.director.prefix.hashing import hash_request
+from epp.director.producers import approx_prefix
+from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.plugin.replicated import Replicated
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.testing.builders import completions_body
+from epp.testing.plugins import build
+from tests.director.producers.test_approx_prefix import BLOCK, _matches, _prepare, _schedule_to
+from tests.scheduling.builders import endpoint, request
+
+EPS = [endpoint(i) for i in range(3)]
+
+
+def replica(**params: Any) -> ApproxPrefixCacheProducer:
+    p: ApproxPrefixCacheProducer = build(ApproxPrefixCacheProducer, name="approx", **params)
+    for ep in EPS:
+        p.endpoint_added(ep)
+    p.drain()  # a hub is attached
+    return p
+
+
+def prompt(tag: str, blocks: int) -> InferenceRequest:
+    return request(model="m", body=completions_body((tag * BLOCK * blocks)[: BLOCK * blocks]))
+
+
+def route(p: ApproxPrefixCacheProducer, req: InferenceRequest, target: Endpoint) -> CycleState:
+    state = _prepare(p, req, EPS)
+    _schedule_to(p, state, req, target)
+    return state
+
+
+def wire(deltas: Any) -> Any:
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(deltas))
+
+
+def test_is_replicated_with_type_slash_name() -> None:
+    p = replica()
+    assert isinstance(p, Replicated)
+    assert p.sync_key == "approx-prefix-cache-producer/approx"
+
+
+def test_peer_routing_makes_a_hit_here() -> None:
+    a, b = replica(), replica()
+    req = prompt("a", 4)
+    route(a, req, EPS[1])
+    assert _matches(_prepare(b, req, EPS), EPS) == [(0, 4)] * 3
+    b.apply("A", wire(a.drain()))
+    assert _matches(_prepare(b, req, EPS), EPS) == [(0, 4), (4, 4), (0, 4)]
+    assert b.index.server_size(EPS[1].metadata.name) == 4
+
+
+def test_drain_has_only_local_insertions_and_no_echo() -> None:
+    a, b = replica(), replica()
+    route(a, prompt("a", 2), EPS[0])
+    b.apply("A", wire(a.drain()))
+    assert b.drain() == []
+    route(b, prompt("b", 3), EPS[2])
+    b_out = wire(b.drain())
+    assert [(n, len(h)) for n, h in b_out] == [(EPS[2].metadata.name, 3)]
+    a.apply("B", b_out)
+    b.apply("A", wire(a.drain()))  # A→B→A: A has nothing new to send
+    assert a.index.dump() == b.index.dump()
+    assert len(a.index) == 5
+
+
+def test_apply_keeps_lru_capacity_and_live_endpoints() -> None:
+    a, b = replica(lruCapacityPerServer=3, autoTune=False), replica(lruCapacityPerServer=3, autoTune=False)
+    route(a, prompt("a", 5), EPS[0])
+    gone = endpoint(9)
+    b.apply("A", [*wire(a.drain()), [gone.metadata.name, [1, 2, 3]]])
+    assert b.index.server_size(EPS[0].metadata.name) == 3  # capacity, as a local add
+    assert gone.metadata.name not in b.index.servers()  # not in B's datastore: not indexed
+
+
+def test_forget_is_a_no_op() -> None:
+    a, b = replica(), replica()
+    route(a, prompt("a", 2), EPS[0])
+    b.apply("A", wire(a.drain()))
+    before = b.index.dump()
+    b.forget("A")
+    assert b.index.dump() == before
+
+
+def test_snapshot_restore_round_trip_in_lru_order() -> None:
+    a, b = replica(), replica()
+    route(a, prompt("a", 2), EPS[0])
+    route(b, prompt("b", 2), EPS[0])
+    a.apply("B", wire(b.drain()))
+    route(a, prompt("a", 2), EPS[0])  # touched again: now most recent
+    snap = wire(a.snapshot())
+    n = replica()
+    n.restore(snap)
+    assert n.index.dump() == a.index.dump() == snap
+    a_hashes = hash_request(prompt("a", 2), 16, 256)
+    assert snap[EPS[0].metadata.name][-2:] == a_hashes  # least recently used first
+    assert n.drain() == []  # restored state is not this replica's routing
+
+
+def test_no_bookkeeping_without_a_hub_and_bounded_with_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(approx_prefix, "MAX_UNDRAINED", 10)
+    p: ApproxPrefixCacheProducer = build(ApproxPrefixCacheProducer)
+    for ep in EPS:
+        p.endpoint_added(ep)
+    route(p, prompt("a", 1), EPS[0])
+    assert p.drain() == []  # nothing kept before the first drain
+    req = prompt("a", 1)
+    for _ in range(15):
+        _schedule_to(p, _prepare(p, req, EPS), req, EPS[0])
+    assert len(p.drain()) == 10
+    assert p.undrained_dropped == 5
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param("x", id="not-a-list"),
+        pytest.param([["ep", 1]], id="hashes-not-a-list"),
+        pytest.param([["ep", [1, "2"]]], id="hash-not-int"),
+        pytest.param([["ep", [-1]]], id="negative-hash"),
+        pytest.param([["ep", [1 << 64]]], id="hash-too-large"),
+        pytest.param([[1, [1]]], id="name-not-str"),
+        pytest.param([["ep", [1], 3]], id="too-long"),
+    ],
+)
+def test_malformed_delta_raises_and_leaves_index(bad: Any) -> None:
+    b = replica()
+    b.apply("A", [[EPS[0].metadata.name, [11, 12]]])
+    before = b.index.dump()
+    valid_first = [EPS[0].metadata.name, [13]]  # a valid row before the bad one must not land either
+    with pytest.raises(ValueError, match="approx-prefix delta"):
+        b.apply("A", [valid_first, *bad] if isinstance(bad, list) else bad)
+    assert b.index.dump() == before
+
+
+def test_malformed_snapshot_raises() -> None:
+    n = replica()
+    with pytest.raises(ValueError, match="approx-prefix snapshot"):
+        n.restore([1])
+    with pytest.raises(ValueError, match="approx-prefix snapshot"):
+        n.restore({EPS[0].metadata.name: [1, None]})
+    assert len(n.index) == 0
