@@ -382,6 +382,32 @@ async def test_a_declared_producer_s_time_is_not_charged_to_the_shared_budget() 
     assert [e for e in LOG if e.startswith("done:")] == ["done:before", "done:windowed", "done:after"]
 
 
+async def test_producers_that_do_not_wait_run_at_once_and_the_first_that_waits_is_timed() -> None:
+    """Producers are stepped at once; the timer starts with the first that waits, which is cut
+    at the budget with the ones after it, while those before it (even a failing one) ran."""
+    d, _ = director(
+        producers=(Producer("quick"), Producer("bad", "fail"), Producer("slow", "hang"), Producer("after")),
+        timeout=0.05,
+    )
+    decision = await d.start({}, {}).route(body())
+    assert decision.destination
+    assert [e for e in LOG if e.startswith("produce:")] == ["produce:quick", "produce:bad", "produce:slow"]
+
+
+async def test_a_producer_that_waits_then_fails_is_logged_and_the_next_runs() -> None:
+    class WaitThenFail(Producer):
+        async def prepare_request_data(
+            self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]
+        ) -> None:
+            await asyncio.sleep(0)
+            LOG.append("waited")
+            raise RuntimeError("boom after a wait")
+
+    d, _ = director(producers=(WaitThenFail("flaky"), Producer("next")), timeout=1.0)
+    assert (await d.start({}, {}).route(body())).destination
+    assert [e for e in LOG if e in ("waited", "produce:next")] == ["waited", "produce:next"]
+
+
 async def test_sheddable_request_is_shed_when_saturated() -> None:
     """Legacy admission refuses priority < 0 with 429 when the detector says saturated."""
 

@@ -133,9 +133,15 @@ class RequestLifecycle:
     def response_headers(self, headers: dict[str, str], *, end_of_stream: bool) -> list[tuple[str, str]]:
         """The response headers; returns the headers that hooks added or changed."""
         ctx = self.ctx
-        before = dict(headers)
+        # Only hooks change ``headers`` (header hooks; body and completion hooks too when the
+        # response ends here): without them there is nothing to compare, so no copy.
+        hooked = self._responses.headers_needed or end_of_stream
+        before = dict(headers) if hooked else None
         self._responses.headers(ctx, headers)
+        added: list[tuple[str, str]] = []
         if ctx.explain_header:  # the trusted explain header asked: the per-scorer breakdown
+            if not hooked and headers.get(SCORES_HEADER) != ctx.explain_header:
+                added.append((SCORES_HEADER, ctx.explain_header))
             headers[SCORES_HEADER] = ctx.explain_header
         if self.phase < RESPONDING:
             self.phase = RESPONDING
@@ -145,7 +151,9 @@ class RequestLifecycle:
             self._held = []
         if end_of_stream:
             self._final_chunk(b"")
-        return [(k, v) for k, v in headers.items() if before.get(k) != v]  # new or overridden
+        if before is not None:
+            return [(k, v) for k, v in headers.items() if before.get(k) != v]  # new or overridden
+        return added
 
     def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
         """One response body chunk; returns the bytes to forward now, or None while held.

@@ -8,8 +8,9 @@ keepalive).  A peer that breaks a limit gets GOAWAY ENHANCE_YOUR_CALM, as from n
 
 What a stream carries is not this module's business: a new stream's headers go to the
 server's ``open_stream``, which returns the ``H2Stream`` that takes its DATA and its end
-(``epp.server.h2.calls``: a gRPC call), or answers and refuses it.  Every write of one loop
-iteration leaves in one ``transport.write`` (``_flush``).
+(``epp.server.h2.calls``: a gRPC call), or answers and refuses it.  What one read produces
+leaves in one ``transport.write`` when the read is handled; other writes of one loop
+iteration leave together at its end (``_flush``).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Connection(asyncio.Protocol):
         self._reset_ids: dict[int, None] = {}  # streams we reset lately: what the peer still sends is ignored
         self._outbox: list[bytes] = []  # written this loop iteration, sent together by ``_flush``
         self._flush_scheduled = False
+        self._reading = False  # in ``data_received``: it flushes what is written when it returns
         self._eof_sent = False  # after write_eof the transport refuses writes though it is not closing
         self._loop = asyncio.get_running_loop()
         self._continuation: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
@@ -186,6 +188,21 @@ class Connection(asyncio.Protocol):
         self._wake_window_waiters()
 
     def data_received(self, data: bytes) -> None:
+        """Frames in; the replies they produced leave in one write before returning.
+
+        Most replies are written from here (``SessionDriver`` answers in the read callback, and
+        routes eagerly), so flushing now spares a loop callback per read and sends the reply
+        an iteration earlier; writes from tasks still leave together at the iteration's end.
+        """
+        self._reading = True
+        try:
+            self._receive(data)
+        finally:
+            self._reading = False
+            if self._outbox and not self._flush_scheduled:
+                self._flush()
+
+    def _receive(self, data: bytes) -> None:
         self._last_read = self._loop.time()
         self._ping_deadline = 0.0  # anything read shows the peer alive
         if self._frame_tail:  # the tail of a frame cut by the last read: at most one frame, so bounded
@@ -563,7 +580,7 @@ class Connection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         """Queue ``data`` (whole frames); everything queued in this loop iteration leaves together."""
         self._outbox.append(data)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._reading:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
@@ -573,7 +590,7 @@ class Connection(asyncio.Protocol):
         outbox = self._outbox
         outbox.append(header)
         outbox.append(payload)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._reading:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 

@@ -3,9 +3,10 @@
 ``TaskDriver`` runs a coroutine handler that reads an async iterator (health checks).
 ``SessionDriver`` feeds each message to an ext_proc session (``ExtProcSessionLike``,
 ``epp.server.session.ExtProcSession``) from the connection's read callback and writes the
-replies at once, falling back to a task only while the session routes a request body
-(``route_pending``: ``await route()``) or the peer's window is full: a response chunk then
-costs no task switch.
+replies at once, falling back to a task only while routing a request body waits
+(``route_pending``: ``await route()``, started eagerly by ``eager.start``) or the peer's window
+is full: a response chunk costs no task switch, and nor does a request that routes without
+waiting (the common case).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from epp.server.h2 import eager
 from epp.server.h2.calls import Call
 from epp.server.h2.frames import INTERNAL, OK, UNKNOWN
 
@@ -139,7 +141,7 @@ class ExtProcSessionLike(Protocol):
 class SessionDriver:
     """An ext_proc session answered from the read callback whenever it can be."""
 
-    __slots__ = ("_call", "_pending", "_serialize", "_session", "_task")
+    __slots__ = ("_call", "_pending", "_routing", "_serialize", "_session", "_task")
 
     def __init__(self, call: Call, session: ExtProcSessionLike, serialize: Callable[[Any], bytes]) -> None:
         self._call = call
@@ -147,6 +149,7 @@ class SessionDriver:
         self._serialize = serialize
         self._pending: deque[Any] = deque()
         self._task: asyncio.Task[None] | None = None  # set: it owns the call until nothing is pending
+        self._routing: asyncio.Task[list[Any]] | None = None  # routing that waited, until ``_task`` has it
         session.writer = self
 
     def on_message(self, msg: Any) -> bool:
@@ -161,7 +164,7 @@ class SessionDriver:
             self._end(UNKNOWN, "internal error")
             return False
         if session.route_pending:
-            self._hand_to_task(out)
+            self._route(out)
         else:
             self._write(out)
         return False
@@ -181,6 +184,8 @@ class SessionDriver:
     def cancel(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self._routing is not None:  # ``_task`` may be cancelled before it ever awaited it
+            self._routing.cancel()
         self._session.close()
 
     def _write(self, out: list[Any]) -> None:
@@ -192,13 +197,31 @@ class SessionDriver:
         if self._session.finished or call.half_closed:
             self._end(OK)
 
-    def _hand_to_task(self, replies: list[Any]) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run_as_task(replies))
+    def _route(self, out: list[Any]) -> None:
+        """Route the completed request body now; a task takes over only if routing waits."""
+        started = eager.start(self._session.route(), asyncio.get_running_loop())
+        if started.task is not None:
+            self._routing = started.task
+            self._hand_to_task(out, started.task)
+            return
+        try:
+            replies = started.result()
+        except (Exception, asyncio.CancelledError) as e:  # route() answers a request's errors: a bug
+            log.exception("ext_proc_call_crashed", error=repr(e))
+            self._end(UNKNOWN, "internal error")
+            return
+        self._write([*out, *replies] if out else replies)
 
-    async def _run_as_task(self, replies: list[Any]) -> None:
+    def _hand_to_task(self, replies: list[Any], routing: asyncio.Task[list[Any]] | None = None) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run_as_task(replies, routing))
+
+    async def _run_as_task(self, replies: list[Any], routing: asyncio.Task[list[Any]] | None = None) -> None:
         """Own the call while routing awaits or the peer's window is full, then hand back."""
         session, call, serialize = self._session, self._call, self._serialize
         try:
+            if routing is not None:  # routing waited: its replies follow what is already due
+                replies = [*replies, *await routing]
+                self._routing = None
             while True:
                 for reply in replies:
                     await call.send(serialize(reply))

@@ -1,0 +1,135 @@
+"""The read path of the h2 transport: a request routed and answered within the read that completed it.
+
+Routing runs eagerly in the read callback (``eager.start``) and a read's replies are flushed
+as the read returns, so the routing reply needs no loop iteration and leaves in one write; a
+request whose routing waits still gets its reply, from the task that took over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+
+from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
+from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp.datalayer.api import Endpoint
+from epp.director.director import Director
+from epp.request import InferenceRequest
+from epp.server.extproc import ExtProcServicer
+from epp.server.h2 import H2GrpcServer
+from epp.server.h2 import connection as h2connection
+from epp.server.h2 import frames as f
+from tests.server.h2peer import PROCESS, frame, grpc_message
+from tests.server.harness import Harness, header_map, pods
+from tests.server.test_h2_fuzz import MemoryTransport, block, parse
+
+FULL_DUPLEX = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
+BODY = b'{"model":"my-model","prompt":"hi there, route me","max_tokens":3}'
+
+
+def _request(sid: int) -> bytes:
+    headers = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=header_map({":path": "/v1/completions", ":method": "POST"})),
+        protocol_config=pb.ProtocolConfiguration(
+            request_body_mode=FULL_DUPLEX, response_body_mode=FULL_DUPLEX
+        ),
+    )
+    body = pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY, end_of_stream=True))
+    messages = grpc_message(headers.SerializeToString()) + grpc_message(body.SerializeToString())
+    return frame(f.HEADERS, f.END_HEADERS, sid, block(PROCESS)) + frame(f.DATA, 0, sid, messages)
+
+
+class _Writes(MemoryTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+def _routing_replies(out: bytes, sid: int) -> list[pb.ProcessingResponse]:
+    replies = []
+    for kind, _, stream, payload in parse(out):
+        if kind == f.DATA and stream == sid:
+            replies.append(pb.ProcessingResponse.FromString(payload[5:]))
+    return replies
+
+
+def _connect(h: Harness) -> tuple[h2connection.Connection, _Writes]:
+    conn = h2connection.Connection(H2GrpcServer(ExtProcServicer(h.director)))
+    t = _Writes()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    conn.data_received(f.PREFACE + frame(f.SETTINGS, 0, 0))
+    return conn, t
+
+
+async def test_a_request_is_routed_and_answered_in_one_write_within_its_read() -> None:
+    h = Harness()
+    h.set_pods(pods((0, 0, 0.1), (1, 3, 0.2)))
+    conn, t = _connect(h)
+    await asyncio.sleep(0)  # the SETTINGS and their ACK leave
+    t.out.clear()
+    t.writes = 0
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def read() -> None:  # as the loop calls it: a callback, no task current
+        try:
+            conn.data_received(_request(1))
+        except Exception as e:
+            done.set_exception(e)
+        else:
+            done.set_result((t.writes, bytes(t.out)))
+
+    loop.call_soon(read)
+    writes, out = await asyncio.wait_for(done, 5.0)
+    assert writes == 1  # HEADERS, the routing reply and the body, together, before the read returned
+    replies = _routing_replies(out, 1)
+    assert replies[0].WhichOneof("response") == "request_headers"
+    destination = {
+        o.header.key: o.header.raw_value
+        for o in replies[0].request_headers.response.header_mutation.set_headers
+    }["x-gateway-destination-endpoint"]
+    assert destination in (b"192.168.1.1:8000", b"192.168.1.2:8000")
+    assert replies[-1].request_body.response.body_mutation.streamed_response.end_of_stream
+    conn.connection_lost(None)
+
+
+class _GatedAdmission:
+    """Admission that waits for ``gate``: routing suspends, as under flow control."""
+
+    def __init__(self) -> None:
+        self.gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+        await self.gate
+
+    def notify(self) -> None:
+        pass
+
+    def placed(self, request: InferenceRequest, *, scheduled: bool) -> None:
+        pass
+
+
+async def test_a_request_whose_routing_waits_is_answered_by_the_task_that_took_over() -> None:
+    h = Harness()
+    h.set_pods(pods((0, 0, 0.1)))
+    admission = _GatedAdmission()
+    h.director = Director(h.datastore, dataclasses.replace(h.director.pipeline, admission=admission))
+    conn, t = _connect(h)
+    await asyncio.sleep(0)
+    t.out.clear()
+    conn.data_received(_request(1))
+    await asyncio.sleep(0)
+    assert not _routing_replies(bytes(t.out), 1)  # routing waits at admission
+    admission.gate.set_result(None)
+    for _ in range(100):
+        if _routing_replies(bytes(t.out), 1):
+            break
+        await asyncio.sleep(0)
+    replies = _routing_replies(bytes(t.out), 1)
+    assert replies and replies[0].WhichOneof("response") == "request_headers"
+    conn.connection_lost(None)
