@@ -87,11 +87,6 @@ def test_inject_defaults_adds_the_metrics_source_beside_listed_ones() -> None:
             id="unknown-request-handler-field",
         ),
         pytest.param(
-            "requestHandler: {parsers: [{pluginRef: a}, {pluginRef: b}]}\n",
-            "requestHandler: this EPP runs one parser per pool; list a single parser (got 2)",
-            id="two-parsers",
-        ),
-        pytest.param(
             "requestHandler: {parsers: [{pluginRef: 3}]}\n",
             "requestHandler.parsers[0].pluginRef: Input should be a valid string",
             id="parser-ref-type",

@@ -54,6 +54,7 @@ from epp.flowcontrol import assembly as flowcontrol_assembly
 from epp.flowcontrol.api import SaturationDetector
 from epp.flowcontrol.assembly import FlowControlPlan
 from epp.parsers.api import Parser
+from epp.parsers.registry import ParserRegistry
 from epp.plugin.base import Lifecycle, Plugin
 from epp.plugin.registry import Registry
 from epp.scheduling import assembly as scheduling_assembly
@@ -119,7 +120,7 @@ class Components:
     reused: frozenset[str] = frozenset()  # names taken over from ``BuildOptions.previous``
 
     @property
-    def parser(self) -> Parser:
+    def parser(self) -> Parser | ParserRegistry:
         return self.request_control.parser
 
     @property
@@ -189,7 +190,7 @@ class Components:
         }
 
 
-def parser_supports(parser: Parser, app_protocol: str) -> bool:
+def parser_supports(parser: Parser | ParserRegistry, app_protocol: str) -> bool:
     """Whether ``parser`` can serve a pool with this ``appProtocol`` (empty means ``http``)."""
     protocols = parser.APP_PROTOCOLS
     return not protocols or (app_protocol or "http") in protocols
@@ -338,8 +339,10 @@ def _build(config: EndpointPickerConfig, registry: Registry, options: BuildOptio
     # the order of these calls is the order default plugins are created in.
     scheduling = scheduling_assembly.plan(config.scheduling_profiles, plugins)
     flow_control = _flow_control(config, gates, plugins)
-    parser_ref = config.parser.plugin_ref if config.parser is not None else DEFAULT_PARSER
-    parser = director_assembly.parser(parser_ref, DEFAULT_PARSER, plugins)
+    parser_refs = [p.plugin_ref for p in config.parsers] or [
+        config.parser.plugin_ref if config.parser is not None else DEFAULT_PARSER
+    ]
+    parser = director_assembly.parsers(parser_refs, DEFAULT_PARSER, plugins)
     sd = config.saturation_detector
     detector = flowcontrol_assembly.saturation_detector(
         (sd.plugin_ref if sd is not None else "") or DEFAULT_SATURATION_DETECTOR,

@@ -4,8 +4,8 @@ llm-d-router (v0.10, ``apix/config/v1alpha1`` with group ``llm-d.ai``) kept GIE'
 added a few fields (docs/configuration.md, "llm-d-router configs"):
 
 * ``requestHandler.parsers: [{pluginRef}]`` replaces the top-level ``parser`` (still accepted,
-  deprecated; the new field wins when both are set).  This EPP runs one parser, so a list of more
-  than one is rejected.
+  deprecated; the new field wins when both are set).  Several parsers are resolved per request
+  by the longest path suffix they claim (``epp.parsers.registry``), as llm-d-router does.
 * ``flowControl.saturationDetector`` replaces the top-level ``saturationDetector`` (same rule).
 * ``featureGates`` entries may carry ``=true`` / ``=false``.
 * ``dataLayer.injectDefaults`` (default true) adds the default metrics source beside the user's
@@ -90,17 +90,9 @@ class LlmdFlowControlConfig(FlowControlConfig):
 
 
 class RequestHandlerConfig(_Model):
+    # In order; several are resolved per request by the longest claimed path suffix
+    # (epp.parsers.registry, llm-d-router's ParserRegistry).
     parsers: Seq[PluginRef] = ()
-
-    @model_validator(mode="after")
-    def _one_parser(self) -> RequestHandlerConfig:
-        if len(self.parsers) > 1:
-            raise PydanticCustomError(
-                "one_parser",
-                "this EPP runs one parser per pool; list a single parser (got {n})",
-                {"n": len(self.parsers)},
-            )
-        return self
 
 
 def _gates(value: object) -> object:
@@ -154,8 +146,11 @@ class LlmdEndpointPickerConfig(_Model):
 
     def to_gie(self) -> EndpointPickerConfig:
         parser = self.parser
+        parsers: tuple[PluginRef, ...] = ()
         if self.request_handler is not None and self.request_handler.parsers:
             parser = self.request_handler.parsers[0]
+            if len(self.request_handler.parsers) > 1:
+                parsers = tuple(self.request_handler.parsers)
         detector = self.saturation_detector
         flow_control: FlowControlConfig | None = None
         if self.flow_control is not None:
@@ -205,4 +200,4 @@ class LlmdEndpointPickerConfig(_Model):
             data_layer=data_layer,
             flow_control=flow_control,
             parser=parser,
-        )
+        ).with_parsers(parsers)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Annotated, Any, Final, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -231,3 +232,15 @@ class EndpointPickerConfig(_Model):
     data_layer: DataLayerConfig | None = None
     flow_control: FlowControlConfig | None = None
     parser: PluginRef | None = None
+    # llm-d-router's ``requestHandler.parsers`` when it lists several (set by llmd.py's
+    # ``to_gie``; not a field of GIE's file, so never decoded from one).
+    _parsers: tuple[PluginRef, ...] = PrivateAttr(default=())
+
+    @property
+    def parsers(self) -> tuple[PluginRef, ...]:
+        return self._parsers
+
+    def with_parsers(self, parsers: Sequence[PluginRef]) -> EndpointPickerConfig:
+        """This config resolving requests over ``parsers`` (in order) instead of ``parser``."""
+        self._parsers = tuple(parsers)
+        return self

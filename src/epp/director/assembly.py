@@ -9,6 +9,7 @@ gets back becomes a ``Pipeline`` once the scheduler and the admission controller
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from epp.director.api import (
@@ -24,6 +25,7 @@ from epp.director.dag import missing_producers, order_producers
 from epp.director.pipeline import RequestControl
 from epp.errors import ConfigError
 from epp.parsers.api import Parser
+from epp.parsers.registry import ParserRegistry
 from epp.plugin.assembly import PluginSet, label
 from epp.plugin.keys import AttributeKey
 
@@ -42,6 +44,12 @@ def parser(ref: str, default: str, plugins: PluginSet) -> Parser:
             f"parser.pluginRef: the specified plugin is not a parser plugin in the config ('{label(plugin)}')"
         )
     return plugin
+
+
+def parsers(refs: Sequence[str], default: str, plugins: PluginSet) -> Parser | ParserRegistry:
+    """``requestHandler.parsers``: one parser as is; several behind a per-path ``ParserRegistry``."""
+    found = [parser(ref, default, plugins) for ref in refs]
+    return found[0] if len(found) == 1 else ParserRegistry(found)
 
 
 def producers(plugins: PluginSet) -> tuple[DataProducer, ...]:
@@ -78,7 +86,7 @@ def producers(plugins: PluginSet) -> tuple[DataProducer, ...]:
 
 
 def request_control(
-    parser: Parser, producers: tuple[DataProducer, ...], plugins: PluginSet
+    parser: Parser | ParserRegistry, producers: tuple[DataProducer, ...], plugins: PluginSet
 ) -> RequestControl:
     """Every plugin at its extension points, in creation order."""
     all_plugins = plugins.values()

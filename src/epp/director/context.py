@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from epp.datalayer.api import Endpoint
 from epp.explain.record import Decision
-from epp.parsers.api import UsageParser
+from epp.parsers.api import Parser, UsageParser
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
@@ -45,6 +45,7 @@ class RequestContext:
     result: SchedulingResult | None = None
     target: Endpoint | None = None
     response: ResponseInfo | None = None
+    parser: Parser | None = None  # the parser that read the request; its response side too
     usage_parser: UsageParser | None = None
     rewrite_response_model: bool = False  # the response carries the target model; show the client's
     error_code: str = ""  # first error code seen (request_error_total is recorded once)

@@ -35,6 +35,7 @@ from epp.director.traced import traced_scheduler
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
 from epp.explain.record import Decision, breakdown, header_value, primary_trace
 from epp.metrics import series
+from epp.parsers.registry import ParserRegistry
 from epp.plugin.state import CycleState
 from epp.request import (
     FAIRNESS_HEADER,
@@ -343,7 +344,7 @@ class Director:
             started = time.perf_counter()
             plugin.pre_request(state, req, result)
             timer.observe(time.perf_counter() - started)
-        out = pipeline.parser.serialize_request(parsed) if changed else body
+        out = ctx.parser.serialize_request(parsed) if changed and ctx.parser is not None else body
         series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
         series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
         destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
@@ -396,7 +397,11 @@ class Director:
     def _parse(self, ctx: RequestContext, body: bytes) -> tuple[RequestBody, bool, str]:
         """Parse, rewrite the model, take the objective's priority: (parsed body, body changed, rewrite)."""
         req = ctx.request
-        parsed = self._pipeline.parser.parse_request(body, req.headers)
+        configured = self._pipeline.parser
+        # Several parsers: the one claiming this path (BadRequest when none does).
+        parser = configured.resolve(req.headers) if isinstance(configured, ParserRegistry) else configured
+        ctx.parser = parser
+        parsed = parser.parse_request(body, req.headers)
         req.body = parsed
         changed = False
         rewrite = ""

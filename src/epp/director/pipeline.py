@@ -30,6 +30,7 @@ from epp.director.api import (
 )
 from epp.explain.record import DecisionRing
 from epp.parsers.api import Parser
+from epp.parsers.registry import ParserRegistry
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import SchedulingResult
@@ -51,7 +52,7 @@ class RequestControl:
     implementing several protocols is in several tuples.  ``producers`` are in DAG order.
     """
 
-    parser: Parser
+    parser: Parser | ParserRegistry  # a registry when several parsers are listed (per-path)
     request_header: tuple[RequestHeaderProcessor, ...] = ()  # before admission (fairness id)
     producers: tuple[DataProducer, ...] = ()
     admitters: tuple[Admitter, ...] = ()

@@ -20,6 +20,7 @@ from epp.director.context import RequestContext
 from epp.director.pipeline import Pipeline
 from epp.errors import EppError
 from epp.metrics import series
+from epp.parsers.registry import ParserRegistry
 from epp.request import ResponseInfo
 
 log = structlog.get_logger(__name__)
@@ -106,7 +107,12 @@ class ResponseSide:
             target.health.headers(resp.status, now - ctx.request.received_at, now)
         resp.streaming = "text/event-stream" in headers.get("content-type", "")
         if ctx.result is not None:
-            ctx.usage_parser = self._p.parser.usage_parser(headers)
+            parser = ctx.parser
+            if parser is None:  # no body was parsed (header-only): the sole parser, if one
+                configured = self._p.parser
+                parser = None if isinstance(configured, ParserRegistry) else configured
+            if parser is not None:
+                ctx.usage_parser = parser.usage_parser(headers)
         for plugin, timer in self._hdr_timers:
             t0 = time.perf_counter()
             plugin.response_header(ctx.state, ctx.request, resp, ctx.target)

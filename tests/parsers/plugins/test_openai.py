@@ -785,3 +785,22 @@ def test_usage_parsers_are_fresh(parser: OpenAIParser) -> None:
     """Each response gets its own usage parser state."""
     headers = {"content-type": "text/event-stream"}
     assert parser.usage_parser(headers) is not parser.usage_parser(headers)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "api"),
+    [
+        (
+            "/v1/chat/completions/render",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            "chat",
+        ),
+        ("/v1/completions/render", {"model": "m", "prompt": "x"}, "completions"),
+    ],
+)
+def test_render_paths_take_their_parents_body(path: str, body: dict[str, object], api: str) -> None:
+    """llm-d-router's determineAPITypeFromPath: /render shares the parent's schema."""
+    parsed = OpenAIParser("openai-parser", NoParams(), cast(Handle, None)).parse_request(
+        orjson.dumps(body), {":path": path}
+    )
+    assert parsed.api is (ApiKind.CHAT_COMPLETIONS if api == "chat" else ApiKind.COMPLETIONS)

@@ -49,6 +49,7 @@ class AnthropicParser(OpenAIParser):
     """
 
     TYPE: ClassVar[str] = "anthropic-parser"
+    PATHS: ClassVar[tuple[str, ...]] = ("messages", "messages/count_tokens")
 
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
         path = request_path(headers).rstrip("/")

@@ -23,6 +23,9 @@ _PATH_HEADERS: Final = (":path", "x-original-path", "x-forwarded-path")
 # Longest suffix first: "/chat/completions" also ends with "/completions".
 _SUFFIXES: Final = (
     ("/messages/count_tokens", ApiKind.MESSAGES),
+    # vLLM's render endpoints take their parent's body (llm-d-router's determineAPITypeFromPath).
+    ("/chat/completions/render", ApiKind.CHAT_COMPLETIONS),
+    ("/completions/render", ApiKind.COMPLETIONS),
     ("/chat/completions", ApiKind.CHAT_COMPLETIONS),
     ("/completions", ApiKind.COMPLETIONS),
     ("/embeddings", ApiKind.EMBEDDINGS),
@@ -219,6 +222,17 @@ class OpenAIParser(PluginBase):
 
     TYPE: ClassVar[str] = "openai-parser"
     APP_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"http", "kubernetes.io/h2c"})
+    # Path suffixes claimed when several parsers are listed (llm-d-router's Claims; its
+    # images/generations is left out: this parser does not read that API).
+    PATHS: ClassVar[tuple[str, ...]] = (
+        "chat/completions",
+        "completions",
+        "embeddings",
+        "responses",
+        "conversations",
+        "chat/completions/render",
+        "completions/render",
+    )
 
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
         path = request_path(headers)

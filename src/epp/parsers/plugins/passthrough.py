@@ -20,6 +20,7 @@ class PassthroughParser(PluginBase):
 
     TYPE: ClassVar[str] = "passthrough-parser"
     APP_PROTOCOLS: ClassVar[frozenset[str]] = frozenset()
+    PATHS: ClassVar[tuple[str, ...]] = ()  # claims nothing: the fallback among several parsers
 
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
         return RequestBody(api=ApiKind.RAW, raw=body)

@@ -109,6 +109,7 @@ class VertexAIParser(PluginBase):
 
     TYPE: ClassVar[str] = "vertexai-parser"
     APP_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"kubernetes.io/h2c"})
+    PATHS: ClassVar[tuple[str, ...]] = tuple(method for method, _, _ in METHODS)
 
     def __init__(self, name: str, params: PluginParams, handle: Handle) -> None:
         super().__init__(name, params, handle)

@@ -91,6 +91,7 @@ class VllmGrpcParser(PluginBase):
 
     TYPE: ClassVar[str] = "vllmgrpc-parser"
     APP_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"kubernetes.io/h2c"})
+    PATHS: ClassVar[tuple[str, ...]] = (GENERATE_PATH.lstrip("/"), EMBED_PATH.lstrip("/"))
 
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
         path = headers.get(":path", "")

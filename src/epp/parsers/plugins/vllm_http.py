@@ -43,6 +43,7 @@ class VllmHttpParser(OpenAIParser):
     """
 
     TYPE: ClassVar[str] = "vllmhttp-parser"
+    PATHS: ClassVar[tuple[str, ...]] = (GENERATE_SUFFIX,)
 
     def parse_request(self, body: bytes, headers: Mapping[str, str]) -> RequestBody:
         path = request_path(headers)
