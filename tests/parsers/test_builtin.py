@@ -20,6 +20,7 @@ def test_builtins_register_under_gie_types() -> None:
         "anthropic-parser",
         "vllmhttp-parser",
         "vertexai-parser",
+        "sglanghttp-parser",
     }
     for type_name in registry.types():
         plugin = registry.build(

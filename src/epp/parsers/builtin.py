@@ -7,6 +7,7 @@ from typing import Final
 from epp.parsers.plugins.anthropic import AnthropicParser
 from epp.parsers.plugins.openai import OpenAIParser
 from epp.parsers.plugins.passthrough import PassthroughParser
+from epp.parsers.plugins.sglang_http import SglangHttpParser
 from epp.parsers.plugins.vertexai import VertexAIParser
 from epp.parsers.plugins.vllm_grpc import VllmGrpcParser
 from epp.parsers.plugins.vllm_http import VllmHttpParser
@@ -20,4 +21,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     AnthropicParser,
     VllmHttpParser,
     VertexAIParser,
+    SglangHttpParser,
 )

@@ -240,14 +240,24 @@ def _scan(src: _Input, budget: int) -> None:
             raise _error(c, "looking for beginning of value")
 
 
-def type_error(value: object) -> str:
-    """Go's error for decoding a non-object top-level value into ``map[string]any``."""
+def kind(value: object) -> str:
+    """The JSON kind Go's ``UnmarshalTypeError`` names for a decoded value."""
+    if isinstance(value, dict):
+        return "object"
     if isinstance(value, list):
-        kind = "array"
-    elif isinstance(value, str):
-        kind = "string"
-    elif isinstance(value, bool):
-        kind = "bool"
-    else:
-        kind = "number"
-    return f"json: cannot unmarshal {kind} into Go value of type map[string]interface {{}}"
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "bool"
+    return "number"
+
+
+def type_error(value: object, target: str = "map[string]interface {}") -> str:
+    """Go's error for decoding a non-object top-level value into ``target`` (default ``map[string]any``)."""
+    return f"json: cannot unmarshal {kind(value)} into Go value of type {target}"
+
+
+def field_type_error(value: object, struct: str, field: str, go_type: str) -> str:
+    """Go's error for a struct field of the wrong JSON kind (the decode goes on; this is returned)."""
+    return f"json: cannot unmarshal {kind(value)} into Go struct field {struct}.{field} of type {go_type}"

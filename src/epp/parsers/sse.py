@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import orjson
 
@@ -41,6 +41,10 @@ class SseUsageParser:
     """
 
     __slots__ = ("_anthropic", "_pending", "_pending_size", "_skip_line", "_usage")
+
+    # A line is decoded only when this matches in it; subclasses for other shapes change it
+    # and ``_event`` (sglanghttp-parser's ``meta_info``).
+    PATTERN: ClassVar[re.Pattern[bytes]] = _USAGE_OBJECT
 
     def __init__(self) -> None:
         self._pending: list[bytes] = []  # pieces of the unfinished last line
@@ -75,12 +79,13 @@ class SseUsageParser:
             self._skip_line = False
             start = first_nl + 1
         end = last_nl + 1
-        m = _USAGE_OBJECT.search(chunk, start, end)
+        pattern = self.PATTERN
+        m = pattern.search(chunk, start, end)
         while m is not None:
             line_start = max(start, chunk.rfind(b"\n", start, m.start()) + 1)
             line_end = chunk.find(b"\n", m.end(), end)
             self._line(chunk[line_start:line_end])
-            m = _USAGE_OBJECT.search(chunk, line_end + 1, end)
+            m = pattern.search(chunk, line_end + 1, end)
         if end < len(chunk):
             self._hold(chunk[end:])
 
@@ -103,10 +108,11 @@ class SseUsageParser:
         is tried on its own too.
         """
         line = b"".join(pieces)
-        if not _USAGE_OBJECT.search(line) or self._line(line) or len(pieces) == 1:
+        pattern = self.PATTERN
+        if not pattern.search(line) or self._line(line) or len(pieces) == 1:
             return
         for piece in pieces:
-            if _USAGE_OBJECT.search(piece):
+            if pattern.search(piece):
                 self._line(piece)
 
     def _line(self, line: bytes) -> bool:

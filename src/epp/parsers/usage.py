@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import orjson
 
@@ -18,7 +18,7 @@ _CLASSIC_OBJECTS: Final = frozenset({"chat.completion", "chat.completion.chunk",
 _DETAIL_KEYS: Final = ("prompt_tokens_details", "prompt_token_details", "input_tokens_details")
 
 
-def _count(usage: Mapping[str, Any], key: str) -> int | None:
+def count(usage: Mapping[str, Any], key: str) -> int | None:
     v = usage.get(key)
     if isinstance(v, int) and not isinstance(v, bool):
         return v
@@ -31,31 +31,31 @@ def _cached(usage: Mapping[str, Any]) -> int | None:
     for key in _DETAIL_KEYS:
         details = usage.get(key)
         if isinstance(details, Mapping):
-            cached = _count(details, "cached_tokens")
+            cached = count(details, "cached_tokens")
             if cached is not None:
                 return cached
-    return _count(usage, "cache_read_input_tokens")
+    return count(usage, "cache_read_input_tokens")
 
 
 def openai_usage(usage: Mapping[str, Any], object_type: object) -> Usage:
     """GIE's field mapping: the ``object`` type decides prompt_*/completion_* vs input_*/output_*."""
     obj = object_type if isinstance(object_type, str) else ""
     if obj.startswith(("response", "conversation")):
-        prompt = _count(usage, "input_tokens")
-        completion = _count(usage, "output_tokens")
+        prompt = count(usage, "input_tokens")
+        completion = count(usage, "output_tokens")
     elif obj in _CLASSIC_OBJECTS:
-        prompt = _count(usage, "prompt_tokens")
-        completion = _count(usage, "completion_tokens")
+        prompt = count(usage, "prompt_tokens")
+        completion = count(usage, "completion_tokens")
     else:
-        prompt = _count(usage, "input_tokens")
+        prompt = count(usage, "input_tokens")
         if prompt is None:
-            prompt = _count(usage, "prompt_tokens")
-        completion = _count(usage, "output_tokens")
+            prompt = count(usage, "prompt_tokens")
+        completion = count(usage, "output_tokens")
         if completion is None:
-            completion = _count(usage, "completion_tokens")
+            completion = count(usage, "completion_tokens")
     p = prompt or 0
     c = completion or 0
-    total = _count(usage, "total_tokens")
+    total = count(usage, "total_tokens")
     return Usage(
         prompt_tokens=p,
         completion_tokens=c,
@@ -66,13 +66,13 @@ def openai_usage(usage: Mapping[str, Any], object_type: object) -> Usage:
 
 def anthropic_usage(usage: Mapping[str, Any]) -> Usage:
     """Anthropic counts cache reads and writes apart from ``input_tokens``; the prompt is their sum."""
-    cache_read = _count(usage, "cache_read_input_tokens")
+    cache_read = count(usage, "cache_read_input_tokens")
     prompt = (
-        (_count(usage, "input_tokens") or 0)
+        (count(usage, "input_tokens") or 0)
         + (cache_read or 0)
-        + (_count(usage, "cache_creation_input_tokens") or 0)
+        + (count(usage, "cache_creation_input_tokens") or 0)
     )
-    completion = _count(usage, "output_tokens") or 0
+    completion = count(usage, "output_tokens") or 0
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
@@ -100,6 +100,14 @@ class JsonUsageParser:
 
     __slots__ = ("_done", "_max_bytes", "_parts", "_size", "_usage")
 
+    # Bytes a body must contain to be decoded, and what reads usage out of the decoded object;
+    # subclasses for other shapes change both (sglanghttp-parser's ``meta_info``).
+    MARKER: ClassVar[bytes] = b'"usage"'
+
+    @staticmethod
+    def extract(body: Mapping[str, Any]) -> Usage | None:
+        return usage_of_response(body)
+
     def __init__(self, max_bytes: int = MAX_BUFFERED_RESPONSE_BYTES) -> None:
         self._parts: list[bytes] = []
         self._size = 0
@@ -121,14 +129,13 @@ class JsonUsageParser:
             self._done = True
             body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
             self._parts.clear()
-            if b'"usage"' in body:
-                self._usage = _decode_usage(body)
+            if self.MARKER in body:
+                self._usage = self._decode(body)
         return self._usage
 
-
-def _decode_usage(body: bytes) -> Usage | None:
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return usage_of_response(obj) if isinstance(obj, dict) else None
+    def _decode(self, body: bytes) -> Usage | None:
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        return self.extract(obj) if isinstance(obj, dict) else None
