@@ -19,7 +19,7 @@ class ApiKind(enum.StrEnum):
     RESPONSES = "responses"
     CONVERSATIONS = "conversations"
     MESSAGES = "messages"  # Anthropic /v1/messages
-    GENERATE = "generate"  # vLLM HTTP /inference/v1/generate (token ids in, llm-d's vllmhttp-parser)
+    GENERATE = "generate"  # token ids in: vLLM /inference/v1/generate, SGLang /generate
     GRPC_GENERATE = "grpc/generate"  # vLLM engine Generate
     GRPC_EMBED = "grpc/embed"  # vLLM engine Embed
     RAW = "raw"  # passthrough: body not parsed
