@@ -191,7 +191,8 @@ class ZmqTransport:
         The wait is the SUB's ZMQ file descriptor, registered with the loop once: pyzmq's
         asyncio ``poll`` adds and removes the reader and builds a poller and futures on every
         call, which cost more than the batch it waited for (bench/scaleout, py-spy).  ZMQ's
-        descriptor signals "look at EVENTS", so the callback asks EVENTS (which re-arms it).
+        descriptor only says "look": reading until EAGAIN consumes its signal, and EVENTS is
+        asked once before sleeping so a message that arrived meanwhile is not missed.
         """
         raw = self._sub_raw
         if raw is None:
@@ -215,8 +216,9 @@ class ZmqTransport:
             await self._readable.wait()
 
     def _on_readable(self) -> None:
-        raw = self._sub_raw
-        if raw is not None and self._readable is not None and _events(raw) & zmq.POLLIN:
+        # Only a hint: recv_many reads until EAGAIN (which also consumes ZMQ's signal) and
+        # asks EVENTS itself before it sleeps, so a spurious wake costs one empty read.
+        if self._readable is not None:
             self._readable.set()
 
     # --- warm start --------------------------------------------------------------------
