@@ -166,6 +166,7 @@ def test_twins_cost_nothing_per_request() -> None:
     saturation: epp.metrics.disagg), recorded once, never twinned."""
     importlib.import_module("epp.metrics.disagg")
     importlib.import_module("epp.metrics.encoder_cache")
+    importlib.import_module("epp.metrics.rollout")
     registered = {f.name for f in series.REGISTRY.collect()}
     native = {n for n in registered if n.startswith("llm_d_")}
     assert native == {
@@ -177,6 +178,8 @@ def test_twins_cost_nothing_per_request() -> None:
         "llm_d_epp_encoder_cache_queries",  # mm-embeddings-cache-producer's
         "llm_d_epp_encoder_cache_hits",
         "llm_d_epp_encoder_cache_hit_ratio",
+        "llm_d_epp_disaggregatedset_strict_header_no_match",  # disaggregatedset-rollout-screener's
+        "llm_d_epp_disaggregatedset_revision_gating_share",
     }
     assert not {t.name for t in TWINS.values()} & native
 

@@ -42,6 +42,31 @@ class RequestHeaderProcessor(Plugin, Protocol):
 
 
 @runtime_checkable
+class Screener(Plugin, Protocol):
+    """Cuts the located candidates once per request, before data production and every profile.
+
+    llm-d-router's ``requestcontrol.Screener``: a constraint that no later filter, scorer or
+    picker may undo, and that every scheduling profile (P/D's prefill and decode alike) sees
+    the same way (e.g. one ``DisaggregatedSet`` revision per request).  Every screener gets the
+    same candidates; the director keeps the endpoints all of them returned (the intersection,
+    in candidate order), and an empty result fails the request with 503 (upstream: "screeners
+    eliminated all endpoint candidates").
+
+    ``pool`` is ours: the datastore's endpoints (the pool's Ready pods), for a screener whose
+    decision depends on the whole pool rather than on the request's candidates.  Upstream
+    plugins watch Pods themselves; plugins here have no Pod watch of their own.
+    """
+
+    def screen(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        candidates: Sequence[Endpoint],
+        pool: Sequence[Endpoint],
+    ) -> Sequence[Endpoint]: ...
+
+
+@runtime_checkable
 class DataProducer(Plugin, Protocol):
     """Writes per-endpoint attributes for one request before scheduling.
 

@@ -20,6 +20,7 @@ from epp.director.api import (
     ResponseBodyProcessor,
     ResponseCompleteProcessor,
     ResponseHeaderProcessor,
+    Screener,
 )
 from epp.director.dag import missing_producers, order_producers
 from epp.director.pipeline import RequestControl
@@ -93,6 +94,7 @@ def request_control(
     return RequestControl(
         parser=parser,
         request_header=tuple(p for p in all_plugins if isinstance(p, RequestHeaderProcessor)),
+        screeners=tuple(p for p in all_plugins if isinstance(p, Screener)),
         producers=producers,
         admitters=tuple(p for p in all_plugins if isinstance(p, Admitter)),
         pre_request=tuple(p for p in all_plugins if isinstance(p, PreRequest)),

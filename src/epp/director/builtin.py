@@ -21,6 +21,7 @@ from epp.director.producers.token_producer import LegacyTokenizer, TokenProducer
 from epp.director.reporters.attribute_reporter import RequestAttributeReporter
 from epp.director.reporters.served_verifier import DestinationEndpointServedVerifier
 from epp.director.requestheader.agent_identity import AgentIdentity
+from epp.director.screeners.disaggregated_rollout import DisaggregatedSetRolloutScreener
 from epp.plugin.base import Plugin
 
 BUILTINS: Final[tuple[type[Plugin], ...]] = (
@@ -40,4 +41,5 @@ BUILTINS: Final[tuple[type[Plugin], ...]] = (
     BurstPrefixCacheProducer,
     MmEmbeddingsCacheProducer,
     AgentIdentity,  # llm-d-router's request-header plugin: agent session → fairness id
+    DisaggregatedSetRolloutScreener,  # llm-d-router's screener: one DisaggregatedSet revision per request
 )

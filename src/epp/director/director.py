@@ -1,7 +1,8 @@
 """The director's routing side: one request from its headers to a routing decision.
 
 Order (GIE §3.1): parse → model rewrite → objective priority → request-header plugins
-(llm-d-router's; they may set the fairness id) → candidates → admission →
+(llm-d-router's; they may set the fairness id) → candidates → admission → screeners
+(llm-d-router's; they cut the candidates once for every profile) →
 data producers (DAG order, a shared budget or a declared timeout) → admit plugins → scheduler → pre-request
 plugins → body repackaging.  The director hands out one ``RequestLifecycle`` per request
 (``start``); the lifecycle calls back here to route and into ``ResponseSide`` (response.py)
@@ -78,6 +79,7 @@ class Director:
         self._request_header_timers = tuple(
             (p, plugin_timer("RequestHeader", p)) for p in pipeline.request_header
         )
+        self._screener_timers = tuple((p, plugin_timer("Screener", p)) for p in pipeline.screeners)
         # Each producer with the timeout it declares (0: none, it runs on the shared budget).
         self._producers = tuple((p, producer_timeout(p, 0.0)) for p in pipeline.producers)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
@@ -266,6 +268,30 @@ class Director:
             if identity:
                 req.fairness_id = identity
 
+    def _screen(
+        self, state: CycleState, req: InferenceRequest, candidates: Sequence[Endpoint]
+    ) -> Sequence[Endpoint]:
+        """Run the screeners on the same candidates and keep what every one of them kept.
+
+        As llm-d-router's ``runScreeners``: each screener sees the located candidates (a tuple,
+        so one cannot change what the next sees), the result is the intersection in candidate
+        order, and an empty one is a 503 with the no-endpoints reason.  ``pool`` is the
+        datastore's endpoints, for screeners that count the whole pool (rollout coverage).
+        """
+        seen = tuple(candidates)
+        pool = self._datastore.endpoints()
+        kept = seen
+        for plugin, timer in self._screener_timers:
+            started = time.perf_counter()
+            allowed = set(plugin.screen(state, req, seen, pool))  # an endpoint's identity is the object
+            timer.observe(time.perf_counter() - started)
+            kept = tuple(ep for ep in kept if ep in allowed)
+        if not kept:
+            raise ServiceUnavailable(
+                "screeners eliminated all endpoint candidates", reason="rejected-no-endpoints"
+            )
+        return kept
+
     def _observe(self, ctx: RequestContext) -> ActiveObserver:
         """The observer of a sampled or recorded request (a sampled one runs the traced scheduler)."""
         scheduler = self._pipeline.scheduler if ctx.stages is None else self._traced_scheduler
@@ -299,6 +325,8 @@ class Director:
                 "failed to find endpoint candidates for serving the request",
                 reason="rejected-subset-empty" if self._datastore.endpoints() else "rejected-no-endpoints",
             )
+        if self._screener_timers:  # empty unless configured: the plain path pays one test
+            candidates = self._screen(state, req, candidates)
 
         if pipeline.producers:
             if observed:

@@ -27,6 +27,7 @@ from epp.director.api import (
     ResponseBodyProcessor,
     ResponseCompleteProcessor,
     ResponseHeaderProcessor,
+    Screener,
 )
 from epp.explain.record import DecisionRing
 from epp.parsers.api import Parser
@@ -54,6 +55,7 @@ class RequestControl:
 
     parser: Parser | ParserRegistry  # a registry when several parsers are listed (per-path)
     request_header: tuple[RequestHeaderProcessor, ...] = ()  # before admission (fairness id)
+    screeners: tuple[Screener, ...] = ()  # after the candidates, before producers and profiles
     producers: tuple[DataProducer, ...] = ()
     admitters: tuple[Admitter, ...] = ()
     pre_request: tuple[PreRequest, ...] = ()

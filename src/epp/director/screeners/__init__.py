@@ -1,0 +1,1 @@
+"""Request-control screeners: plugins that cut the candidate set once, before every profile."""
