@@ -9,8 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.app.build import BuildOptions
+from epp.app.build import build as build_components
+from epp.app.registry import default_registry
 from epp.config.load import load_config
 from epp.errors import ConfigError
+from epp.parsers.registry import ParserRegistry
 from tests.deploy import test_wiring
 from tests.deploy.helm import (
     EPP,
@@ -361,6 +365,21 @@ def test_llm_d_parsers_name_the_parser() -> None:
     assert config_of(objs)["parser"] == {"pluginRef": "passthrough-parser"}
 
 
+def test_llm_d_parsers_several_are_resolved_per_request() -> None:
+    """llm-d's chart default form: two parsers become requestHandler.parsers, and the EPP builds it."""
+    objs = render_values(
+        {"router": {"epp": {"parsers": ["openai-parser", "anthropic-parser"]}, **MODEL_SERVERS_LLM_D}}
+    )
+    config = config_of(objs)
+    assert "parser" not in config
+    assert config["requestHandler"] == {
+        "parsers": [{"pluginRef": "openai-parser"}, {"pluginRef": "anthropic-parser"}]
+    }
+    assert {"openai-parser", "anthropic-parser"} <= {p["type"] for p in config["plugins"]}
+    built = build_components(load_config(yaml.safe_dump(config)), default_registry(), BuildOptions())
+    assert isinstance(built.parser, ParserRegistry)
+
+
 # --- bad values -----------------------------------------------------------------------------------
 
 
@@ -375,10 +394,6 @@ def test_llm_d_parsers_name_the_parser() -> None:
         (
             {"provider": {"name": "aws"}, "inferencePool": MODEL_SERVERS},
             ".Values.provider.name must be one of",
-        ),
-        (
-            {"router": {"epp": {"parsers": ["openai-parser", "anthropic-parser"]}, **MODEL_SERVERS_LLM_D}},
-            "router.epp.parsers: this EPP runs one request parser",
         ),
         (
             {"router": {"proxy": {"enabled": True, "proxyType": "agentgateway"}, **MODEL_SERVERS_LLM_D}},

@@ -63,10 +63,11 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- with $r.epp -}}
 {{- include "inferencepool.merge" (dict "dst" $epp "src" (omit . "parsers")) -}}
 {{- with .parsers -}}
-{{- if gt (len .) 1 -}}
-{{- fail (printf "router.epp.parsers: this EPP runs one request parser, got %v (openai-parser also reads Anthropic /v1/messages)" .) -}}
-{{- end -}}
+{{- if eq (len .) 1 -}}
 {{- $_ := set $pool "parser" (first .) -}}
+{{- else -}}
+{{- $_ := set $pool "parsers" . -}}{{- /* several: requestHandler.parsers, resolved per request by path */ -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- range $from, $to := dict "monitoring" "monitoring" "tracing" "tracing" "latencyPredictor" "latencyPredictor" -}}
