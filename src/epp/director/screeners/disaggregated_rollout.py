@@ -40,7 +40,7 @@ from typing import ClassVar, Final, Literal
 from pydantic import field_validator, model_validator
 
 from epp.datalayer.api import Endpoint, EndpointMetadata
-from epp.director.screeners.labels import LabelSelector, parse_label_selector
+from epp.labels import LabelSelector, parse_label_selector
 from epp.metrics.rollout import REVISION_GATING_SHARE, STRICT_HEADER_NO_MATCH
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.state import CycleState

@@ -7,7 +7,7 @@ every requirement must hold.
 
 A fenced re-implementation (issue #14): a leaf that imports nothing of the EPP.  No Python
 library parses Kubernetes selectors (the kubernetes client passes them to the API server as
-text), so there is no reference to test against: tests/director/screeners/test_labels.py
+text), so there is no reference to test against: tests/test_labels.py
 checks the documented grammar and, on hypothesis input, that a selector matches exactly when
 each of its requirements holds.
 """

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.director.screeners.labels import parse_label_selector
+from epp.labels import parse_label_selector
 
 
 @pytest.mark.parametrize(
