@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from epp.datalayer.kvevents.pending import PendingBlocks, parse_routed
+from epp.datalayer.kvevents.pending import PendingBlocks
 
 
 def test_forget_drops_one_origins_records_and_keeps_local_ones() -> None:
@@ -28,9 +26,3 @@ def test_an_origins_record_list_stays_bounded_by_the_live_records() -> None:
     assert len(p._origins["A"]) <= 3  # released records are pruned as new ones arrive
     p.forget("A")
     assert p.blocks(0) == 0 and not p.bits
-
-
-def test_parse_routed_names_the_bad_row() -> None:
-    assert parse_routed([["e", [1, 2]]], "x") == [("e", [1, 2])]
-    with pytest.raises(ValueError, match=r"x: expected \[endpoint name"):
-        parse_routed([["e", [1]], ["e", [-2]]], "x")

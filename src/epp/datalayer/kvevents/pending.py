@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
 
 from epp.plugin.counts import subtract
 
@@ -229,31 +228,3 @@ class PendingBlocks:
 
     def records(self) -> int:
         return sum(1 for r in self._records if r.live)
-
-
-_HASH_LIMIT: Final = 1 << 64
-
-
-def _uint64s(hashes: list[Any]) -> bool:
-    """Whether every element is an int in [0, 2**64): C-speed passes, a few us per 256 hashes."""
-    if not hashes:
-        return True
-    return set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) < _HASH_LIMIT
-
-
-def parse_routed(batch: Any, what: str) -> list[tuple[str, list[int]]]:
-    """A peer's ``[[endpoint name, [uint64 block hash, ...]], ...]``, checked whole before any is used."""
-    if not isinstance(batch, list):
-        raise ValueError(f"{what}: expected a list, got {type(batch).__name__}")  # noqa: TRY004
-    out = []
-    for d in batch:
-        if (
-            not isinstance(d, (list, tuple))
-            or len(d) != 2
-            or not isinstance(d[0], str)
-            or not isinstance(d[1], list)
-            or not _uint64s(d[1])
-        ):
-            raise ValueError(f"{what}: expected [endpoint name, [block hash (uint64), ...]], got {d!r:.80}")
-        out.append((d[0], d[1]))
-    return out

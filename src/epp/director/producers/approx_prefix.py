@@ -14,6 +14,7 @@ from epp.errors import ConfigError
 from epp.metrics.series import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO, PREFIX_INDEXER_SIZE
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.replicated import parse_routed
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import SchedulingResult
@@ -270,7 +271,7 @@ class ApproxPrefixCacheProducer(PluginBase):
 
     def apply(self, origin: str, deltas: list[Any]) -> None:
         """Insert a peer's routed prefixes as if routed here; ValueError leaves the index as it was."""
-        self._insert(_parse_insertions(deltas, "approx-prefix delta"))
+        self._insert(parse_routed(deltas, "approx-prefix delta"))
 
     def forget(self, origin: str) -> None:
         """Nothing: what ``origin`` routed is still cached on the endpoint; the LRUs age it out."""
@@ -282,7 +283,7 @@ class ApproxPrefixCacheProducer(PluginBase):
         if not isinstance(snapshot, dict):
             kind = type(snapshot).__name__
             raise ValueError(f"approx-prefix snapshot: expected a map of endpoint hashes, got {kind}")  # noqa: TRY004
-        self._insert(_parse_insertions([[n, h] for n, h in snapshot.items()], "approx-prefix snapshot"))
+        self._insert(parse_routed([[n, h] for n, h in snapshot.items()], "approx-prefix snapshot"))
 
     def _insert(self, insertions: list[tuple[str, list[int]]]) -> None:
         live = self._live
@@ -296,34 +297,6 @@ class ApproxPrefixCacheProducer(PluginBase):
                     index.add(name, ep, hashes, self.capacity(ep))
         if insertions:
             PREFIX_INDEXER_SIZE.set(len(index))
-
-
-def _parse_insertions(deltas: Any, what: str) -> list[tuple[str, list[int]]]:
-    """Check a whole batch before any of it is inserted: ``[[endpoint name, [uint64 hash, ...]], ...]``."""
-    if not isinstance(deltas, list):
-        raise ValueError(f"{what}: expected a list, got {type(deltas).__name__}")  # noqa: TRY004
-    out = []
-    for d in deltas:
-        if (
-            not isinstance(d, (list, tuple))
-            or len(d) != 2
-            or not isinstance(d[0], str)
-            or not isinstance(d[1], list)
-            or not _uint64s(d[1])
-        ):
-            raise ValueError(f"{what}: expected [endpoint name, [block hash (uint64), ...]], got {d!r:.80}")
-        out.append((d[0], d[1]))
-    return out
-
-
-_HASH_LIMIT: Final = 1 << 64
-
-
-def _uint64s(hashes: list[Any]) -> bool:
-    """Whether every element is an int in [0, 2**64): C-speed passes, a few us per 256 hashes."""
-    if not hashes:
-        return True
-    return set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) < _HASH_LIMIT
 
 
 class MulticlusterApproxPrefixCacheProducer(ApproxPrefixCacheProducer):

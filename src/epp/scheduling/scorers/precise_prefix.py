@@ -73,7 +73,7 @@ from epp.datalayer.kvevents.config import (
     default_backends,
 )
 from epp.datalayer.kvevents.hashing import BlockHasher
-from epp.datalayer.kvevents.pending import PendingRecord, parse_routed
+from epp.datalayer.kvevents.pending import PendingRecord
 from epp.datalayer.kvevents.subscriber import KVEventSubscriber
 from epp.datalayer.kvevents.tokenizers import UdsTokenizer, parse_duration, pool_tokenizer
 from epp.datalayer.kvevents.tokens import TOKENIZED_PROMPT, LocalTokenizer, ServerTokenizer, TokenSource
@@ -81,6 +81,7 @@ from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.replicated import parse_routed
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult, ScorerCategory
