@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import socket
 import statistics
 import time
 from typing import Any
@@ -36,6 +35,7 @@ from epp.sync.peers import Peer, StaticPeers
 from epp.sync.transport import ZmqTransport
 from epp.testing.replicated import RoutedCounter
 from epp.testing.waiting import until
+from epp_sim.demo.procs import free_port_pair
 
 ENDPOINTS = 8
 
@@ -134,26 +134,11 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else float("nan")
 
 
-def _port_pair() -> int:
-    """A free port whose successor is free too (the PUB and the snapshot ROUTER)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
 def one(rate: float, seconds: float, dirty: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     q: Any = ctx.Queue()
     ready, done = ctx.Event(), ctx.Event()
-    ps, pr = _port_pair(), _port_pair()
+    ps, pr = free_port_pair(), free_port_pair()
     off = ctx.Process(target=_run_sender, args=(ps, pr, rate, seconds, dirty, False, ready, q))
     off.start()
     _, baseline = q.get(timeout=seconds + 30)

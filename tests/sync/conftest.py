@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -63,18 +62,3 @@ async def mesh(names: Sequence[str], **kw: float) -> AsyncIterator[list[Node]]:
         yield nodes
     finally:
         await asyncio.gather(*(n.hub.stop() for n in nodes if n.hub.transport._pub is not None))
-
-
-def port_pair() -> int:
-    """A free port whose successor is free too (the sync PUB and the snapshot ROUTER)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no free port pair")

@@ -17,7 +17,8 @@ from epp.plugin.registry import Registry
 from epp.sync.peers import Peer
 from epp.testing.replicated import SNAPSHOT_ORIGIN, PolledCounter, RoutedCounter
 from epp.testing.waiting import until
-from tests.sync.conftest import mesh, port_pair
+from epp_sim.demo.procs import free_port_pair
+from tests.sync.conftest import mesh
 
 CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -74,7 +75,7 @@ def test_a_bad_peers_file_fails_startup_and_a_good_one_is_watched(tmp_path: path
 async def test_ready_only_after_restoring_a_serving_peers_view() -> None:
     async with mesh(["warm"]) as (warm,):
         warm.counter.count("e1", 5)
-        port = port_pair()
+        port = free_port_pair()
         opts = parse_flags(
             [
                 *BASE,
@@ -114,7 +115,7 @@ async def test_a_live_reload_rebinds_the_hub_to_the_new_plugins(tmp_path: pathli
     async with mesh(["warm"]) as (warm,):
         polled = PolledCounter("polled")
         warm.hub.bind([warm.counter, polled])
-        port = port_pair()
+        port = free_port_pair()
         path = tmp_path / "config.yaml"
         path.write_text(CONFIG)
         opts = parse_flags(

@@ -11,9 +11,8 @@ import aiohttp
 import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.procs import EppProcess, SimFleet, free_port_pair
 from tests.e2e.conftest import FAST_SIM
-from tests.sync.conftest import port_pair
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +58,7 @@ async def _metrics(http: aiohttp.ClientSession, epp: EppProcess) -> str:
 async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathlib.Path) -> None:
     (tmp_path / "config.yaml").write_text(CONFIG)
     env = {"PYTHONPATH": str(_plugin_site(tmp_path))}
-    pa, pb = port_pair(), port_pair()
+    pa, pb = free_port_pair(), free_port_pair()
     async with SimFleet(3, *FAST_SIM) as fleet:
         common = (
             f"--endpoints={','.join(fleet.hostports)}",

@@ -12,9 +12,8 @@ import pytest
 from epp.testing.waiting import until
 from epp_kubeapi import Resource
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess
+from epp_sim.demo.procs import EppProcess, free_port_pair
 from tests.e2e.test_kubernetes import LE_ARGS, NS, Cluster, _leader_of, cluster, complete, holder
-from tests.sync.conftest import port_pair
 from tests.sync.test_e2e import CONFIG, _metrics, _plugin_site, _value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -24,7 +23,7 @@ SLICES = Resource(group="discovery.k8s.io", version="v1", plural="endpointslices
 def _pair(c: Cluster, tmp: pathlib.Path, *extra: str, health: str) -> tuple[EppProcess, EppProcess]:
     (tmp / "config.yaml").write_text(CONFIG)
     site = _plugin_site(tmp)
-    pa, pb = port_pair(), port_pair()
+    pa, pb = free_port_pair(), free_port_pair()
     peers = f"--peers=127.0.0.1:{pa},127.0.0.1:{pb}"
     made = []
     for name, port in (("a", pa), ("b", pb)):
@@ -143,7 +142,7 @@ async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Pa
         site = _plugin_site(tmp_path)
         replicas = []
         for name in ("a", "b"):
-            port = port_pair()
+            port = free_port_pair()
             pod_name = f"epp-7d9f8b6c5d-{name}"
             c.api.create(_slice(pod_name, port))
             replicas.append(

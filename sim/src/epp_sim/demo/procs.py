@@ -25,6 +25,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A free port whose successor is free too: an EPP's sync PUB and its warm-start socket
+    (``--peer-port`` and the port after it)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
 def _bin(name: str) -> str:
     """A console script installed next to this interpreter (the project's venv)."""
     path = pathlib.Path(sys.executable).parent / name
