@@ -48,6 +48,15 @@ async def _received(http: aiohttp.ClientSession, epp: EppProcess) -> float:
     return _value(await _metrics(http, epp), "epp_sync_batches_received_total")
 
 
+async def _route_until_received(http: aiohttp.ClientSession, url: str, *epps: EppProcess) -> None:
+    """Requests through Envoy, 20 at a time and every one answered 200, until each of ``epps``
+    has applied a batch from its peer."""
+    async with asyncio.timeout(20):
+        while not all([await _received(http, epp) > 0 for epp in epps]):
+            results = await asyncio.gather(*(complete(http, url, f"p{i}") for i in range(20)))
+            assert all(status == 200 for status, _ in results)
+
+
 async def test_active_active_both_ready_and_sharing(tmp_path: pathlib.Path) -> None:
     async with cluster(tmp_path, 2) as c:
         a, b = _pair(c, tmp_path, health="readiness")
@@ -59,12 +68,7 @@ async def test_active_active_both_ready_and_sharing(tmp_path: pathlib.Path) -> N
                 ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
             )
             async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
-                async with asyncio.timeout(20):
-                    while not (await _received(http, a) > 0 and await _received(http, b) > 0):
-                        results = await asyncio.gather(
-                            *(complete(http, proxy.url, f"p{i}") for i in range(20))
-                        )
-                        assert all(status == 200 for status, _ in results)
+                await _route_until_received(http, proxy.url, a, b)
         except BaseException:
             print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
             raise
@@ -87,12 +91,7 @@ async def test_a_hot_standby_keeps_syncing(tmp_path: pathlib.Path) -> None:
                 ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
             )
             async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
-                async with asyncio.timeout(20):
-                    while not await _received(http, standby) > 0:
-                        results = await asyncio.gather(
-                            *(complete(http, proxy.url, f"p{i}") for i in range(20))
-                        )
-                        assert all(status == 200 for status, _ in results)
+                await _route_until_received(http, proxy.url, standby)
                 assert not await standby.serving("readiness")  # still a standby, but warm
                 assert await leader.serving("readiness")
         except BaseException:
@@ -166,12 +165,7 @@ async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Pa
                 ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
             )
             async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
-                async with asyncio.timeout(20):
-                    while not (await _received(http, a) > 0 and await _received(http, b) > 0):
-                        results = await asyncio.gather(
-                            *(complete(http, proxy.url, f"p{i}") for i in range(20))
-                        )
-                        assert all(status == 200 for status, _ in results)
+                await _route_until_received(http, proxy.url, a, b)
                 for epp in (a, b):
                     text = await _metrics(http, epp)
                     assert _value(text, 'epp_sync_peers{state="connected"}') == 1
