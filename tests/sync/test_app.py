@@ -153,3 +153,22 @@ async def test_a_live_reload_rebinds_the_hub_to_the_new_plugins(tmp_path: pathli
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)
+
+
+def test_kubernetes_peer_discovery_without_kubernetes_fails_at_build() -> None:
+    """k8s-peer-discovery with static endpoints is refused before anything starts, naming the field."""
+    config = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {name: peers, type: k8s-peer-discovery, parameters: {service: epp}}
+- {type: metrics-data-source}
+- {type: core-metrics-extractor}
+dataLayer:
+  peerDiscovery: {pluginRef: peers}
+  sources: [{pluginRef: metrics-data-source, extractors: [{pluginRef: core-metrics-extractor}]}]
+"""
+    with pytest.raises(
+        ConfigError, match=r"dataLayer.peerDiscovery.pluginRef: k8s-peer-discovery needs Kubernetes"
+    ):
+        build_app(parse_flags([*BASE, f"--config-text={config}"], {}), {})

@@ -28,6 +28,7 @@ from epp.director.director import Director
 from epp.errors import ConfigError
 from epp.explain.record import DecisionRing
 from epp.k8s.discovery import DiscoverySpec
+from epp.k8s.peers import K8sPeerDiscovery
 from epp.sync import assembly as sync_assembly
 from epp.sync.assembly import SyncPlan
 from epp.sync.hub import SyncHub
@@ -131,6 +132,15 @@ def _sync(
     plan = sync_assembly.plan(components.config.data_layer, components.plugins, flags)
     if plan is None:
         return None, None
+    if plan.discovery is not None:  # checked here, so a bad pairing fails before anything starts
+        where = sync_assembly.DISCOVERY_REF
+        if not isinstance(plan.discovery, K8sPeerDiscovery):
+            raise ConfigError(f"{where}: '{plan.discovery}' is no peer discovery this EPP can watch")
+        if not (options.pool_name or options.endpoint_selector):
+            raise ConfigError(
+                f"{where}: k8s-peer-discovery needs Kubernetes (--pool-name or --endpoint-selector); "
+                "without it give --peers or --peers-file"
+            )
     peers = PeerList(plan.port, plan.peers)
     if plan.peers_file:
         path = plan.peers_file

@@ -18,7 +18,6 @@ from epp.app.debug import debug_state
 from epp.app.options import Options
 from epp.app.reload import ConfigReloader
 from epp.datalayer.pool_metrics import PoolMetrics
-from epp.errors import ConfigError
 from epp.k8s.cluster import Cluster
 from epp.k8s.leader import Timings
 from epp.k8s.peers import K8sPeerDiscovery
@@ -65,13 +64,10 @@ async def _peer_source(
     discovery = app.sync.discovery
     if discovery is None:
         return app.peers
-    if not isinstance(discovery, K8sPeerDiscovery):
-        raise ConfigError(f"dataLayer.peerDiscovery.pluginRef: '{discovery}' cannot be watched here")
-    if cluster is None or cluster.kube is None:
-        raise ConfigError(
-            "dataLayer.peerDiscovery.pluginRef: k8s-peer-discovery needs Kubernetes (--pool-name "
-            "and a cluster); without one give --peers or --peers-file"
-        )
+    # build_app admitted only k8s-peer-discovery, and only in Kubernetes mode
+    assert isinstance(discovery, K8sPeerDiscovery)
+    assert cluster is not None
+    assert cluster.kube is not None
     pods = await stack.enter_async_context(discovery.source(cluster.kube, app.env))
     count = role.count if role is not None else 1
     return UnionPeers(PodWorkers(pods, count) if count > 1 else pods, app.peers)
