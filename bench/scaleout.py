@@ -23,8 +23,10 @@ at a p99 no worse.
 Part ``faults``: three synced replicas behind Envoy (gRPC health checks every 0.2 s) under a
 steady 50 req/s: one is SIGKILLed (requests that fail after Envoy's health check dropped it:
 goal 0); it restarts and warm-starts from a peer (its first 100 requests' predicted prefix
-hit ratio against its peers'); then a rolling update replaces every replica one by one
-(start the new one, wait until ready, SIGTERM the old one): goal, no request lost.
+hit ratio against its peers', over 400 prompt groups visited in turn, so that only a warm
+start, not its peers' live deltas, can have taught it the prefixes those requests carry);
+then a rolling update replaces every replica one by one (start the new one, wait until
+ready, SIGTERM the old one): goal, no request lost.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ GOALS = {
     "rolling_failed": 0,
 }
 CONFIG = CONFIGS / "prefix-heavy.yaml"
+WARM_GROUPS = 400  # part faults: distinct shared prompts, so that a cold start would show
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,9 +385,10 @@ async def workers(st: Settings) -> dict[str, Any]:
 class Pacer:
     """Small completions through Envoy at a steady rate; failures recorded with their time."""
 
-    def __init__(self, url: str, rate: float) -> None:
+    def __init__(self, url: str, rate: float, groups: int = 8) -> None:
         self.url = url
         self.rate = rate
+        self.groups = groups  # distinct shared prompts, visited in turn
         self.sent = 0
         self.failures: list[float] = []
         self._task: asyncio.Task[None] | None = None
@@ -412,7 +416,7 @@ class Pacer:
 
     async def _one(self, http: aiohttp.ClientSession, i: int) -> None:
         self.sent += 1
-        body = {"model": MODEL, "prompt": f"system prompt {i % 8} " * 40 + f"q{i}", "max_tokens": 2}
+        body = {"model": MODEL, "prompt": f"system prompt {i % self.groups} " * 40 + f"q{i}", "max_tokens": 2}
         try:
             async with http.post(self.url + "/v1/completions", json=body) as r:
                 await r.read()
@@ -461,9 +465,14 @@ async def faults(st: Settings) -> dict[str, Any]:
         )
         try:
             async with Envoy(cfg) as envoy:
-                pacer = Pacer(envoy.url, st.faults_rate)
+                # Enough groups that a group comes back only every WARM_GROUPS / rate seconds
+                # (8 s at 50 req/s): a restarted replica cannot relearn a group from its peers'
+                # live deltas before that group's next visit, so its first requests find the
+                # prefixes only if the warm start brought the peers' index (a cold start
+                # predicts ~0 for most of them).  One full cycle before the kill.
+                pacer = Pacer(envoy.url, st.faults_rate, groups=WARM_GROUPS)
                 pacer.start()
-                await asyncio.sleep(3.0)  # steady state, indexes warm
+                await asyncio.sleep(WARM_GROUPS / st.faults_rate + 1.0)  # every group seen once
                 killed_at = time.perf_counter()
                 assert epps[1].proc is not None
                 epps[1].proc.send_signal(signal.SIGKILL)
@@ -488,6 +497,7 @@ async def faults(st: Settings) -> dict[str, Any]:
                 peer_ratio = peers_sum / peers_cnt if peers_cnt else None
                 my_ratio = mine[0] / mine[1] if mine[1] else None
                 out["restart"] = {
+                    "groups": WARM_GROUPS,
                     "restarted_hit_ratio": None if my_ratio is None else rnd(my_ratio),
                     "peers_hit_ratio": None if peer_ratio is None else rnd(peer_ratio),
                     "vs_peers": rnd(my_ratio / peer_ratio) if my_ratio is not None and peer_ratio else None,
