@@ -102,7 +102,8 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         )
 
     role = WorkerRole.from_env(app.env)  # --workers N: which worker this is (docs/workers.md)
-    siblings = Siblings(role) if role is not None and role.primary and role.count > 1 else None
+    primary = role is not None and role.primary and role.count > 1
+    siblings = Siblings(role, own_ready=ready) if primary and role is not None else None
 
     def pod_ready() -> bool:  # worker 0 answers for the pod: a quorum of workers must be ready
         own = ready()
