@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import extproc_client as xc
-from bench.scaleout import histogram_quantile, peer_args, sample_sum
+from bench.scaleout import dedicated_ratio, histogram_quantile, peer_args, sample_sum
 from epp_sim.demo.procs import EppProcess, SimFleet
 
 HIST = """\
@@ -154,3 +154,12 @@ async def test_the_closed_loop_keeps_every_stream_busy_against_a_real_epp() -> N
     assert st.routed > 8  # every stream was replaced at least once
     assert (st.refused, st.failed) == (0, 0)
     assert len(st.latencies) == st.routed
+
+
+def test_the_dedicated_machine_ratio_charges_the_client_and_simulators_to_two_workers() -> None:
+    rounds = [{"one": {"rps_per_epp_core": 5000.0}, "two": {"rps_per_epp_core": 5000.0}}]
+    # free client and simulators: two workers route twice one's
+    assert dedicated_ratio(rounds, 0.0, 0.0) == 2.0
+    # 20 us per request and 0.04 simulator cores: (2 - 0.04) x 5000 / (1 + 0.1) / 5000
+    assert dedicated_ratio(rounds, 20.0, 0.04) == pytest.approx(1.96 / 1.1, abs=1e-3)
+    assert dedicated_ratio(rounds, None, 0.04) is None
