@@ -206,29 +206,33 @@ class Connection(asyncio.Protocol):
         buf = self._buf + data if self._buf else data
         n = len(buf)
         pos = 0
-        self._in_read = True
+        received = 0
+        streams = self._streams
         unpack = _HEADER.unpack_from
+        self._in_read = True
         while n - pos >= 9:
             hi, lo, kind, flags, sid = unpack(buf, pos)
             length = hi << 8 | lo
             end = pos + 9 + length
             if end > n:
                 break
+            sid &= 0x7FFFFFFF
             if kind == DATA:
-                self._recv_unacked += length
-                s = self._streams.get(sid & 0x7FFFFFFF)
+                received += length
+                s = streams.get(sid)
                 if s is not None:
                     if not s.replied and length > 5:
-                        self._first_reply(sid & 0x7FFFFFFF, s, buf[pos + 14])
+                        self._first_reply(sid, s, buf[pos + 14])
                     if flags & END_STREAM:
-                        self._finish(sid & 0x7FFFFFFF)
+                        self._finish(sid)
             elif kind == HEADERS:
-                if flags & END_STREAM:
-                    self._finish(sid & 0x7FFFFFFF)
+                if flags & END_STREAM and (s := streams.pop(sid, None)) is not None:
+                    self._ended(s, s.status)  # trailers: the stream is over
             else:
-                self._control(kind, flags, sid & 0x7FFFFFFF, buf[pos + 9 : end])
+                self._control(kind, flags, sid, buf[pos + 9 : end])
             pos = end
         self._buf = buf[pos:] if pos < n else b""
+        self._recv_unacked += received
         if self._recv_unacked > 1 << 30:
             self._out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._recv_unacked)))
             self._recv_unacked = 0
