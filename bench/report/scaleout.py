@@ -104,7 +104,9 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
                 f"Requests per EPP core, two workers vs one: {ratio(w['per_epp_core_ratio_median'])}; "
                 f"load client {f(w['client_us_per_request_median'], 1)} µs/request; "
                 f"modelled raw ratio on a dedicated 2-core machine {ratio(w['dedicated_two_cores_ratio'])}; "
-                f"cores busy outside the cell {f(w['machine_rest_cores_median'], 2)}.{shared}",
+                f"cores busy outside the cell {f(w['machine_rest_cores_median'], 2)}.{shared} "
+                f"Rounds with the machine to itself: {w.get('quiet_rounds', 0)}, median ratio "
+                f"{ratio(w.get('quiet_ratio_median'))}.",
                 "",
             ]
     fl = doc.get("faults")
