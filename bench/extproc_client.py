@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import struct
 import time
@@ -113,29 +114,74 @@ class Stats:
         self.refused += other.refused
         self.failed += other.failed
 
+    def record(self, status: str, latency: float) -> None:
+        if status == "routed":
+            self.routed += 1
+            self.latencies.append(latency)
+        elif status == "refused":
+            self.refused += 1
+        else:
+            self.failed += 1
+
 
 class _Stream:
     __slots__ = ("done", "phase2", "replied", "started", "status")
 
-    def __init__(self, phase2: bytes, done: asyncio.Future[str]) -> None:
+    def __init__(self, phase2: bytes, done: asyncio.Future[str] | None, started: float) -> None:
         self.phase2 = phase2
-        self.done = done
-        self.started = time.perf_counter()
+        self.done = done  # None: a closed loop's stream, replaced by the next one when it ends
+        self.started = started
         self.replied = False
         self.status = "failed"
 
 
-class Connection(asyncio.Protocol):
-    """One HTTP/2 connection to the EPP's ext_proc port, many concurrent streams."""
+class ClosedLoop:
+    """``slots`` streams kept open on each connection until ``deadline``: a stream that ends is
+    replaced from inside the read that ended it, so the next request leaves in that read's one
+    write, with no task, future or wake-up per request."""
 
-    def __init__(self, block: bytes) -> None:
+    def __init__(self, vs: Sequence[Variant], deadline: float, seed: int = 1) -> None:
+        rng = random.Random(seed)
+        order = [vs[rng.randrange(len(vs))] for _ in range(4096)]
+        self.variants = itertools.cycle(order)
+        self.deadline = deadline
+        self.stats = Stats()
+        self.open = 0
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def ended(self, conn: Connection, s: _Stream, status: str) -> None:
+        now = time.perf_counter()
+        self.stats.record(status, now - s.started)
+        if now < self.deadline and not conn.closing:
+            conn.start(next(self.variants), None, now)
+            return
+        self.open -= 1
+        if self.open == 0 and not self.finished.done():
+            self.finished.set_result(None)
+
+
+class Connection(asyncio.Protocol):
+    """One HTTP/2 connection to the EPP's ext_proc port, many concurrent streams.
+
+    Per read it parses every whole frame (one ``unpack_from`` per frame header; a reply is only
+    classified by its first message's tag and a stream ends on a frame with END_STREAM) and
+    answers with one write: the second phases, the replacement streams of a closed loop and any
+    ACKs leave together.  Windows are opened to 2^31-1 both ways at the start, so no
+    WINDOW_UPDATE follows until a gigabyte has been received.
+    """
+
+    def __init__(self, block: bytes, loop: ClosedLoop | None = None) -> None:
         self._block = block
+        self._loop = loop
         self._transport: asyncio.WriteTransport | None = None
-        self._buf = bytearray()
+        self._buf = b""
+        self._out: list[bytes] = []
+        self._in_read = False
         self._streams: dict[int, _Stream] = {}
         self._next_id = 1
         self._recv_unacked = 0
         self.send_window = 65535
+        self.closing = False
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # asyncio.Protocol
@@ -149,135 +195,160 @@ class Connection(asyncio.Protocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for s in self._streams.values():
-            if not s.done.done():
-                s.done.set_result("failed")
-        self._streams.clear()
+        self.closing = True
+        streams, self._streams = self._streams, {}
+        for s in streams.values():
+            self._ended(s, "failed")
         if not self.closed.done():
             self.closed.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
-        pos = 0
+        buf = self._buf + data if self._buf else data
         n = len(buf)
+        pos = 0
+        received = 0
+        streams = self._streams
+        unpack = _HEADER.unpack_from
+        self._in_read = True
         while n - pos >= 9:
-            length = int.from_bytes(buf[pos : pos + 3], "big")
-            if n - pos < 9 + length:
+            hi, lo, kind, flags, sid = unpack(buf, pos)
+            length = hi << 8 | lo
+            end = pos + 9 + length
+            if end > n:
                 break
-            kind, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            payload_at = pos + 9
-            pos = payload_at + length
+            sid &= 0x7FFFFFFF
             if kind == DATA:
-                self._on_data(sid, flags, buf, payload_at, length)
+                received += length
+                s = streams.get(sid)
+                if s is not None:
+                    if not s.replied and length > 5:
+                        self._first_reply(sid, s, buf[pos + 14])
+                    if flags & END_STREAM:
+                        self._finish(sid)
             elif kind == HEADERS:
-                if flags & END_STREAM:
-                    self._finish(sid)
-            elif kind == RST_STREAM:
-                self._finish(sid, failed=True)
-            elif kind == SETTINGS:
-                if not flags & ACK:
-                    self._write(frame(SETTINGS, ACK, 0))
-            elif kind == PING:
-                if not flags & ACK:
-                    self._write(frame(PING, ACK, 0, bytes(buf[payload_at:pos])))
-            elif kind == WINDOW_UPDATE and sid == 0:
-                self.send_window += int.from_bytes(buf[payload_at : payload_at + 4], "big") & 0x7FFFFFFF
-            elif kind == GOAWAY and self._transport is not None:
-                self._transport.close()
-        del buf[:pos]
+                if flags & END_STREAM and (s := streams.pop(sid, None)) is not None:
+                    self._ended(s, s.status)  # trailers: the stream is over
+            else:
+                self._control(kind, flags, sid, buf[pos + 9 : end])
+            pos = end
+        self._buf = buf[pos:] if pos < n else b""
+        self._recv_unacked += received
+        if self._recv_unacked > 1 << 30:
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._recv_unacked)))
+            self._recv_unacked = 0
+        self._in_read = False
+        self._flush()
+
+    def _control(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+        if kind == RST_STREAM:
+            self._finish(sid, failed=True)
+        elif kind == SETTINGS:
+            if not flags & ACK:
+                self._out.append(frame(SETTINGS, ACK, 0))
+        elif kind == PING:
+            if not flags & ACK:
+                self._out.append(frame(PING, ACK, 0, payload))
+        elif kind == WINDOW_UPDATE and sid == 0:
+            self.send_window += int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+        elif kind == GOAWAY and self._transport is not None:
+            self.closing = True
+            self._transport.close()
 
     # streams
-    def start(self, variant: Variant, done: asyncio.Future[str]) -> None:
+    def start(self, variant: Variant, done: asyncio.Future[str] | None, now: float | None = None) -> None:
+        """Open a stream with ``variant``'s first phase; ``done`` gets its outcome (None: the
+        closed loop this connection serves is told instead)."""
         sid = self._next_id
         self._next_id += 2
-        self._streams[sid] = _Stream(variant.phase2, done)
-        self.send_window -= len(variant.phase1)
-        self._write(frame(HEADERS, END_HEADERS, sid, self._block) + frame(DATA, 0, sid, variant.phase1))
+        self._streams[sid] = _Stream(variant.phase2, done, time.perf_counter() if now is None else now)
+        phase1 = variant.phase1
+        self.send_window -= len(phase1)
+        out, pack, block = self._out, _HEADER.pack, self._block
+        n = len(block)
+        out += (pack(n >> 8, n & 0xFF, HEADERS, END_HEADERS, sid), block)
+        n = len(phase1)
+        out += (pack(n >> 8, n & 0xFF, DATA, 0, sid), phase1)
+        if not self._in_read:
+            self._flush()
 
     @property
     def open_streams(self) -> int:
         return len(self._streams)
 
     def close(self) -> None:
+        self.closing = True
         if self._transport is not None:
             self._transport.close()
 
-    def _on_data(self, sid: int, flags: int, buf: bytearray, at: int, length: int) -> None:
-        self._recv_unacked += length
-        if self._recv_unacked > 1 << 30:
-            self._write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._recv_unacked)))
-            self._recv_unacked = 0
-        s = self._streams.get(sid)
-        if s is None:
+    def _first_reply(self, sid: int, s: _Stream, tag: int) -> None:
+        s.replied = True
+        # ProcessingResponse's first field tag: 0x0a request_headers, 0x1a request_body
+        # (both: routed); 0x3a immediate_response (refused by the EPP).
+        if tag == 0x3A:
+            s.status = "refused"
             return
-        if not s.replied and length > 5:
-            s.replied = True
-            # ProcessingResponse's first field tag: 0x0a request_headers, 0x1a request_body
-            # (both: routed); 0x3a immediate_response (refused by the EPP).
-            tag = buf[at + 5]
-            if tag == 0x3A:
-                s.status = "refused"
-                return
-            s.status = "routed"
-            self.send_window -= len(s.phase2)
-            self._write(frame(DATA, END_STREAM, sid, s.phase2))
-        if flags & END_STREAM:
-            self._finish(sid)
+        s.status = "routed"
+        n = len(s.phase2)
+        self.send_window -= n
+        self._out += (_HEADER.pack(n >> 8, n & 0xFF, DATA, END_STREAM, sid), s.phase2)
 
     def _finish(self, sid: int, *, failed: bool = False) -> None:
         s = self._streams.pop(sid, None)
-        if s is None or s.done.done():
-            return
-        s.done.set_result("failed" if failed else s.status)
+        if s is not None:
+            self._ended(s, "failed" if failed else s.status)
 
-    def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
+    def _ended(self, s: _Stream, status: str) -> None:
+        if s.done is not None:
+            if not s.done.done():
+                s.done.set_result(status)
+        elif self._loop is not None:
+            self._loop.ended(self, s, status)
+
+    def _flush(self) -> None:
+        out = self._out
+        if out:
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.write(b"".join(out))
+            out.clear()
 
 
-async def connect(host: str, port: int) -> Connection:
-    loop = asyncio.get_running_loop()
-    _, conn = await loop.create_connection(lambda: Connection(header_block(f"{host}:{port}")), host, port)
+_HEADER = struct.Struct(">HBBBI")  # a frame header: length (16 + 8 bits), type, flags, stream id
+
+
+async def connect(host: str, port: int, loop: ClosedLoop | None = None) -> Connection:
+    aio = asyncio.get_running_loop()
+    _, conn = await aio.create_connection(
+        lambda: Connection(header_block(f"{host}:{port}"), loop), host, port
+    )
     return conn
 
 
 async def _one(conn: Connection, variant: Variant, stats: Stats) -> None:
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     t0 = time.perf_counter()
-    conn.start(variant, done)
-    status = await done
-    if status == "routed":
-        stats.routed += 1
-        stats.latencies.append(time.perf_counter() - t0)
-    elif status == "refused":
-        stats.refused += 1
-    else:
-        stats.failed += 1
+    conn.start(variant, done, t0)
+    stats.record(await done, time.perf_counter() - t0)
 
 
 async def closed_loop(
     host: str, port: int, vs: Sequence[Variant], *, connections: int, concurrency: int, seconds: float
 ) -> Stats:
     """``concurrency`` streams always open, spread over ``connections`` connections (each a new
-    TCP 4-tuple, so SO_REUSEPORT spreads them over the workers)."""
-    conns = [await connect(host, port) for _ in range(connections)]
-    stats = Stats()
-    deadline = time.perf_counter() + seconds
-    rng = random.Random(1)
-
-    async def slot(i: int) -> None:
-        conn = conns[i % len(conns)]
-        while time.perf_counter() < deadline and not conn.closed.done():
-            await _one(conn, vs[rng.randrange(len(vs))], stats)
-
+    TCP 4-tuple, so SO_REUSEPORT spreads them over the workers).  Connections are made before
+    the clock starts; the streams still open at the deadline finish and count."""
+    loop = ClosedLoop(vs, deadline=float("inf"))
+    conns = [await connect(host, port, loop) for _ in range(connections)]
+    loop.deadline = time.perf_counter() + seconds
     try:
-        await asyncio.gather(*(slot(i) for i in range(concurrency)))
+        for i in range(concurrency):
+            loop.open += 1
+            conns[i % len(conns)].start(next(loop.variants), None)
+        async with asyncio.timeout(seconds + 30):
+            await loop.finished
     finally:
         for c in conns:
             c.close()
-    return stats
+    return loop.stats
 
 
 async def open_loop(

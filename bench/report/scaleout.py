@@ -82,18 +82,33 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
                 f(r["two"]["rps"]),
                 f(r["two"]["p99_ms"], 2),
                 ratio(r["ratio"]),
+                ratio(r.get("per_epp_core_ratio")),
             ]
             for i, r in enumerate(w["rounds"])
         ]
+        headers = ["round", "1 worker req/s", "p99 ms", "2 workers req/s", "p99 ms", "ratio", "per EPP core"]
         out += [
             "**Workers** (`--workers 2` vs `1`, closed loop over ext_proc, no Envoy)",
             "",
-            table(["round", "1 worker req/s", "p99 ms", "2 workers req/s", "p99 ms", "ratio"], rows),
+            table(headers, rows),
             "",
             f"Median capacity ratio {ratio(w['capacity_ratio_median'])} (goal ≥ {goals['workers_2']}×, "
             f"{met(w['met']['capacity'])}; p99 no worse: {met(w['met']['p99_no_worse'])}).",
             "",
         ]
+        if "per_epp_core_ratio_median" in w:  # where the cores went (docs/workers.md)
+            shared = (
+                " Other tenants shared the machine: the raw ratio says little." if w["shared_machine"] else ""
+            )
+            out += [
+                f"Requests per EPP core, two workers vs one: {ratio(w['per_epp_core_ratio_median'])}; "
+                f"load client {f(w['client_us_per_request_median'], 1)} µs/request; "
+                f"modelled raw ratio on a dedicated 2-core machine {ratio(w['dedicated_two_cores_ratio'])}; "
+                f"cores busy outside the cell {f(w['machine_rest_cores_median'], 2)}.{shared} "
+                f"Rounds with the machine to itself: {w.get('quiet_rounds', 0)}, median ratio "
+                f"{ratio(w.get('quiet_ratio_median'))}.",
+                "",
+            ]
     fl = doc.get("faults")
     if fl and "kill" in fl:
         k, r, ro = fl["kill"], fl["restart"], fl["rolling"]

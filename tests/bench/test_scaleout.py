@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import extproc_client as xc
-from bench.scaleout import histogram_quantile, peer_args, sample_sum
+from bench.scaleout import dedicated_ratio, histogram_quantile, peer_args, sample_sum
 from epp_sim.demo.procs import EppProcess, SimFleet
 
 HIST = """\
@@ -58,3 +58,108 @@ async def test_the_client_routes_and_tells_refusals_from_failures() -> None:
         assert st.refused > 0
         assert st.routed == 0
         assert st.failed == 0
+
+
+class _Sink:
+    """A transport that keeps what the client writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def _frames(data: bytes) -> list[tuple[int, int, int]]:
+    """(type, flags, stream) of every frame in ``data`` after the preface's."""
+    out, pos = [], 0
+    while pos < len(data):
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        out.append((data[pos + 3], data[pos + 4], int.from_bytes(data[pos + 5 : pos + 9], "big")))
+        pos += 9 + length
+    return out
+
+
+def _reply(sid: int, message: bytes) -> bytes:
+    """What the EPP sends on a stream: response headers, one gRPC message, trailers."""
+    return (
+        xc.frame(xc.HEADERS, xc.END_HEADERS, sid, b"\x88")  # :status 200
+        + xc.frame(xc.DATA, 0, sid, message)
+        + xc.frame(xc.HEADERS, xc.END_HEADERS | xc.END_STREAM, sid, b"\x88")  # trailers
+    )
+
+
+async def test_a_closed_loop_stream_is_answered_and_replaced_even_byte_by_byte_and_in_one_write() -> None:
+    vs = xc.variants(["hello"], "m")
+    loop = xc.ClosedLoop(vs, deadline=float("inf"))
+    conn = xc.Connection(xc.header_block("x"), loop)
+    sink = _Sink()
+    conn.connection_made(sink)  # type: ignore[arg-type]
+    loop.open = 1
+    conn.start(vs[0], None)
+    assert _frames(sink.writes[-1]) == [(xc.HEADERS, xc.END_HEADERS, 1), (xc.DATA, 0, 1)]
+    reply = b"\x00\x00\x00\x00\x02\x0a\x00"  # a gRPC message: ProcessingResponse.request_headers
+    server = _reply(1, reply)
+    before = len(sink.writes)
+    for i in range(len(server)):
+        conn.data_received(server[i : i + 1])
+    written = b"".join(sink.writes[before:])
+    # the second phase of stream 1 (END_STREAM), then its replacement, stream 3
+    assert _frames(written) == [
+        (xc.DATA, xc.END_STREAM, 1),
+        (xc.HEADERS, xc.END_HEADERS, 3),
+        (xc.DATA, 0, 3),
+    ]
+    assert (loop.stats.routed, loop.stats.refused, loop.stats.failed) == (1, 0, 0)
+    assert conn.open_streams == 1
+    # a whole reply in one read: the second phase and the replacement leave in one write
+    before = len(sink.writes)
+    conn.data_received(_reply(3, reply))
+    assert len(sink.writes) == before + 1
+    assert _frames(sink.writes[-1]) == [
+        (xc.DATA, xc.END_STREAM, 3),
+        (xc.HEADERS, xc.END_HEADERS, 5),
+        (xc.DATA, 0, 5),
+    ]
+
+
+async def test_a_closed_loop_stops_replacing_at_its_deadline_and_counts_a_refusal() -> None:
+    vs = xc.variants(["hello"], "m")
+    loop = xc.ClosedLoop(vs, deadline=0.0)  # already over: nothing is replaced
+    conn = xc.Connection(xc.header_block("x"), loop)
+    conn.connection_made(_Sink())  # type: ignore[arg-type]
+    loop.open = 1
+    conn.start(vs[0], None)
+    refused = b"\x00\x00\x00\x00\x02\x3a\x00"  # ProcessingResponse.immediate_response
+    conn.data_received(_reply(1, refused))
+    assert (loop.stats.routed, loop.stats.refused) == (0, 1)
+    assert loop.finished.done()
+    assert conn.open_streams == 0
+
+
+@pytest.mark.e2e
+async def test_the_closed_loop_keeps_every_stream_busy_against_a_real_epp() -> None:
+    async with (
+        SimFleet(2, "--time-scale", "0.02") as fleet,
+        EppProcess(f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1") as epp,
+    ):
+        vs = xc.variants([f"prompt {i}" for i in range(8)], "mock-model")
+        st = await xc.closed_loop("127.0.0.1", epp.grpc_port, vs, connections=2, concurrency=8, seconds=0.5)
+    assert st.routed > 8  # every stream was replaced at least once
+    assert (st.refused, st.failed) == (0, 0)
+    assert len(st.latencies) == st.routed
+
+
+def test_the_dedicated_machine_ratio_charges_the_client_and_simulators_to_two_workers() -> None:
+    rounds = [{"one": {"rps_per_epp_core": 5000.0}, "two": {"rps_per_epp_core": 5000.0}}]
+    # free client and simulators: two workers route twice one's
+    assert dedicated_ratio(rounds, 0.0, 0.0) == 2.0
+    # 20 us per request and 0.04 simulator cores: (2 - 0.04) x 5000 / (1 + 0.1) / 5000
+    assert dedicated_ratio(rounds, 20.0, 0.04) == pytest.approx(1.96 / 1.1, abs=1e-3)
+    assert dedicated_ratio(rounds, None, 0.04) is None

@@ -139,10 +139,15 @@ async def test_a_live_reload_rebinds_the_hub_to_the_new_plugins(tmp_path: pathli
         try:
             await until(lambda: app.serving or task.done(), 20, what="the EPP serving")
             hub = app.sync_hub
-            assert hub is not None and sorted(hub.plugins) == ["test-routed-counter/counter"]
+            # the config's shared plugin, and the pod's shared ejections (epp.health.shared)
+            assert hub is not None and sorted(hub.plugins) == [
+                "epp/endpoint-health",
+                "test-routed-counter/counter",
+            ]
             kept = hub.plugins["test-routed-counter/counter"]
             path.write_text(CONFIG + "- {name: polled, type: test-polled-counter}\n")
-            await until(lambda: len(hub.plugins) == 2, 10, what="the reload rebinding the hub")
+            await until(lambda: len(hub.plugins) == 3, 10, what="the reload rebinding the hub")
+            assert "epp/endpoint-health" in hub.plugins  # kept across the reload
             assert hub.plugins["test-routed-counter/counter"] is kept  # unchanged: the same instance
             added = hub.plugins["test-polled-counter/polled"]
             assert isinstance(added, PolledCounter)

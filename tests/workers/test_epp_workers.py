@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port
-from tests.server.harness import destination_metadata, llm_request
+from tests.server.harness import destination_metadata, llm_request, resp_headers
 
 pytestmark = pytest.mark.slow
 STREAMS = 24
@@ -240,3 +240,55 @@ schedulingProfiles:
         except BaseException:
             print("---- epp log ----\n", epp.log_tail(200_000))
             raise
+
+
+async def _fail_through(ch: grpc.aio.Channel) -> str:
+    """One ext_proc stream on ``ch`` whose upstream answers 500; the endpoint it was routed to."""
+    call = pb_grpc.ExternalProcessorStub(ch).Process()
+    for m in llm_request("hello", "m", "m"):
+        await call.write(m)
+    picked = ""
+    async for r in call:
+        if d := destination_metadata(r):
+            picked = d
+            await call.write(resp_headers({":status": "500"}, eos=True))
+            await call.done_writing()
+    return picked
+
+
+async def _health(url: str, unix: Path | None = None) -> dict[str, str]:
+    """endpoint address -> health status, as one worker sees it (/debug/plugins/state)."""
+    connector = aiohttp.UnixConnector(path=str(unix)) if unix is not None else None
+    async with aiohttp.ClientSession(connector=connector) as s, s.get(url) as r:
+        doc: dict[str, Any] = await r.json()
+    return {e["address"]: e["health"]["status"] for e in doc["endpoints"]}
+
+
+async def test_an_endpoint_one_worker_ejects_is_ejected_by_every_worker() -> None:
+    """Upstream 500s reach one worker only (one connection); the other adopts its ejection."""
+    async with _pod(2) as (fleet, epp):
+        sibling = _run_dir(_children(epp.pid)[1]) / "w1.metrics.sock"
+
+        async def views() -> list[dict[str, str]]:  # worker 0's own state, then worker 1's
+            return [
+                await _health(f"http://127.0.0.1:{epp.metrics_port}/debug/plugins/state"),
+                await _health("http://worker1/debug/plugins/state", sibling),
+            ]
+
+        options = [("grpc.use_local_subchannel_pool", 1)]  # its own connection: one worker
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.grpc_port}", options=options) as ch:
+
+            async def one_ejected() -> bool:
+                await _fail_through(ch)
+                return any("ejected" in view.values() for view in await views())
+
+            await _until(one_ejected)
+        seen = await views()
+        ejected = {a for view in seen for a, st in view.items() if st == "ejected"}
+        assert len(ejected) == 1 and ejected <= set(fleet.hostports), seen
+        (address,) = ejected
+
+        async def both_ejected() -> bool:
+            return all(view.get(address) == "ejected" for view in await views())
+
+        await _until(both_ejected, 10.0)

@@ -90,6 +90,21 @@ async def test_a_sibling_that_is_down_is_neither_ready_nor_counted(pod: Callable
     values = {s.name: s.value for f in text_string_to_metric_families(body.decode()) for s in f.samples}
     assert values["requests_total"] == 7  # worker 0's 2 and worker 1's 5
     assert values["epp_workers"] == 3 and values["epp_workers_reporting"] == 2
+    assert values["epp_workers_ready"] == 2  # worker 0 and worker 1; worker 2 is down
+
+
+async def test_workers_ready_counts_worker_0_only_when_it_is_ready(pod: Callable[..., Any]) -> None:
+    role = await pod(FakeWorker(True, 0, []), FakeWorker(False, 0, []))
+    own = [False]
+    async with Siblings(role, interval=0.01, own_ready=lambda: own[0]) as sib:
+        await until(lambda: sib.ready == 1, what="w1 seen ready")
+        for expected in (1, 2):
+            body = await sib.metrics(b"")
+            values = {
+                s.name: s.value for f in text_string_to_metric_families(body.decode()) for s in f.samples
+            }
+            assert values["epp_workers_ready"] == expected
+            own[0] = True
 
 
 async def test_decisions_are_merged_newest_first(pod: Callable[..., Any]) -> None:

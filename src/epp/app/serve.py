@@ -18,6 +18,7 @@ from epp.app.debug import debug_state
 from epp.app.options import Options
 from epp.app.reload import ConfigReloader
 from epp.datalayer.pool_metrics import PoolMetrics
+from epp.health.shared import EXCHANGE
 from epp.k8s.cluster import Cluster
 from epp.k8s.leader import Timings
 from epp.k8s.peers import K8sPeerDiscovery
@@ -102,7 +103,8 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         )
 
     role = WorkerRole.from_env(app.env)  # --workers N: which worker this is (docs/workers.md)
-    siblings = Siblings(role) if role is not None and role.primary and role.count > 1 else None
+    primary = role is not None and role.primary and role.count > 1
+    siblings = Siblings(role, own_ready=ready) if primary and role is not None else None
 
     def pod_ready() -> bool:  # worker 0 answers for the pod: a quorum of workers must be ready
         own = ready()
@@ -131,7 +133,7 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         if app.sync is not None and app.peers is not None:  # warm start: peers' state before ready
             peers = await _peer_source(app, cluster, role, stack)
             app.sync_hub = await stack.enter_async_context(
-                SyncService(app.sync, peers, app.components.plugins.values())
+                SyncService(app.sync, peers, [*app.components.plugins.values(), EXCHANGE])
             )
         await stack.enter_async_context(ConfigReloader(app))  # --config-file changes apply live
         if cluster is not None:

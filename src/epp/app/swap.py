@@ -29,6 +29,7 @@ from epp.app.build import Components
 from epp.app.compose import App
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.director.director import Director
+from epp.health.shared import EXCHANGE
 from epp.plugin.base import Lifecycle
 
 log = structlog.get_logger(__name__)
@@ -133,7 +134,7 @@ class ConfigSwap:
         replaced_admission = app.admission if admission is not app.admission else None
         app.components, app.admission, app.data_layer = new, admission, data_layer
         if app.sync_hub is not None:  # share the new instances' state (surviving keys keep their view)
-            app.sync_hub.bind(new.plugins.values())
+            app.sync_hub.bind([*new.plugins.values(), EXCHANGE])  # and the pod's shared ejections
         new_observers = {id(o) for o in new.observers}
         retiring = _Retiring(
             director=previous,

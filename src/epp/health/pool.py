@@ -9,6 +9,7 @@ metrics.  One process serves one pool, so the EPP has one ``HEALTH``; tests buil
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Final
 
 import structlog
@@ -33,13 +34,15 @@ def _median(values: list[float]) -> float:
 class HealthPool:
     """The endpoints whose health is judged together, under one ``HealthPolicy``."""
 
-    __slots__ = ("_members", "policy", "refs_ttl", "watch")
+    __slots__ = ("_members", "on_eject", "policy", "refs_ttl", "watch")
 
     def __init__(self, policy: HealthPolicy = DEFAULT_POLICY, *, refs_ttl: float = REFS_TTL) -> None:
         self._members: dict[EndpointHealth, None] = {}  # an ordered set
         self.refs_ttl = refs_ttl
         self.policy = policy
         self.watch = 0.0
+        # Told of every ejection this pool makes (epp.health.shared: the pod's other workers adopt it).
+        self.on_eject: Callable[[EndpointHealth], None] | None = None
         self.configure(policy)
 
     def configure(self, policy: HealthPolicy) -> None:
@@ -62,6 +65,10 @@ class HealthPool:
     @property
     def members(self) -> tuple[EndpointHealth, ...]:
         return tuple(self._members)
+
+    def member(self, name: str) -> EndpointHealth | None:
+        """The member called ``name`` (O(members): only on the rare paths)."""
+        return next((m for m in self._members if m.name == name), None)
 
     # --- what needs the peers ------------------------------------------------------------------
     def ejection_allowed(self, health: EndpointHealth, now: float) -> bool:
@@ -121,6 +128,8 @@ class HealthPool:
             reason=reason,
             ejections=health.ejections,
         )
+        if new is EJECTED and self.on_eject is not None:
+            self.on_eject(health)
 
 
 HEALTH: Final = HealthPool()

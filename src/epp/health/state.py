@@ -345,6 +345,23 @@ class EndpointHealth:
         self.probe_for = reason
         self._set(EJECTED, reason, now)
 
+    def adopt_ejection(self, reason: str, seconds: float, ejections: int, now: float) -> bool:
+        """Another worker of this pod (or a peer replica) ejected this endpoint for ``seconds``
+        more, its ``ejections``-th time: eject it here too, as if this process had seen the failure,
+        so its probe and backoff follow.  Not when it is out already or the ejection budget does
+        not allow one more (each process keeps its own budget)."""
+        if self.status is EJECTED or self.status is UNREACHABLE or seconds <= 0:
+            return False
+        if not self.pool.ejection_allowed(self, now):
+            return False
+        self.consecutive_5xx = self.consecutive_gateway = 0
+        self.probe_pending = False
+        self.ejections = max(self.ejections, ejections)
+        self.ejected_until = now + seconds
+        self.probe_for = reason
+        self._set(EJECTED, reason, now)
+        return True
+
     def _penalise(self, now: float) -> None:
         pol = self.pool.policy
         self.penalties += 1

@@ -55,8 +55,15 @@ class WorkerSeries:
 class Siblings:
     """``async with Siblings(role):`` polls the other workers' readiness; ``metrics`` merges their series."""
 
-    def __init__(self, role: WorkerRole, *, interval: float = POLL_INTERVAL) -> None:
+    def __init__(
+        self,
+        role: WorkerRole,
+        *,
+        interval: float = POLL_INTERVAL,
+        own_ready: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._role = role
+        self._own_ready = own_ready
         self._interval = interval
         self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._ready: dict[int, bool] = dict.fromkeys(role.siblings, False)
@@ -131,6 +138,10 @@ class Siblings:
             "# HELP epp_workers_reporting Workers whose series this scrape merged.",
             "# TYPE epp_workers_reporting gauge",
             f"epp_workers_reporting {reporting}",
+            "# HELP epp_workers_ready Workers ready to route (listening on the ext_proc port) at the last "
+            "readiness poll, worker 0 included; the pod says SERVING from half of them.",
+            "# TYPE epp_workers_ready gauge",
+            f"epp_workers_ready {self.ready + int(self._own_ready())}",
             "# HELP epp_worker_restarts_total Times the supervisor restarted each worker.",
             "# TYPE epp_worker_restarts_total counter",
         ]
