@@ -298,13 +298,16 @@ class Histogram(_Family[HistogramChild]):
         self._bounds = tuple(bounds)
         self._les = tuple(_le(b) for b in bounds)
         super().__init__(name, documentation, labelnames, registry=registry)
+        # Unlabelled: the family's observe is its one series' (a list append, no Python frame).
+        self.observe = self._labelled_observe if self._default is None else self._default.observe
+
+    observe: Callable[[float], None]
 
     def _new_child(self) -> HistogramChild:
         return HistogramChild(self._bounds)
 
-    def observe(self, value: float) -> None:
-        assert self._default is not None, f"{self.name} has labels: use labels(...).observe()"
-        self._default.observe(value)
+    def _labelled_observe(self, value: float) -> None:
+        raise AssertionError(f"{self.name} has labels: use labels(...).observe()")
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
