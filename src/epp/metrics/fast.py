@@ -29,6 +29,7 @@ prometheus_client's classes (the reference), must export the same text.  Where t
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import weakref
@@ -69,11 +70,26 @@ def _fold_forever() -> None:
 
 def _register(child: HistogramChild) -> None:
     """Track ``child`` for the fold thread, started with the first histogram."""
-    global _folder
     _CHILDREN.add(child)
     if _folder is None:
-        _folder = threading.Thread(target=_fold_forever, name="epp-metrics-fold", daemon=True)
-        _folder.start()
+        _start_folder()
+
+
+def _start_folder() -> None:
+    global _folder
+    _folder = threading.Thread(target=_fold_forever, name="epp-metrics-fold", daemon=True)
+    _folder.start()
+
+
+def _after_fork() -> None:  # pragma: no cover - a forked child (workers exec instead)
+    """A forked child has no fold thread: start its own if it has histograms."""
+    global _folder
+    _folder = None
+    if _CHILDREN:
+        _start_folder()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class CounterChild:
