@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import prometheus_client as pc
@@ -121,7 +122,7 @@ BOUNDS = st.lists(
 KINDS = ("counter", "gauge", "histogram")
 OPS = st.tuples(
     st.integers(0, 5),
-    st.sampled_from(("inc", "dec", "set", "observe", "remove", "clear", "labels")),
+    st.sampled_from(("inc", "dec", "set", "observe", "remove", "clear", "labels", "scrape")),
     st.lists(LABEL_VALUES, min_size=1, max_size=3),
     AMOUNTS | st.just(math.nan),
 )
@@ -173,6 +174,9 @@ def check_against_prometheus_client(
     ours_reg, theirs_reg = CollectorRegistry(), CollectorRegistry()
     ours, theirs = _families(ours_reg, fast, bounds), _families(theirs_reg, pc, bounds)
     for index, op, values, amount in ops:
+        if op == "scrape":  # mid-sequence: ours folds the observations pending so far
+            assert _text(ours_reg) == _text(theirs_reg)
+            continue
         (a, kind, labelled), (b, _, _) = ours[index], theirs[index]
         vals = values[:2] if len(values) >= 2 and op != "labels" else values
         assert _apply(a, kind, labelled, op, vals, amount) == _apply(b, kind, labelled, op, vals, amount)
@@ -198,6 +202,33 @@ def test_random_updates_export_what_prometheus_client_exports_long(
 ) -> None:
     """The same, at length (``pytest -m fuzz``)."""
     check_against_prometheus_client(bounds, ops)
+
+
+def test_pending_observations_fold_on_every_read_and_in_the_background() -> None:
+    """``observe`` only appends; reads (``counts``, ``sum``, a scrape) and the fold thread fold,
+    and a NaN or inf - inf among a batch takes the one-by-one path with Go's +Inf rule."""
+    reg = CollectorRegistry()
+    h = fast.Histogram("b", "help", buckets=(1.0, 10.0), registry=reg)
+    child = h._default
+    assert child is not None
+    for v in (0.5, 5.0, 50.0, 1.0):
+        h.observe(v)
+    assert child.counts == [2, 1, 1] and child.sum == 56.5
+    h.observe(math.nan)
+    h.observe(2.0)
+    assert child.counts == [2, 2, 2] and math.isnan(child.sum)
+    h2 = fast.Histogram("c", "help", buckets=(1.0,), registry=reg)
+    h2.observe(math.inf)
+    h2.observe(-math.inf)
+    assert reg.get_sample_value("c_bucket", {"le": "1.0"}) == 1
+    assert reg.get_sample_value("c_bucket", {"le": "+Inf"}) == 2
+    h2.observe(0.25)  # no reader: the fold thread folds it within FOLD_INTERVAL
+    c2 = h2._default
+    assert c2 is not None
+    deadline = time.monotonic() + 10 * fast.FOLD_INTERVAL
+    while c2._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not c2._pending and c2._counts == [2, 1]
 
 
 def test_equal_label_values_share_a_series() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from epp.director.lifecycle import Phase
+from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.server import responses as r
 from epp.server.session import ExtProcSession
 from tests.server.harness import (
@@ -37,6 +39,11 @@ def phase(s: ExtProcSession) -> Phase | None:
     return None if s.lifecycle is None else s.lifecycle.phase
 
 
+def released(s: ExtProcSession, lc: RequestLifecycle) -> bool:
+    """The session keeps nothing of its request, and the request nothing of the session."""
+    return s.lifecycle is None and s.writer is None and lc.request.edge is None
+
+
 def parse(replies: list[r.Reply]) -> list[pb.ProcessingResponse]:
     return [pb.ProcessingResponse.FromString(r.serialize(x)) for x in replies]
 
@@ -62,9 +69,13 @@ async def test_only_the_body_completing_message_needs_routing() -> None:
         assert not pending(s)
         assert streamed(reply) == (b"data: {}\n\n", eos)
     assert phase(s) is Phase.COMPLETE
+    lc = s.lifecycle
+    assert not released(s, lc)
     s.close()
     s.close()
-    assert closed == ["closed"] and phase(s) is Phase.CLOSED
+    assert closed == ["closed"] and lc.phase is Phase.CLOSED
+    # closed: the session lets go of the request (no reference cycle left for the cyclic GC)
+    assert released(s, lc)
 
 
 async def test_request_trailers_end_the_body() -> None:
@@ -97,9 +108,10 @@ async def test_routing_error_is_an_immediate_response() -> None:
     assert reply.immediate_response.status.code == 400
     assert s.finished and not pending(s)
     assert s.error is not None and s.error.code == "BadRequest"
+    lc = s.lifecycle
     s.close()
     assert closed == ["closed"]
-    assert s.lifecycle is not None and phase(s) is Phase.CLOSED
+    assert lc is not None and lc.phase is Phase.CLOSED
 
 
 def test_headers_only_request_is_answered_at_once() -> None:
@@ -145,3 +157,37 @@ def test_a_request_whose_response_envoy_does_not_stream_has_no_edge() -> None:
     msg.protocol_config.response_body_mode = mode_pb.ProcessingMode.BUFFERED
     s.handle(msg)
     assert s.lifecycle is not None and s.lifecycle.request.edge is None
+
+
+async def test_a_closed_request_leaves_nothing_for_the_cyclic_collector() -> None:
+    """Once closed, reference counting frees the request's objects: none of them sits in a cycle
+    (the gen-0 passes that would otherwise scan ~25 objects a request cost the hot path)."""
+    s, _ = session()
+
+    class Writer:  # the transport's driver points at the session and the session at it
+        def __init__(self, session: ExtProcSession) -> None:
+            self.session = session
+            session.writer = self
+
+        def write_unasked(self) -> None:
+            pass
+
+    Writer(s)
+    s.handle(req_headers({":path": "/v1/completions", "content-type": "application/json"}))
+    s.handle(req_body(BODY, eos=True))
+    await s.route()
+    s.handle(resp_headers({":status": "200", "content-type": "text/event-stream"}))
+    s.handle(resp_body(b"data: {}\n\n", eos=True))
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        s.close()
+        del s
+        gc.collect()
+        kinds = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not kinds & {"RequestLifecycle", "RequestContext", "InferenceRequest", "CycleState"}, kinds

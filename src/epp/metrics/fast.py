@@ -29,8 +29,14 @@ prometheus_client's classes (the reference), must export the same text.  Where t
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+import os
+import threading
+import time
+import weakref
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
+from functools import reduce
+from operator import add
 from typing import Any, ClassVar, Final, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -43,6 +49,47 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 C = TypeVar("C")
+
+FOLD_INTERVAL: Final = 1.0  # seconds between two folds of every histogram's pending observations
+_FOLD_LOCK = threading.Lock()
+_CHILDREN: weakref.WeakSet[HistogramChild] = weakref.WeakSet()
+_folder: threading.Thread | None = None
+
+
+def fold_all() -> None:
+    """Fold every histogram's pending observations (``HistogramChild.fold``)."""
+    for child in list(_CHILDREN):
+        child.fold()
+
+
+def _fold_forever() -> None:
+    while True:
+        time.sleep(FOLD_INTERVAL)
+        fold_all()
+
+
+def _register(child: HistogramChild) -> None:
+    """Track ``child`` for the fold thread, started with the first histogram."""
+    _CHILDREN.add(child)
+    if _folder is None:
+        _start_folder()
+
+
+def _start_folder() -> None:
+    global _folder
+    _folder = threading.Thread(target=_fold_forever, name="epp-metrics-fold", daemon=True)
+    _folder.start()
+
+
+def _after_fork() -> None:  # pragma: no cover - a forked child (workers exec instead)
+    """A forked child has no fold thread: start its own if it has histograms."""
+    global _folder
+    _folder = None
+    if _CHILDREN:
+        _start_folder()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class CounterChild:
@@ -74,19 +121,66 @@ class GaugeChild:
 
 
 class HistogramChild:
-    __slots__ = ("_bounds", "counts", "sum")
+    """One histogram series.  ``observe`` is the bound ``append`` of a pending list (a C call, no
+    Python frame: the request path observes ~15 values a request); the values are folded into
+    the buckets and the sum whenever they are read (``counts``, ``sum``, a scrape) and at least
+    every ``FOLD_INTERVAL`` seconds by a daemon thread, which bounds the list.  A fold adds the
+    values to the sum one by one in observation order, so the floats are those of adding each
+    value as it came (tests/metrics/test_fast.py holds it to prometheus_client's)."""
+
+    __slots__ = ("__weakref__", "_bounds", "_counts", "_pending", "_sum", "observe")
+
+    observe: Callable[[float], None]
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self._bounds = bounds  # sorted upper bounds, the last one +Inf
-        self.counts = [0] * len(bounds)  # per bucket, not cumulative
-        self.sum = 0.0
+        self._counts = [0] * len(bounds)  # per bucket, not cumulative
+        self._sum = 0.0
+        self._pending: list[float] = []
+        self.observe = self._pending.append
+        _register(self)
 
-    def observe(self, value: float) -> None:
-        i = bisect_left(self._bounds, value)  # first bound >= value: Prometheus "le"
-        if i == 0 and value != value:  # NaN compares false to every bound: +Inf, as Go's client counts it
-            i = -1
-        self.counts[i] += 1
-        self.sum += value
+    @property
+    def counts(self) -> list[int]:
+        """Per-bucket counts (not cumulative), every observation so far included."""
+        self.fold()
+        return self._counts
+
+    @property
+    def sum(self) -> float:
+        self.fold()
+        return self._sum
+
+    def fold(self) -> None:
+        """Move the pending observations into the buckets and the sum.
+
+        Any thread may call it (the event loop observes, a ``/metrics`` worker or the fold
+        thread folds): folds take one lock, and the loop's appends need none, since taking the
+        first ``n`` values and deleting them are each one list operation under the GIL and a
+        value appended between the two lands after ``n``.
+        """
+        pending = self._pending
+        if not pending:
+            return
+        with _FOLD_LOCK:
+            n = len(pending)
+            values = pending[:n]
+            del pending[:n]
+            total = reduce(add, values, self._sum)  # left to right: observe's own additions
+            counts = self._counts
+            bounds = self._bounds
+            if total != total:  # a NaN somewhere (or inf - inf): one by one, NaN in +Inf as Go counts it
+                for v in values:
+                    i = bisect_left(bounds, v)  # first bound >= value: Prometheus "le"
+                    counts[-1 if i == 0 and v != v else i] += 1
+            else:  # no NaN: sorted, a bucket's share is the difference of two bisections
+                values.sort()
+                below = 0
+                for i, b in enumerate(bounds):  # the last bound is +Inf: it takes the rest
+                    upto = bisect_right(values, b)
+                    counts[i] += upto - below
+                    below = upto
+            self._sum = total
 
 
 class _Family(Generic[C]):
@@ -220,13 +314,16 @@ class Histogram(_Family[HistogramChild]):
         self._bounds = tuple(bounds)
         self._les = tuple(_le(b) for b in bounds)
         super().__init__(name, documentation, labelnames, registry=registry)
+        # Unlabelled: the family's observe is its one series' (a list append, no Python frame).
+        self.observe = self._labelled_observe if self._default is None else self._default.observe
+
+    observe: Callable[[float], None]
 
     def _new_child(self) -> HistogramChild:
         return HistogramChild(self._bounds)
 
-    def observe(self, value: float) -> None:
-        assert self._default is not None, f"{self.name} has labels: use labels(...).observe()"
-        self._default.observe(value)
+    def _labelled_observe(self, value: float) -> None:
+        raise AssertionError(f"{self.name} has labels: use labels(...).observe()")
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -234,13 +331,14 @@ class Histogram(_Family[HistogramChild]):
     def _fill(self, family: Metric) -> Metric:
         assert isinstance(family, HistogramMetricFamily)
         for values, child in self._series():
-            counts = list(child.counts)
+            child.fold()
+            counts = list(child._counts)
             running = 0
             buckets = []
             for le, n in zip(self._les, counts, strict=True):
                 running += n
                 buckets.append((le, running))
-            family.add_metric(list(values), buckets, child.sum)
+            family.add_metric(list(values), buckets, child._sum)
         return family
 
 

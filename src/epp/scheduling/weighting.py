@@ -76,6 +76,15 @@ def combine(
         if k == 2:
             (a, b), (wa, wb) = lists, weights
             return [p + x * wa + y * wb for p, x, y in zip(partial, a, b, strict=True)]
+        if k == 3:
+            (a, b, c), (wa, wb, wc) = lists, weights
+            return [p + x * wa + y * wb + z * wc for p, x, y, z in zip(partial, a, b, c, strict=True)]
+        if k == 4:  # an affinity scorer first, then four (prefix-heavy): one pass, not four
+            (a, b, c, d), (wa, wb, wc, wd) = lists, weights
+            return [
+                p + x * wa + y * wb + z * wc + u * wd
+                for p, x, y, z, u in zip(partial, a, b, c, d, strict=True)
+            ]
         totals = list(partial)
     for scores, w in zip(lists, weights, strict=True):
         totals = [t + x * w for t, x in zip(totals, scores, strict=True)]

@@ -235,11 +235,12 @@ class ExtProcSession:
         if self.closed:
             return
         self.closed = True
+        lc = self.lifecycle
         try:
             try:
-                if self.lifecycle is not None:
-                    self.lifecycle.close(self.error)
-                    on_closed = self.lifecycle.request.on_closed
+                if lc is not None:
+                    lc.close(self.error)
+                    on_closed = lc.request.on_closed
                     if on_closed is not None:  # flow control tracked it for eviction
                         on_closed()
             finally:
@@ -249,6 +250,23 @@ class ExtProcSession:
             log.exception("session_close_failed", **self._log_ids())
         if self._on_close is not None:
             self._on_close()
+        self._release(lc)
+
+    def _release(self, lc: RequestLifecycle | None) -> None:
+        """Let reference counting free the closed request's objects now.
+
+        The request points back at this session (``edge``), this session at its transport
+        (``writer``), and the transport's call and driver at each other: without these cuts
+        every request's ~25 objects (context, cycle state, parsed body, scheduling result...)
+        would wait in reference cycles for the cyclic collector, which then scans them all
+        (a gen-0 pass every ~25 requests: ~6 µs a request in bench/hotpath).  The session
+        itself may stay with its transport until that collector runs; it keeps nothing.
+        """
+        self.writer = None
+        self.lifecycle = None
+        self._body = []
+        if lc is not None:
+            lc.request.edge = None
 
     # request phases ---------------------------------------------------------------
     def _request_headers(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:

@@ -52,7 +52,25 @@ def test_random_churn_matches_reference_lru(seed: int, servers: int, capacity: i
             lru.move_to_end(h)
         while len(lru) > capacity:
             lru.popitem(last=False)
+        query = [rng.choice(universe) for _ in range(rng.randrange(0, capacity + 3))]
+        assert _named(index, index.match(query)) == _model_match(model, query)
     _check_against_model(index, model)
+
+
+def _named(index: PrefixIndex, counts: dict[int, int]) -> dict[str, int]:
+    return {index.name_of(slot): n for slot, n in counts.items()}
+
+
+def _model_match(model: dict[str, OrderedDict[int, None]], query: list[int]) -> dict[str, int]:
+    """GIE's walk, block by block: every holder counts a block, until one nobody holds."""
+    out: dict[str, int] = {}
+    for h in query:
+        holders = [name for name, lru in model.items() if h in lru]
+        if not holders:
+            break
+        for name in holders:
+            out[name] = out.get(name, 0) + 1
+    return out
 
 
 def test_match_counts_every_holder_until_first_miss() -> None:

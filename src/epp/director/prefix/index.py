@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import heapq
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final, cast
 
@@ -75,18 +74,27 @@ class PrefixIndex:
     def match(self, hashes: Sequence[int]) -> dict[int, int]:
         """Slot → number of blocks held, walking ``hashes`` until the first block nobody holds.
 
-        As in GIE, every server holding a walked block counts it, contiguous or not.
+        As in GIE, every server holding a walked block counts it, contiguous or not.  Holder
+        sets are few and come in runs (one, usually, for a whole prompt), so each distinct mask
+        is counted by ``list.count``: C loops, no Counter and no context manager per request.
         """
         found = list(map(self._index.get, hashes))
-        with contextlib.suppress(ValueError):  # no None: every block is held by someone
-            found = found[: found.index(None)]
+        if None in found:
+            del found[found.index(None) :]
         if not found:
             return {}
         masks = cast("list[int]", found)
+        first = masks[0]
+        n = len(masks)
         counts: dict[int, int] = {}
-        for mask, n in Counter(masks).items():  # runs of equal holder sets collapse
+        if masks.count(first) == n:  # one holder set for the whole walk
+            for slot in _bits(first):
+                counts[slot] = n
+            return counts
+        for mask in set(masks):
+            k = masks.count(mask)
             for slot in _bits(mask):
-                counts[slot] = counts.get(slot, 0) + n
+                counts[slot] = counts.get(slot, 0) + k
         return counts
 
     def name_of(self, slot: int) -> str:

@@ -25,6 +25,7 @@ DEFAULT_LRU_CAPACITY_PER_SERVER: Final = 31250  # ~500k tokens of H100 KV-cache 
 # insertions kept for the sync hub between two drains; past it new ones are dropped (and counted)
 MAX_UNDRAINED: Final = 65536
 PREFILL_PROFILE: Final = "prefill"  # P/D: the prefill endpoint's cache is recorded too
+_INFOS_MAX: Final = 4096  # distinct (matched, total, block size) infos kept between requests
 
 
 class ApproxPrefixCacheParams(PluginParams):
@@ -38,7 +39,7 @@ class ApproxPrefixCacheParams(PluginParams):
     lru_capacity_per_server: int = DEFAULT_LRU_CAPACITY_PER_SERVER
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__
 class _RequestPrefix:
     """What PreRequest needs from PrepareRequestData: the hashes and who matched how much."""
 
@@ -126,6 +127,9 @@ class ApproxPrefixCacheProducer(PluginBase):
         self._undrained: list[list[Any]] | None = None  # [name, hashes] since the last drain
         self.undrained_dropped = 0
         self._state_key: StateKey[_RequestPrefix] = StateKey(f"{name}/{self.TYPE}")
+        # PrefixMatchInfo is immutable: one object per (matched, total, block size), shared by
+        # every request and endpoint with those numbers, so a request allocates none.
+        self._infos: dict[tuple[int, int, int], PrefixMatchInfo] = {}
         # Hit-rate counters for /debug/plugins/state, three additions per routed request (PreRequest).
         self.lookups = 0  # requests routed after a lookup
         self.lookups_hit = 0  # of which the picked endpoint held at least the first block
@@ -177,21 +181,24 @@ class ApproxPrefixCacheProducer(PluginBase):
 
     def prepare(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         """The synchronous body of ``prepare_request_data`` (no await inside; benchmarks call it)."""
-        block_size = self.block_size(endpoints)
+        block_size = self.block_size_tokens  # ``block_size(endpoints)``, inlined
+        if self.auto_tune and endpoints:
+            bs = endpoints[0].metrics.cache_block_size
+            if bs > 0:
+                block_size = bs
         max_blocks = self.max_prefix_blocks
         if self.max_prefix_tokens > 0 and block_size > 0:
             max_blocks = self.max_prefix_tokens // block_size
         hashes = hash_request(request, block_size, max_blocks)
         total = len(hashes)
         index = self.index
-        counts = index.match(hashes) if hashes else {}
+        counts = index.match(hashes) if hashes else None
 
         # One shared info object for every endpoint without a match: no per-endpoint allocation.
-        values: dict[Any, PrefixMatchInfo] = dict.fromkeys(endpoints, PrefixMatchInfo(0, total, block_size))
+        values: dict[Any, PrefixMatchInfo] = dict.fromkeys(endpoints, self._info(0, total, block_size))
         matches: dict[str, int] = {}
         if counts:
             by_name: dict[str, Endpoint] | None = None
-            infos: dict[int, PrefixMatchInfo] = {}
             for slot, n in counts.items():
                 name = index.name_of(slot)
                 matches[name] = n
@@ -202,12 +209,19 @@ class ApproxPrefixCacheProducer(PluginBase):
                     ep = by_name.get(name)
                     if ep is None:
                         continue
-                info = infos.get(n)
-                if info is None:
-                    info = infos[n] = PrefixMatchInfo(n, total, block_size)
-                values[ep] = info
+                values[ep] = self._info(n, total, block_size)
         state.set_attributes(PREFIX_MATCH, values)
         state.put(self._state_key, _RequestPrefix(hashes, matches))
+
+    def _info(self, matched: int, total: int, block_size: int) -> PrefixMatchInfo:
+        """The shared ``PrefixMatchInfo`` with these numbers."""
+        key = (matched, total, block_size)
+        info = self._infos.get(key)
+        if info is None:
+            if len(self._infos) >= _INFOS_MAX:
+                self._infos.clear()
+            info = self._infos[key] = PrefixMatchInfo(matched, total, block_size)
+        return info
 
     # PreRequest ---------------------------------------------------------------------
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:

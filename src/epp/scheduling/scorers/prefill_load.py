@@ -79,7 +79,8 @@ class PrefillLoadScorer(PluginBase):
         for ep in endpoints:
             info = infos.get(ep)
             cached = info.match_blocks * info.block_size_tokens if info is not None else 0
-            estimates.append(backlog.get(ep.name, 0) + max(prompt - cached, 0))
+            # ep.metadata.name: ``Endpoint.name`` is a property, a call per endpoint
+            estimates.append(backlog.get(ep.metadata.name, 0) + max(prompt - cached, 0))
         return min_max_scores(estimates)
 
     # PreRequest: the chosen endpoint takes this prompt's uncached prefill -----------------
