@@ -9,16 +9,19 @@ index (prefix-heavy.yaml).  Replicas either run independently (the baseline to b
 knows a 1/N share of the routing) or share their routing state (``--peers``).  Reported:
 TTFT p90 and the fleet's prefix-cache hit rate; goal: 4 synced replicas within 5% of one.
 Every cell runs ``quality_repeats`` times (3 quick, 5 full), the order reversed every other
-round, and reports medians with their range: one 10-s cell's TTFT p90 is the 12th-worst of 120
-requests near the fleet's capacity, and repeats of the *same* cell spread 0.7-1.9 s, so the
-single-run ratios this part printed before (x1.16, x1.26) were mostly noise.  Every cell
+round, and reports medians with their range.  Both modes use llm-d's sizing (150 groups, system
+prompts 73% of the fleet's KV, 24 req/s; quick runs 20 s a cell, full 30 s): the profile this
+part used in quick mode before (bench/prefix_routing's 24 groups on 1,000 KV blocks) fits two
+sequences per engine, and near that limit TTFT p90 is queue blow-up, the same cell's runs
+spreading 0.7-5.8 s, so its single-run ratios (x1.16, x1.26) were mostly noise.  Every cell
 sends the same requests at the same seeded arrival times to a fresh fleet, with no warmup in
 any.  Beside the client's TTFT, each cell reports the engines' own TTFT and queue time (the
 simulator's modelled time, so CPU starvation of its loop on this 2-core machine cannot inflate
 them: the client's TTFT minus the engines' is what the shared cores cost), the EPPs'
-scheduling p90, the simulator's CPU (each replica scrapes every engine every 50 ms, as in
-service: 4 replicas scrape 4x as often), requests per engine, and the engines' waiting
-queues read twice a second (the longest queue over the fleet's mean: a herd shows there).
+scheduling p90 and sync lag, the simulator's CPU (each replica scrapes every engine every
+50 ms, as in service: 4 replicas scrape 4x as often; 3 extra idle scrapers were measured not
+to change one replica's TTFT), requests per engine, and the engines' waiting queues read twice
+a second (mean waiting in the fleet and in its longest queue: a herd shows there).
 
 Part ``cost``: N EPP replicas (N = 1, 2, 4, 8), each driven directly over ext_proc at the
 same steady rate by this process (bench/extproc_client: pre-encoded frames, no Envoy), with
@@ -59,8 +62,7 @@ import uvloop
 
 from bench import extproc_client as xc
 from bench.common import CONFIGS, cpu_seconds, log, rnd, write_result
-from bench.prefix_routing import QUICK as PR_QUICK
-from bench.prefix_routing import _shared
+from bench.prefix_routing import JUDGED, PROFILES
 from bench.routing import MODEL, Workload, builtin_load, fleet_counters, sim_args
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
@@ -85,17 +87,23 @@ class Settings:
     quality_rate: float
     quality_duration_s: int
     quality_workload: Workload
-    quality_repeats: int
     cost_ns: tuple[int, ...]
     cost_rate: float  # per replica
     cost_seconds: float
     workers_rounds: int
     workers_seconds: float
     faults_rate: float
+    quality_repeats: int = 3  # runs of each quality cell (the medians' sample)
 
 
-FULL = Settings(24.0, 30, _shared(9600), 5, (1, 2, 4, 8), 80.0, 20.0, 3, 10.0, 50.0)
-QUICK = Settings(12.0, 20, PR_QUICK.profiles[0].workload, 3, (1, 2, 4, 8), 60.0, 8.0, 2, 5.0, 50.0)
+# The quality part runs llm-d's sizing (bench/prefix_routing's judged profile) in both modes.
+# bench/prefix_routing's quick profile (24 groups on 1,000 KV blocks per engine) holds two
+# 7,300-token sequences per engine, so at 12 req/s each engine is ~75% of the way to its
+# concurrency limit: TTFT p90 there is queue blow-up, the same 1-replica cell spread 0.7-1.9 s
+# over 10-s runs and one 4-replica run reached 5.8 s, and no ratio of two runs meant anything.
+LLMD_73 = next(p.workload for p in PROFILES if p.name == JUDGED)
+FULL = Settings(24.0, 30, LLMD_73, (1, 2, 4, 8), 80.0, 20.0, 3, 10.0, 50.0, quality_repeats=5)
+QUICK = Settings(24.0, 20, LLMD_73, (1, 2, 4, 8), 60.0, 8.0, 2, 5.0, 50.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,16 +257,13 @@ class QueueSampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        busy = [row for row in self.samples if any(row)]
-        longest = sorted(max(row) for row in busy)
+        rows = self.samples
         return {
-            "samples": len(self.samples),
-            # of the reads where anything waited: the longest queue (p90) and how far the longest
-            # stood above the fleet's mean (1.0 = even; 8.0 = all of it on one engine of eight)
-            "longest_waiting_p90": longest[int(0.9 * (len(longest) - 1))] if longest else 0.0,
-            "longest_over_mean": rnd(statistics.fmean(max(r) / statistics.fmean(r) for r in busy))
-            if busy
-            else None,
+            "samples": len(rows),
+            # per read, averaged over the reads: requests waiting in the whole fleet, and in its
+            # longest queue (a herd raises the second more than the first)
+            "waiting_mean": rnd(statistics.fmean(sum(r) for r in rows), 2) if rows else None,
+            "longest_mean": rnd(statistics.fmean(max(r) for r in rows), 2) if rows else None,
         }
 
 
@@ -295,6 +300,7 @@ async def quality_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
     engine_ttft = histogram_quantile(sims, "vllm_time_to_first_token_seconds", 0.9)
     engine_queue = histogram_quantile(sims, "vllm_request_queue_time_seconds", 0.9)
     schedule = histogram_quantile(routed, "inference_extension_scheduler_e2e_duration_seconds", 0.9)
+    lag = histogram_quantile(routed, "epp_sync_delta_lag_seconds", 0.99)  # a peer's batch, sent to applied
     return {
         "replicas": n,
         "sync": sync,
@@ -308,6 +314,7 @@ async def quality_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
         "engine_ttft_p90_ms": rnd(engine_ttft * 1000) if engine_ttft is not None else None,
         "engine_queue_p90_ms": rnd(engine_queue * 1000) if engine_queue is not None else None,
         "schedule_p90_ms": rnd(schedule * 1000, 4) if schedule is not None else None,
+        "sync_lag_p99_ms": rnd(lag * 1000, 2) if lag is not None else None,
         "sim_cpu_s": rnd(sim_cpu, 2),
         "requests_per_engine": counters["requests_per_replica"],
         "queues": queues,
@@ -323,6 +330,7 @@ _MEDIANS: Final = (
     "engine_ttft_p90_ms",
     "engine_queue_p90_ms",
     "schedule_p90_ms",
+    "sync_lag_p99_ms",
     "sim_cpu_s",
 )
 
@@ -334,8 +342,9 @@ def median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
         xs = [r[key] for r in runs if r.get(key) is not None]
         out[key] = rnd(statistics.median(xs), 4) if xs else None
         out[f"{key}_range"] = [min(xs), max(xs)] if xs else None
-    longest = [r["queues"]["longest_over_mean"] for r in runs if r["queues"]["longest_over_mean"] is not None]
-    out["longest_queue_over_mean"] = rnd(statistics.median(longest)) if longest else None
+    for key in ("waiting_mean", "longest_mean"):
+        xs = [r["queues"][key] for r in runs if r["queues"][key] is not None]
+        out[key] = rnd(statistics.median(xs), 2) if xs else None
     out["runs"] = runs
     return out
 
@@ -351,7 +360,8 @@ async def quality(st: Settings) -> dict[str, Any]:
             log(
                 f"scaleout quality {r + 1}/{st.quality_repeats}: {n} {'shared' if sync else 'independent'}"
                 f" ttft p90 {cell['ttft_p90_ms']} ms (engine {cell['engine_ttft_p90_ms']}), hits"
-                f" {cell['prefix_hit_rate']}, longest queue / mean {cell['queues']['longest_over_mean']}"
+                f" {cell['prefix_hit_rate']}, waiting {cell['queues']['waiting_mean']}"
+                f" (longest queue {cell['queues']['longest_mean']})"
             )
     cells = [median_cell(runs[c]) for c in QUALITY_CELLS]
     one, four = cells[0], cells[-1]

@@ -110,7 +110,7 @@ def _quality(q: dict[str, Any], goals: dict[str, Any]) -> list[str]:
             _span(c, "ttft_p90_ms"),
             f(c.get("engine_ttft_p90_ms")),
             _span(c, "prefix_hit_rate", 3),
-            f(c.get("longest_queue_over_mean"), 2),
+            f"{f(c.get('waiting_mean'), 2)} / {f(c.get('longest_mean'), 2)}",
             f(c["success_rate"], 3),
         ]
         for c in q["cells"]
@@ -128,7 +128,7 @@ def _quality(q: dict[str, Any], goals: dict[str, Any]) -> list[str]:
                 "TTFT p90 (ms)",
                 "engines' TTFT p90 (ms, modelled)",
                 "fleet hit rate",
-                "longest queue / mean",
+                "waiting: fleet / longest queue",
                 "success",
             ],
             rows,

@@ -43,19 +43,14 @@ def test_peer_args_name_every_other_replica() -> None:
     assert "--peers=127.0.0.1:9001,127.0.0.1:9003" in args
 
 
-async def test_queue_sampler_reports_the_longest_queue_against_the_fleets_mean() -> None:
+async def test_queue_sampler_averages_the_fleets_and_the_longest_queue_over_the_reads() -> None:
     q = QueueSampler([1, 2, 3, 4])
-    q.samples = [[0, 0, 0, 0], [1, 1, 1, 1], [4, 0, 0, 0], [2, 2, 0, 0]]  # even, a herd, half
-    got = await q.stop()
-    assert got["samples"] == 4  # the idle read counts as a read, not in the statistics
-    assert got["longest_over_mean"] == pytest.approx((1 + 4 + 2) / 3, abs=1e-3)
-    assert got["longest_waiting_p90"] == 2  # of 1, 2, 4: the nearest-rank p90 below the max
+    q.samples = [[0, 0, 0, 0], [1, 1, 1, 1], [4, 0, 0, 0], [3, 1, 0, 0]]  # idle, even, a herd, between
+    assert await q.stop() == {"samples": 4, "waiting_mean": 3.0, "longest_mean": 2.0}
 
 
-async def test_queue_sampler_with_nothing_waiting_reports_no_ratio() -> None:
-    q = QueueSampler([1])
-    q.samples = [[0], [0]]
-    assert await q.stop() == {"samples": 2, "longest_waiting_p90": 0.0, "longest_over_mean": None}
+async def test_queue_sampler_without_a_read_reports_none() -> None:
+    assert await QueueSampler([1]).stop() == {"samples": 0, "waiting_mean": None, "longest_mean": None}
 
 
 def run(ttft: float, hits: float, *, engine: float | None = 500.0) -> dict[str, object]:
@@ -70,7 +65,7 @@ def run(ttft: float, hits: float, *, engine: float | None = 500.0) -> dict[str, 
         "engine_queue_p90_ms": None,
         "schedule_p90_ms": 0.2,
         "sim_cpu_s": 3.0,
-        "queues": {"longest_over_mean": 2.0},
+        "queues": {"waiting_mean": 3.0, "longest_mean": 2.0},
     }
 
 
@@ -82,7 +77,7 @@ def test_median_cell_takes_each_figures_median_and_range_over_the_repeats() -> N
     assert cell["prefix_hit_rate"] == 0.40
     assert cell["engine_ttft_p90_ms"] == 500.0  # a run without the figure is left out
     assert cell["engine_queue_p90_ms"] is None and cell["engine_queue_p90_ms_range"] is None
-    assert cell["longest_queue_over_mean"] == 2.0
+    assert cell["waiting_mean"] == 3.0 and cell["longest_mean"] == 2.0
     assert len(cell["runs"]) == 3
 
 
