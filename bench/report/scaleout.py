@@ -116,6 +116,7 @@ def _quality(q: dict[str, Any], goals: dict[str, Any]) -> list[str]:
         for c in q["cells"]
     ]
     repeats = q.get("repeats", 1)
+    run_alone = f" Run on its own by `{q['command']}`, {q['finished']}." if q.get("command") else ""
     per_round = ", ".join(ratio(x) for x in q.get("ttft_p90_4_synced_vs_one_per_round", []))
     return [
         "**Routing quality** (shared-prefix profile through one Envoy, approximate prefix index; "
@@ -137,6 +138,6 @@ def _quality(q: dict[str, Any], goals: dict[str, Any]) -> list[str]:
         f"4 shared replicas vs one: TTFT p90 {ratio(q['ttft_p90_4_synced_vs_one'])} (goal ≤ "
         f"{goals['quality_ttft_p90_vs_one']}×, {met(q['met']['ttft'])}; per round {per_round or '–'}), "
         f"hit rate {ratio(q['hit_rate_4_synced_vs_one'])} (goal ≥ {goals['quality_hit_rate_vs_one']}×, "
-        f"{met(q['met']['hits'])}).",
+        f"{met(q['met']['hits'])}).{run_alone}",
         "",
     ]
