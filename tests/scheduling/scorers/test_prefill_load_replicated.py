@@ -53,6 +53,7 @@ def test_a_peers_backlog_steers_this_replicas_score() -> None:
     sync(a, "A", b)
     assert b.backlog(EPS[0]) == 3000
     assert b.score(state_with({}), request(1000), EPS) == pytest.approx([0.0, 1.0, 1.0])
+    assert b.debug_state() == {"backlog": {EP0: 3000}, "own": {}, "peers": {"A": {EP0: 3000}}}
     first_byte(a, busy)  # A's prefill is done: B hears the release
     sync(a, "A", b)
     assert b.backlog(EPS[0]) == 0

@@ -76,6 +76,15 @@ class PrefillLoadScorer(PluginBase):
         self._changed: set[str] | None = None  # own backlog changed since the last drain; None: no hub
         self._key: StateKey[_Pending] = StateKey(f"{name}/{self.TYPE}")
 
+    def debug_state(self) -> dict[str, Any]:
+        """Pending prefill tokens per endpoint: the total scored, this replica's own share, and
+        what each peer last reported (``/debug/plugins/state``)."""
+        return {
+            "backlog": dict(self._backlog),
+            "own": dict(self._own),
+            "peers": {o: dict(m) for o, m in self._peers.items()},
+        }
+
     def backlog(self, endpoint: Endpoint) -> int:
         return self._backlog.get(endpoint.name, 0)
 
