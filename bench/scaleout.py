@@ -12,8 +12,8 @@ Every cell runs ``quality_repeats`` times (3 quick, 5 full), the order reversed 
 round, and reports medians with their range.  Both modes use llm-d's sizing (150 groups, system
 prompts 73% of the fleet's KV, 24 req/s; quick runs 20 s a cell, full 30 s): the profile this
 part used in quick mode before (bench/prefix_routing's 24 groups on 1,000 KV blocks) fits two
-sequences per engine, and near that limit TTFT p90 is queue blow-up, the same cell's runs
-spreading 0.7-5.8 s, so its single-run ratios (x1.16, x1.26) were mostly noise.  Every cell
+sequences per engine, and near that limit TTFT p90 is queue blow-up (one replica's runs spread
+0.7-1.9 s, a 4-replica run reached 5.8 s), so its single-run ratios (x1.16, x1.26) were noise.  Every cell
 sends the same requests at the same seeded arrival times to a fresh fleet, with no warmup in
 any.  Beside the client's TTFT, each cell reports the engines' own TTFT and queue time (the
 simulator's modelled time, so CPU starvation of its loop on this 2-core machine cannot inflate
