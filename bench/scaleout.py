@@ -8,6 +8,20 @@ round robin, so each replica sees its share of the traffic), with the approximat
 index (prefix-heavy.yaml).  Replicas either run independently (the baseline to beat: each
 knows a 1/N share of the routing) or share their routing state (``--peers``).  Reported:
 TTFT p90 and the fleet's prefix-cache hit rate; goal: 4 synced replicas within 5% of one.
+Every cell runs ``quality_repeats`` times (3 quick, 5 full), the order reversed every other
+round, and reports medians with their range.  Both modes use llm-d's sizing (150 groups, system
+prompts 73% of the fleet's KV, 24 req/s; quick runs 20 s a cell, full 30 s): the profile this
+part used in quick mode before (bench/prefix_routing's 24 groups on 1,000 KV blocks) fits two
+sequences per engine, and near that limit TTFT p90 is queue blow-up (one replica's runs spread
+0.7-1.9 s, a 4-replica run reached 5.8 s), so its single-run ratios (x1.16, x1.26) were noise.  Every cell
+sends the same requests at the same seeded arrival times to a fresh fleet, with no warmup in
+any.  Beside the client's TTFT, each cell reports the engines' own TTFT and queue time (the
+simulator's modelled time, so CPU starvation of its loop on this 2-core machine cannot inflate
+them: the client's TTFT minus the engines' is what the shared cores cost), the EPPs'
+scheduling p90 and sync lag, the simulator's CPU (each replica scrapes every engine every
+50 ms, as in service: 4 replicas scrape 4x as often; 3 extra idle scrapers were measured not
+to change one replica's TTFT), requests per engine, and the engines' waiting queues read twice
+a second (mean waiting in the fleet and in its longest queue: a herd shows there).
 
 Part ``cost``: N EPP replicas (N = 1, 2, 4, 8), each driven directly over ext_proc at the
 same steady rate by this process (bench/extproc_client: pre-encoded frames, no Envoy), with
@@ -47,15 +61,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import uvloop
 
 from bench import extproc_client as xc
 from bench.common import CONFIGS, cpu_seconds, log, rnd, write_result
-from bench.prefix_routing import QUICK as PR_QUICK
-from bench.prefix_routing import _shared
+from bench.prefix_routing import JUDGED, PROFILES
 from bench.routing import MODEL, Workload, builtin_load, fleet_counters, sim_args
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
@@ -88,10 +101,17 @@ class Settings:
     workers_seconds: float
     workers_connections: int
     faults_rate: float
+    quality_repeats: int = 3  # runs of each quality cell (the medians' sample)
 
 
-FULL = Settings(24.0, 30, _shared(9600), (1, 2, 4, 8), 80.0, 20.0, 3, 10.0, 8, 50.0)
-QUICK = Settings(12.0, 10, PR_QUICK.profiles[0].workload, (1, 2, 4, 8), 60.0, 8.0, 3, 5.0, 8, 50.0)
+# The quality part runs llm-d's sizing (bench/prefix_routing's judged profile) in both modes.
+# bench/prefix_routing's quick profile (24 groups on 1,000 KV blocks per engine) holds two
+# 7,300-token sequences per engine, so at 12 req/s each engine is ~75% of the way to its
+# concurrency limit: TTFT p90 there is queue blow-up, the same 1-replica cell spread 0.7-1.9 s
+# over 10-s runs and one 4-replica run reached 5.8 s, and no ratio of two runs meant anything.
+LLMD_73 = next(p.workload for p in PROFILES if p.name == JUDGED)
+FULL = Settings(24.0, 30, LLMD_73, (1, 2, 4, 8), 80.0, 20.0, 3, 10.0, 8, 50.0, quality_repeats=5)
+QUICK = Settings(24.0, 20, LLMD_73, (1, 2, 4, 8), 60.0, 8.0, 3, 5.0, 8, 50.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,6 +233,53 @@ def sample_sum(text: str, family: str) -> float:
 # part: quality
 
 
+QUALITY_CELLS: Final = ((1, False), (2, False), (2, True), (4, False), (4, True))
+QUEUE_SAMPLE_S: Final = 0.5  # how often the engines' queues are read during a quality cell
+
+
+class QueueSampler:
+    """Reads every engine's waiting queue every ``QUEUE_SAMPLE_S`` while the load runs: how evenly
+    the replicas' decisions spread the work over time (a herd shows as one long queue at a time).
+    Same cost in every cell (8 engines, 2 reads a second each, against the EPPs' 20 each)."""
+
+    def __init__(self, ports: Sequence[int]) -> None:
+        self.ports = ports
+        self.samples: list[list[float]] = []  # one row per read: waiting requests per engine
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+            while True:
+                row = []
+                for port in self.ports:
+                    async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                        row.append(sample_sum(_sim_names(await r.text()), "vllm_num_requests_waiting"))
+                self.samples.append(row)
+                await asyncio.sleep(QUEUE_SAMPLE_S)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> dict[str, Any]:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        rows = self.samples
+        return {
+            "samples": len(rows),
+            # per read, averaged over the reads: requests waiting in the whole fleet, and in its
+            # longest queue (a herd raises the second more than the first)
+            "waiting_mean": rnd(statistics.fmean(sum(r) for r in rows), 2) if rows else None,
+            "longest_mean": rnd(statistics.fmean(max(r) for r in rows), 2) if rows else None,
+        }
+
+
+def _sim_names(text: str) -> str:
+    """The simulator's ``vllm:`` families under names this module's regexes read (``\\w+``)."""
+    return text.replace("vllm:", "vllm_")
+
+
 async def quality_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
     wl = st.quality_workload
     async with SimFleet(wl.replicas, *sim_args(wl)) as fleet:
@@ -225,33 +292,103 @@ async def quality_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
                 ext_proc_health_service="readiness",
             )
             async with Envoy(cfg) as envoy:
-                res = await builtin_load(envoy.url, wl, st.quality_rate, st.quality_duration_s)
+                sampler = QueueSampler(fleet.ports)
+                cpu0 = cpu_seconds(fleet.pid)
+                sampler.start()
+                try:
+                    res = await builtin_load(envoy.url, wl, st.quality_rate, st.quality_duration_s)
+                finally:
+                    queues = await sampler.stop()
+                sim_cpu = cpu_seconds(fleet.pid) - cpu0
             counters = await fleet_counters(fleet.ports)
+            sims = "".join([_sim_names(await metrics_text(p)) for p in fleet.ports])
+            routed = "".join([await metrics_text(e.metrics_port) for e in epps])
         finally:
             await stop_all(epps)
+    engine_ttft = histogram_quantile(sims, "vllm_time_to_first_token_seconds", 0.9)
+    engine_queue = histogram_quantile(sims, "vllm_request_queue_time_seconds", 0.9)
+    schedule = histogram_quantile(routed, "inference_extension_scheduler_e2e_duration_seconds", 0.9)
+    lag = histogram_quantile(routed, "epp_sync_delta_lag_seconds", 0.99)  # a peer's batch, sent to applied
     return {
         "replicas": n,
         "sync": sync,
         "ttft_p90_ms": res["ttft_ms"]["p90"],
+        "ttft_p50_ms": res["ttft_ms"]["p50"],
         "success_rate": res["success_rate"],
         "prefix_hit_rate": counters["prefix_hit_rate"],
+        # the engines' own TTFT and queue time are modelled time: what routing made them, free of
+        # any CPU starvation of the simulator's loop (which shows in the client's TTFT only);
+        # interpolated within vLLM's buckets (0.5, 0.75, 1, 2.5 s): coarse above 1 s
+        "engine_ttft_p90_ms": rnd(engine_ttft * 1000) if engine_ttft is not None else None,
+        "engine_queue_p90_ms": rnd(engine_queue * 1000) if engine_queue is not None else None,
+        "schedule_p90_ms": rnd(schedule * 1000, 4) if schedule is not None else None,
+        "sync_lag_p99_ms": rnd(lag * 1000, 2) if lag is not None else None,
+        "sim_cpu_s": rnd(sim_cpu, 2),
+        "requests_per_engine": counters["requests_per_replica"],
+        "queues": queues,
     }
 
 
+# medians across repeats: the cell's figures and their spread (min, max)
+_MEDIANS: Final = (
+    "ttft_p90_ms",
+    "ttft_p50_ms",
+    "prefix_hit_rate",
+    "success_rate",
+    "engine_ttft_p90_ms",
+    "engine_queue_p90_ms",
+    "schedule_p90_ms",
+    "sync_lag_p99_ms",
+    "sim_cpu_s",
+)
+
+
+def median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell from its repeats: the median of each figure, its range, and every run."""
+    out: dict[str, Any] = {"replicas": runs[0]["replicas"], "sync": runs[0]["sync"], "repeats": len(runs)}
+    for key in _MEDIANS:
+        xs = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = rnd(statistics.median(xs), 4) if xs else None
+        out[f"{key}_range"] = [min(xs), max(xs)] if xs else None
+    for key in ("waiting_mean", "longest_mean"):
+        xs = [r["queues"][key] for r in runs if r["queues"][key] is not None]
+        out[key] = rnd(statistics.median(xs), 2) if xs else None
+    out["runs"] = runs
+    return out
+
+
 async def quality(st: Settings) -> dict[str, Any]:
-    cells = [await quality_cell(1, False, st)]
-    for n in (2, 4):
-        for sync in (False, True):
-            cells.append(await quality_cell(n, sync, st))
-            log(f"scaleout quality: {cells[-1]}")
-    one = cells[0]
-    four = next(c for c in cells if c["replicas"] == 4 and c["sync"])
+    """Every cell ``quality_repeats`` times, the order reversed on every other round so drift on
+    the shared machine falls on all cells alike; each figure is the median over the repeats."""
+    runs: dict[tuple[int, bool], list[dict[str, Any]]] = {c: [] for c in QUALITY_CELLS}
+    for r in range(st.quality_repeats):
+        for n, sync in QUALITY_CELLS if r % 2 == 0 else reversed(QUALITY_CELLS):
+            cell = await quality_cell(n, sync, st)
+            runs[(n, sync)].append(cell)
+            log(
+                f"scaleout quality {r + 1}/{st.quality_repeats}: {n} {'shared' if sync else 'independent'}"
+                f" ttft p90 {cell['ttft_p90_ms']} ms (engine {cell['engine_ttft_p90_ms']}), hits"
+                f" {cell['prefix_hit_rate']}, waiting {cell['queues']['waiting_mean']}"
+                f" (longest queue {cell['queues']['longest_mean']})"
+            )
+    cells = [median_cell(runs[c]) for c in QUALITY_CELLS]
+    one, four = cells[0], cells[-1]
     ttft = rnd(four["ttft_p90_ms"] / one["ttft_p90_ms"]) if one["ttft_p90_ms"] else None
     hits = rnd(four["prefix_hit_rate"] / one["prefix_hit_rate"]) if one["prefix_hit_rate"] else None
+    # the same ratio within each round (the two cells minutes apart at most): its spread says
+    # how far one round can be trusted
+    paired = [
+        rnd(f["ttft_p90_ms"] / o["ttft_p90_ms"])
+        for o, f in zip(runs[(1, False)], runs[(4, True)], strict=True)
+    ]
     return {
+        "repeats": st.quality_repeats,
+        "duration_s": st.quality_duration_s,
+        "rate": st.quality_rate,
         "cells": cells,
         "ttft_p90_4_synced_vs_one": ttft,
         "hit_rate_4_synced_vs_one": hits,
+        "ttft_p90_4_synced_vs_one_per_round": paired,
         "met": {
             "ttft": ttft is not None and ttft <= GOALS["quality_ttft_p90_vs_one"],
             "hits": hits is not None and hits >= GOALS["quality_hit_rate_vs_one"],

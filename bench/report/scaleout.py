@@ -21,27 +21,7 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
     ]
     q = doc.get("quality")
     if q and "cells" in q:
-        rows = [
-            [
-                str(c["replicas"]),
-                "shared" if c["sync"] else "independent",
-                f(c["ttft_p90_ms"]),
-                f(c["prefix_hit_rate"], 3),
-                f(c["success_rate"], 3),
-            ]
-            for c in q["cells"]
-        ]
-        out += [
-            "**Routing quality** (shared-prefix profile through one Envoy, approximate prefix index)",
-            "",
-            table(["EPP replicas", "routing state", "TTFT p90 (ms)", "fleet hit rate", "success"], rows),
-            "",
-            f"4 shared replicas vs one: TTFT p90 {ratio(q['ttft_p90_4_synced_vs_one'])} (goal ≤ "
-            f"{goals['quality_ttft_p90_vs_one']}×, {met(q['met']['ttft'])}), hit rate "
-            f"{ratio(q['hit_rate_4_synced_vs_one'])} (goal ≥ {goals['quality_hit_rate_vs_one']}×, "
-            f"{met(q['met']['hits'])}).",
-            "",
-        ]
+        out += _quality(q, goals)
     c = doc.get("cost")
     if c and "cells" in c:
         rows = [
@@ -128,3 +108,51 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
         if doc.get(part, {}).get("error"):
             out += [f"*Part {part} failed: {doc[part]['error']}*", ""]
     return out
+
+
+def _span(c: dict[str, Any], key: str, nd: int = 1) -> str:
+    """A median and, when the cell was repeated, its range."""
+    rng = c.get(f"{key}_range")
+    spread = f" ({f(rng[0], nd)}–{f(rng[1], nd)})" if rng and c.get("repeats", 1) > 1 else ""
+    return f(c[key], nd) + spread
+
+
+def _quality(q: dict[str, Any], goals: dict[str, Any]) -> list[str]:
+    rows = [
+        [
+            str(c["replicas"]),
+            "shared" if c["sync"] else "independent",
+            _span(c, "ttft_p90_ms"),
+            f(c.get("engine_ttft_p90_ms")),
+            _span(c, "prefix_hit_rate", 3),
+            f"{f(c.get('waiting_mean'), 2)} / {f(c.get('longest_mean'), 2)}",
+            f(c["success_rate"], 3),
+        ]
+        for c in q["cells"]
+    ]
+    repeats = q.get("repeats", 1)
+    run_alone = f" Run on its own by `{q['command']}`, {q['finished']}." if q.get("command") else ""
+    per_round = ", ".join(ratio(x) for x in q.get("ttft_p90_4_synced_vs_one_per_round", []))
+    return [
+        "**Routing quality** (shared-prefix profile through one Envoy, approximate prefix index; "
+        f"median of {repeats} run(s) per cell, range in brackets)",
+        "",
+        table(
+            [
+                "EPP replicas",
+                "routing state",
+                "TTFT p90 (ms)",
+                "engines' TTFT p90 (ms, modelled)",
+                "fleet hit rate",
+                "waiting: fleet / longest queue",
+                "success",
+            ],
+            rows,
+        ),
+        "",
+        f"4 shared replicas vs one: TTFT p90 {ratio(q['ttft_p90_4_synced_vs_one'])} (goal ≤ "
+        f"{goals['quality_ttft_p90_vs_one']}×, {met(q['met']['ttft'])}; per round {per_round or '–'}), "
+        f"hit rate {ratio(q['hit_rate_4_synced_vs_one'])} (goal ≥ {goals['quality_hit_rate_vs_one']}×, "
+        f"{met(q['met']['hits'])}).{run_alone}",
+        "",
+    ]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bench import extproc_client as xc
-from bench.scaleout import dedicated_ratio, histogram_quantile, peer_args, sample_sum
+from bench.scaleout import (
+    QueueSampler,
+    dedicated_ratio,
+    histogram_quantile,
+    median_cell,
+    peer_args,
+    sample_sum,
+)
 from epp_sim.demo.procs import EppProcess, SimFleet
 
 HIST = """\
@@ -41,6 +48,44 @@ def test_peer_args_name_every_other_replica() -> None:
     args = peer_args(1, [9001, 9002, 9003])
     assert "--peer-port=9002" in args
     assert "--peers=127.0.0.1:9001,127.0.0.1:9003" in args
+
+
+async def test_queue_sampler_averages_the_fleets_and_the_longest_queue_over_the_reads() -> None:
+    q = QueueSampler([1, 2, 3, 4])
+    q.samples = [[0, 0, 0, 0], [1, 1, 1, 1], [4, 0, 0, 0], [3, 1, 0, 0]]  # idle, even, a herd, between
+    assert await q.stop() == {"samples": 4, "waiting_mean": 3.0, "longest_mean": 2.0}
+
+
+async def test_queue_sampler_without_a_read_reports_none() -> None:
+    assert await QueueSampler([1]).stop() == {"samples": 0, "waiting_mean": None, "longest_mean": None}
+
+
+def run(ttft: float, hits: float, *, engine: float | None = 500.0) -> dict[str, object]:
+    return {
+        "replicas": 4,
+        "sync": True,
+        "ttft_p90_ms": ttft,
+        "ttft_p50_ms": ttft / 2,
+        "prefix_hit_rate": hits,
+        "success_rate": 1.0,
+        "engine_ttft_p90_ms": engine,
+        "engine_queue_p90_ms": None,
+        "schedule_p90_ms": 0.2,
+        "sim_cpu_s": 3.0,
+        "queues": {"waiting_mean": 3.0, "longest_mean": 2.0},
+    }
+
+
+def test_median_cell_takes_each_figures_median_and_range_over_the_repeats() -> None:
+    cell = median_cell([run(900, 0.40), run(700, 0.38, engine=None), run(1900, 0.41)])
+    assert cell["repeats"] == 3
+    assert cell["ttft_p90_ms"] == 900
+    assert cell["ttft_p90_ms_range"] == [700, 1900]
+    assert cell["prefix_hit_rate"] == 0.40
+    assert cell["engine_ttft_p90_ms"] == 500.0  # a run without the figure is left out
+    assert cell["engine_queue_p90_ms"] is None and cell["engine_queue_p90_ms_range"] is None
+    assert cell["waiting_mean"] == 3.0 and cell["longest_mean"] == 2.0
+    assert len(cell["runs"]) == 3
 
 
 @pytest.mark.e2e

@@ -23,6 +23,9 @@ class PickerBase(PluginBase):
     """Normalises ``maxNumOfEndpoints`` (``<= 0`` means 1, as in GIE) and owns the RNG.
 
     ``rng`` is a plain attribute so tests can replace it with a seeded ``random.Random``.
+    It is seeded from OS entropy per instance, never from a fixed seed: active-active replicas
+    and ``--workers`` processes (exec'd, not forked) share one view of the endpoints, and pickers
+    seeded alike would send simultaneous tied decisions to the same endpoint.
     """
 
     PARAMS: ClassVar[type[PluginParams]] = PickerParams

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -122,3 +123,27 @@ def test_weighted_random_multi_pick_excludes_zero_until_needed() -> None:
         got = _pick(picker, eps, [0.5, 0.0, 0.7])
         assert sorted(got[:2]) == [0, 2]
         assert got[2] == 1
+
+
+def _max_score() -> Picker:
+    return build(MaxScorePicker)
+
+
+def _random() -> Picker:
+    return build(RandomPicker)
+
+
+def _weighted() -> Picker:
+    return build(WeightedRandomPicker)
+
+
+@pytest.mark.parametrize("make", [_max_score, _random, _weighted])
+def test_each_instance_breaks_ties_on_its_own_seed(make: Callable[[], Picker]) -> None:
+    """Active-active replicas (and exec'd workers) each build their own picker: seeded alike, two
+    replicas deciding at the same moment on the same shared view would pick the same endpoint of
+    a tie and pile onto it.  64 draws among 8 tied endpoints agree by chance with p = 8**-64."""
+    eps = _eps(8)
+    a, b = make(), make()
+    assert [_pick(a, eps, [1.0] * 8)[0] for _ in range(64)] != [
+        _pick(b, eps, [1.0] * 8)[0] for _ in range(64)
+    ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, prefix_matches
@@ -14,6 +14,9 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
 from epp.scheduling.normalize import min_max_scores
+
+# restore(): the snapshot source's own backlog, kept until a peer's delta names the endpoint
+SNAPSHOT_ORIGIN: Final = "\x00snapshot"
 
 
 class _Pending:
@@ -45,6 +48,18 @@ class PrefillLoadScorer(PluginBase):
     costs its full prefill again.  Prompt tokens ≈ body bytes / 4.  A request's tokens leave
     the backlog at its first response body byte (prefill done), or when it ends.
     Parameters: none.
+
+    Active-active replicas (``epp.plugin.replicated.Replicated``): the backlog read is this
+    replica's own plus what each peer last reported, so a burst split over the replicas does not
+    herd onto the endpoint each one alone sees idle (measured with 4 replicas behind one Envoy,
+    bench/scaleout part ``quality``).  ``drain`` returns ``[name, tokens]`` — this replica's
+    absolute own backlog — for each endpoint whose own backlog changed since the previous drain,
+    so a lost or repeated batch cannot drift; ``apply`` replaces the origin's value on those
+    endpoints; ``forget(origin)`` drops the origin's backlog (work in flight).  ``snapshot`` is
+    ``{"own": {name: tokens}, "peers": {origin: {name: tokens}}}``; ``restore`` keeps the
+    peers' backlog by origin and the source's own under a placeholder that yields, endpoint by
+    endpoint, to the first delta naming it, and that any ``forget`` drops.  Bookkeeping for
+    ``drain`` starts at its first call (no hub: one ``None`` check per change).
     """
 
     TYPE: ClassVar[str] = "prefill-load-scorer"
@@ -55,8 +70,20 @@ class PrefillLoadScorer(PluginBase):
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
-        self._backlog: dict[str, int] = {}  # endpoint name -> pending prefill tokens
+        self._backlog: dict[str, int] = {}  # endpoint name -> pending prefill tokens, own + peers'
+        self._own: dict[str, int] = {}  # this replica's share of _backlog
+        self._peers: dict[str, dict[str, int]] = {}  # origin -> name -> its last reported backlog
+        self._changed: set[str] | None = None  # own backlog changed since the last drain; None: no hub
         self._key: StateKey[_Pending] = StateKey(f"{name}/{self.TYPE}")
+
+    def debug_state(self) -> dict[str, Any]:
+        """Pending prefill tokens per endpoint: the total scored, this replica's own share, and
+        what each peer last reported (``/debug/plugins/state``)."""
+        return {
+            "backlog": dict(self._backlog),
+            "own": dict(self._own),
+            "peers": {o: dict(m) for o, m in self._peers.items()},
+        }
 
     def backlog(self, endpoint: Endpoint) -> int:
         return self._backlog.get(endpoint.name, 0)
@@ -90,8 +117,12 @@ class PrefillLoadScorer(PluginBase):
             return
         target = primary.target_endpoints[0]
         tokens = self._uncached(state, request, target)
-        self._backlog[target.name] = self._backlog.get(target.name, 0) + tokens
-        state.put(self._key, _Pending(target.name, tokens))
+        name = target.name
+        self._backlog[name] = self._backlog.get(name, 0) + tokens
+        self._own[name] = self._own.get(name, 0) + tokens
+        if self._changed is not None:
+            self._changed.add(name)
+        state.put(self._key, _Pending(name, tokens))
 
     def _release(self, state: CycleState) -> None:
         pending = state.get(self._key)
@@ -99,6 +130,9 @@ class PrefillLoadScorer(PluginBase):
             return
         pending.released = True
         subtract(self._backlog, pending.endpoint, pending.tokens)
+        subtract(self._own, pending.endpoint, pending.tokens)
+        if self._changed is not None:
+            self._changed.add(pending.endpoint)
 
     # ResponseBodyProcessor: the first byte means the prefill is done ----------------------
     def response_body(
@@ -124,3 +158,86 @@ class PrefillLoadScorer(PluginBase):
 
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self._backlog.pop(endpoint.name, None)
+        self._own.pop(endpoint.name, None)
+        for counts in self._peers.values():
+            counts.pop(endpoint.name, None)
+
+    # Replicated ------------------------------------------------------------------------
+    @property
+    def sync_key(self) -> str:
+        return f"{self.TYPE}/{self.typed_name.name}"
+
+    def drain(self) -> list[Any]:
+        """``[name, tokens]``: own absolute backlog of the endpoints changed since the last call."""
+        changed, self._changed = self._changed, set()
+        if not changed:
+            return []
+        own = self._own
+        return [[name, own.get(name, 0)] for name in changed]
+
+    def apply(self, origin: str, deltas: list[Any]) -> None:
+        """Replace ``origin``'s backlog on the endpoints ``deltas`` names; a ValueError changes nothing."""
+        parsed = _parse_backlog(deltas, "prefill-load deltas")
+        mine = self._peers.setdefault(origin, {})
+        restored = self._peers.get(SNAPSHOT_ORIGIN) if origin != SNAPSHOT_ORIGIN else None
+        backlog = self._backlog
+        for name, tokens in parsed:
+            diff = tokens - mine.pop(name, 0)
+            if tokens:
+                mine[name] = tokens
+            if restored is not None:
+                diff -= restored.pop(name, 0)
+            if diff > 0:
+                backlog[name] = backlog.get(name, 0) + diff
+            elif diff < 0:
+                subtract(backlog, name, -diff)
+        for o in (origin, SNAPSHOT_ORIGIN):
+            if not self._peers.get(o, True):
+                del self._peers[o]
+
+    def forget(self, origin: str) -> None:
+        """Drop ``origin``'s backlog (and any a snapshot restored: it is as stale)."""
+        self._drop(origin)
+        self._drop(SNAPSHOT_ORIGIN)
+
+    def _drop(self, origin: str) -> None:
+        for name, tokens in self._peers.pop(origin, {}).items():
+            subtract(self._backlog, name, tokens)
+
+    def snapshot(self) -> dict[str, Any]:
+        peers = {o: dict(m) for o, m in self._peers.items() if o != SNAPSHOT_ORIGIN}
+        return {"own": dict(self._own), "peers": peers}
+
+    def restore(self, snapshot: Any) -> None:
+        """Adopt a peer's ``snapshot()``: its peers' backlog by origin, its own under a placeholder."""
+        if not isinstance(snapshot, dict) or not isinstance(snapshot.get("peers"), dict):
+            raise ValueError("prefill-load snapshot: expected a map with 'own' and 'peers' maps")  # noqa: TRY004
+        maps = [*snapshot["peers"].items(), (SNAPSHOT_ORIGIN, snapshot.get("own"))]
+        batches = []
+        for origin, counts in maps:  # checked whole before any is applied
+            if not isinstance(origin, str) or not isinstance(counts, dict):
+                raise ValueError(  # noqa: TRY004 - a bad peer message, as every sync parse error
+                    "prefill-load snapshot: 'own' and each peer must map endpoint names to tokens"
+                )
+            batches.append((origin, _parse_backlog(list(counts.items()), "prefill-load snapshot")))
+        for origin, batch in batches:
+            self._drop(origin)
+            self.apply(origin, list(batch))
+
+
+def _parse_backlog(deltas: Any, what: str) -> list[tuple[str, int]]:
+    """``[[endpoint name, tokens >= 0], ...]``, checked whole before any of it is applied."""
+    if not isinstance(deltas, list):
+        raise ValueError(f"{what}: expected a list, got {type(deltas).__name__}")  # noqa: TRY004
+    out = []
+    for d in deltas:
+        if (
+            not isinstance(d, (list, tuple))
+            or len(d) != 2
+            or not isinstance(d[0], str)
+            or type(d[1]) is not int
+            or d[1] < 0
+        ):
+            raise ValueError(f"{what}: expected [endpoint name, tokens >= 0], got {d!r:.80}")
+        out.append((d[0], d[1]))
+    return out
