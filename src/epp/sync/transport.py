@@ -68,6 +68,7 @@ class ZmqTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._watching = False
+        self._last_wake = -1e9  # when the descriptor last woke the loop with messages
         self._fd = -1
         self.redials = 0
 
@@ -196,13 +197,15 @@ class ZmqTransport:
         No task, future or event per message: the SUB's ZMQ descriptor is registered with the
         loop and the callback reads until ZMQ's ``EVENTS`` says nothing is left (which also
         re-arms the descriptor: it only signals a change, so reading must go that far).  With
-        ``gap`` > 0 a busy receiver reads at most once per ``gap`` seconds: after a wake that
-        found messages it stops watching the descriptor and reads again ``gap`` later (on a
-        timer), and goes back to the descriptor once a read finds nothing.  So with many peers
-        the loop wakes ~1/gap times a second for all of them instead of once per message, at
-        the price of up to ``gap`` of staleness; an idle receiver costs nothing and the first
-        message after a quiet spell is read at once.  pyzmq's asyncio ``poll`` (a poller and
-        futures per call) cost more than the batch it waited for (bench/scaleout, py-spy).
+        ``gap`` > 0 a busy receiver reads at most once per ``gap`` seconds: when the descriptor
+        wakes the loop with messages twice within ``gap``, it stops watching the descriptor and
+        reads again ``gap`` later (on a timer), and goes back to the descriptor once a read
+        finds nothing.  So with many peers the loop wakes ~1/gap times a second for all of them
+        instead of once per message, at the price of up to ``gap`` of staleness; messages that
+        come further apart than ``gap`` are each read at once (one wake each, never a second
+        one for a timer that finds nothing), and an idle receiver costs nothing.  pyzmq's
+        asyncio ``poll`` (a poller and futures per call) cost more than the batch it waited
+        for (bench/scaleout, py-spy).
         """
         raw = self._sub_raw
         if raw is None:
@@ -225,11 +228,16 @@ class ZmqTransport:
 
     def _on_readable(self) -> None:
         got = self.read_all()
-        if got and self._gap > 0 and self._loop is not None:
+        loop = self._loop
+        if not got or self._gap <= 0 or loop is None:
+            return
+        now = loop.time()
+        busy, self._last_wake = now - self._last_wake < self._gap, now
+        if busy:  # two wakes within gap: peers keep sending, read on the timer from now on
             if self._watching:
-                self._loop.remove_reader(self._fd)
+                loop.remove_reader(self._fd)
                 self._watching = False
-            self._timer = self._loop.call_later(self._gap, self._on_timer)
+            self._timer = loop.call_later(self._gap, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
