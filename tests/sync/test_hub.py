@@ -71,6 +71,24 @@ async def test_a_change_waits_hold_for_the_next_and_carries_the_first_ones_time(
         assert [(t, sorted(d)) for _, _, t, d in batches if d] == [(1000.0, ["test-routed-counter/counter"])]
 
 
+async def test_a_change_from_a_later_wake_sends_the_held_batch_at_once() -> None:
+    """Holding waits for the next wake's changes, not for the timer: the second change (a
+    request's release, the next request) rides along and the batch leaves in that wake."""
+    async with mesh(["a", "b"], hold=0.4) as (a, b):
+        a.hub._last_flush = -1e9  # the gap since the last batch has passed: only hold delays
+        a.counter.count("e1")
+        assert isinstance(a.hub._scheduled, asyncio.TimerHandle)
+        a.counter.count("e1")  # the same wake: still held
+        assert isinstance(a.hub._scheduled, asyncio.TimerHandle)
+        loop = asyncio.get_running_loop()
+        later = loop.time() + a.hub.hold / 4
+        await until(lambda: loop.time() > later, 5, what="a later wake")
+        a.counter.count("e2")
+        assert type(a.hub._scheduled) is not asyncio.TimerHandle  # a plain call_soon handle
+        await until(lambda: b.counter.total("e2") == 1, 5, what="b sees the batch")
+        assert b.counter.total("e1") == 2
+
+
 def test_every_shipped_replicated_plugin_says_when_it_changed() -> None:
     """With only shipped plugins the hub needs no drain cadence: its tick is heartbeats and
     liveness (~10 a second), not a 5 ms poll that drains every plugin (bench/scaleout, cost)."""

@@ -110,6 +110,7 @@ class SyncHub:
         self._last_flush = 0.0
         self._scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
         self._dirty_at = 0.0  # wall clock of the first change not yet sent (0: none)
+        self._held_since = 0.0  # loop time of that change while only ``hold`` delays the batch
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_seq: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
@@ -172,22 +173,35 @@ class SyncHub:
     def dirty(self) -> None:
         """A plugin has local changes: drain once, soon (see below), stamped with the first change's time.
 
-        Coalescing: the batch leaves ``hold`` after the first change (the same request's next
-        changes — its release when the response is quick, the other plugins' records — ride
-        along), and never sooner than ``gap`` after the previous batch, carrying every change
-        made meanwhile.  So a quiet replica's change reaches peers ``hold`` + transit later,
-        a busy replica sends at most 1/``gap`` batches a second however many requests it
-        routes, and each peer wakes that much less (every message costs each peer a read, a
-        decode and an apply, and the sender a write per peer).  The batch's time is the wall
-        clock of its first change, so the lag peers observe (``epp_sync_delta_lag_seconds``)
+        Coalescing: the batch waits for the changes of the next wake of the loop that makes
+        one (the same request's release when the response is quick, the next request), at
+        most ``hold`` after the first change, and never leaves sooner than ``gap`` after the
+        previous batch, carrying every change made meanwhile.  So a quiet replica's change
+        reaches peers at most ``hold`` + transit later, a busy replica sends at most 1/``gap``
+        batches a second however many requests it routes, and each peer wakes that much less
+        (every message costs each peer a read, a decode and an apply, and the sender a write
+        per peer).  The batch's time is the wall clock of its first change, so the lag peers
+        observe (``epp_sync_delta_lag_seconds``)
         is the issue's staleness, decision → counted, coalescing included.
         """
-        if self._scheduled is not None or not self._tasks:
+        if self._scheduled is not None:
+            held = self._held_since
+            if held and self._loop is not None and self._loop.time() - held > self.hold / 4:
+                # a change from a later wake than the first (the request's release, the next
+                # request): it rides along, and the batch goes now, saving the timer's wake
+                self._held_since = 0.0
+                self._scheduled.cancel()
+                self._scheduled = self._loop.call_soon(self.flush)
+            return
+        if not self._tasks:
             return
         self._dirty_at = self._wall()
         loop = self._loop or asyncio.get_running_loop()
-        wait = max(self.hold, self._last_flush + self.gap - loop.time())
+        now = loop.time()
+        after_gap = self._last_flush + self.gap - now
+        wait = max(self.hold, after_gap)
         if wait > 0:
+            self._held_since = now if after_gap <= self.hold else 0.0
             self._scheduled = loop.call_later(wait, self.flush)
         else:
             self._scheduled = loop.call_soon(self.flush)
@@ -202,7 +216,7 @@ class SyncHub:
         for key, plugin in self._plugins.items():
             if deltas := self._drain(key, plugin):
                 batch[key] = deltas
-        first, self._dirty_at = self._dirty_at, 0.0
+        first, self._dirty_at, self._held_since = self._dirty_at, 0.0, 0.0
         if batch:
             self._publish(batch, first)
         if self.serving:
@@ -444,8 +458,8 @@ class SyncHub:
         slow = min(self.heartbeat, self.timeout / 4)
         while True:
             await asyncio.sleep(self.poll if self._polled else slow)
-            if self.interval <= 0 or loop.time() - self._last_flush >= self.interval:
-                self.flush()
+            if self._polled and (self.interval <= 0 or loop.time() - self._last_flush >= self.interval):
+                self.flush()  # plugins that do not say when they change (the others did: dirty)
             if loop.time() - self._last_sent >= self.heartbeat:
                 self._publish({})
             self.check_peers()
