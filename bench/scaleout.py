@@ -140,13 +140,14 @@ def epp(ports: Ports, *args: str) -> EppProcess:
 
 
 def peer_args(i: int, peer_ports: Sequence[int]) -> list[str]:
-    """The flags that make replica ``i`` of ``peer_ports`` an active-active peer of the others."""
-    others = [f"127.0.0.1:{p}" for j, p in enumerate(peer_ports) if j != i]
+    """The flags that make replica ``i`` of ``peer_ports`` an active-active peer of the others
+    (a lone replica lists itself, which the EPP drops: its hub runs with no peers)."""
+    others = [f"127.0.0.1:{p}" for j, p in enumerate(peer_ports) if j != i] or [f"127.0.0.1:{peer_ports[i]}"]
     return [
         f"--peer-port={peer_ports[i]}",
         f"--replica-id=bench-{i}",
         "--ha-enable-leader-election=false",
-        *([f"--peers={','.join(others)}"] if others else []),
+        f"--peers={','.join(others)}",
     ]
 
 
@@ -344,7 +345,12 @@ async def cost(st: Settings) -> dict[str, Any]:
     runs: dict[tuple[int, bool], list[dict[str, Any]]] = {key: [] for key in order}
     for r in range(COST_ROUNDS):
         for n, sync in order:
-            runs[(n, sync)].append(await cost_cell(n, sync, st))
+            try:
+                one = await cost_cell(n, sync, st)
+            except RuntimeError as e:  # a port taken meanwhile by another process: once more
+                log(f"scaleout cost: {n} replicas, sync {sync}: {str(e)[:200]}; again")
+                one = await cost_cell(n, sync, st)
+            runs[(n, sync)].append(one)
             log(f"scaleout cost (round {r + 1}/{COST_ROUNDS}): {runs[(n, sync)][-1]}")
     cells = []
     for (n, sync), rounds in runs.items():

@@ -58,3 +58,7 @@ async def test_the_client_routes_and_tells_refusals_from_failures() -> None:
         assert st.refused > 0
         assert st.routed == 0
         assert st.failed == 0
+
+
+def test_a_lone_replica_lists_itself_so_its_hub_runs_with_no_peers() -> None:
+    assert "--peers=127.0.0.1:9001" in peer_args(0, [9001])

@@ -50,9 +50,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_POLL: Final = 0.005
 # Least time between two batches sent (dirty) and two reads of the SUB while busy
 # (transport.listen); both add at most their value to staleness (bench/scaleout, part cost).
-DEFAULT_HOLD: Final = 0.001
+DEFAULT_HOLD: Final = 0.003
 DEFAULT_COALESCE: Final = 0.003
-DEFAULT_READ_GAP: Final = 0.004
+DEFAULT_READ_GAP: Final = 0.003
 HEARTBEAT: Final = 0.1
 DEFAULT_TIMEOUT: Final = 1.0
 WARM_START_TIMEOUT: Final = 2.0
