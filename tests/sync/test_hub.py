@@ -89,6 +89,16 @@ async def test_a_change_from_a_later_wake_sends_the_held_batch_at_once() -> None
         assert b.counter.total("e1") == 2
 
 
+async def test_with_no_peers_changes_wait_for_the_tick() -> None:
+    """A lone replica (peers configured, none but itself) pays no timer or send per change;
+    the heartbeat tick drains, so what a peer that lists us hears is at most a tick old."""
+    async with mesh(["a"]) as (a,):
+        assert not a.hub.transport.has_peers
+        a.counter.count("e1")
+        assert a.hub._scheduled is None
+        await until(lambda: not a.counter._changed, 5, what="drained by the tick")
+
+
 def test_every_shipped_replicated_plugin_says_when_it_changed() -> None:
     """With only shipped plugins the hub needs no drain cadence: its tick is heartbeats and
     liveness (~10 a second), not a 5 ms poll that drains every plugin (bench/scaleout, cost)."""

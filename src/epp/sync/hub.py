@@ -193,8 +193,8 @@ class SyncHub:
                 self._scheduled.cancel()
                 self._scheduled = self._loop.call_soon(self.flush)
             return
-        if not self._tasks:
-            return
+        if not self._tasks or not self.transport.has_peers:
+            return  # nobody to tell soon: the tick drains (a peer that lists us hears it then)
         self._dirty_at = self._wall()
         loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
@@ -458,8 +458,10 @@ class SyncHub:
         slow = min(self.heartbeat, self.timeout / 4)
         while True:
             await asyncio.sleep(self.poll if self._polled else slow)
-            if self._polled and (self.interval <= 0 or loop.time() - self._last_flush >= self.interval):
-                self.flush()  # plugins that do not say when they change (the others did: dirty)
+            if (self._polled or not self.transport.has_peers) and (
+                self.interval <= 0 or loop.time() - self._last_flush >= self.interval
+            ):
+                self.flush()  # what dirty() did not schedule: plugins that do not say, or no peers
             if loop.time() - self._last_sent >= self.heartbeat:
                 self._publish({})
             self.check_peers()

@@ -176,6 +176,10 @@ class ZmqTransport:
             monitor.close(0)
 
     @property
+    def has_peers(self) -> bool:
+        return bool(self._connected)
+
+    @property
     def peers(self) -> tuple[Peer, ...]:
         return tuple(self._connected.values())
 
