@@ -10,8 +10,10 @@ that decision to its ``apply`` — the issue's staleness: "from a routing decisi
 replica to its peers counting it", goal p99 ≤ 10 ms on loopback.  Two drain modes:
 
 * ``poll``: the plugin only records changes; the hub drains every 5 ms (``DEFAULT_POLL``);
-* ``dirty``: the plugin calls ``sync_dirty()`` on a change; the hub drains at the end of
-  that loop tick.
+* ``dirty``: the plugin calls ``sync_dirty()`` on a change (every shipped plugin does); the
+  hub sends at most ``hold`` after the first change, or with the next wake's change, and at
+  most once per ``gap`` (``SyncHub.dirty``); a busy receiver reads at most once per
+  ``read_gap`` (``ZmqTransport.listen``).
 
 Cost: the sender's CPU (``time.process_time``, all threads: libzmq's I/O thread included)
 over the run, against the same decision loop with sync off, in the same run; the

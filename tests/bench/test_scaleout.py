@@ -208,3 +208,7 @@ def test_the_dedicated_machine_ratio_charges_the_client_and_simulators_to_two_wo
     # 20 us per request and 0.04 simulator cores: (2 - 0.04) x 5000 / (1 + 0.1) / 5000
     assert dedicated_ratio(rounds, 20.0, 0.04) == pytest.approx(1.96 / 1.1, abs=1e-3)
     assert dedicated_ratio(rounds, None, 0.04) is None
+
+
+def test_a_lone_replica_lists_itself_so_its_hub_runs_with_no_peers() -> None:
+    assert "--peers=127.0.0.1:9001" in peer_args(0, [9001])

@@ -139,3 +139,14 @@ def test_malformed_delta_raises_and_leaves_bindings(bad: Any) -> None:
     assert len(b.affinity.bindings) == 0
     with pytest.raises(ValueError, match="session-affinity snapshot"):
         b.restore("x")
+
+
+def test_a_binding_tells_the_hub() -> None:
+    """``sync_dirty`` (set by the hub) reaches the bindings store: each bind asks for a drain."""
+    f = replica()
+    calls: list[int] = []
+    f.sync_dirty = lambda: calls.append(1)
+    assert f.affinity.bindings.on_change is f.sync_dirty
+    turn(f, req("conv-1"), EPS, fallback=EPS[2])
+    assert calls == [1]
+    assert [s for s, _, _ in f.drain()] == ["conv-1"]

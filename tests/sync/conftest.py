@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from epp.sync.hub import SyncHub
+from epp.sync.hub import DEFAULT_HOLD, SyncHub
 from epp.sync.peers import Peer
 from epp.sync.service import PeerList
 from epp.sync.transport import ZmqTransport
@@ -38,11 +38,17 @@ def make_node(
     hwm: int = 1000,
     max_message_bytes: int = 1 << 20,
     interval: float = 0.0,
+    hold: float = DEFAULT_HOLD,
 ) -> Node:
     """A hub bound on 127.0.0.1 (``port`` 0: a free pair), not started."""
     transport = ZmqTransport("127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
     hub = SyncHub(
-        replica_id, transport, timeout=timeout, warm_start_timeout=warm_start_timeout, interval=interval
+        replica_id,
+        transport,
+        timeout=timeout,
+        warm_start_timeout=warm_start_timeout,
+        interval=interval,
+        hold=hold,
     )
     counter = make_counter()
     hub.bind([counter])

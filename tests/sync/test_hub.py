@@ -8,12 +8,19 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.director.producers.inflight_load import InFlightLoadProducer
 from epp.metrics.series import REGISTRY
+from epp.scheduling.filters.session_affinity import SessionAffinityFilter
+from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
+from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from epp.sync.hub import DEFAULT_POLL, SyncHub
 from epp.sync.transport import ZmqTransport
-from epp.sync.wire import encode, encode_batch
+from epp.sync.wire import decode_batch, encode, encode_batch
+from epp.testing.plugins import build
 from epp.testing.replicated import SNAPSHOT_ORIGIN, PolledCounter, make_counter
 from epp.testing.waiting import until
+from tests.scheduling.scorers.test_precise_prefix import PARAMS as PRECISE
 from tests.sync.conftest import Node, make_node, mesh
 
 
@@ -36,6 +43,80 @@ async def test_changes_in_one_tick_go_out_as_one_batch() -> None:
             a.counter.count(f"e{i % 5}")
         await until(lambda: b.counter.total("e0") == 10, 5, what="b sees all 50")
         assert a.hub.stats.sent == sent + 1
+
+
+async def test_a_change_waits_hold_for_the_next_and_carries_the_first_ones_time() -> None:
+    """Coalescing: changes made within ``hold`` of the first leave as one batch, stamped with the
+    first change's wall clock, so the lag peers measure includes the wait (the issue's staleness)."""
+    async with mesh(["a", "b"], hold=0.2) as (a, b):
+        clock = [1000.0]
+        a.hub._wall = lambda: clock[0]
+        frames: list[bytes] = []
+        send = a.hub.transport.send
+
+        def capture(frame: bytes) -> bool:
+            frames.append(frame)
+            return send(frame)
+
+        a.hub.transport.send = capture  # type: ignore[method-assign]
+        sent = a.hub.stats.sent
+        a.counter.count("e1")
+        for _ in range(3):  # a few loop ticks later: the same request's release, say
+            await asyncio.sleep(0)
+        clock[0] = 1000.05
+        a.counter.count("e2")
+        await until(lambda: b.counter.total("e2") == 1, 5, what="b sees both")
+        assert a.hub.stats.sent == sent + 1 and b.counter.total("e1") == 1
+        batches = [decode_batch([f], 1 << 20) for f in frames]
+        assert [(t, sorted(d)) for _, _, t, d in batches if d] == [(1000.0, ["test-routed-counter/counter"])]
+
+
+async def test_a_change_from_a_later_wake_sends_the_held_batch_at_once() -> None:
+    """Holding waits for the next wake's changes, not for the timer: the second change (a
+    request's release, the next request) rides along and the batch leaves in that wake."""
+    async with mesh(["a", "b"], hold=0.4) as (a, b):
+        a.hub._last_flush = -1e9  # the gap since the last batch has passed: only hold delays
+        a.counter.count("e1")
+        assert isinstance(a.hub._scheduled, asyncio.TimerHandle)
+        a.counter.count("e1")  # the same wake: still held
+        assert isinstance(a.hub._scheduled, asyncio.TimerHandle)
+        loop = asyncio.get_running_loop()
+        later = loop.time() + a.hub.hold / 4
+        await until(lambda: loop.time() > later, 5, what="a later wake")
+        a.counter.count("e2")
+        assert type(a.hub._scheduled) is not asyncio.TimerHandle  # a plain call_soon handle
+        await until(lambda: b.counter.total("e2") == 1, 5, what="b sees the batch")
+        assert b.counter.total("e1") == 2
+
+
+async def test_with_no_peers_changes_wait_for_the_tick() -> None:
+    """A lone replica (peers configured, none but itself) pays no timer or send per change;
+    the heartbeat tick drains, so what a peer that lists us hears is at most a tick old."""
+    async with mesh(["a"]) as (a,):
+        assert not a.hub.transport.has_peers
+        a.counter.count("e1")
+        assert a.hub._scheduled is None
+        await until(lambda: not a.counter._changed, 5, what="drained by the tick")
+
+
+def test_every_shipped_replicated_plugin_says_when_it_changed() -> None:
+    """With only shipped plugins the hub needs no drain cadence: its tick is heartbeats and
+    liveness (~10 a second), not a 5 ms poll that drains every plugin (bench/scaleout, cost)."""
+    hub = SyncHub("x", ZmqTransport("127.0.0.1", 0))
+    try:
+        plugins = [
+            build(InFlightLoadProducer, name="load"),
+            build(ApproxPrefixCacheProducer, name="approx"),
+            build(SessionAffinityFilter, name="pin", strategy="session_id"),
+            build(SessionAffinityScorer, name="aff", algorithm="session_id_header"),
+            build(PrecisePrefixCacheScorer, name="precise", **PRECISE),
+        ]
+        hub.bind(plugins)
+        assert len(hub.plugins) == len(plugins)
+        assert not hub._polled
+        assert all(getattr(p, "sync_dirty", None) == hub.dirty for p in plugins)
+    finally:
+        hub.transport.close()
 
 
 async def test_plugins_without_a_dirty_hook_are_drained_on_the_poll_cadence() -> None:

@@ -104,6 +104,10 @@ def header_value(
     return ""
 
 
+def _unsynced() -> None:
+    """``on_change`` until a sync hub binds the plugin."""
+
+
 class SessionBindings:
     """session id -> endpoint name, least recently used first; bounded by ``max_sessions`` and ``ttl``.
 
@@ -122,6 +126,7 @@ class SessionBindings:
         self._bindings: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._counts: dict[str, int] = {}
         self._undrained: dict[str, None] | None = None  # sessions bound here since the last drain
+        self.on_change: Callable[[], None] = _unsynced  # the sync hub's dirty(), once bound
 
     def __len__(self) -> int:
         return len(self._bindings)
@@ -143,6 +148,7 @@ class SessionBindings:
         u = self._undrained
         if u is not None and (len(u) < self.max_sessions or session in u):
             u[session] = None
+            self.on_change()
 
     def learn(self, session: str, name: str, age: float) -> None:
         """A peer's binding, last used ``age`` seconds ago; kept unless expired or older than ours."""
@@ -342,6 +348,15 @@ class SessionHooks:
     @property
     def sync_key(self) -> str:
         return self.affinity.sync_key
+
+    @property
+    def sync_dirty(self) -> Callable[[], None]:
+        """The hub's "send my changes soon", called when a session is bound here."""
+        return self.affinity.bindings.on_change
+
+    @sync_dirty.setter
+    def sync_dirty(self, hook: Callable[[], None]) -> None:
+        self.affinity.bindings.on_change = hook
 
     def drain(self) -> list[Any]:
         return self.affinity.bindings.drain() if self.affinity.stateful else []

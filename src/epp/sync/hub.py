@@ -1,12 +1,18 @@
 """``SyncHub``: moves every ``Replicated`` plugin's deltas between active-active replicas.
 
-Why batch per tick: a request changes several plugins' state (in-flight load, prefix
-insertions, a session binding); sending each change would cost a syscall and a message per
-change per request.  The hub drains every plugin at most once per event-loop tick (when a
-plugin calls ``dirty()``) or on a short cadence (``poll``), and publishes one message
-holding all of it: the cost per request is a dict insert in the plugin, and staleness is
-one tick plus loopback transit.  ``interval`` > 0 (llm-d's ``crossReplicaSyncInterval``)
-caps it at one batch per interval instead.
+Why batch: a request changes several plugins' state (in-flight load, prefix insertions, a
+session binding), and every message costs the sender a write per peer and each peer a
+read, a decode, an apply and often a wake of its event loop — on a loaded machine a wake
+costs more than the batch it carries (bench/scaleout, part cost).  So a plugin records a
+change with a dict insert and calls ``dirty()``; the hub drains every plugin ``hold``
+after the first change and at most once per ``gap`` (``dirty``), and publishes one
+message holding all of it, stamped with the first change's wall clock.  Plugins that do
+not say when they change are drained on a short cadence (``poll``) instead; every shipped
+plugin says so, and then the tick only sends heartbeats and checks liveness.  Receiving
+runs in the loop's reader callback (``ZmqTransport.listen``): no task or event per
+message, at most one read per ``read_gap`` while peers keep sending, and a read whenever
+the hub sends (the loop is awake anyway).  ``interval`` > 0 (llm-d's
+``crossReplicaSyncInterval``) caps it at one batch per interval instead.
 
 What the hub keeps per peer is only its sequence number and when it was last heard.  A
 peer silent for ``timeout`` is ``forget``-ed in every plugin, so its in-flight counts
@@ -42,6 +48,11 @@ log = structlog.get_logger(__name__)
 # Drain cadence for plugins that do not call dirty(): staleness ≤ 5 ms + transit, at most
 # 200 batches a second per replica (bench/sync_lag.py: p99 7.7 ms on loopback).
 DEFAULT_POLL: Final = 0.005
+# Least time between two batches sent (dirty) and two reads of the SUB while busy
+# (transport.listen); both add at most their value to staleness (bench/scaleout, part cost).
+DEFAULT_HOLD: Final = 0.003
+DEFAULT_COALESCE: Final = 0.003
+DEFAULT_READ_GAP: Final = 0.003
 HEARTBEAT: Final = 0.1
 DEFAULT_TIMEOUT: Final = 1.0
 WARM_START_TIMEOUT: Final = 2.0
@@ -72,6 +83,9 @@ class SyncHub:
         timeout: float = DEFAULT_TIMEOUT,
         heartbeat: float = HEARTBEAT,
         poll: float = DEFAULT_POLL,
+        coalesce: float = DEFAULT_COALESCE,
+        hold: float = DEFAULT_HOLD,
+        read_gap: float = DEFAULT_READ_GAP,
         warm_start_timeout: float = WARM_START_TIMEOUT,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -81,6 +95,9 @@ class SyncHub:
         self.timeout = timeout
         self.heartbeat = heartbeat
         self.poll = interval if interval > 0 else poll
+        self.gap = interval if interval > 0 else coalesce  # least time between two batches sent
+        self.hold = 0.0 if interval > 0 else hold  # a change waits this long for the next ones
+        self.read_gap = read_gap  # least time between two reads while peers keep sending
         self.warm_start_timeout = warm_start_timeout
         self._wall = wall
         self.stats = HubStats()
@@ -92,6 +109,9 @@ class SyncHub:
         self._last_sent = 0.0
         self._last_flush = 0.0
         self._scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
+        self._dirty_at = 0.0  # wall clock of the first change not yet sent (0: none)
+        self._held_since = 0.0  # loop time of that change while only ``hold`` delays the batch
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._last_seq: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
         self._silent: set[str] = set()
@@ -151,12 +171,37 @@ class SyncHub:
 
     # --- sending -----------------------------------------------------------------------
     def dirty(self) -> None:
-        """A plugin has local changes: drain once, at the end of this tick (or when the interval allows)."""
-        if self._scheduled is not None or not self._tasks:
+        """A plugin has local changes: drain once, soon (see below), stamped with the first change's time.
+
+        Coalescing: the batch waits for the changes of the next wake of the loop that makes
+        one (the same request's release when the response is quick, the next request), at
+        most ``hold`` after the first change, and never leaves sooner than ``gap`` after the
+        previous batch, carrying every change made meanwhile.  So a quiet replica's change
+        reaches peers at most ``hold`` + transit later, a busy replica sends at most 1/``gap``
+        batches a second however many requests it routes, and each peer wakes that much less
+        (every message costs each peer a read, a decode and an apply, and the sender a write
+        per peer).  The batch's time is the wall clock of its first change, so the lag peers
+        observe (``epp_sync_delta_lag_seconds``)
+        is the issue's staleness, decision → counted, coalescing included.
+        """
+        if self._scheduled is not None:
+            held = self._held_since
+            if held and self._loop is not None and self._loop.time() - held > self.hold / 4:
+                # a change from a later wake than the first (the request's release, the next
+                # request): it rides along, and the batch goes now, saving the timer's wake
+                self._held_since = 0.0
+                self._scheduled.cancel()
+                self._scheduled = self._loop.call_soon(self.flush)
             return
-        loop = asyncio.get_running_loop()
-        wait = self._last_flush + self.interval - loop.time() if self.interval > 0 else 0.0
+        if not self._tasks or not self.transport.has_peers:
+            return  # nobody to tell soon: the tick drains (a peer that lists us hears it then)
+        self._dirty_at = self._wall()
+        loop = self._loop or asyncio.get_running_loop()
+        now = loop.time()
+        after_gap = self._last_flush + self.gap - now
+        wait = max(self.hold, after_gap)
         if wait > 0:
+            self._held_since = now if after_gap <= self.hold else 0.0
             self._scheduled = loop.call_later(wait, self.flush)
         else:
             self._scheduled = loop.call_soon(self.flush)
@@ -171,8 +216,11 @@ class SyncHub:
         for key, plugin in self._plugins.items():
             if deltas := self._drain(key, plugin):
                 batch[key] = deltas
+        first, self._dirty_at, self._held_since = self._dirty_at, 0.0, 0.0
         if batch:
-            self._publish(batch)
+            self._publish(batch, first)
+        if self.serving:
+            self.transport.read_now()  # awake anyway: peers' messages too, saving the reader a wake
 
     def _drain(self, key: str, plugin: Replicated) -> list[Any]:
         try:
@@ -181,10 +229,10 @@ class SyncHub:
             self._fail_once("sync_drain_failed", key)
             return []
 
-    def _publish(self, batch: dict[str, list[Any]]) -> None:
+    def _publish(self, batch: dict[str, list[Any]], first: float = 0.0) -> None:
         self._seq += 1
         try:
-            frame = encode_batch(self.replica_id, self._seq, self._wall(), batch)
+            frame = encode_batch(self.replica_id, self._seq, first or self._wall(), batch)
         except (TypeError, ValueError, OverflowError):
             log.exception("sync_encode_failed", keys=sorted(batch))
             return
@@ -199,15 +247,42 @@ class SyncHub:
     # --- receiving ---------------------------------------------------------------------
     def on_frames(self, frames: Frames) -> None:
         """One message from a peer's PUB: counted and ignored unless it is a well-formed batch."""
+        self.on_messages([frames])
+
+    def on_messages(self, messages: list[Frames]) -> None:
+        """Every message one wake of the reader found, applied in order; the counters once per wake.
+
+        A peer's message must never stop this replica from listening: whatever one raises
+        is counted (``apply``) and logged once per plugin, and the rest are still applied.
+        """
+        now = self._loop.time() if self._loop is not None else asyncio.get_running_loop().time()
+        wall = self._wall()
+        lag = metrics.DELTA_LAG.observe
+        applied = 0
+        for frames in messages:
+            try:
+                sent_at = self._one(frames, now)
+            except Exception:
+                self._reject("apply")
+                log.exception("sync_receive_failed")
+                continue
+            if sent_at is not None:
+                applied += 1
+                lag(max(0.0, wall - sent_at))
+        if applied:
+            self.stats.received += applied
+            metrics.BATCHES_RECEIVED.inc(applied)
+
+    def _one(self, frames: Frames, now: float) -> float | None:
+        """Apply one message; its send time when it was a batch with deltas, else None."""
         try:
             sender, seq, sent_at, batch = decode_batch(frames, self.transport.max_message_bytes)
         except WireError as e:
             self._reject(e.reason)
-            return
+            return None
         if sender == self.replica_id:
             self._self_listed = 1  # our own address was in the list under another name
-            return
-        now = asyncio.get_running_loop().time()
+            return None
         last = self._last_seq.get(sender)
         if last is not None:
             if seq > last + 1:
@@ -221,9 +296,10 @@ class SyncHub:
             self._silent.discard(sender)
             log.info("sync_peer_returned", peer=sender)
         if not batch:
-            return  # a heartbeat
+            return None  # a heartbeat
+        plugins = self._plugins
         for key, deltas in batch.items():
-            plugin = self._plugins.get(key)
+            plugin = plugins.get(key)
             if plugin is None:
                 self._reject("unknown_key")
                 continue
@@ -232,9 +308,7 @@ class SyncHub:
             except Exception:
                 self._reject("apply")
                 self._fail_once("sync_apply_failed", key, peer=sender)
-        self.stats.received += 1
-        metrics.BATCHES_RECEIVED.inc()
-        metrics.DELTA_LAG.observe(max(0.0, self._wall() - sent_at))
+        return sent_at
 
     def _reject(self, reason: str) -> None:
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
@@ -361,14 +435,15 @@ class SyncHub:
         first = await anext(updates)
         self.transport.set_peers(first)
         self._started_at = loop.time()
+        self._loop = loop
         self._tasks.append(
             loop.create_task(self.transport.serve_snapshots(self._answer), name="sync-snapshots")
         )
         await self._warm_start(first)
         self.serving = True
+        self.transport.listen(self.on_messages, self.read_gap)
         self._tasks += [
             loop.create_task(self._watch_peers(updates), name="sync-peers"),
-            loop.create_task(self._receive(), name="sync-receive"),
             loop.create_task(self._tick(), name="sync-tick"),
             loop.create_task(self.transport.redial(), name="sync-redial"),
         ]
@@ -378,22 +453,15 @@ class SyncHub:
             self.transport.set_peers(peers)
             log.info("sync_peers_changed", peers=[p.id for p in peers])
 
-    async def _receive(self) -> None:
-        while True:
-            for frames in await self.transport.recv_many():
-                try:
-                    self.on_frames(frames)
-                except Exception:  # a peer's message must never stop this replica from listening
-                    self._reject("apply")
-                    log.exception("sync_receive_failed")
-
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
         slow = min(self.heartbeat, self.timeout / 4)
         while True:
             await asyncio.sleep(self.poll if self._polled else slow)
-            if self.interval <= 0 or loop.time() - self._last_flush >= self.interval:
-                self.flush()
+            if (self._polled or not self.transport.has_peers) and (
+                self.interval <= 0 or loop.time() - self._last_flush >= self.interval
+            ):
+                self.flush()  # what dirty() did not schedule: plugins that do not say, or no peers
             if loop.time() - self._last_sent >= self.heartbeat:
                 self._publish({})
             self.check_peers()

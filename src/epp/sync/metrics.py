@@ -47,7 +47,8 @@ REJECTED: Final = Counter(
 )
 DELTA_LAG: Final = Histogram(
     "epp_sync_delta_lag_seconds",
-    "From a peer publishing a delta batch to this replica applying it (wall clocks).",
+    "From the first change a peer's delta batch carries (its routing decision) to this replica "
+    "applying it (wall clocks; the sender's coalescing wait included).",
     buckets=LAG_BUCKETS,
     registry=REGISTRY,
 )

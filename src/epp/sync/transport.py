@@ -62,7 +62,13 @@ class ZmqTransport:
         self._connected: dict[str, Peer] = {}
         self._pub_raw: zmq.Socket[bytes] | None = None
         self._sub_raw: zmq.Socket[bytes] | None = None
-        self._readable: asyncio.Event | None = None  # the SUB's descriptor said "look" (recv_many)
+        # listen(): the reader callback's state
+        self._handler: Callable[[list[Frames]], None] | None = None
+        self._gap = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._watching = False
+        self._last_wake = -1e9  # when the descriptor last woke the loop with messages
         self._fd = -1
         self.redials = 0
 
@@ -117,10 +123,14 @@ class ZmqTransport:
         raise zmq.ZMQError(zmq.EADDRINUSE, "no free consecutive port pair for sync")
 
     def close(self) -> None:
-        if self._readable is not None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._watching and self._loop is not None:
             with contextlib.suppress(RuntimeError, ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(self._fd)
-            self._readable = None
+                self._loop.remove_reader(self._fd)
+        self._watching = False
+        self._handler = None
         for sock in (self._pub, self._sub, self._router):
             if sock is not None:
                 sock.close(0)
@@ -166,6 +176,10 @@ class ZmqTransport:
             monitor.close(0)
 
     @property
+    def has_peers(self) -> bool:
+        return bool(self._connected)
+
+    @property
     def peers(self) -> tuple[Peer, ...]:
         return tuple(self._connected.values())
 
@@ -181,45 +195,97 @@ class ZmqTransport:
             return False
         return True
 
-    async def recv(self) -> Frames:
-        frames: Frames = await self._require(self._sub).recv_multipart()
-        return frames
+    def listen(self, handler: Callable[[list[Frames]], None], gap: float = 0.0) -> None:
+        """Call ``handler`` with every message queued on the SUB, from the loop's reader callback.
 
-    async def recv_many(self, limit: int = 256) -> list[Frames]:
-        """Wait for a message, then take every one already queued (up to ``limit``) in one go.
-
-        The wait is the SUB's ZMQ file descriptor, registered with the loop once: pyzmq's
-        asyncio ``poll`` adds and removes the reader and builds a poller and futures on every
-        call, which cost more than the batch it waited for (bench/scaleout, py-spy).  ZMQ's
-        descriptor only says "look": reading until EAGAIN consumes its signal, and EVENTS is
-        asked once before sleeping so a message that arrived meanwhile is not missed.
+        No task, future or event per message: the SUB's ZMQ descriptor is registered with the
+        loop and the callback reads until ZMQ's ``EVENTS`` says nothing is left (which also
+        re-arms the descriptor: it only signals a change, so reading must go that far).  With
+        ``gap`` > 0 a busy receiver reads at most once per ``gap`` seconds: when the descriptor
+        wakes the loop with messages twice within ``gap``, it stops watching the descriptor and
+        reads again ``gap`` later (on a timer), and goes back to the descriptor once a read
+        finds nothing.  So with many peers the loop wakes ~1/gap times a second for all of them
+        instead of once per message, at the price of up to ``gap`` of staleness; messages that
+        come further apart than ``gap`` are each read at once (one wake each, never a second
+        one for a timer that finds nothing), and an idle receiver costs nothing.  pyzmq's
+        asyncio ``poll`` (a poller and futures per call) cost more than the batch it waited
+        for (bench/scaleout, py-spy).
         """
         raw = self._sub_raw
         if raw is None:
             raise RuntimeError("sync transport is not bound (or already closed)")
-        if self._readable is None:
-            self._readable = asyncio.Event()
-            self._fd = int(raw.getsockopt(zmq.FD))
-            asyncio.get_running_loop().add_reader(self._fd, self._on_readable)
-        while True:
-            out: list[Frames] = []
-            while len(out) < limit:
-                try:
-                    out.append(raw.recv_multipart(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
-            if out:
-                return out
-            self._readable.clear()
-            if _events(raw) & zmq.POLLIN:  # arrived between the read and clear()
-                continue
-            await self._readable.wait()
+        if self._handler is not None:
+            raise RuntimeError("sync transport: already listening")
+        self._handler = handler
+        self._gap = gap
+        self._loop = asyncio.get_running_loop()
+        self._fd = int(raw.getsockopt(zmq.FD))
+        self._watch()
+
+    def _watch(self) -> None:
+        assert self._loop is not None
+        self._timer = None
+        self._loop.add_reader(self._fd, self._on_readable)
+        self._watching = True
+        if _events(self._sub_raw) & zmq.POLLIN:  # arrived while nobody watched: no signal will come
+            self._on_readable()
 
     def _on_readable(self) -> None:
-        # Only a hint: recv_many reads until EAGAIN (which also consumes ZMQ's signal) and
-        # asks EVENTS itself before it sleeps, so a spurious wake costs one empty read.
-        if self._readable is not None:
-            self._readable.set()
+        got = self.read_all()
+        loop = self._loop
+        if not got or self._gap <= 0 or loop is None:
+            return
+        now = loop.time()
+        busy, self._last_wake = now - self._last_wake < self._gap, now
+        if busy:  # two wakes within gap: peers keep sending, read on the timer from now on
+            if self._watching:
+                loop.remove_reader(self._fd)
+                self._watching = False
+            self._timer = loop.call_later(self._gap, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._sub_raw is None:
+            return
+        if self.read_all() and self._loop is not None:
+            self._timer = self._loop.call_later(self._gap, self._on_timer)
+        else:
+            self._watch()
+
+    def read_now(self) -> None:
+        """Read what is queued while the loop is awake anyway (the hub calls it when it sends).
+
+        A wake of the loop costs more than the messages it reads (bench/scaleout, part cost), so
+        a read that rides on another wake puts the busy receiver's timer off by ``gap``.
+        """
+        if self._handler is None or not self.read_all():
+            return
+        if self._timer is not None and self._loop is not None:
+            self._timer.cancel()
+            self._timer = self._loop.call_later(self._gap, self._on_timer)
+
+    def read_all(self, limit: int = 4096) -> int:
+        """Hand every queued message (up to ``limit``) to the handler in one call; how many."""
+        raw = self._sub_raw
+        handler = self._handler
+        if raw is None or handler is None:
+            return 0
+        out: list[Frames] = []
+        recv = raw.recv_multipart
+        try:
+            while len(out) < limit and _events(raw) & zmq.POLLIN:
+                out.append(recv(zmq.NOBLOCK))
+        except zmq.Again:  # EVENTS said POLLIN but the message was not whole yet: next signal
+            pass
+        except zmq.ZMQError:  # closed under us
+            return 0
+        if out:
+            handler(out)
+        return len(out)
+
+    async def recv(self) -> Frames:
+        frames: Frames = await self._require(self._sub).recv_multipart()
+        return frames
 
     # --- warm start --------------------------------------------------------------------
     async def serve_snapshots(self, answer: Callable[[Frames], bytes | None]) -> None:
@@ -265,6 +331,6 @@ class ZmqTransport:
         return sock
 
 
-def _events(sock: zmq.Socket[bytes]) -> int:
+def _events(sock: zmq.Socket[bytes] | None) -> int:
     """``ZMQ_EVENTS`` (reading it also re-arms the socket's descriptor)."""
-    return int(sock.getsockopt(zmq.EVENTS))
+    return 0 if sock is None else int(sock.getsockopt(zmq.EVENTS))

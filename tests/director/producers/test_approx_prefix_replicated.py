@@ -150,3 +150,12 @@ def test_malformed_snapshot_raises() -> None:
     with pytest.raises(ValueError, match="approx-prefix snapshot"):
         n.restore({EPS[0].metadata.name: [1, None]})
     assert len(n.index) == 0
+
+
+def test_a_routed_insertion_tells_the_hub() -> None:
+    p = replica()
+    calls: list[int] = []
+    p.sync_dirty = lambda: calls.append(1)
+    route(p, prompt("a", 4), EPS[1])
+    assert calls == [1]
+    assert len(p.drain()) == 1

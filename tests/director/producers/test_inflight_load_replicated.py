@@ -210,3 +210,16 @@ def test_without_datastore_wiring_a_peers_endpoint_is_counted() -> None:
     assert load(b, EPS[2])[0] == 1
     b.forget("A")
     assert load(b, EPS[2]) == (0, 0)
+
+
+def test_every_recorded_change_tells_the_hub() -> None:
+    """The hub drains on these calls alone (no poll cadence), so a change that did not call
+    ``sync_dirty`` would wait for the next heartbeat tick."""
+    p = replica()
+    calls: list[int] = []
+    p.sync_dirty = lambda: calls.append(1)
+    state = route(p, EPS[0])
+    assert calls == [1]
+    finish(p, state)
+    assert calls == [1, 1]
+    assert p.drain() == [[EP0, 0, 0]]

@@ -139,3 +139,12 @@ def test_no_bookkeeping_before_a_hub_drains() -> None:
     assert s.drain() == []
     route(s, eps, 1)
     assert len(s.drain()) == 1
+
+
+def test_a_routed_request_tells_the_hub() -> None:
+    a, eps = replica()
+    calls: list[int] = []
+    a.sync_dirty = lambda: calls.append(1)
+    route(a, eps, 1)
+    assert calls == [1]
+    assert a.drain() == [[eps[1].metadata.name, HASHES]]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -126,6 +126,7 @@ class ApproxPrefixCacheProducer(PluginBase):
         self._live: dict[str, Endpoint] | None = None
         self._undrained: list[list[Any]] | None = None  # [name, hashes] since the last drain
         self.undrained_dropped = 0
+        self.sync_dirty: Callable[[], None] = _unsynced  # the hub's: "send my changes soon"
         self._state_key: StateKey[_RequestPrefix] = StateKey(f"{name}/{self.TYPE}")
         # PrefixMatchInfo is immutable: one object per (matched, total, block size), shared by
         # every request and endpoint with those numbers, so a request allocates none.
@@ -247,6 +248,7 @@ class ApproxPrefixCacheProducer(PluginBase):
                     if undrained is not None:
                         if len(undrained) < MAX_UNDRAINED:
                             undrained.append([name, prefix.hashes])
+                            self.sync_dirty()
                         else:
                             self.undrained_dropped += 1
             PREFIX_INDEXER_SIZE.set(len(self.index))
@@ -311,6 +313,10 @@ class ApproxPrefixCacheProducer(PluginBase):
                     index.add(name, ep, hashes, self.capacity(ep))
         if insertions:
             PREFIX_INDEXER_SIZE.set(len(index))
+
+
+def _unsynced() -> None:
+    """``sync_dirty`` until a hub binds the plugin."""
 
 
 class MulticlusterApproxPrefixCacheProducer(ApproxPrefixCacheProducer):

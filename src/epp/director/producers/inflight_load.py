@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final
 
 from epp.datalayer.api import Endpoint
@@ -131,6 +131,7 @@ class InFlightLoadProducer(PluginBase):
         # endpoints whose own counts changed since the last drain; None until a hub drains
         self._changed: dict[str, _Counter] | None = None
         self._peers: dict[str, dict[str, tuple[int, int]]] = {}  # origin -> name -> (requests, tokens)
+        self.sync_dirty: Callable[[], None] = _unsynced  # the hub's: "send my changes soon"
         # True once the datastore reports endpoints: from then on only endpoints it added
         # get a counter, so one removed between scheduling and PreRequest cannot come back.
         self._observed = False
@@ -188,6 +189,7 @@ class InFlightLoadProducer(PluginBase):
             counter.add(tokens)
             if self._changed is not None:
                 self._changed[counter.name] = counter
+                self.sync_dirty()
             prefill = profile == prefill_profile
             added.entries.append((prefill, counter, tokens))
             if prefill:
@@ -218,6 +220,7 @@ class InFlightLoadProducer(PluginBase):
                 counter.release(tokens)
                 if self._changed is not None:
                     self._changed[counter.name] = counter
+                    self.sync_dirty()
             else:
                 kept.append(entry)
         added.entries = kept
@@ -234,6 +237,8 @@ class InFlightLoadProducer(PluginBase):
             counter.release(tokens)
             if changed is not None:
                 changed[counter.name] = counter
+        if changed is not None and entries:
+            self.sync_dirty()
 
     # EndpointObserver ---------------------------------------------------------------
     def endpoint_added(self, endpoint: Endpoint) -> None:
@@ -323,6 +328,10 @@ class InFlightLoadProducer(PluginBase):
             load = counts.get(counter.name)
             if load is not None:
                 counter.add_peer(*load)
+
+
+def _unsynced() -> None:
+    """``sync_dirty`` until a hub binds the plugin."""
 
 
 def _parse_loads(deltas: Any) -> list[tuple[str, int, int]]:

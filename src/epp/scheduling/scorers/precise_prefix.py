@@ -53,7 +53,7 @@ peer's identity, where they last the speculative TTL (this replica never sees th
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal
 
@@ -91,6 +91,10 @@ log = structlog.get_logger(__name__)
 
 MAX_UNDRAINED: Final = 65536  # routed requests kept for the sync hub between two drains
 SNAPSHOT_ORIGIN: Final = "\x00snapshot"  # restore(): the records a peer's snapshot carried
+
+
+def _unsynced() -> None:
+    """``sync_dirty`` until a hub binds the plugin."""
 
 
 class IndexerConfig(PluginParams):
@@ -267,6 +271,7 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.tokenize_failures = 0
         self._undrained: list[list[Any]] | None = None  # [name, hashes] pending since the last drain
         self.undrained_dropped = 0
+        self.sync_dirty: Callable[[], None] = _unsynced  # the hub's: "send my changes soon"
 
     # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
     async def start(self) -> None:
@@ -506,6 +511,7 @@ class PrecisePrefixCacheScorer(PluginBase):
                 if undrained is not None and prediction.pending is not None:
                     if len(undrained) < MAX_UNDRAINED:
                         undrained.append([name, hashes])
+                        self.sync_dirty()
                     else:
                         self.undrained_dropped += 1
 

@@ -1,0 +1,74 @@
+"""ZmqTransport.listen: messages read from the loop's reader callback, a busy receiver on a timer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from epp.sync.peers import Peer
+from epp.sync.transport import Frames, ZmqTransport
+from epp.testing.waiting import until
+
+
+async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None:
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    rx = ZmqTransport("127.0.0.1", 0)
+    rx.bind()
+    got: list[Frames] = []
+    try:
+        rx.set_peers([Peer("tx", "127.0.0.1", port)])
+        rx.listen(got.extend, gap=3600.0)  # once busy, the timer would not fire during the test
+
+        async def first_arrives() -> None:  # a PUB drops messages until the SUB has connected
+            for _ in range(200):
+                await pub.send(b"probe")
+                if await _polled(lambda: bool(got)):
+                    return
+            raise AssertionError("the SUB never connected")
+
+        await first_arrives()  # quiet receiver: read at once, from the descriptor's callback
+        assert got[-1] == [b"probe"]
+        if len(got) == 1:  # (two probes arriving in two wakes would already be "busy")
+            assert _state(rx) == (False, True)
+        got.clear()
+        await pub.send(b"second")  # a second wake within gap: the peers are busy
+        await until(lambda: got == [[b"second"]], 5, what="the descriptor's callback reads the second")
+        assert _state(rx) == (True, False)  # busy now: reads wait for the timer
+        got.clear()
+        await pub.send(b"third")
+        sub = rx._sub_raw
+        assert sub is not None
+        await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="third queued")
+        assert got == []  # nobody watches the descriptor until the timer
+        timer = rx._timer
+        rx.read_now()  # the hub was awake anyway (it sent): read, and put the timer off
+        assert got == [[b"third"]]
+        assert _state(rx) == (True, False) and rx._timer is not timer
+        rx._on_timer()  # the timer finds nothing queued: back to the descriptor
+        assert _state(rx) == (False, True)
+        got.clear()
+        await pub.send(b"fourth")
+        await until(lambda: got == [[b"fourth"]], 5, what="the descriptor's callback reads the fourth")
+    finally:
+        rx.close()
+        pub.close(0)
+        ctx.term()
+
+
+async def _polled(cond: Callable[[], bool]) -> bool:
+    """Whether ``cond`` holds within 50 ms (a bounded wait for one probe)."""
+    try:
+        await until(cond, 0.05, what="probe")
+    except AssertionError:
+        return False
+    return True
+
+
+def _state(t: ZmqTransport) -> tuple[bool, bool]:
+    """(a read timer is armed, the descriptor is watched)."""
+    return t._timer is not None, t._watching
