@@ -26,6 +26,7 @@ from epp.datalayer.topology import HOSTNAME_LABEL, ZONE_LABEL
 from epp.datastore.store import Datastore
 from epp.director.director import Director
 from epp.errors import ConfigError
+from epp.plugin.replicated import Replicated
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 FILES = sorted(CORPUS.glob("*.yaml"))
@@ -109,3 +110,20 @@ def test_how_many_load() -> None:
     """The corpus's score: update it with REFUSED on every compatibility fix."""
     assert set(REFUSED) <= {p.name for p in FILES}
     assert (len(FILES), len(FILES) - len(REFUSED)) == (62, 54)
+
+
+def test_every_shared_plugin_of_the_corpus_says_when_it_changed() -> None:
+    """The sync hub drains a ``Replicated`` plugin only when it calls ``sync_dirty``; one that
+    does not is put on the 5 ms poll, a wake and a drain of every plugin 200 times a second
+    on every replica.  Every shared plugin a real config (or a benchmark's) builds must say
+    when it changed."""
+    shared: set[str] = set()
+    bench = sorted((CORPUS.parents[2] / "bench" / "configs").glob("prefix-heavy*.yaml"))
+    for path in [*FILES, *bench]:
+        if path.name in REFUSED:
+            continue
+        for plugin in build(load_config_file(path), default_registry()).plugins.values():
+            if isinstance(plugin, Replicated) and getattr(plugin, "replicated", True) is not False:
+                assert hasattr(plugin, "sync_dirty"), f"{path.name}: {plugin.typed_name} is polled"
+                shared.add(type(plugin).__name__)
+    assert {"InFlightLoadProducer", "ApproxPrefixCacheProducer", "PrefillLoadScorer"} <= shared

@@ -72,6 +72,10 @@ class Replicated(Protocol):
 _HASH_LIMIT: Final = 1 << 64
 
 
+def unsynced() -> None:
+    """A plugin's ``sync_dirty`` until a hub binds it (nobody to tell)."""
+
+
 def _uint64s(hashes: list[Any]) -> bool:
     """Whether every element is an int in [0, 2**64): C-speed passes, a few us per 256 hashes."""
     if not hashes:

@@ -40,6 +40,7 @@ from epp.datalayer.api import Endpoint
 from epp.plugin.base import Handle
 from epp.plugin.counts import subtract
 from epp.plugin.keys import StateKey
+from epp.plugin.replicated import unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
@@ -104,10 +105,6 @@ def header_value(
     return ""
 
 
-def _unsynced() -> None:
-    """``on_change`` until a sync hub binds the plugin."""
-
-
 class SessionBindings:
     """session id -> endpoint name, least recently used first; bounded by ``max_sessions`` and ``ttl``.
 
@@ -126,7 +123,7 @@ class SessionBindings:
         self._bindings: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._counts: dict[str, int] = {}
         self._undrained: dict[str, None] | None = None  # sessions bound here since the last drain
-        self.on_change: Callable[[], None] = _unsynced  # the sync hub's dirty(), once bound
+        self.on_change: Callable[[], None] = unsynced  # the sync hub's dirty(), once bound
 
     def __len__(self) -> int:
         return len(self._bindings)

@@ -157,3 +157,17 @@ def test_no_bookkeeping_before_a_hub_drains() -> None:
     s: PrefillLoadScorer = build(PrefillLoadScorer)
     route(s, 0)
     assert s._changed is None  # no hub: nothing accumulates
+
+
+def test_says_when_it_changed_so_the_hub_need_not_poll() -> None:
+    """The hub drains plugins that call ``sync_dirty`` only when they do; one that never did
+    would be left on the 5 ms poll (or, with every other plugin saying, lag its peers)."""
+    s = replica()
+    calls: list[int] = []
+    s.sync_dirty = lambda: calls.append(1)
+    st = route(s, 0, 2000)
+    assert len(calls) == 1  # the PreRequest's new backlog
+    first_byte(s, st)
+    assert len(calls) == 2  # the release
+    s.response_complete(st, request(1), ResponseInfo(request_id="r"), EPS[0])
+    assert len(calls) == 2  # already released: nothing changed, nothing to say

@@ -14,7 +14,7 @@ from epp.errors import ConfigError
 from epp.metrics.series import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO, PREFIX_INDEXER_SIZE
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
-from epp.plugin.replicated import parse_routed
+from epp.plugin.replicated import parse_routed, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import SchedulingResult
@@ -126,7 +126,7 @@ class ApproxPrefixCacheProducer(PluginBase):
         self._live: dict[str, Endpoint] | None = None
         self._undrained: list[list[Any]] | None = None  # [name, hashes] since the last drain
         self.undrained_dropped = 0
-        self.sync_dirty: Callable[[], None] = _unsynced  # the hub's: "send my changes soon"
+        self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
         self._state_key: StateKey[_RequestPrefix] = StateKey(f"{name}/{self.TYPE}")
         # PrefixMatchInfo is immutable: one object per (matched, total, block size), shared by
         # every request and endpoint with those numbers, so a request allocates none.
@@ -313,10 +313,6 @@ class ApproxPrefixCacheProducer(PluginBase):
                     index.add(name, ep, hashes, self.capacity(ep))
         if insertions:
             PREFIX_INDEXER_SIZE.set(len(index))
-
-
-def _unsynced() -> None:
-    """``sync_dirty`` until a hub binds the plugin."""
 
 
 class MulticlusterApproxPrefixCacheProducer(ApproxPrefixCacheProducer):

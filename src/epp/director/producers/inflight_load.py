@@ -9,6 +9,7 @@ from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.replicated import unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, estimate_tokens
 from epp.scheduling.api import SchedulingResult
@@ -131,7 +132,7 @@ class InFlightLoadProducer(PluginBase):
         # endpoints whose own counts changed since the last drain; None until a hub drains
         self._changed: dict[str, _Counter] | None = None
         self._peers: dict[str, dict[str, tuple[int, int]]] = {}  # origin -> name -> (requests, tokens)
-        self.sync_dirty: Callable[[], None] = _unsynced  # the hub's: "send my changes soon"
+        self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
         # True once the datastore reports endpoints: from then on only endpoints it added
         # get a counter, so one removed between scheduling and PreRequest cannot come back.
         self._observed = False
@@ -328,10 +329,6 @@ class InFlightLoadProducer(PluginBase):
             load = counts.get(counter.name)
             if load is not None:
                 counter.add_peer(*load)
-
-
-def _unsynced() -> None:
-    """``sync_dirty`` until a hub binds the plugin."""
 
 
 def _parse_loads(deltas: Any) -> list[tuple[str, int, int]]:

@@ -81,7 +81,7 @@ from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
-from epp.plugin.replicated import parse_routed
+from epp.plugin.replicated import parse_routed, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult, ScorerCategory
@@ -91,10 +91,6 @@ log = structlog.get_logger(__name__)
 
 MAX_UNDRAINED: Final = 65536  # routed requests kept for the sync hub between two drains
 SNAPSHOT_ORIGIN: Final = "\x00snapshot"  # restore(): the records a peer's snapshot carried
-
-
-def _unsynced() -> None:
-    """``sync_dirty`` until a hub binds the plugin."""
 
 
 class IndexerConfig(PluginParams):
@@ -271,7 +267,7 @@ class PrecisePrefixCacheScorer(PluginBase):
         self.tokenize_failures = 0
         self._undrained: list[list[Any]] | None = None  # [name, hashes] pending since the last drain
         self.undrained_dropped = 0
-        self.sync_dirty: Callable[[], None] = _unsynced  # the hub's: "send my changes soon"
+        self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
 
     # Lifecycle and endpoints (the data layer runs a referenced kv-events-source) ------------------
     async def start(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final
 
 from epp.datalayer.api import Endpoint
@@ -10,6 +10,7 @@ from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, prefix_
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.replicated import unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
@@ -74,6 +75,7 @@ class PrefillLoadScorer(PluginBase):
         self._own: dict[str, int] = {}  # this replica's share of _backlog
         self._peers: dict[str, dict[str, int]] = {}  # origin -> name -> its last reported backlog
         self._changed: set[str] | None = None  # own backlog changed since the last drain; None: no hub
+        self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
         self._key: StateKey[_Pending] = StateKey(f"{name}/{self.TYPE}")
 
     def debug_state(self) -> dict[str, Any]:
@@ -122,6 +124,7 @@ class PrefillLoadScorer(PluginBase):
         self._own[name] = self._own.get(name, 0) + tokens
         if self._changed is not None:
             self._changed.add(name)
+            self.sync_dirty()
         state.put(self._key, _Pending(name, tokens))
 
     def _release(self, state: CycleState) -> None:
@@ -133,6 +136,7 @@ class PrefillLoadScorer(PluginBase):
         subtract(self._own, pending.endpoint, pending.tokens)
         if self._changed is not None:
             self._changed.add(pending.endpoint)
+            self.sync_dirty()
 
     # ResponseBodyProcessor: the first byte means the prefill is done ----------------------
     def response_body(
