@@ -155,7 +155,8 @@ async def test_silent_peer_is_forgotten_then_reapplied_when_back() -> None:
             await until(lambda: b.hub.partitioned, 5, what="b partitioned")
             assert REGISTRY.get_sample_value("epp_sync_partitioned") == 1
             ticks = b.hub.ticks
-            await until(lambda: b.hub.ticks > ticks + 20, 5, what="more ticks while partitioned")
+            # several liveness checks while partitioned (the tick is 75-100 ms): still logged once
+            await until(lambda: b.hub.ticks > ticks + 5, 10, what="more ticks while partitioned")
             again = make_node("a", port=port)  # restarted under the same id: its sequence starts over
             again.peers.set([b.peer])
             await again.hub.start(again.peers)
