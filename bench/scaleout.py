@@ -355,16 +355,21 @@ _MEDIANS: Final = (
 )
 
 
+def _median(xs: Sequence[float | None], nd: int = 3) -> float | None:
+    """The median of the values present (None: a figure a run did not have), rounded."""
+    vals = [x for x in xs if x is not None]
+    return rnd(statistics.median(vals), nd) if vals else None
+
+
 def median_cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One cell from its repeats: the median of each figure, its range, and every run."""
     out: dict[str, Any] = {"replicas": runs[0]["replicas"], "sync": runs[0]["sync"], "repeats": len(runs)}
     for key in _MEDIANS:
         xs = [r[key] for r in runs if r.get(key) is not None]
-        out[key] = rnd(statistics.median(xs), 4) if xs else None
+        out[key] = _median(xs, 4)
         out[f"{key}_range"] = [min(xs), max(xs)] if xs else None
     for key in ("waiting_mean", "longest_mean"):
-        xs = [r["queues"][key] for r in runs if r["queues"][key] is not None]
-        out[key] = rnd(statistics.median(xs), 2) if xs else None
+        out[key] = _median([r["queues"][key] for r in runs], 2)
     out["runs"] = runs
     return out
 
@@ -477,11 +482,6 @@ async def cost_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
     }
 
 
-def _median_of(cells: list[dict[str, Any]], key: str) -> float | None:
-    values = [c[key] for c in cells if c[key] is not None]
-    return rnd(statistics.median(values), 1) if values else None
-
-
 async def cost(st: Settings) -> dict[str, Any]:
     """Every cell ``COST_ROUNDS`` times, the rounds interleaved (a burst of load from elsewhere
     on the machine hits one round of every cell, not every round of one cell); medians."""
@@ -500,7 +500,7 @@ async def cost(st: Settings) -> dict[str, Any]:
     for (n, sync), rounds in runs.items():
         cell: dict[str, Any] = {"replicas": n, "sync": sync, "rounds": rounds}
         for key in ("cpu_us_per_request", "zmq_io_us_per_request", "staleness_p99_ms", "batches_received"):
-            cell[key] = _median_of(rounds, key)
+            cell[key] = _median([c[key] for c in rounds], 1)
         cells.append(cell)
     by = {(c["replicas"], c["sync"]): c for c in cells}
     c1 = by[(1, False)]["cpu_us_per_request"]
@@ -652,11 +652,6 @@ async def workers_cell(workers: int, st: Settings, *extra: str) -> dict[str, Any
         "epp_us_per_request": rnd(epp_cores / rps * 1e6, 1) if rps else None,
         "streams_per_worker": {w: float(n) for w, n in _STREAMS.findall(text)},
     }
-
-
-def _median(xs: Sequence[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return rnd(statistics.median(vals)) if vals else None
 
 
 async def workers(st: Settings) -> dict[str, Any]:
