@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
+from epp.testing.waiting import until_async
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port_pair
 
@@ -43,13 +43,6 @@ async def _state(http: aiohttp.ClientSession, epp: EppProcess) -> dict[str, Any]
         doc: dict[str, Any] = await r.json()
     plugin: dict[str, Any] = doc["plugins"]["prefill-load-scorer"]
     return plugin
-
-
-async def _until(cond: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    async with asyncio.timeout(timeout):
-        while not await cond():  # noqa: ASYNC110 - another process changes it: poll, bounded
-            await asyncio.sleep(0.02)
-    assert await cond(), what
 
 
 async def test_a_peers_pending_prefill_counts_on_this_replica(tmp_path: pathlib.Path) -> None:
@@ -86,7 +79,7 @@ async def test_a_peers_pending_prefill_counts_on_this_replica(tmp_path: pathlib.
                     held.update(await _state(http, b))
                     return bool(held["backlog"]) or first_byte.is_set()
 
-                await _until(b_counts_it, 10, "B never heard of A's pending prefill")
+                await until_async(b_counts_it, 10, what="B never heard of A's pending prefill")
                 assert not first_byte.is_set(), "the prefill ended before B was asked"
                 assert held["own"] == {}  # B routed nothing itself
                 [(endpoint, tokens)] = held["backlog"].items()
@@ -99,7 +92,7 @@ async def test_a_peers_pending_prefill_counts_on_this_replica(tmp_path: pathlib.
                 async def b_released_it() -> bool:
                     return not (await _state(http, b))["backlog"]
 
-                await _until(b_released_it, 10, "B kept A's finished prefill in its backlog")
+                await until_async(b_released_it, 10, what="B kept A's finished prefill in its backlog")
         except BaseException:
             print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
             raise

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 async def until(cond: Callable[[], bool], timeout: float = 10.0, *, what: str = "condition") -> None:
@@ -14,3 +14,20 @@ async def until(cond: Callable[[], bool], timeout: float = 10.0, *, what: str = 
         if loop.time() > deadline:
             raise AssertionError(f"{what} not met within {timeout} s")
         await asyncio.sleep(0.01)
+
+
+async def until_async(
+    cond: Callable[[], Awaitable[bool]],
+    timeout: float = 10.0,
+    *,
+    what: str = "condition",
+    every: float = 0.02,
+) -> None:
+    """``until`` for a condition another process makes true (an HTTP probe, an admin API):
+    awaited every ``every`` s; AssertionError naming ``what`` after ``timeout`` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} not met within {timeout} s")
+        await asyncio.sleep(every)
