@@ -199,6 +199,23 @@ async def until_state(s: Stack, hostport: str, cond: Any, timeout: float = 15.0)
             await asyncio.sleep(0.05)  # poll interval of the EPP's debug endpoint
 
 
+async def until_events_arrive(s: Stack, hostport: str, timeout: float = 15.0) -> None:
+    """Land new prefixes on ``hostport`` until the EPP has applied a batch of its events.
+
+    A connecting PUB socket drops what it publishes before the subscriber's subscription reaches
+    it (ZMQ's slow joiner; vLLM's publisher does not wait either), so an engine's first batch can
+    be lost when its connection to the EPP's bound socket is only being (re)established.  The
+    next request's batch arrives; one request and a wait would hang on the lost one."""
+    async with asyncio.timeout(timeout):
+        while True:
+            await land_on(s, hostport)
+            try:
+                await until_state(s, hostport, lambda e: e["batches"] > 0 and e["consistent"], timeout=1.0)
+                return
+            except TimeoutError:
+                continue
+
+
 async def fallback_count(s: Stack, hostport: str) -> float:
     metrics = await s.epp_metrics()
     name = next(k for k, e in (await plugin_state(s))["endpoints"].items() if e["hostport"] == hostport)
@@ -374,8 +391,7 @@ schedulingProfiles:
                 s = Stack(fleet, epp, proxy, http, tmp_path)
                 try:
                     for hp in fleet.hostports:  # every engine's connection carries events
-                        await land_on(s, hp)
-                        await until_state(s, hp, lambda e: e["batches"] > 0 and e["consistent"])
+                        await until_events_arrive(s, hp)
                     state = await plugin_state(s)
                     assert state["centralEndpoint"] == f"tcp://127.0.0.1:{central}"
                     assert state["unattributedMessages"] == 0
