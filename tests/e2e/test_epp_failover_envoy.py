@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
+from epp.testing.waiting import until_async
 from epp_sim.demo.procs import EppProcess, SimFleet
 from tests.deploy.envoy import RunningEnvoy, active_active, run
 from tests.e2e.conftest import FAST_SIM
@@ -29,19 +30,6 @@ class Sent:
     at: float  # time.monotonic() when sent
     status: int  # HTTP status, or -1 for a connection error
     done: float  # time.monotonic() when answered
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> float:
-    """Poll ``condition`` until it holds; the monotonic time it was first seen to hold."""
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                if await condition():
-                    break
-                await asyncio.sleep(0.01)  # poll interval against Envoy's admin API
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout}s: {what}") from None
-    return time.monotonic()
 
 
 async def trickle(http: aiohttp.ClientSession, url: str, sent: list[Sent], stop: asyncio.Event) -> None:
@@ -111,7 +99,7 @@ async def stop_one_under_load(
     sent: list[Sent] = []
     stop = asyncio.Event()
     load = asyncio.create_task(trickle(http, envoy.url, sent, stop))
-    await until(both_take_streams, 15, "both EPPs route requests (active-active)")
+    await until_async(both_take_streams, 15, what="both EPPs route requests (active-active)", every=0.01)
     term_at = time.monotonic()
     await leaving.signal(signal.SIGTERM)
     assert await leaving.wait(30) == 0  # drained and exited cleanly
@@ -120,7 +108,12 @@ async def stop_one_under_load(
     async def enough_after() -> bool:
         return sum(s.at > exited_at for s in sent) >= AFTER_DROP
 
-    await until(enough_after, AFTER_DROP / RATE * 3 + 10, f"{AFTER_DROP} requests answered after the exit")
+    await until_async(
+        enough_after,
+        AFTER_DROP / RATE * 3 + 10,
+        what=f"{AFTER_DROP} requests answered after the exit",
+        every=0.01,
+    )
     stop.set()
     await load
     assert not (await envoy.hosts("ext_proc"))[leaving.grpc_port].in_rotation
@@ -135,7 +128,7 @@ async def kill_one_under_load(
         hosts = await envoy.hosts("ext_proc")
         return all(hosts[e.grpc_port].in_rotation for e in (doomed, survivor))
 
-    await until(both_in_rotation, 10, "both EPPs pass Envoy's health check")
+    await until_async(both_in_rotation, 10, what="both EPPs pass Envoy's health check", every=0.01)
     sent: list[Sent] = []
     stop = asyncio.Event()
     load = asyncio.create_task(trickle(http, envoy.url, sent, stop))
@@ -144,7 +137,7 @@ async def kill_one_under_load(
         hosts = await envoy.hosts("ext_proc")
         return all(hosts[e.grpc_port].streams >= 5 for e in (doomed, survivor))
 
-    await until(both_take_streams, 15, "both EPPs route requests (active-active)")
+    await until_async(both_take_streams, 15, what="both EPPs route requests (active-active)", every=0.01)
     served_before = (await envoy.hosts("ext_proc"))[survivor.grpc_port].streams  # before any `after` is sent
     killed_at = time.monotonic()
     await doomed.signal(signal.SIGKILL)
@@ -152,12 +145,17 @@ async def kill_one_under_load(
     async def dropped() -> bool:
         return not (await envoy.hosts("ext_proc"))[doomed.grpc_port].in_rotation
 
-    dropped_at = await until(dropped, 5, "Envoy drops the killed EPP")
+    dropped_at = await until_async(dropped, 5, what="Envoy drops the killed EPP", every=0.01)
 
     async def enough_after() -> bool:
         return sum(s.at > dropped_at for s in sent) >= AFTER_DROP
 
-    await until(enough_after, AFTER_DROP / RATE * 3 + 10, f"{AFTER_DROP} requests answered after the drop")
+    await until_async(
+        enough_after,
+        AFTER_DROP / RATE * 3 + 10,
+        what=f"{AFTER_DROP} requests answered after the drop",
+        every=0.01,
+    )
     stop.set()
     await load
 

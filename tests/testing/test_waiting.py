@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -20,8 +21,10 @@ async def test_until_async_returns_once_another_task_makes_it_true() -> None:
             flag.set()
         return flag.is_set()
 
-    await until_async(probe, 5, every=0)
+    before = time.monotonic()
+    seen = await until_async(probe, 5, every=0)
     assert probes == 3
+    assert before <= seen <= time.monotonic()  # when it was first seen to hold, on the monotonic clock
 
 
 async def test_until_async_names_what_it_waited_for() -> None:
