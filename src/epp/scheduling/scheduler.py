@@ -326,8 +326,9 @@ class Scheduler:
 
         The single-profile handler's two rounds (run the profile; then nothing is left to run)
         were decided at build time; each is observed as the ``ProfilePicker`` duration it costs
-        now, the time from the call to here, so the metric counts what GIE's does.  A failed
-        run is ``None`` for the handler to judge, as on the general path.
+        now, the time from the call to here, so the metric counts what GIE's does.  Its verdict
+        on a result is that result, primary (built here); a failed run is ``None`` for the
+        handler to judge, with its error text, as on the general path.
         """
         decided = perf_counter() - t_start
         pick = self._pick_timer.observe
@@ -343,7 +344,12 @@ class Scheduler:
             log.exception("scheduler_profile_failed", profile=name)
             run = None
         pick(decided)
-        return self._process(state, request, {name: run})
+        if run is None:  # the handler's verdict and GIE's error text
+            return self._process(state, request, {name: None})
+        t0 = perf_counter()  # single-profile-handler's verdict on its one result, inlined
+        result = SchedulingResult(profile_results={name: run}, primary_profile_name=name)
+        self._process_timer.observe(perf_counter() - t0)
+        return result
 
     def _process(
         self, state: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
