@@ -180,6 +180,8 @@ def replaced_response_body(body: bytes | None, metadata: Mapping[str, Any] | Non
 
 def response_headers_reply(extra: Iterable[tuple[str, str]]) -> bytes:
     """The ResponseHeaders reply: GIE's marker header plus whatever hooks added."""
+    if not extra:  # the usual case (no hook added one): no options to encode
+        return _MARKER_ONLY_REPLY
     more = wire.options(extra)
     if not more:
         return _MARKER_ONLY_REPLY
