@@ -196,3 +196,26 @@ def test_a_pd_config_takes_the_general_path() -> None:
     c = build_components(load_config((ROOT / "bench/configs/pd-prefix.yaml").read_text()), default_registry())
     assert isinstance(c.scheduler, Scheduler)
     assert c.scheduler.fused is None
+
+
+def test_a_picker_rng_replaced_after_building_breaks_the_fused_plans_ties() -> None:
+    """Tests seed ``picker.rng`` after the scheduler is built: the inlined max-score pick reads it."""
+    fleet = tuple(_endpoint(random.Random(3), i, 0) for i in range(8))  # all idle: every total ties
+    picker = build(MaxScorePicker)
+    scheduler = Scheduler(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=[(build(QueueScorer), 1.0)], picker=picker)],
+    )
+    assert scheduler.fused is not None
+
+    def picks(seed: int) -> list[list[str]]:
+        picker.rng = random.Random(seed)
+        return [
+            _names(
+                scheduler.schedule(_state(random.Random(0), fleet), request(), fleet).primary.target_endpoints
+            )
+            for _ in range(12)
+        ]
+
+    assert picks(5) == picks(5)
+    assert picks(5) != picks(6)

@@ -62,7 +62,7 @@ class _Group:
 class FusedPlan:
     """One profile's run, compiled (``compile``), for a scheduler whose shape allows it."""
 
-    __slots__ = ("_cache", "_groups", "_inline_pick", "_pick", "_pick_hist", "_rng", "name", "tail")
+    __slots__ = ("_cache", "_groups", "_max_score", "_pick", "_pick_hist", "name", "tail")
 
     def __init__(self, profile: Any) -> None:
         self.name: str = profile.name
@@ -85,11 +85,12 @@ class FusedPlan:
         last = groups.pop()
         self.tail = last if last.lists else None
         self._groups = tuple(groups)
-        picker = profile.picker
         self._pick, self._pick_hist = profile._picker
-        # ``max-score-picker`` for one endpoint, inlined; its own RNG breaks ties.
-        self._inline_pick = type(picker) is MaxScorePicker and picker.max_num_of_endpoints == 1
-        self._rng = picker.rng if self._inline_pick else None
+        # ``max-score-picker``, inlined for one endpoint (read per request, as its RNG: tests
+        # replace ``rng`` with a seeded one after building).
+        self._max_score: MaxScorePicker | None = (
+            profile.picker if type(profile.picker) is MaxScorePicker else None
+        )
 
     @staticmethod
     def compile(handler: ProfileHandler, profiles: Sequence[Any]) -> FusedPlan | None:
@@ -106,14 +107,15 @@ class FusedPlan:
     def run(self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]) -> ProfileRunResult:
         """Score and pick, as ``SchedulerProfile.run`` does for a request that is not explained."""
         totals = self.totals(state, request, eps)
-        if self._inline_pick:
+        picker = self._max_score
+        if picker is not None and picker.max_num_of_endpoints == 1:
             t0 = perf_counter()
             best = max(totals)
             if totals.count(best) == 1:  # the usual case: a unique best
                 result = ProfileRunResult((eps[totals.index(best)],))
             else:
                 ties = [i for i, s in enumerate(totals) if s == best]
-                result = ProfileRunResult((eps[ties[self._rng.randrange(len(ties))]],))  # type: ignore[union-attr]
+                result = ProfileRunResult((eps[ties[picker.rng.randrange(len(ties))]],))
             self._pick_hist.observe(perf_counter() - t0)
             return result
         t0 = perf_counter()
