@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from time import perf_counter
-from typing import Any, Final
+from typing import Any
 
 from epp.datalayer.api import Endpoint
 from epp.plugin.state import CycleState
@@ -39,8 +39,6 @@ from epp.scheduling.api import ProfileHandler, ProfileRunResult
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.weighting import WeightedScorer, clamped, combine
-
-NO_ENDPOINTS: Final = "no endpoints available for the given request"
 
 
 class _Group:
@@ -131,7 +129,7 @@ class FusedPlan:
         """
         n = len(eps)
         if not n:
-            from epp.scheduling.scheduler import SchedulingError
+            from epp.scheduling.scheduler import NO_ENDPOINTS, SchedulingError  # it imports this module
 
             raise SchedulingError(NO_ENDPOINTS)
         cache = self._cache
