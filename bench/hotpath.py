@@ -1,6 +1,6 @@
 """The EPP's own per-request work on its HTTP/2 transport, against the no-op ext_proc server, in one process.
 
-    python -m bench.hotpath [--requests N] [--rounds R] [--profile]
+    python -m bench.hotpath [--requests N] [--rounds R] [--profile] [--general]
 
 No sockets and no Envoy: a fake transport feeds one ``Connection`` the bytes Envoy sends for
 one request at a time (HEADERS + the gRPC messages of GIE's FULL_DUPLEX_STREAMED exchange: request
@@ -14,7 +14,9 @@ The cyclic collector is tuned as ``epp serve`` tunes it once started (``tune_gc`
 frozen, gen-0 every 20,000 allocations); ``--default-gc`` keeps Python's thresholds (700), which
 charge the EPP ~6 µs a request more for gen-0 passes the server does not make as often.
 Histogram observations are folded on a daemon thread (epp.metrics.fast), ~50 ns a value, not
-counted here (thread CPU of the loop).
+counted here (thread CPU of the loop).  ``--general`` adds a third server whose scheduler keeps
+the general path for every request (``Scheduler(fused=False)``), in the same rounds: what the
+fused plan (epp.scheduling.fused) saves, as a difference measured in one run.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from epp.app.serve import tune_gc
 from epp.config.load import load_config
 from epp.datastore.store import Datastore, PoolInfo
 from epp.director.director import Director
+from epp.scheduling.scheduler import Scheduler
 from epp.server.extproc import ExtProcServicer
 from epp.server.h2.connection import Connection
 from epp.server.h2.frames import PREFACE
@@ -203,9 +206,13 @@ async def _until(done: Callable[[], bool], iterations: int = 1000) -> None:
     raise RuntimeError("a request did not finish: the transport is stuck")
 
 
-def epp_server(config: str, endpoints: int) -> H2GrpcServer:
-    """The EPP's h2 server over ``endpoints`` endpoints with fixed metrics (no scraping)."""
+def epp_server(config: str, endpoints: int, *, fused: bool = True) -> H2GrpcServer:
+    """The EPP's h2 server over ``endpoints`` endpoints with fixed metrics (no scraping);
+    ``fused=False``: its scheduler runs the general path for every request."""
     c = build(load_config(config), default_registry())
+    scheduler = c.scheduler
+    if not fused and isinstance(scheduler, Scheduler):
+        scheduler = Scheduler(scheduler.handler, list(scheduler.profiles.values()), fused=False)
     ds = Datastore()
     ds.pool = PoolInfo(name="bench", target_ports=(8000,), app_protocol="http")
     ds.pool_synced = True
@@ -218,7 +225,7 @@ def epp_server(config: str, endpoints: int) -> H2GrpcServer:
     for observer in c.observers:
         ds.add_observer(observer)
     pipeline = c.request_control.pipeline(
-        scheduler=c.scheduler, admission=LegacyAdmission(c.saturation_detector)
+        scheduler=scheduler, admission=LegacyAdmission(c.saturation_detector)
     )
     return H2GrpcServer(ExtProcServicer(Director(ds, pipeline)))
 
@@ -231,19 +238,27 @@ async def measure(client: Client, n: int) -> float:
     return (time.thread_time_ns() - t0) / n / 1000
 
 
-async def main(requests: int, rounds: int, profile: str, config: str, default_gc: bool = False) -> None:
+async def main(
+    requests: int, rounds: int, profile: str, config: str, default_gc: bool = False, general: bool = False
+) -> None:
     msgs = [request_messages(i) for i in range(64)]
     epp = Client(epp_server(config, 4), msgs)
     floor = Client(H2GrpcServer(NoopProcessor(["10.0.0.1:8000", "10.0.0.2:8000"])), msgs)
+    slow = Client(epp_server(config, 4, fused=False), msgs) if general else None
     if not default_gc:  # as ``epp serve`` once started: the cyclic collector's share is the server's
         tune_gc()
-    for c in (epp, floor):
-        await measure(c, 500)
-        c.transport.writes = 0
-    ratios, epp_us, floor_us = [], [], []
-    for _ in range(rounds):
+    for c in (epp, floor, slow):
+        if c is not None:
+            await measure(c, 500)
+            c.transport.writes = 0
+    ratios, epp_us, floor_us, general_us = [], [], [], []
+    for r in range(rounds):
+        if slow is not None and r % 2:  # alternate which EPP runs first: no order bias
+            general_us.append(await measure(slow, requests))
         e = await measure(epp, requests)
         f = await measure(floor, requests)
+        if slow is not None and not r % 2:
+            general_us.append(await measure(slow, requests))
         epp_us.append(e)
         floor_us.append(f)
         ratios.append(e / f)
@@ -254,6 +269,13 @@ async def main(requests: int, rounds: int, profile: str, config: str, default_gc
         f"ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f})  "
         f"writes/req epp {epp.transport.writes / total:.2f} floor {floor.transport.writes / total:.2f}"
     )
+    if general_us:
+        saved = [g - e for g, e in zip(general_us, epp_us, strict=True)]
+        print(
+            f"general path {statistics.median(general_us):.1f} us/req  "
+            f"added {statistics.median(general_us) - statistics.median(floor_us):.1f} us  "
+            f"fused plan saves {statistics.median(saved):.1f} us/req (median of rounds)"
+        )
     if profile:
         sort = profile
         prof = cProfile.Profile()
@@ -277,12 +299,19 @@ def cli(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     ap.add_argument(
+        "--general",
+        action="store_true",
+        help="also measure the EPP with its scheduler on the general path (no fused plan)",
+    )
+    ap.add_argument(
         "--default-gc",
         action="store_true",
         help="keep Python's GC thresholds (the server freezes its startup heap and raises them)",
     )
     args = ap.parse_args(argv)
-    uvloop.run(main(args.requests, args.rounds, args.profile, args.config.read_text(), args.default_gc))
+    uvloop.run(
+        main(args.requests, args.rounds, args.profile, args.config.read_text(), args.default_gc, args.general)
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bench.hotpath import DEFAULT_CONFIG, Client, epp_server, measure, request_messages
 from bench.noop_extproc import NoopProcessor
+from epp.scheduling.scheduler import Scheduler
 from epp.server.h2.server import H2GrpcServer
 
 
@@ -18,3 +19,16 @@ async def test_both_paths_answer_every_request_in_at_most_two_writes() -> None:
         assert 2 * 20 - 2 <= client.transport.writes <= 2 * 20 + 1
         assert not client.conn._streams
     assert epp.transport.written > floor.transport.written // 2  # the EPP answered with bodies, too
+
+
+async def test_the_general_path_server_routes_too_and_its_scheduler_is_not_fused() -> None:
+    msgs = [request_messages(i) for i in range(4)]
+    server = epp_server(DEFAULT_CONFIG.read_text(), 4, fused=False)
+    for fused, srv in ((False, server), (True, epp_server(DEFAULT_CONFIG.read_text(), 4))):
+        scheduler = srv._servicer._director.pipeline.scheduler
+        assert isinstance(scheduler, Scheduler)
+        assert (scheduler.fused is not None) is fused
+    general = Client(server, msgs)
+    assert await measure(general, 20) > 0  # raises if a request does not finish
+    assert not general.conn._streams
+    assert 2 * 20 - 2 <= general.transport.writes <= 2 * 20 + 1

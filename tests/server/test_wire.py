@@ -186,6 +186,31 @@ def check_routing_headers(destination: str, length: int | None, extra: list[tupl
 
 
 @FAST
+@given(st.integers(0, 2**63 - 1))
+def test_content_length_option_is_the_header_option(n: int) -> None:
+    assert wire.content_length_option(n) == wire.header_option("Content-Length", str(n))
+
+
+@FAST
+@given(
+    text | st.text(min_size=100, max_size=400),  # long fallback lists: lengths past one varint byte
+    st.sampled_from([0, 9, 10, 99, 100, 127, 128, 16383, 16384]) | st.integers(0, 2**63 - 1),
+)
+def test_the_usual_routing_reply_is_the_general_encoding(destination: str, length: int) -> None:
+    """No extra headers, not explained: the reply from per-destination pieces (``routing_reply``)
+    is byte for byte what the general assembly encodes, and upb's message."""
+    general = wire.headers_reply(
+        wire.header_option(r.DESTINATION_HEADER, destination)
+        + wire.header_option("Content-Length", str(length)),
+        request=True,
+        clear_route_cache=True,
+        metadata=wire.string_metadata(r.DESTINATION_NAMESPACE, r.DESTINATION_HEADER, destination),
+    )
+    assert r.routing_headers_response(destination, length, ()) == general
+    check_routing_headers(destination, length, [])
+
+
+@FAST
 @given(text, st.none() | st.integers(0, 2**63 - 1), pairs)
 def test_routing_headers_response(destination: str, length: int | None, extra: list[tuple[str, str]]) -> None:
     check_routing_headers(destination, length, extra)

@@ -20,9 +20,13 @@ from epp.scheduling.api import SchedulingResult
 from epp.tracing.stages import StageSpans
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, eq=False)
 class RoutingDecision:
-    """What the ext_proc edge tells Envoy: where to send the request, and with which body."""
+    """What the ext_proc edge tells Envoy: where to send the request, and with which body.
+
+    Built once per request by the director and only read by the edge; not frozen, because a
+    frozen dataclass sets each field through ``object.__setattr__`` (1.10 -> 0.52 µs a request).
+    """
 
     destination: str  # "ip:port[,ip:port...]": primary first, then fallbacks
     body: bytes | None  # the body to forward; None for header-only requests

@@ -24,6 +24,7 @@ from epp.scheduling.api import (
     SchedulingResult,
     Scorer,
 )
+from epp.scheduling.fused import FusedPlan
 from epp.scheduling.score_cache import MetricsScoreCache
 from epp.scheduling.weighting import WeightedScorer, clamped, combine, timer
 
@@ -229,11 +230,18 @@ class Scheduler:
     A profile that fails (filters left nothing, or a plugin raised) stores ``None`` as its
     result; the handler decides whether that is fatal.  Every call records
     ``scheduler_e2e_duration_seconds`` and one ``scheduler_attempts_total``.
+
+    The common shape (one profile under ``single-profile-handler``, no filters) is compiled
+    into a ``FusedPlan`` (fused.py) here, once; requests that are not explained run it instead
+    of the handler's rounds.  ``fused=False`` keeps the general path for every request (the
+    differential tests compare the two).
     """
 
-    __slots__ = ("_attempts", "_handler", "_pick_timer", "_process_timer", "_profiles", "handler")
+    __slots__ = ("_attempts", "_fused", "_handler", "_pick_timer", "_process_timer", "_profiles", "handler")
 
-    def __init__(self, handler: ProfileHandler, profiles: Sequence[SchedulerProfile]) -> None:
+    def __init__(
+        self, handler: ProfileHandler, profiles: Sequence[SchedulerProfile], *, fused: bool = True
+    ) -> None:
         by_name: dict[str, SchedulerProfile] = {}
         for p in profiles:
             if p.name in by_name:
@@ -244,6 +252,12 @@ class Scheduler:
         self._pick_timer = timer("ProfilePicker", handler)
         self._process_timer = timer("ProcessProfilesResults", handler)
         self._attempts: dict[tuple[str, str, str, str, int], Any] = {}
+        self._fused = FusedPlan.compile(handler, profiles) if fused else None
+
+    @property
+    def fused(self) -> FusedPlan | None:
+        """The compiled plan plain requests run, or None: every request takes the general path."""
+        return self._fused
 
     @property
     def profiles(self) -> Mapping[str, SchedulerProfile]:
@@ -256,7 +270,10 @@ class Scheduler:
         t_start = perf_counter()
         result: SchedulingResult | None = None
         try:
-            result = self._schedule(state, request, candidates)
+            if self._fused is not None and not request.explain:
+                result = self._schedule_fused(self._fused, state, request, candidates, t_start)
+            else:
+                result = self._schedule(state, request, candidates)
             return result
         finally:
             SCHEDULER_E2E_DURATION.observe(perf_counter() - t_start)
@@ -295,7 +312,50 @@ class Scheduler:
 
         if not results:
             raise SchedulingError(f"failed to run any scheduler profile for request {request.request_id}")
+        return self._process(state, request, results)
 
+    def _schedule_fused(
+        self,
+        plan: FusedPlan,
+        state: CycleState,
+        request: InferenceRequest,
+        candidates: Sequence[Endpoint],
+        t_start: float,
+    ) -> SchedulingResult:
+        """``_schedule`` for the compiled shape: the one profile's plan, then the handler's verdict.
+
+        The single-profile handler's two rounds (run the profile; then nothing is left to run)
+        were decided at build time; each is observed as the ``ProfilePicker`` duration it costs
+        now, the time from the call to here, so the metric counts what GIE's does.  Its verdict
+        on a result is that result, primary (built here); a failed run is ``None`` for the
+        handler to judge, with its error text, as on the general path.
+        """
+        decided = perf_counter() - t_start
+        pick = self._pick_timer.observe
+        pick(decided)
+        name = plan.name
+        run: ProfileRunResult | None
+        try:
+            run = plan.run(state, request, candidates)
+        except SchedulingError as e:
+            log.debug("scheduler_profile_failed", profile=name, error=str(e))
+            run = None
+        except Exception:
+            log.exception("scheduler_profile_failed", profile=name)
+            run = None
+        pick(decided)
+        if run is None:  # the handler's verdict and GIE's error text
+            return self._process(state, request, {name: None})
+        t0 = perf_counter()  # single-profile-handler's verdict on its one result, inlined
+        result = SchedulingResult(profile_results={name: run}, primary_profile_name=name)
+        self._process_timer.observe(perf_counter() - t0)
+        return result
+
+    def _process(
+        self, state: CycleState, request: InferenceRequest, results: dict[str, ProfileRunResult | None]
+    ) -> SchedulingResult:
+        """The handler's verdict on the profiles' results, its failures as ``SchedulingError``."""
+        handler = self.handler
         t0 = perf_counter()
         try:
             return handler.process_results(state, request, results)

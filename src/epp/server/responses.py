@@ -6,6 +6,7 @@ upb messages.  Both travel through ``serialize``, the servicer's response serial
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -95,9 +96,22 @@ def routing_headers_response(
     """The RequestHeaders reply that routes the request (FULL_DUPLEX_STREAMED and header-only):
     destination header, Content-Length, extras, removed headers, clear_route_cache and
     ``envoy.lb`` metadata."""
+    if content_length is not None and not extra and not remove and not scores and not breakdown:
+        # The usual reply (no extra headers, not explained): from pieces kept per destination.
+        option, md = _destination_pieces(destination)
+        return wire.routing_reply(option + wire.content_length_option(content_length), md)
     md = _routing_metadata(destination, scores, breakdown)
     opts = _routing_options(destination, content_length, extra, remove)
     return wire.headers_reply(opts, request=True, clear_route_cache=True, metadata=md)
+
+
+@functools.lru_cache(maxsize=1024)  # pure; destinations repeat (one per endpoint or fallback list)
+def _destination_pieces(destination: str) -> tuple[bytes, bytes]:
+    """The destination header option and the ``envoy.lb`` metadata for ``destination``, encoded once."""
+    return (
+        wire.header_option(DESTINATION_HEADER, destination),
+        wire.string_metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, destination),
+    )
 
 
 def routing_body_response(
@@ -166,6 +180,8 @@ def replaced_response_body(body: bytes | None, metadata: Mapping[str, Any] | Non
 
 def response_headers_reply(extra: Iterable[tuple[str, str]]) -> bytes:
     """The ResponseHeaders reply: GIE's marker header plus whatever hooks added."""
+    if not extra:  # the usual case (no hook added one): no options to encode
+        return _MARKER_ONLY_REPLY
     more = wire.options(extra)
     if not more:
         return _MARKER_ONLY_REPLY

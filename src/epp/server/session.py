@@ -200,6 +200,8 @@ class ExtProcSession:
                     return []
                 metadata = lc.response_metadata if eos else None
                 if self.response_mode == FULL_DUPLEX:
+                    if metadata is None and len(out) <= responses.BODY_CHUNK_LIMIT:
+                        return [wire.body_reply(out, eos, False)]  # the usual chunk: one mutation
                     return responses.streamed_response_body(out, eos, metadata)
                 return [responses.replaced_response_body(out if out is not chunk else None, metadata)]
             if kind == "request_body":

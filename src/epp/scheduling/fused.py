@@ -1,0 +1,180 @@
+"""The fused plan: the common scheduler shape compiled once, run as one straight pass per request.
+
+When it applies (decided once, when the ``Scheduler`` is built, never per request): the
+``single-profile-handler`` with its one ``SchedulerProfile``, no filters, any weighted scorers
+and any picker.  That is GIE's default config, llm-d's prefix-aware configs and the
+prefix-heavy one.  Anything else takes the general path: several profiles or another handler
+(P/D, data-parallel, header-chosen profiles, whose handler decides rounds per request), a
+profile with filters, a traced twin (``TracedProfile``, for sampled requests), and every
+explained request (``request.explain``: the general path keeps the per-scorer contributions
+and traces that ``/debug`` and the explain header show).
+
+Why: the general path decides per request what is known at build time.  The handler is asked
+twice which profiles to run and builds a results dict; the profile tests for an explanation,
+loops over an empty filter list, and for each scorer tests whether its scores are cached,
+whether it accumulates, whether its scores need clamping and where its list goes.  Here that
+is decided once: the scorers after the metrics score cache's leading ones are compiled into
+``_Group``s (the cached or per-request score lists ``combine`` adds, then at most one
+accumulating scorer that adds its weighted scores into the running totals), and
+``max-score-picker`` picking one endpoint is inlined (the usual ``maxNumOfEndpoints``).
+
+The floats are those of the general path, bit for bit: the same plugins are called with the
+same arguments in the same order, the same ``combine`` adds the same lists in the same order,
+and the same picker RNG breaks ties the same way (tests/scheduling/test_fused.py runs both on
+generated traffic and compares picks and totals; tests/scheduling/test_vectors.py holds the
+recorded outcomes).  Per-plugin durations are observed as on the general path: one
+observation per scorer run, per picker run and per metrics-cache refresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from time import perf_counter
+from typing import Any
+
+from epp.datalayer.api import Endpoint
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest
+from epp.scheduling.api import ProfileHandler, ProfileRunResult
+from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.profiles.single import SingleProfileHandler
+from epp.scheduling.weighting import WeightedScorer, clamped, combine
+
+
+class _Group:
+    """Score lists that ``combine`` adds to the running totals, then at most one accumulating
+    scorer (``add``) that adds its weighted scores into them.
+
+    ``lists`` holds, per list, the cache slot it is read from (an int) or the scorer that
+    scores it per request (a ``WeightedScorer``), in scorer order.
+    """
+
+    __slots__ = ("add", "lists", "weights")
+
+    def __init__(self) -> None:
+        self.lists: list[int | WeightedScorer] = []
+        self.weights: list[float] = []
+        self.add: WeightedScorer | None = None
+
+
+class FusedPlan:
+    """One profile's run, compiled (``compile``), for a scheduler whose shape allows it."""
+
+    __slots__ = ("_cache", "_groups", "_max_score", "_pick", "_pick_hist", "name", "tail")
+
+    def __init__(self, profile: Any) -> None:
+        self.name: str = profile.name
+        self._cache = profile.cache
+        lead = self._cache.leading if self._cache is not None else 0
+        groups: list[_Group] = [_Group()]
+        for j, sc in enumerate(profile._scorers[lead:], start=lead):
+            group = groups[-1]
+            if sc.score_metrics is not None:  # cached: read from the score cache's slot j
+                group.lists.append(j)
+                group.weights.append(sc.weight)
+            elif sc.add_weighted is not None:
+                group.add = sc
+                groups.append(_Group())
+            else:
+                group.lists.append(sc)
+                group.weights.append(sc.weight)
+        # The last group's lists are added with the picker's totals (``tail``); an empty one
+        # leaves the last accumulating scorer's list as the totals, as on the general path.
+        last = groups.pop()
+        self.tail = last if last.lists else None
+        self._groups = tuple(groups)
+        self._pick, self._pick_hist = profile._picker
+        # ``max-score-picker``, inlined for one endpoint (read per request, as its RNG: tests
+        # replace ``rng`` with a seeded one after building).
+        self._max_score: MaxScorePicker | None = (
+            profile.picker if type(profile.picker) is MaxScorePicker else None
+        )
+
+    @staticmethod
+    def compile(handler: ProfileHandler, profiles: Sequence[Any]) -> FusedPlan | None:
+        """The plan for this handler and these profiles, or None when the general path must run."""
+        from epp.scheduling.scheduler import SchedulerProfile  # the scheduler imports this module
+
+        if type(handler) is not SingleProfileHandler or len(profiles) != 1:
+            return None
+        profile = profiles[0]
+        if type(profile) is not SchedulerProfile or profile.filters:
+            return None
+        return FusedPlan(profile)
+
+    def run(self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]) -> ProfileRunResult:
+        """Score and pick, as ``SchedulerProfile.run`` does for a request that is not explained."""
+        totals = self.totals(state, request, eps)
+        picker = self._max_score
+        if picker is not None and picker.max_num_of_endpoints == 1:
+            t0 = perf_counter()
+            best = max(totals)
+            if totals.count(best) == 1:  # the usual case: a unique best
+                result = ProfileRunResult((eps[totals.index(best)],))
+            else:
+                ties = [i for i, s in enumerate(totals) if s == best]
+                result = ProfileRunResult((eps[ties[picker.rng.randrange(len(ties))]],))
+            self._pick_hist.observe(perf_counter() - t0)
+            return result
+        t0 = perf_counter()
+        result = self._pick(state, request, eps, totals)
+        self._pick_hist.observe(perf_counter() - t0)
+        return result  # type: ignore[no-any-return]
+
+    def totals(self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]) -> list[float]:
+        """Every candidate's weighted total, the floats the general path hands its picker.
+
+        Raises ``SchedulingError`` with GIE's text when there are no candidates, as a profile
+        without filters does.
+        """
+        n = len(eps)
+        if not n:
+            from epp.scheduling.scheduler import NO_ENDPOINTS, SchedulingError  # it imports this module
+
+            raise SchedulingError(NO_ENDPOINTS)
+        cache = self._cache
+        partial: Any = None
+        cached: Sequence[Any] = ()
+        if cache is not None:
+            cache.refresh(eps, n)
+            partial = cache.partial
+            cached = cache.scores
+        for g in self._groups:
+            if g.lists:
+                partial = combine(_lists(g, cached, state, request, eps, n), g.weights, n, partial)
+            add: WeightedScorer = g.add  # type: ignore[assignment]  # every group but the tail has one
+            t0 = perf_counter()
+            partial = add.add_weighted(state, request, eps, partial, add.weight)  # type: ignore[misc]
+            add.hist.observe(perf_counter() - t0)
+            if len(partial) != n:
+                raise ValueError(f"scorer returned {len(partial)} scores for {n} endpoints")
+        tail = self.tail
+        if tail is not None:
+            return combine(_lists(tail, cached, state, request, eps, n), tail.weights, n, partial)
+        if self._groups:  # the last accumulating scorer's list, made for this request
+            return partial  # type: ignore[no-any-return]
+        return combine((), (), n, partial)  # a copy of the cached partial sum (or zeros)
+
+
+def _lists(
+    g: _Group,
+    cached: Sequence[Any],
+    state: CycleState,
+    request: InferenceRequest,
+    eps: Sequence[Endpoint],
+    n: int,
+) -> list[Sequence[float]]:
+    """The group's score lists: the cache's, or scored now (timed, length-checked, clamped)."""
+    out: list[Sequence[float]] = []
+    for item in g.lists:
+        if type(item) is int:
+            out.append(cached[item])
+            continue
+        sc: WeightedScorer = item  # type: ignore[assignment]
+        t0 = perf_counter()
+        scores = sc.score(state, request, eps)
+        sc.hist.observe(perf_counter() - t0)
+        if len(scores) != n:
+            raise ValueError(f"scorer returned {len(scores)} scores for {n} endpoints")
+        out.append(scores if sc.bounded else clamped(scores))
+    return out

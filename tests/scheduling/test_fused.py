@@ -1,0 +1,221 @@
+"""The fused plan (epp.scheduling.fused) against the general path, on generated traffic.
+
+Two schedulers over the same fleet, scorers and weights, pickers seeded alike: one compiled
+(``FusedPlan``), one kept on the general path (``fused=False``).  Request by request (samples
+stored between requests, candidate lists that change, request-dependent attributes, an
+unbounded scorer whose scores need clamping) they must pick the same endpoints, fail with the
+same message, and the plan's totals must be bit-identical to the general path's explained
+totals (a third profile, so explaining draws nothing from the compared pickers' RNGs).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epp.app.build import build as build_components
+from epp.app.registry import default_registry
+from epp.config.load import load_config
+from epp.datalayer.api import Endpoint
+from epp.director.traced import traced_scheduler
+from epp.scheduling.api import PROFILE_TRACES, Picker
+from epp.scheduling.fused import FusedPlan
+from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
+from epp.scheduling.profiles.single import SingleProfileHandler
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, SchedulingError
+from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
+from epp.scheduling.scorers.queue import QueueScorer
+from epp.scheduling.scorers.token_load import TokenLoadScorer
+from epp.testing.plugins import build
+from tests.scheduling.builders import DropFilter, Recording, request
+from tests.scheduling.vectors import MODELS, WildScorer, _endpoint, _sample, _scorers, _state
+
+ROOT = Path(__file__).parents[2]
+SEEDS = 150
+REQUESTS = 30
+
+
+def _shapes(rng: random.Random) -> list[tuple[Any, float]]:
+    """Random scorer lists, and now and then the shipped configs' shapes (default, prefix-heavy)."""
+    r = rng.random()
+    if r < 0.15:  # config/default.yaml: two cached scorers, then prefix accumulating into them
+        return [
+            (build(QueueScorer), 2.0),
+            (build(KVCacheUtilizationScorer), 2.0),
+            (build(PrefixCacheScorer), 3.0),
+        ]
+    if r < 0.3:  # prefix-heavy: prefix first, cached lists after it, then per-request lists
+        return [
+            (build(PrefixCacheScorer), 4.0),
+            (build(QueueScorer), 1.0),
+            (build(KVCacheUtilizationScorer), 1.0),
+            (build(TokenLoadScorer, queueThresholdTokens=60000), 2.0),
+            (WildScorer(), 2.0),
+        ]
+    if r < 0.4:  # two accumulating scorers with lists between and after them
+        return [
+            (build(QueueScorer), 1.0),
+            (build(PrefixCacheScorer), 2.0),
+            (WildScorer(), 0.5),
+            (build(PrefixCacheScorer, "prefix-b"), 3.0),
+            (build(KVCacheUtilizationScorer), 1.5),
+        ]
+    return _scorers(rng)
+
+
+def _picker(kind: int, k: int, seed: int) -> Picker:
+    picker: MaxScorePicker | WeightedRandomPicker
+    if kind == 0:
+        picker = build(MaxScorePicker, maxNumOfEndpoints=k)
+    else:
+        picker = build(WeightedRandomPicker, maxNumOfEndpoints=k)
+    picker.rng = random.Random(seed)
+    return picker
+
+
+def _names(eps: Sequence[Endpoint]) -> list[str]:
+    return [ep.metadata.pod_name for ep in eps]
+
+
+def _outcome(scheduler: Scheduler, state: Any, req: Any, candidates: Sequence[Endpoint]) -> Any:
+    try:
+        return _names(scheduler.schedule(state, req, candidates).primary.target_endpoints)
+    except SchedulingError as e:
+        return ("error", str(e))
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_fused_plan_picks_and_scores_exactly_like_the_general_path(seed: int) -> None:
+    rng = random.Random(seed)
+    hi = rng.choice((0, 3, 50))
+    fleet = [_endpoint(rng, i, hi) for i in range(rng.choice((1, 2, 3, 10, 40, 120)))]
+    scorers = _shapes(rng)
+    kind = 0 if rng.random() < 0.75 else 1
+    k = rng.choice((1, 1, 1, 2, 5))
+    general = Scheduler(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=scorers, picker=_picker(kind, k, seed))],
+        fused=False,
+    )
+    fused = Scheduler(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=scorers, picker=_picker(kind, k, seed))],
+    )
+    explained = SchedulerProfile("p", filters=[], scorers=scorers, picker=Recording(_picker(kind, k, seed)))
+    assert general.fused is None
+    plan = fused.fused
+    assert plan is not None
+    candidates: Sequence[Endpoint] = tuple(fleet)
+    for r in range(REQUESTS):
+        for _ in range(rng.choice((0, 0, 1, 2, 5, 40))):
+            _sample(rng, rng.choice(fleet), hi)
+        c = rng.random()
+        if c < 0.1:
+            fleet.append(_endpoint(rng, len(fleet), hi))
+            candidates = tuple(fleet)
+        elif c < 0.2:
+            candidates = tuple(ep for ep in fleet if rng.random() < 0.8) or tuple(fleet)
+        elif c < 0.25:
+            candidates = list(candidates)
+        elif c < 0.3:
+            candidates = tuple(candidates)
+        elif c < 0.32:
+            candidates = ()
+        state = _state(rng, candidates)
+        model = rng.choice(MODELS)
+        req = request(model=model, request_id=f"r{seed}-{r}")
+        want = _outcome(general, state, req, candidates)
+        got = _outcome(fused, state, req, candidates)
+        assert got == want, f"seed {seed}, request {r}: picks differ"
+        if not candidates:
+            assert got == ("error", "failed to run scheduler profile 'p'")
+            continue
+        totals = plan.totals(state, req, candidates)
+        ask = request(model=model, request_id=f"r{seed}-{r}")
+        ask.explain = True
+        scored = explained.run(state, ask, candidates).scored
+        assert [t.hex() for t in totals] == [t.hex() for _, t in scored], f"seed {seed}, request {r}"
+
+
+def test_an_explained_request_takes_the_general_path_and_keeps_its_breakdown() -> None:
+    fleet = tuple(_endpoint(random.Random(1), i, 3) for i in range(4))
+    scheduler = Scheduler(
+        build(SingleProfileHandler),
+        [
+            SchedulerProfile(
+                "p",
+                filters=[],
+                scorers=[(build(QueueScorer), 2.0), (build(PrefixCacheScorer), 3.0)],
+                picker=build(MaxScorePicker),
+            )
+        ],
+    )
+    assert scheduler.fused is not None
+    state = _state(random.Random(2), fleet)
+    req = request(request_id="explained")
+    req.explain = True
+    result = scheduler.schedule(state, req, fleet)
+    assert len(result.primary.scored) == 4
+    (trace,) = state.get(PROFILE_TRACES) or []
+    assert [name for name, _ in trace.scorers] == ["queue-scorer", "prefix-cache-scorer"]
+    assert len(trace.contributions) == 2
+
+
+def test_unusual_shapes_take_the_general_path() -> None:
+    def profile(name: str = "p", filters: Sequence[Any] = ()) -> SchedulerProfile:
+        return SchedulerProfile(
+            name, filters=filters, scorers=[(build(QueueScorer), 1.0)], picker=build(MaxScorePicker)
+        )
+
+    single = build(SingleProfileHandler)
+    assert FusedPlan.compile(single, [profile()]) is not None
+    assert FusedPlan.compile(single, [profile(filters=[DropFilter(frozenset())])]) is None
+    assert FusedPlan.compile(single, [profile("a"), profile("b")]) is None
+    traced = traced_scheduler(Scheduler(single, [profile()]))
+    assert isinstance(traced, Scheduler)
+    assert traced.fused is None  # sampled requests: a span per profile run
+
+
+@pytest.mark.parametrize(
+    "config",
+    ["config/default.yaml", "bench/configs/prefix-heavy.yaml", "config/examples/prefix-and-load.yaml"],
+)
+def test_the_shipped_common_configs_compile_a_fused_plan(config: str) -> None:
+    c = build_components(load_config((ROOT / config).read_text()), default_registry())
+    assert isinstance(c.scheduler, Scheduler)
+    assert c.scheduler.fused is not None
+
+
+def test_a_pd_config_takes_the_general_path() -> None:
+    c = build_components(load_config((ROOT / "bench/configs/pd-prefix.yaml").read_text()), default_registry())
+    assert isinstance(c.scheduler, Scheduler)
+    assert c.scheduler.fused is None
+
+
+def test_a_picker_rng_replaced_after_building_breaks_the_fused_plans_ties() -> None:
+    """Tests seed ``picker.rng`` after the scheduler is built: the inlined max-score pick reads it."""
+    fleet = tuple(_endpoint(random.Random(3), i, 0) for i in range(8))  # all idle: every total ties
+    picker = build(MaxScorePicker)
+    scheduler = Scheduler(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=[(build(QueueScorer), 1.0)], picker=picker)],
+    )
+    assert scheduler.fused is not None
+
+    def picks(seed: int) -> list[list[str]]:
+        picker.rng = random.Random(seed)
+        return [
+            _names(
+                scheduler.schedule(_state(random.Random(0), fleet), request(), fleet).primary.target_endpoints
+            )
+            for _ in range(12)
+        ]
+
+    assert picks(5) == picks(5)
+    assert picks(5) != picks(6)
