@@ -32,10 +32,19 @@ def pages(outcome: str) -> float:
     return REGISTRY.get_sample_value("epp_scrape_pages_total", {"outcome": outcome}) or 0.0
 
 
-def pair(tmp_path: Path, clock: Clock | None = None) -> tuple[ScrapeShare, ScrapeShare]:
+async def pair(tmp_path: Path, clock: Clock | None = None) -> tuple[ScrapeShare, ScrapeShare]:
+    """Both ends, subscribed: a SUB only hears what is published after its subscription reached
+    the PUB (ZMQ's slow joiner), so probe until a page gets through."""
     address = f"ipc://{tmp_path / 'scrapes.pub'}"
     kw: dict[str, Any] = {} if clock is None else {"clock": clock}
-    return ScrapeShare("bind", address, **kw), ScrapeShare("connect", address, **kw)
+    pub, sub = ScrapeShare("bind", address, **kw), ScrapeShare("connect", address, **kw)
+
+    def probe() -> bool:
+        pub.publish(b"probe", b"")
+        return sub.fresh(b"probe", 10.0) is not None
+
+    await until(probe, what="the sibling subscribed")
+    return pub, sub
 
 
 async def test_a_sibling_parses_worker_0s_page_and_does_not_scrape(
@@ -43,7 +52,7 @@ async def test_a_sibling_parses_worker_0s_page_and_does_not_scrape(
 ) -> None:
     (srv,) = await servers(1)
     srv.behaviour.body = vllm_page(waiting=11)
-    pub, sub = pair(tmp_path)
+    pub, sub = await pair(tmp_path)
     worker0, sibling = make_source(), make_source()
     worker0.share_scrapes(pub, 10.0)
     sibling.share_scrapes(sub, 10.0)
@@ -52,9 +61,9 @@ async def test_a_sibling_parses_worker_0s_page_and_does_not_scrape(
     await worker0.start()
     await sibling.start()
     try:
-        fetched = pages("fetched")
+        fetched, published = pages("fetched"), pub.published
         await worker0.poll(ep)
-        assert (srv.behaviour.requests, pub.published, pages("fetched") - fetched) == (1, 1, 1)
+        assert (srv.behaviour.requests, pub.published - published, pages("fetched") - fetched) == (1, 1, 1)
         key = f"metrics-data-source|127.0.0.1:{srv.port}".encode()
         await until(lambda: sub.fresh(key, 10.0) is not None, what="worker 0's page reached the sibling")
         fetched, shared = pages("fetched"), pages("shared")
@@ -74,7 +83,7 @@ async def test_past_the_bound_the_sibling_scrapes_itself_until_pages_are_fresh_a
 ) -> None:
     (srv,) = await servers(1)
     clock = Clock()
-    pub, sub = pair(tmp_path, clock)
+    pub, sub = await pair(tmp_path, clock)
     max_age = PERIODS * INTERVAL
     worker0, sibling = make_source(), make_source()
     worker0.share_scrapes(pub, max_age)
@@ -107,7 +116,7 @@ async def test_past_the_bound_the_sibling_scrapes_itself_until_pages_are_fresh_a
 
 async def test_a_departed_endpoints_page_is_dropped(tmp_path: Path, servers: Callable[[int], Any]) -> None:
     (srv,) = await servers(1)
-    pub, sub = pair(tmp_path)
+    pub, sub = await pair(tmp_path)
     worker0, sibling = make_source(), make_source()
     worker0.share_scrapes(pub, 10.0)
     sibling.share_scrapes(sub, 10.0)
@@ -167,7 +176,8 @@ async def test_workers_runtimes_scrape_once_and_the_sibling_takes_over_when_work
             for ds in (ds0, ds1):
                 ds.upsert(EndpointMetadata(name=name, address="127.0.0.1", port=srv.port))
             await until(lambda: sub.used >= 5, what="the sibling used 5 of worker 0's pages")
-            assert srv.behaviour.requests == pub.published + sub.stale  # nobody else fetched
+            accounted = pub.published + sub.stale  # worker 0's fetches and the sibling's own
+            assert accounted <= srv.behaviour.requests <= accounted + 2  # + at most a poll in flight each
             assert ds1.get(name).metrics.waiting_queue_size == 5  # type: ignore[union-attr]
             await rt0.__aexit__(None, None, None)
             stopped = True
