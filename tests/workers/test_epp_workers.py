@@ -292,3 +292,34 @@ async def test_an_endpoint_one_worker_ejects_is_ejected_by_every_worker() -> Non
             return all(view.get(address) == "ejected" for view in await views())
 
         await _until(both_ejected, 10.0)
+
+
+async def _worker_pages(sock: Path, outcome: str) -> float:
+    """One worker's own ``epp_scrape_pages_total{outcome}``, from its Unix-socket /metrics."""
+    conn = aiohttp.UnixConnector(path=str(sock))
+    async with aiohttp.ClientSession(connector=conn) as s, s.get("http://worker/metrics") as r:
+        text = await r.text()
+    return sum(
+        smp.value
+        for fam in text_string_to_metric_families(text)
+        for smp in fam.samples
+        if smp.name == "epp_scrape_pages_total" and smp.labels.get("outcome") == outcome
+    )
+
+
+async def test_worker_1_parses_worker_0s_pages_and_scrapes_itself_once_worker_0_is_killed() -> None:
+    async with _pod(2) as (_, epp):
+        kids = _children(epp.pid)
+        w1 = _run_dir(kids[1]) / "w1.metrics.sock"
+
+        async def sharing() -> bool:
+            return await _worker_pages(w1, "shared") >= 20
+
+        await _until(sharing)  # worker 1's polls parse worker 0's pages
+        own = await _worker_pages(w1, "fetched")
+        os.kill(kids[0], signal.SIGKILL)
+
+        async def scraping_itself() -> bool:
+            return await _worker_pages(w1, "fetched") >= own + 10
+
+        await _until(scraping_itself)  # past the bound (2 polls) worker 1 scrapes the model servers

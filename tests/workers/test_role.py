@@ -19,6 +19,8 @@ def test_round_trip_and_derived_names() -> None:
     assert role.siblings == (0, 2)
     assert role.peer_port(9004) == 9006 and role.peer_port(9004, 0) == 9004
     assert role.metrics_socket() == Path("/run/epp/w1.metrics.sock")
+    assert role.scrape_share == "connect:ipc:///run/epp/scrapes.pub"
+    assert WorkerRole(0, 3, Path("/run/epp"), "p").scrape_share == "bind:ipc:///run/epp/scrapes.pub"
 
 
 def test_absent_means_single_process() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from epp.datalayer.api import (
     NotificationSource,
     SourceBinding,
 )
+from epp.datalayer.shared_scrapes import PERIODS, ScrapeShare
 from epp.errors import ConfigError
 from epp.health.state import SCRAPE_ERROR, SCRAPE_OK, SCRAPE_REFUSED, SCRAPE_TIMEOUT
 from epp.plugin.base import Lifecycle
@@ -84,6 +86,13 @@ class _Polled:
     label: str
     every: int = 1  # poll on every n-th tick of the endpoint's loop (a source's own ``interval``)
     health: bool = True  # its outcome is a health signal of the endpoint (see ``HEALTH_SIGNAL``)
+
+
+@runtime_checkable
+class SharesScrapes(Protocol):
+    """A polling source whose fetched pages the workers of a pod can share (``shared_scrapes``)."""
+
+    def share_scrapes(self, share: ScrapeShare, max_age: float) -> None: ...
 
 
 @runtime_checkable
@@ -177,6 +186,7 @@ class DataLayerRuntime:
         self._stopping: set[asyncio.Task[None]] = set()
         self._started: list[Lifecycle | EndpointDiscovery] = []  # what to stop, last first
         self._running = False
+        self._share: ScrapeShare | None = None
 
     def _wire(self, binding: SourceBinding, default_timeout: float, gvks: dict[str, str]) -> None:
         """Validate one binding, bind its extractors and file the source by kind."""
@@ -223,6 +233,7 @@ class DataLayerRuntime:
 
     # --- context manager -----------------------------------------------------------
     async def __aenter__(self) -> DataLayerRuntime:
+        self._bind_share(ScrapeShare.from_env(os.environ))
         try:
             for source in self._sources:
                 if isinstance(source, Lifecycle):
@@ -235,6 +246,7 @@ class DataLayerRuntime:
                 await discovery.start_discovery(self._datastore)
         except BaseException:
             await self._stop_sources()
+            self._close_share()
             raise
         self._running = True
         self._epoch = asyncio.get_running_loop().time()
@@ -263,6 +275,27 @@ class DataLayerRuntime:
             await asyncio.gather(*self._stopping, return_exceptions=True)
             self._stopping.clear()
         await self._stop_sources()
+        self._close_share()
+
+    def _bind_share(self, share: ScrapeShare | None) -> None:
+        """``--workers N``: the sources that can fetch once per pod do (``shared_scrapes``); a page
+        is reused while younger than ``PERIODS`` of its source's polling period."""
+        if share is None:
+            return
+        shared = [p for p in self._polled if isinstance(p.source, SharesScrapes)]
+        if not shared:
+            share.close()
+            return
+        self._share = share
+        for p in shared:
+            assert isinstance(p.source, SharesScrapes)
+            p.source.share_scrapes(share, PERIODS * p.every * self._interval)
+        log.info("scrapes_shared", publishing=share.publishing, sources=[p.label for p in shared])
+
+    def _close_share(self) -> None:
+        if self._share is not None:
+            self._share.close()
+            self._share = None
 
     async def _stop_sources(self) -> None:
         while self._started:
@@ -317,6 +350,11 @@ class DataLayerRuntime:
     def stats(self, endpoint: Endpoint) -> LoopStats | None:
         lp = self._loops.get(endpoint)
         return None if lp is None else lp.stats
+
+    @property
+    def scrape_share(self) -> ScrapeShare | None:
+        """The pod's page channel when its workers share scrapes (``--workers N``), else None."""
+        return self._share
 
     @property
     def k8s_sources(self) -> tuple[NotificationSource, ...]:

@@ -36,6 +36,7 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, Final, Protocol, runtime_checkable
 
 
@@ -99,4 +100,34 @@ def parse_routed(batch: Any, what: str) -> list[tuple[str, list[int]]]:
         ):
             raise ValueError(f"{what}: expected [endpoint name, [block hash (uint64), ...]], got {d!r:.80}")
         out.append((d[0], d[1]))
+    return out
+
+
+def merge_routed(batch: list[list[Any]]) -> list[list[Any]]:
+    """One ``[endpoint name, hashes]`` per endpoint for a drain's insertions, in the order they were made.
+
+    Requests that share a system prompt insert the same leading blocks on the same endpoint
+    over and over; a peer inserting each chain pays a Python step per block.  Inserting one
+    endpoint's chains in turn leaves its LRU ordered by each block's *last* insertion, so the
+    concatenation with every block kept at its last occurrence is the same insertion in one
+    call (same final order, same entries, same evictions: an LRU evicts from the front).
+    Done at C speed (``dict.fromkeys`` over the reversed concatenation); ``batch`` is not changed.
+    """
+    if len(batch) < 2:
+        return batch
+    chains: dict[str, list[list[int]]] = {}
+    for name, hashes in batch:
+        got = chains.get(name)
+        if got is None:
+            chains[name] = [hashes]
+        else:
+            got.append(hashes)
+    out: list[list[Any]] = []
+    for name, lists in chains.items():
+        if len(lists) == 1:
+            out.append([name, lists[0]])
+            continue
+        flat = list(chain.from_iterable(lists))
+        flat.reverse()
+        out.append([name, list(reversed(dict.fromkeys(flat)))])
     return out

@@ -57,6 +57,13 @@ class WorkerRole:
         return f"{'bind' if self.primary else 'connect'}:ipc://{self.run_dir / 'kv-events.pub'}"
 
     @property
+    def scrape_share(self) -> str:
+        """Where worker 0 republishes the model servers' pages it fetched, so the others need not
+        scrape them (``EPP_SCRAPE_SHARE``, ``epp.datalayer.shared_scrapes``): ``bind:<ipc>`` for
+        worker 0, ``connect:<ipc>`` for the others."""
+        return f"{'bind' if self.primary else 'connect'}:ipc://{self.run_dir / 'scrapes.pub'}"
+
+    @property
     def siblings(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.count) if i != self.index)
 

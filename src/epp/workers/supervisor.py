@@ -27,6 +27,7 @@ from typing import Final
 import structlog
 
 from epp.datalayer.kvevents.subscriber import RELAY_ENV
+from epp.datalayer.shared_scrapes import SHARE_ENV
 from epp.workers.role import ENV, WorkerRole
 
 log = structlog.get_logger(__name__)
@@ -215,7 +216,12 @@ class Supervisor:
         role = WorkerRole(child.index, len(self._children), self._run_dir, self._replica)
         with contextlib.suppress(FileNotFoundError):
             role.metrics_socket().unlink()  # a dead worker's socket file
-        env = {**self._env, ENV: role.to_env(), RELAY_ENV: role.kv_events_relay}
+        env = {
+            **self._env,
+            ENV: role.to_env(),
+            RELAY_ENV: role.kv_events_relay,
+            SHARE_ENV: role.scrape_share,
+        }
         argv = self._argv + (self._extra_args(role) if self._extra_args is not None else [])
         child.proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
         child.pidfd = os.pidfd_open(child.proc.pid)

@@ -117,7 +117,7 @@ def test_no_bookkeeping_without_a_hub_and_bounded_with_one(monkeypatch: pytest.M
     req = prompt("a", 1)
     for _ in range(15):
         _schedule_to(p, _prepare(p, req, EPS), req, EPS[0])
-    assert len(p.drain()) == 10
+    assert [name for name, _ in p.drain()] == [EPS[0].metadata.name]  # the 10 kept, merged
     assert p.undrained_dropped == 5
 
 
@@ -159,3 +159,24 @@ def test_a_routed_insertion_tells_the_hub() -> None:
     route(p, prompt("a", 4), EPS[1])
     assert calls == [1]
     assert len(p.drain()) == 1
+
+
+@pytest.mark.parametrize("capacity", [1000, 5])
+def test_a_merged_drain_builds_the_peers_index_a_drain_per_insertion_would(capacity: int) -> None:
+    """Insertions merged per endpoint at drain land as the insertions one by one would: the same
+    hashes in the same LRU order, evictions included (capacity 5 evicts within the batch)."""
+    params = {"lruCapacityPerServer": capacity, "autoTune": False}
+    merged_sender, one_by_one_sender = replica(**params), replica(**params)
+    merged, one_by_one = replica(**params), replica(**params)
+    shared = "s" * BLOCK * 3  # three blocks every prompt shares, then its own
+    routes = [(shared + str(i) * BLOCK * (1 + i % 3), EPS[i % 2]) for i in range(9)]
+    for body, target in routes:
+        req = request(model="m", body=completions_body(body))
+        route(merged_sender, req, target)
+        route(one_by_one_sender, req, target)
+        one_by_one.apply("A", wire(one_by_one_sender.drain()))
+    batch = wire(merged_sender.drain())
+    assert sorted(name for name, _ in batch) == sorted({ep.metadata.name for ep in EPS[:2]})
+    assert sum(map(len, (h for _, h in batch))) < sum(3 + 1 + i % 3 for i in range(9))  # shared blocks once
+    merged.apply("A", batch)
+    assert merged.index.dump() == one_by_one.index.dump() == one_by_one_sender.index.dump()

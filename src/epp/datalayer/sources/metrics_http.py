@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, field_validator
 from epp.datalayer.api import Endpoint, EndpointEvent
 from epp.datalayer.exposition import DEFAULT_MAX_BYTES, ExpositionParser, FamilyConsumer, MetricFamilies
 from epp.datalayer.http_client import ScrapeClient, TLSConfigError, tls_client_context
+from epp.datalayer.shared_scrapes import ScrapeShare
 from epp.errors import ConfigError
 from epp.plugin.base import Handle, Plugin, PluginBase, PluginParams
 
@@ -181,6 +182,8 @@ class MetricsDataSource(PluginBase):
         self._interval = params.interval
         self._parser = ExpositionParser(None, max_bytes=params.max_body_bytes)
         self._client: ScrapeClient | None = None
+        self._share: ScrapeShare | None = None
+        self._share_max_age = 0.0
         self._ssl: ssl.SSLContext | None = None
         if params.scheme == "https":  # built now: a bad certificate path never half-starts
             try:
@@ -240,12 +243,29 @@ class MetricsDataSource(PluginBase):
         if client is None:
             raise RuntimeError(f"{self.typed_name}: poll before start")
         host, port = self.target(endpoint)
-        return self._parser.parse(await client.get(host, port, self._path))
+        share = self._share
+        if share is None:
+            return self._parser.parse(await client.get(host, port, self._path))
+        key = f"{self.typed_name.name}|{host}:{port}".encode()
+        if not share.publishing and (page := share.fresh(key, self._share_max_age)) is not None:
+            return self._parser.parse(page)  # worker 0 fetched it (epp.datalayer.shared_scrapes)
+        body = await client.get(host, port, self._path)
+        if share.publishing:
+            share.publish(key, body)
+        return self._parser.parse(body)
+
+    def share_scrapes(self, share: ScrapeShare, max_age: float) -> None:
+        """``--workers N``: fetch once per pod (worker 0) and reuse its pages while younger than
+        ``max_age`` (the others); the data layer binds it (``epp.datalayer.shared_scrapes``)."""
+        self._share, self._share_max_age = share, max_age
 
     def endpoint_event(self, event: EndpointEvent) -> None:
-        """Close idle connections of an endpoint that left."""
+        """Close idle connections of an endpoint that left (and drop its shared page)."""
         if event.type == "Delete" and self._client is not None:
-            self._client.forget(*self.target(event.endpoint))
+            host, port = self.target(event.endpoint)
+            self._client.forget(host, port)
+            if self._share is not None:
+                self._share.forget(f"{self.typed_name.name}|{host}:{port}".encode())
 
     def idle_connections(self) -> int:
         return 0 if self._client is None else self._client.idle_connections()

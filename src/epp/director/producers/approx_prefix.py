@@ -14,7 +14,7 @@ from epp.errors import ConfigError
 from epp.metrics.series import PREFIX_INDEXER_HIT_BYTES, PREFIX_INDEXER_HIT_RATIO, PREFIX_INDEXER_SIZE
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
-from epp.plugin.replicated import parse_routed, unsynced
+from epp.plugin.replicated import merge_routed, parse_routed, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.scheduling.api import SchedulingResult
@@ -281,9 +281,10 @@ class ApproxPrefixCacheProducer(PluginBase):
         return f"{self.TYPE}/{self.typed_name.name}"
 
     def drain(self) -> list[Any]:
-        """``[endpoint name, hashes]`` for each insertion routing made here since the last call."""
+        """``[endpoint name, hashes]`` per endpoint routing inserted on since the last call, its
+        insertions merged into one chain (``merge_routed``: a peer inserts each block once)."""
         out, self._undrained = self._undrained, []
-        return out or []
+        return merge_routed(out) if out else []
 
     def apply(self, origin: str, deltas: list[Any]) -> None:
         """Insert a peer's routed prefixes as if routed here; ValueError leaves the index as it was."""

@@ -1,0 +1,193 @@
+"""One scrape per pod (``--workers N``): worker 0 fetches the pages, the others reuse them within a bound."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epp.datalayer.api import EndpointEvent, EndpointMetadata, SourceBinding
+from epp.datalayer.runtime import DataLayerRuntime
+from epp.datalayer.shared_scrapes import PERIODS, SHARE_ENV, ScrapeShare
+from epp.datastore.store import Datastore
+from epp.errors import ConfigError
+from epp.metrics.series import REGISTRY
+from epp.testing.waiting import until
+from tests.datalayer.conftest import FakeModelServer, make_extractor, make_source, vllm_page
+
+INTERVAL = 0.05
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0  # so that now + max_age - stamp is max_age exactly
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pages(outcome: str) -> float:
+    return REGISTRY.get_sample_value("epp_scrape_pages_total", {"outcome": outcome}) or 0.0
+
+
+async def pair(tmp_path: Path, clock: Clock | None = None) -> tuple[ScrapeShare, ScrapeShare]:
+    """Both ends, subscribed: a SUB only hears what is published after its subscription reached
+    the PUB (ZMQ's slow joiner), so probe until a page gets through."""
+    address = f"ipc://{tmp_path / 'scrapes.pub'}"
+    kw: dict[str, Any] = {} if clock is None else {"clock": clock}
+    pub, sub = ScrapeShare("bind", address, **kw), ScrapeShare("connect", address, **kw)
+
+    def probe() -> bool:
+        pub.publish(b"probe", b"")
+        return sub.fresh(b"probe", 10.0) is not None
+
+    await until(probe, what="the sibling subscribed")
+    return pub, sub
+
+
+async def test_a_sibling_parses_worker_0s_page_and_does_not_scrape(
+    tmp_path: Path, servers: Callable[[int], Any]
+) -> None:
+    (srv,) = await servers(1)
+    srv.behaviour.body = vllm_page(waiting=11)
+    pub, sub = await pair(tmp_path)
+    worker0, sibling = make_source(), make_source()
+    worker0.share_scrapes(pub, 10.0)
+    sibling.share_scrapes(sub, 10.0)
+    ep = srv.endpoint()
+    ext = make_extractor()
+    await worker0.start()
+    await sibling.start()
+    try:
+        fetched, published = pages("fetched"), pub.published
+        await worker0.poll(ep)
+        assert (srv.behaviour.requests, pub.published - published, pages("fetched") - fetched) == (1, 1, 1)
+        key = f"metrics-data-source|127.0.0.1:{srv.port}".encode()
+        await until(lambda: sub.fresh(key, 10.0) is not None, what="worker 0's page reached the sibling")
+        fetched, shared = pages("fetched"), pages("shared")
+        ext.extract(await sibling.poll(ep), ep)
+        assert srv.behaviour.requests == 1  # parsed from worker 0's page, not fetched
+        assert ep.metrics.waiting_queue_size == 11
+        assert (pages("fetched") - fetched, pages("shared") - shared) == (0, 1)  # the pod's series
+    finally:
+        await worker0.stop()
+        await sibling.stop()
+        pub.close()
+        sub.close()
+
+
+async def test_past_the_bound_the_sibling_scrapes_itself_until_pages_are_fresh_again(
+    tmp_path: Path, servers: Callable[[int], Any]
+) -> None:
+    (srv,) = await servers(1)
+    clock = Clock()
+    pub, sub = await pair(tmp_path, clock)
+    max_age = PERIODS * INTERVAL
+    worker0, sibling = make_source(), make_source()
+    worker0.share_scrapes(pub, max_age)
+    sibling.share_scrapes(sub, max_age)
+    ep = srv.endpoint()
+    key = f"metrics-data-source|127.0.0.1:{srv.port}".encode()
+    await worker0.start()
+    await sibling.start()
+    try:
+        await worker0.poll(ep)
+        await until(lambda: sub.fresh(key, max_age) is not None, what="worker 0's page reached the sibling")
+        clock.now += max_age  # exactly the bound: still used
+        await sibling.poll(ep)
+        assert srv.behaviour.requests == 1
+        clock.now += 0.001  # past it: worker 0 missed its polls (dead, restarting, or its scrape failed)
+        stale = sub.stale
+        await sibling.poll(ep)
+        assert srv.behaviour.requests == 2
+        assert sub.stale == stale + 1
+        await worker0.poll(ep)  # worker 0 is back: its page is fresh again
+        await until(lambda: sub.fresh(key, 0.0) is not None, what="the new page reached the sibling")
+        await sibling.poll(ep)
+        assert srv.behaviour.requests == 3  # worker 0's fetch only
+    finally:
+        await worker0.stop()
+        await sibling.stop()
+        pub.close()
+        sub.close()
+
+
+async def test_a_departed_endpoints_page_is_dropped(tmp_path: Path, servers: Callable[[int], Any]) -> None:
+    (srv,) = await servers(1)
+    pub, sub = await pair(tmp_path)
+    worker0, sibling = make_source(), make_source()
+    worker0.share_scrapes(pub, 10.0)
+    sibling.share_scrapes(sub, 10.0)
+    ep = srv.endpoint()
+    key = f"metrics-data-source|127.0.0.1:{srv.port}".encode()
+    await worker0.start()
+    await sibling.start()
+    try:
+        await worker0.poll(ep)
+        await until(lambda: sub.fresh(key, 10.0) is not None, what="worker 0's page reached the sibling")
+        sibling.endpoint_event(EndpointEvent("Delete", ep))
+        assert sub.fresh(key, 10.0) is None
+    finally:
+        await worker0.stop()
+        await sibling.stop()
+        pub.close()
+        sub.close()
+
+
+@pytest.mark.parametrize("raw", ["listen:ipc:///x", "bind:", "connect"])
+def test_a_bad_channel_names_the_variable(raw: str) -> None:
+    with pytest.raises(ConfigError, match=SHARE_ENV):
+        ScrapeShare.from_env({SHARE_ENV: raw})
+
+
+def test_no_channel_without_workers() -> None:
+    assert ScrapeShare.from_env({}) is None
+
+
+async def test_workers_runtimes_scrape_once_and_the_sibling_takes_over_when_worker_0_stops(
+    tmp_path: Path, servers: Callable[[int], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two data layers as two workers run them: while worker 0 scrapes, every GET the model
+    server answers is worker 0's or a sibling's fallback, and the sibling's metrics come from
+    worker 0's pages; once worker 0 stops, the sibling scrapes by itself and stays fresh."""
+    srv: FakeModelServer = (await servers(1))[0]
+    srv.behaviour.body = vllm_page(waiting=5)
+    address = f"ipc://{tmp_path / 'scrapes.pub'}"
+
+    def runtime() -> tuple[Datastore, DataLayerRuntime]:
+        ds = Datastore()
+        binding = SourceBinding(make_source(), (make_extractor(),))
+        return ds, DataLayerRuntime(ds, [binding], refresh_interval=INTERVAL)
+
+    ds0, rt0 = runtime()
+    ds1, rt1 = runtime()
+    name = f"default/pod-{srv.port}-rank-0"
+    monkeypatch.setenv(SHARE_ENV, f"bind:{address}")
+    await rt0.__aenter__()
+    stopped = False
+    try:
+        monkeypatch.setenv(SHARE_ENV, f"connect:{address}")
+        async with rt1:
+            pub, sub = rt0.scrape_share, rt1.scrape_share
+            assert pub is not None and pub.publishing
+            assert sub is not None and not sub.publishing
+            for ds in (ds0, ds1):
+                ds.upsert(EndpointMetadata(name=name, address="127.0.0.1", port=srv.port))
+            await until(lambda: sub.used >= 5, what="the sibling used 5 of worker 0's pages")
+            accounted = pub.published + sub.stale  # worker 0's fetches and the sibling's own
+            assert accounted <= srv.behaviour.requests <= accounted + 2  # + at most a poll in flight each
+            assert ds1.get(name).metrics.waiting_queue_size == 5  # type: ignore[union-attr]
+            await rt0.__aexit__(None, None, None)
+            stopped = True
+            own = sub.stale
+            srv.behaviour.body = vllm_page(waiting=9)
+            await until(lambda: sub.stale >= own + 3, what="the sibling scraping by itself")
+            await until(
+                lambda: ds1.get(name).metrics.waiting_queue_size == 9,  # type: ignore[union-attr]
+                what="the sibling's own scrape updated its metrics",
+            )
+    finally:
+        if not stopped:
+            await rt0.__aexit__(None, None, None)
