@@ -4,9 +4,10 @@ Why batch: a request changes several plugins' state (in-flight load, prefix inse
 session binding), and every message costs the sender a write per peer and each peer a
 read, a decode, an apply and often a wake of its event loop — on a loaded machine a wake
 costs more than the batch it carries (bench/scaleout, part cost).  So a plugin records a
-change with a dict insert and calls ``dirty()``; the hub drains every plugin ``hold``
-after the first change and at most once per ``gap`` (``dirty``), and publishes one
-message holding all of it, stamped with the first change's wall clock.  Plugins that do
+change with a dict insert and calls ``dirty()``; the hub drains every plugin in the wake of
+the next change (or ``hold`` after the first, or at once when holding keeps buying nothing)
+and at most once per ``gap`` (``dirty``), and publishes one message holding all of it,
+stamped with the first change's wall clock.  Plugins that do
 not say when they change are drained on a short cadence (``poll``) instead; every shipped
 plugin says so, and then the tick only sends heartbeats and checks liveness.  Receiving
 runs in the loop's reader callback (``ZmqTransport.listen``): no task or event per
@@ -17,7 +18,8 @@ the hub sends (the loop is awake anyway).  ``interval`` > 0 (llm-d's
 What the hub keeps per peer is only its sequence number and when it was last heard.  A
 peer silent for ``timeout`` is ``forget``-ed in every plugin, so its in-flight counts
 cannot outlive it; its next message (it came back, or was only slow) brings its
-contributions back, since deltas are idempotent.  With peers configured and none heard,
+contributions back, since deltas are idempotent.  A replica that stops cleanly says goodbye
+(``wire.GOODBYE``) and its peers forget it at once.  With peers configured and none heard,
 the replica is partitioned: it keeps routing on its own view, says so once in the log and
 in ``epp_sync_partitioned``.
 
@@ -60,10 +62,10 @@ HEARTBEAT: Final = 0.1
 DEFAULT_TIMEOUT: Final = 1.0
 WARM_START_TIMEOUT: Final = 2.0
 COLD_PEER_GRACE: Final = 0.3  # after a peer says it is warming up too, how long to look for a warm one
-FORGET_AFTER: Final = 60.0
+FORGET_AFTER: Final = 60.0  # a silent origin's bookkeeping is dropped after this long
 # How long closing may wait for the goodbye (and the last batch) to leave: a bounded pause of the
 # loop at shutdown, against every peer counting this replica's in-flight requests for ``timeout``.
-GOODBYE_LINGER: Final = 0.2  # a silent origin's bookkeeping is dropped after this long
+GOODBYE_LINGER: Final = 0.2
 
 
 @dataclass(slots=True)
