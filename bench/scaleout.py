@@ -25,20 +25,29 @@ a second (mean waiting in the fleet and in its longest queue: a herd shows there
 
 Part ``cost``: N EPP replicas (N = 1, 2, 4, 8), each driven directly over ext_proc at the
 same steady rate by this process (bench/extproc_client: pre-encoded frames, no Envoy), with
-sync off and on.  Cost = replica 0's CPU (all its threads, libzmq's I/O thread included and
-also reported apart; idle CPU subtracted) per request it routed.  Effective scaling =
-N x cost(1, sync off) / cost(N, sync on); goals >= 3.8 at 4 and >= 7.2 at 8.  Staleness: the
-p99 of ``epp_sync_delta_lag_seconds`` on replica 0 under that load — from the wall clock of
-the first change a batch carries (the routing decision) to its application, so the sender's
-coalescing wait and the receiver's read gap are in it; goal <= 10 ms.  Every cell runs
-``COST_ROUNDS`` times, rounds interleaved, medians reported.  What this measures on this
-machine: N replicas, their load client and the simulator share 2 cores, so context switches
-and cache misses inflate every process's CPU per request as N grows, with or without sync;
-``sync_off_vs_alone`` (sync off at N over one replica alone) shows how much, and
+sync off and on, at two rates per replica: ``cost_rate`` (60 req/s quick, 80 full; the top
+level of the result, where the goal is read as before) and ``COST_HIGH_RATE`` (200 req/s;
+under ``by_rate`` with the first: 8 x 200 = 1,600 req/s fits this machine, and a cell whose
+p99 passes ``OVERLOADED_P99_MS`` is listed in ``overloaded_cells``).  Cost = replica 0's CPU
+(all its threads, libzmq's I/O thread included and also reported apart; idle CPU subtracted)
+per request it routed.  Effective scaling = N x cost(1, sync off) / cost(N, sync on); goals
+>= 3.8 at 4 and >= 7.2 at 8.  Staleness: the p99 of ``epp_sync_delta_lag_seconds`` on replica
+0 under that load — from the wall clock of the first change a batch carries (the routing
+decision) to its application, so the sender's coalescing wait and the receiver's read gap are
+in it; goal <= 10 ms.  Per request routed, each cell also reports replica 0's wakes (voluntary
+context switches of its event loop and of libzmq's I/O thread), the batches it sent and
+received, the batches a timer sent, and its reads by cause (the descriptor woke the loop, the
+busy receiver's timer, or a wake the loop had anyway), from ``/debug/plugins/state``.  Every
+cell runs ``COST_ROUNDS`` times, rounds interleaved, medians reported.  What this measures on
+this machine: N replicas, their load client and the simulator share 2 cores, so context
+switches and cache misses inflate every process's CPU per request as N grows, with or without
+sync; ``sync_off_vs_alone`` (sync off at N over one replica alone) shows how much, and
 ``sync_on_vs_off_same_n`` what the sync itself adds at the same crowding.  The goal's ratio
-charges both to the sync.  At 60 req/s a replica's requests are 16.7 ms apart, more than the
-staleness goal lets a batch wait, so each request is its own message (its release rides
-along): each replica receives one message per peer per request.
+charges both to the sync.  At 60 and at 200 req/s a replica's requests are further apart
+(16.7, 5 ms) than the sender's 3 ms gap, so each request is its own message (its release
+rides along): each replica receives one message per peer per request, and each costs it a
+share of a wake of its loop and a wake of libzmq's I/O thread (docs/decisions.md, "What a
+sync peer costs").
 
 Part ``workers``: ``epp --workers 1`` and ``--workers 2`` (sync peers of each other, as by
 default), driven directly over ext_proc, closed loop (the same streams in flight), several
@@ -441,7 +450,36 @@ def thread_cpu(pid: int, prefix: str) -> float:
     return total
 
 
-async def cost_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
+def wakes(pid: int) -> tuple[int, int]:
+    """Voluntary context switches (a thread slept and was woken) of ``pid``'s event-loop thread and
+    of all its libzmq I/O threads: each wake costs tens of µs of CPU on this VM (cold caches)."""
+    loop = io = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comm = f.read()
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    n = int(f.read().split("\nvoluntary_ctxt_switches:")[1].split()[0])
+                if tid == str(pid):
+                    loop += n
+                elif comm.startswith("ZMQbg/IO"):
+                    io += n
+    return loop, io
+
+
+async def sync_debug(port: int) -> dict[str, Any]:
+    """The hub's counters from ``/debug/plugins/state`` (``sync``; empty without --peers)."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+        http.get(f"http://127.0.0.1:{port}/debug/plugins/state") as r,
+    ):
+        state: dict[str, Any] = (await r.json()).get("sync") or {}
+    return {**state.get("batches", {}), **{f"reads_{k}": v for k, v in state.get("reads", {}).items()}}
+
+
+async def cost_cell(n: int, sync: bool, st: Settings, rate: float | None = None) -> dict[str, Any]:
+    rate = st.cost_rate if rate is None else rate
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
         epps = replicas(n, fleet.hostports, sync=sync, config=CONFIG)
         await start_all(epps)
@@ -452,59 +490,120 @@ async def cost_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
             t_idle = time.perf_counter()
             await asyncio.sleep(2.0)  # the idle window: scrape loops, heartbeats
             idle_rate = (cpu_seconds(epps[0].pid) - idle0) / (time.perf_counter() - t_idle)
+            d0 = await sync_debug(epps[0].metrics_port)
             c0 = cpu_seconds(epps[0].pid)
             z0 = thread_cpu(epps[0].pid, "ZMQbg/IO")
+            w0 = wakes(epps[0].pid)
             t0 = time.perf_counter()
             stats = await asyncio.gather(
                 *(
-                    xc.open_loop("127.0.0.1", e.grpc_port, vs[i], rate=st.cost_rate, seconds=st.cost_seconds)
+                    xc.open_loop("127.0.0.1", e.grpc_port, vs[i], rate=rate, seconds=st.cost_seconds)
                     for i, e in enumerate(epps)
                 )
             )
             wall = time.perf_counter() - t0
             busy = cpu_seconds(epps[0].pid) - c0 - idle_rate * wall
             zmq_io = thread_cpu(epps[0].pid, "ZMQbg/IO") - z0
+            w1 = wakes(epps[0].pid)
             text = await metrics_text(epps[0].metrics_port)
+            d1 = await sync_debug(epps[0].metrics_port)
         finally:
             await stop_all(epps)
     s0 = stats[0]
     lag = histogram_quantile(text, "epp_sync_delta_lag_seconds", 0.99)
+    routed = s0.routed
+
+    def per_request(x: float) -> float | None:
+        return rnd(x / routed, 2) if routed else None
+
+    def delta(key: str) -> float | None:
+        return per_request(d1[key] - d0.get(key, 0)) if key in d1 else None
+
     return {
         "replicas": n,
         "sync": sync,
-        "routed": s0.routed,
+        "rate": rate,
+        "routed": routed,
         "failed": sum(s.failed for s in stats),
         "refused": sum(s.refused for s in stats),
-        "cpu_us_per_request": rnd(busy / s0.routed * 1e6, 1) if s0.routed else None,
+        "cpu_us_per_request": rnd(busy / routed * 1e6, 1) if routed else None,
         # of which libzmq's I/O thread (TCP reads and writes of the sync sockets; invisible to py-spy)
-        "zmq_io_us_per_request": rnd(zmq_io / s0.routed * 1e6, 1) if s0.routed else None,
+        "zmq_io_us_per_request": rnd(zmq_io / routed * 1e6, 1) if routed else None,
         "idle_cores": rnd(idle_rate),
         "p99_ms": rnd((xc.percentile(s0.latencies, 0.99) or 0) * 1e3),
         "batches_sent": sample_sum(text, "epp_sync_batches_sent_total"),
         "batches_received": sample_sum(text, "epp_sync_batches_received_total"),
         "staleness_p99_ms": rnd(lag * 1e3) if lag is not None else None,
+        # per request routed: the event loop's and libzmq's wakes (voluntary context switches),
+        # the batches sent and received, and the reads by cause (the descriptor woke the loop,
+        # the busy timer, or a wake the loop had anyway), from /debug/plugins/state
+        "loop_wakes_per_request": per_request(w1[0] - w0[0]),
+        "zmq_io_wakes_per_request": per_request(w1[1] - w0[1]),
+        "sent_per_request": delta("sent"),
+        "received_per_request": delta("received"),
+        "timer_flushes_per_request": delta("timerFlushes"),
+        "reads_woken_per_request": delta("reads_woken"),
+        "reads_timer_per_request": delta("reads_timer"),
+        "reads_riding_per_request": delta("reads_riding"),
     }
 
 
+# every cell's medians over its rounds
+_COST_MEDIANS: Final = (
+    "cpu_us_per_request",
+    "zmq_io_us_per_request",
+    "staleness_p99_ms",
+    "batches_received",
+    "p99_ms",
+    "loop_wakes_per_request",
+    "zmq_io_wakes_per_request",
+    "sent_per_request",
+    "received_per_request",
+    "timer_flushes_per_request",
+    "reads_woken_per_request",
+    "reads_timer_per_request",
+    "reads_riding_per_request",
+)
+COST_HIGH_RATE: Final = 200.0  # per replica: 8 x 200 = 1,600 req/s still fits this machine (p99 says)
+OVERLOADED_P99_MS: Final = 20.0  # a cost cell whose p99 is above this ran on a saturated machine
+
+
 async def cost(st: Settings) -> dict[str, Any]:
-    """Every cell ``COST_ROUNDS`` times, the rounds interleaved (a burst of load from elsewhere
-    on the machine hits one round of every cell, not every round of one cell); medians."""
+    """Every cell ``COST_ROUNDS`` times at each rate, the rounds interleaved (a burst of load from
+    elsewhere on the machine hits one round of every cell, not every round of one cell); medians.
+    The top level is ``st.cost_rate``'s summary (the goal's figures, computed as before);
+    ``by_rate`` has every rate's, ``COST_HIGH_RATE`` too (where a replica's requests come closer
+    together than the sender's gap, so batches carry several)."""
     order = [(1, False)] + [(n, sync) for n in st.cost_ns for sync in (False, True) if n > 1 or sync]
-    runs: dict[tuple[int, bool], list[dict[str, Any]]] = {key: [] for key in order}
+    rates = (st.cost_rate, COST_HIGH_RATE)
+    runs: dict[tuple[float, int, bool], list[dict[str, Any]]] = {
+        (rate, n, sync): [] for rate in rates for n, sync in order
+    }
     for r in range(COST_ROUNDS):
-        for n, sync in order:
-            try:
-                one = await cost_cell(n, sync, st)
-            except RuntimeError as e:  # a port taken meanwhile by another process: once more
-                log(f"scaleout cost: {n} replicas, sync {sync}: {str(e)[:200]}; again")
-                one = await cost_cell(n, sync, st)
-            runs[(n, sync)].append(one)
-            log(f"scaleout cost (round {r + 1}/{COST_ROUNDS}): {runs[(n, sync)][-1]}")
+        for rate in rates:
+            for n, sync in order:
+                try:
+                    one = await cost_cell(n, sync, st, rate)
+                except RuntimeError as e:  # a port taken meanwhile by another process: once more
+                    log(f"scaleout cost: {n} replicas, sync {sync}: {str(e)[:200]}; again")
+                    one = await cost_cell(n, sync, st, rate)
+                runs[(rate, n, sync)].append(one)
+                log(f"scaleout cost (round {r + 1}/{COST_ROUNDS}, {rate:g} req/s): {one}")
+    by_rate = {
+        f"{rate:g}": summarise({(n, sync): runs[(rate, n, sync)] for n, sync in order}) for rate in rates
+    }
+    return {**by_rate[f"{st.cost_rate:g}"], "rate": st.cost_rate, "by_rate": by_rate}
+
+
+def summarise(runs: dict[tuple[int, bool], list[dict[str, Any]]]) -> dict[str, Any]:
+    """One rate's cells (medians over the rounds), effective scaling and what explains it."""
     cells = []
     for (n, sync), rounds in runs.items():
         cell: dict[str, Any] = {"replicas": n, "sync": sync, "rounds": rounds}
-        for key in ("cpu_us_per_request", "zmq_io_us_per_request", "staleness_p99_ms", "batches_received"):
-            cell[key] = _median([c[key] for c in rounds], 1)
+        for key in _COST_MEDIANS:
+            cell[key] = _median([c.get(key) for c in rounds], 2)
+        cell["failed"] = sum(c["failed"] for c in rounds)
+        cell["overloaded"] = (cell["p99_ms"] or 0) > OVERLOADED_P99_MS
         cells.append(cell)
     by = {(c["replicas"], c["sync"]): c for c in cells}
     c1 = by[(1, False)]["cpu_us_per_request"]
@@ -529,6 +628,9 @@ async def cost(st: Settings) -> dict[str, Any]:
         "sync_on_vs_off_same_n": overhead,
         "sync_off_vs_alone": crowding,
         "staleness_p99_ms_worst": worst,
+        "overloaded_cells": [
+            f"{c['replicas']} {'on' if c['sync'] else 'off'}" for c in cells if c["overloaded"]
+        ],
         "met": {
             "scaling_4": (scaling.get("4") or 0) >= GOALS["scaling_4"],
             "scaling_8": (scaling.get("8") or 0) >= GOALS["scaling_8"],

@@ -52,6 +52,24 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
             f"(goal ≤ {goals['staleness_p99_ms']} ms, {met(c['met']['staleness'])}).",
             "",
         ]
+        for rate, r in (c.get("by_rate") or {}).items():
+            wakes = ", ".join(
+                f"{x['replicas']}: {f(x.get('loop_wakes_per_request'), 2)}"
+                f" / {f(x.get('received_per_request'), 2)}"
+                for x in r["cells"]
+                if x["sync"]
+            )
+            out += [
+                f"At {rate} req/s per replica: effective scaling "
+                + ", ".join(f"{n}: {f(v, 2)}" for n, v in r["effective_scaling"].items())
+                + "; sync on ÷ off at the same N "
+                + ", ".join(f"{n}: {f(v, 2)}" for n, v in r["sync_on_vs_off_same_n"].items())
+                + f"; staleness p99 worst {f(r['staleness_p99_ms_worst'], 2)} ms; loop wakes / batches "
+                f"received per request (sync on) {wakes}"
+                + (f"; overloaded: {', '.join(r['overloaded_cells'])}" if r.get("overloaded_cells") else "")
+                + ".",
+                "",
+            ]
     w = doc.get("workers")
     if w and "rounds" in w:
         rows = [

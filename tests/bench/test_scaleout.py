@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench import extproc_client as xc
@@ -12,6 +14,7 @@ from bench.scaleout import (
     median_cell,
     peer_args,
     sample_sum,
+    summarise,
 )
 from epp_sim.demo.procs import EppProcess, SimFleet
 
@@ -86,6 +89,42 @@ def test_median_cell_takes_each_figures_median_and_range_over_the_repeats() -> N
     assert cell["engine_queue_p90_ms"] is None and cell["engine_queue_p90_ms_range"] is None
     assert cell["waiting_mean"] == 3.0 and cell["longest_mean"] == 2.0
     assert len(cell["runs"]) == 3
+
+
+def cost_round(n: int, sync: bool, cpu: float, p99: float = 2.0, lag: float | None = None) -> dict[str, Any]:
+    return {
+        "replicas": n,
+        "sync": sync,
+        "cpu_us_per_request": cpu,
+        "p99_ms": p99,
+        "staleness_p99_ms": lag,
+        "failed": 0,
+        "sent_per_request": 1.0 if sync else None,
+    }
+
+
+def test_a_rates_cost_summary_takes_medians_scales_against_one_alone_and_flags_overload() -> None:
+    runs = {
+        (1, False): [cost_round(1, False, 300), cost_round(1, False, 320), cost_round(1, False, 900)],
+        (4, False): [cost_round(4, False, 400)] * 3,
+        (4, True): [
+            cost_round(4, True, 600, lag=4.0),
+            cost_round(4, True, 640, lag=12.0),
+            cost_round(4, True, 620, p99=30, lag=5.0),
+        ],
+    }
+    out = summarise(runs)
+    one, off, on = out["cells"]
+    assert one["cpu_us_per_request"] == 320 and on["cpu_us_per_request"] == 620
+    assert out["effective_scaling"] == {"4": round(4 * 320 / 620, 2)}
+    assert out["sync_on_vs_off_same_n"] == {"4": round(620 / 400, 2)}
+    assert out["sync_off_vs_alone"] == {"1": 1.0, "4": round(400 / 320, 2)}
+    assert out["staleness_p99_ms_worst"] == 5.0  # the median round's, not the worst round's
+    assert on["sent_per_request"] == 1.0 and off["sent_per_request"] is None
+    assert out["overloaded_cells"] == [] and on["p99_ms"] == 2.0
+    assert out["met"] == {"scaling_4": False, "scaling_8": False, "staleness": True}
+    runs[(4, True)] = [cost_round(4, True, 600, p99=30)] * 3
+    assert summarise(runs)["overloaded_cells"] == ["4 on"]
 
 
 @pytest.mark.e2e

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+from typing import Any
 
+import aiohttp
 import pytest
 
 from epp.app import compose, reload
@@ -17,7 +19,7 @@ from epp.plugin.registry import Registry
 from epp.sync.peers import Peer
 from epp.testing.replicated import SNAPSHOT_ORIGIN, PolledCounter, RoutedCounter
 from epp.testing.waiting import until
-from epp_sim.demo.procs import free_port_pair
+from epp_sim.demo.procs import free_port, free_port_pair
 from tests.sync.conftest import mesh
 
 CONFIG = """\
@@ -177,3 +179,57 @@ dataLayer:
         ConfigError, match=r"dataLayer.peerDiscovery.pluginRef: k8s-peer-discovery needs Kubernetes"
     ):
         build_app(parse_flags([*BASE, f"--config-text={config}"], {}), {})
+
+
+async def test_debug_state_shows_the_sync_and_a_clean_stop_says_goodbye() -> None:
+    """``/debug/plugins/state`` on the metrics port has the hub's state under ``sync``; stopping
+    the EPP tells its peer, which forgets it at once (its own liveness timeout is 60 s)."""
+    async with mesh(["warm"], timeout=60.0) as (warm,):
+        port, metrics = free_port_pair(), free_port()
+        opts = parse_flags(
+            [
+                *BASE,
+                "--grpc-port=0",
+                "--grpc-health-port=0",
+                f"--metrics-port={metrics}",
+                "--metrics-endpoint-auth=false",
+                f"--config-text={CONFIG}",
+                f"--peers=127.0.0.1:{warm.hub.transport.port}",
+                f"--peer-port={port}",
+                "--replica-id=new",
+            ],
+            {},
+        )
+        app = build_app(opts, {})
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(app, stop=stop))
+        try:
+            await until(lambda: app.serving or task.done(), 20, what="the EPP serving")
+            warm.peers.set([Peer("new", "127.0.0.1", port)])
+            (counter,) = (p for p in app.components.plugins.values() if isinstance(p, RoutedCounter))
+            await until(lambda: warm.hub.connected == 1, 5, what="warm hears new")
+            counter.count("e1", 3)
+            await until(lambda: warm.counter.learned.get("new") == {"e1": 3}, 5, what="warm learns new")
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{metrics}/debug/plugins/state"
+
+                async def sync_state() -> dict[str, Any]:
+                    async with http.get(url) as r:
+                        assert r.status == 200
+                        body: dict[str, Any] = (await r.json())["sync"]
+                        return body
+
+                state = await sync_state()
+                assert state["replicaId"] == "new" and state["serving"] and state["restoredFrom"] == "warm"
+                assert state["keys"] == ["epp/endpoint-health", "test-routed-counter/counter"]
+                assert state["batches"]["sent"] >= 1
+                for _ in range(50):  # warm's heartbeats arrive every ~0.1 s
+                    if "warm" in (state := await sync_state())["peers"]:
+                        break
+                    await asyncio.sleep(0.1)
+                assert state["peers"]["warm"]["silent"] is False and state["reads"]["messages"] >= 1
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+        await until(lambda: "new" not in warm.counter.learned, 5, what="warm forgets new on its goodbye")
+        assert warm.hub.stats.goodbyes == 1

@@ -9,7 +9,7 @@ import pathlib
 import aiohttp
 import pytest
 
-from epp.testing.waiting import until
+from epp.testing.waiting import until, until_async
 from epp_kubeapi import Resource
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, free_port_pair
@@ -133,6 +133,10 @@ def _slice(pod: str, port: int) -> dict[str, object]:
     }
 
 
+async def _connected(http: aiohttp.ClientSession, epp: EppProcess) -> bool:
+    return _value(await _metrics(http, epp), 'epp_sync_peers{state="connected"}') == 1
+
+
 async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Path) -> None:
     """No --peers: each replica finds the other in the EPP Service's EndpointSlices and syncs."""
     async with cluster(tmp_path, 2) as c:
@@ -166,9 +170,9 @@ async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Pa
             )
             async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
                 await _route_until_received(http, proxy.url, a, b)
-                for epp in (a, b):
-                    text = await _metrics(http, epp)
-                    assert _value(text, 'epp_sync_peers{state="connected"}') == 1
+                # the gauge follows on each hub's next liveness tick (~0.1 s)
+                await until_async(lambda: _connected(http, a), 5, what="a counts its peer connected")
+                await until_async(lambda: _connected(http, b), 5, what="b counts its peer connected")
         except BaseException:
             print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
             raise

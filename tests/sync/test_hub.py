@@ -14,7 +14,7 @@ from epp.metrics.series import REGISTRY
 from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
-from epp.sync.hub import DEFAULT_POLL, SyncHub
+from epp.sync.hub import DEFAULT_POLL, HOLD_CREDIT, SyncHub
 from epp.sync.transport import ZmqTransport
 from epp.sync.wire import decode_batch, encode, encode_batch
 from epp.testing.plugins import build
@@ -89,6 +89,32 @@ async def test_a_change_from_a_later_wake_sends_the_held_batch_at_once() -> None
         assert b.counter.total("e1") == 2
 
 
+async def test_holding_stops_while_the_hold_timer_buys_nothing_and_resumes_when_it_would() -> None:
+    """Responses slower than ``hold`` (LLM streams are seconds long): every held batch leaves on
+    its timer, a wake of its own.  After ``HOLD_CREDIT`` of those the hub sends in the change's
+    own wake; a change that then follows a batch within ``hold`` from a later wake (a hold
+    would have merged them) brings holding back."""
+    async with mesh(["a", "b"], hold=0.2) as (a, b):
+        loop = asyncio.get_running_loop()
+        timers = a.hub.stats.timer_flushes
+        for i in range(HOLD_CREDIT):
+            await until(lambda: loop.time() - a.hub._last_flush > a.hub.gap, 5, what="the gap passed")
+            a.counter.count("e1")
+            assert a.hub._holding
+            await until(lambda: b.counter.total("e1") == i + 1, 5, what="b sees the held batch")  # noqa: B023
+        assert a.hub.stats.timer_flushes - timers == HOLD_CREDIT and a.hub._hold_credit == 0
+        await until(lambda: loop.time() - a.hub._last_flush > a.hub.gap, 5, what="the gap passed")
+        a.counter.count("e1")
+        assert not a.hub._holding and type(a.hub._scheduled) is not asyncio.TimerHandle
+        await until(lambda: a.hub._scheduled is None and not a.hub._same_wake, 5, what="sent, wake over")
+        a.counter.count("e2")  # a later wake, within hold of the batch just sent
+        assert a.hub._hold_credit == HOLD_CREDIT
+        await until(lambda: b.counter.total("e2") == 1, 5, what="b sees it")
+        await until(lambda: loop.time() - a.hub._last_flush > a.hub.gap, 5, what="the gap passed")
+        a.counter.count("e1")
+        assert a.hub._holding
+
+
 async def test_with_no_peers_changes_wait_for_the_tick() -> None:
     """A lone replica (peers configured, none but itself) pays no timer or send per change;
     the heartbeat tick drains, so what a peer that lists us hears is at most a tick old."""
@@ -149,7 +175,7 @@ async def test_silent_peer_is_forgotten_then_reapplied_when_back() -> None:
         await until(lambda: b.counter.total("e1") == 4, 5, what="b learns a")
         port = a.hub.transport.port
         with structlog.testing.capture_logs() as logs:
-            await a.hub.stop()
+            await a.hub.stop(goodbye=False)  # as a crash: no goodbye
             await until(lambda: "a" not in b.counter.learned, 5, what="b forgets silent a")
             assert b.hub.stats.forgotten == 1
             await until(lambda: b.hub.partitioned, 5, what="b partitioned")
@@ -169,6 +195,43 @@ async def test_silent_peer_is_forgotten_then_reapplied_when_back() -> None:
         events = [e["event"] for e in logs]
         assert events.count("sync_partitioned") == 1
         assert events.count("sync_partition_healed") == 1
+
+
+async def test_a_replica_that_stops_cleanly_is_forgotten_at_once() -> None:
+    """A goodbye on stop: peers drop its in-flight contributions now, not after their liveness
+    timeout (60 s here, so only the goodbye can explain it), and no longer list it as a peer."""
+    async with mesh(["a", "b", "c"], timeout=60.0) as (a, b, c):
+        a.counter.count("e1", 4)
+        await until(lambda: b.counter.total("e1") == 4 and c.counter.total("e1") == 4, 5, what="b, c learn a")
+        await until(lambda: set(b.hub.debug_state()["peers"]) == {"a", "c"}, 5, what="b hears a and c")
+        with structlog.testing.capture_logs() as logs:
+            await a.hub.stop()
+            await until(
+                lambda: "a" not in b.counter.learned and "a" not in c.counter.learned, 5, what="a forgotten"
+            )
+        assert b.hub.stats.goodbyes == 1 and c.hub.stats.goodbyes == 1
+        assert b.hub.stats.rejected == {}  # the goodbye is not an unknown key
+        state = b.hub.debug_state()
+        assert "a" not in state["peers"] and "c" in state["peers"]
+        assert state["batches"]["goodbyes"] == 1 and b.hub.connected == 1
+        assert [e.get("reason") for e in logs if e["event"] == "sync_peer_forgotten"] == ["said goodbye"] * 2
+
+
+async def test_debug_state_counts_batches_and_reads() -> None:
+    async with mesh(["a", "b"]) as (a, b):
+        before = b.hub.debug_state()
+        a.counter.count("e1", 2)
+        await until(lambda: b.counter.total("e1") == 2, 5, what="b learns a")
+        after = b.hub.debug_state()
+        assert after["replicaId"] == "b" and after["serving"] and not after["partitioned"]
+        assert after["keys"] == ["test-routed-counter/counter"]
+        assert after["batches"]["received"] == before["batches"]["received"] + 1
+        reads = after["reads"]
+        assert reads["messages"] > before["reads"]["messages"]  # heartbeats count too
+        assert reads["woken"] + reads["timer"] + reads["riding"] >= 1
+        assert after["peers"]["a"]["lastHeardSecondsAgo"] < 1.0 and not after["peers"]["a"]["silent"]
+        sent = a.hub.debug_state()["batches"]
+        assert sent["sent"] >= 1 and sent["holdsJoined"] + sent["timerFlushes"] >= 1
 
 
 async def test_warm_start_restores_a_serving_peers_view_before_serving() -> None:

@@ -80,6 +80,8 @@ def debug_state(app: App, cluster: Cluster | None) -> dict[str, Any]:
         "saturation": _saturation(app, pool_endpoints),
         # None on the legacy admission path (no queues); FlowControlAdmission is a DebugState
         "flowControl": app.admission.debug_state() if isinstance(app.admission, DebugState) else None,
+        # active-active replicas (issue 30): peers, last heard, batches and reads; None without --peers
+        "sync": app.sync_hub.debug_state() if app.sync_hub is not None else None,
     }
     if cluster is not None:
         out["kubernetes"] = {

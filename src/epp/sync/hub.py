@@ -4,9 +4,10 @@ Why batch: a request changes several plugins' state (in-flight load, prefix inse
 session binding), and every message costs the sender a write per peer and each peer a
 read, a decode, an apply and often a wake of its event loop — on a loaded machine a wake
 costs more than the batch it carries (bench/scaleout, part cost).  So a plugin records a
-change with a dict insert and calls ``dirty()``; the hub drains every plugin ``hold``
-after the first change and at most once per ``gap`` (``dirty``), and publishes one
-message holding all of it, stamped with the first change's wall clock.  Plugins that do
+change with a dict insert and calls ``dirty()``; the hub drains every plugin in the wake of
+the next change (or ``hold`` after the first, or at once when holding keeps buying nothing)
+and at most once per ``gap`` (``dirty``), and publishes one message holding all of it,
+stamped with the first change's wall clock.  Plugins that do
 not say when they change are drained on a short cadence (``poll``) instead; every shipped
 plugin says so, and then the tick only sends heartbeats and checks liveness.  Receiving
 runs in the loop's reader callback (``ZmqTransport.listen``): no task or event per
@@ -17,7 +18,8 @@ the hub sends (the loop is awake anyway).  ``interval`` > 0 (llm-d's
 What the hub keeps per peer is only its sequence number and when it was last heard.  A
 peer silent for ``timeout`` is ``forget``-ed in every plugin, so its in-flight counts
 cannot outlive it; its next message (it came back, or was only slow) brings its
-contributions back, since deltas are idempotent.  With peers configured and none heard,
+contributions back, since deltas are idempotent.  A replica that stops cleanly says goodbye
+(``wire.GOODBYE``) and its peers forget it at once.  With peers configured and none heard,
 the replica is partitioned: it keeps routing on its own view, says so once in the log and
 in ``epp_sync_partitioned``.
 
@@ -41,7 +43,7 @@ from epp.plugin.replicated import Replicated
 from epp.sync import metrics
 from epp.sync.peers import Peer, PeerSource
 from epp.sync.transport import REQUEST_MAX_BYTES, SNAPSHOT_MAX_BYTES, Frames, ZmqTransport
-from epp.sync.wire import WireError, decode_batch, decode_reply, decode_request, encode, encode_batch
+from epp.sync.wire import GOODBYE, WireError, decode_batch, decode_reply, decode_request, encode, encode_batch
 
 log = structlog.get_logger(__name__)
 
@@ -53,11 +55,17 @@ DEFAULT_POLL: Final = 0.005
 DEFAULT_HOLD: Final = 0.003
 DEFAULT_COALESCE: Final = 0.003
 DEFAULT_READ_GAP: Final = 0.003
+# Held batches in a row that may leave on the hold timer (nothing joined them) before the
+# hub stops holding (SyncHub.dirty).
+HOLD_CREDIT: Final = 3
 HEARTBEAT: Final = 0.1
 DEFAULT_TIMEOUT: Final = 1.0
 WARM_START_TIMEOUT: Final = 2.0
 COLD_PEER_GRACE: Final = 0.3  # after a peer says it is warming up too, how long to look for a warm one
 FORGET_AFTER: Final = 60.0  # a silent origin's bookkeeping is dropped after this long
+# How long closing may wait for the goodbye (and the last batch) to leave: a bounded pause of the
+# loop at shutdown, against every peer counting this replica's in-flight requests for ``timeout``.
+GOODBYE_LINGER: Final = 0.2
 
 
 @dataclass(slots=True)
@@ -68,6 +76,9 @@ class HubStats:
     received: int = 0
     dropped: int = 0
     forgotten: int = 0
+    timer_flushes: int = 0  # batches a timer sent (a wake of their own, unless the loop was awake)
+    holds_joined: int = 0  # held batches a later wake's change sent (no timer wake)
+    goodbyes: int = 0  # peers that said they stopped (forgotten at once)
     rejected: dict[str, int] = field(default_factory=dict)
 
 
@@ -110,7 +121,10 @@ class SyncHub:
         self._last_flush = 0.0
         self._scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
         self._dirty_at = 0.0  # wall clock of the first change not yet sent (0: none)
-        self._held_since = 0.0  # loop time of that change while only ``hold`` delays the batch
+        self._holding = False  # the scheduled batch waits for a later wake's change (``hold``)
+        self._same_wake = False  # the loop has not yet finished the wake that scheduled the batch
+        self._sent_unheld = False  # the last batch left in its first change's wake, unheld
+        self._hold_credit = HOLD_CREDIT  # hold timers that may still expire unjoined before holding stops
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_seq: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
@@ -173,50 +187,86 @@ class SyncHub:
     def dirty(self) -> None:
         """A plugin has local changes: drain once, soon (see below), stamped with the first change's time.
 
-        Coalescing: the batch waits for the changes of the next wake of the loop that makes
-        one (the same request's release when the response is quick, the next request), at
-        most ``hold`` after the first change, and never leaves sooner than ``gap`` after the
-        previous batch, carrying every change made meanwhile.  So a quiet replica's change
-        reaches peers at most ``hold`` + transit later, a busy replica sends at most 1/``gap``
-        batches a second however many requests it routes, and each peer wakes that much less
-        (every message costs each peer a read, a decode and an apply, and the sender a write
-        per peer).  The batch's time is the wall clock of its first change, so the lag peers
-        observe (``epp_sync_delta_lag_seconds``)
-        is the issue's staleness, decision → counted, coalescing included.
+        Every message costs each peer a read, a decode and an apply in a wake of its own, and
+        this replica a write per peer, so changes are coalesced without adding wakes here:
+
+        * A change less than ``gap`` after the previous batch waits for the gap (one timer for
+          every change until then): a busy replica sends at most 1/``gap`` batches a second.
+        * Otherwise the batch is *held* for the changes of the next wake that makes one (a
+          request's release when the response is quick, the next request), at most ``hold``:
+          that change sends it at the end of its own wake, so holding costs no timer wake when
+          it pays.  When the hold expires on its timer instead (responses slower than ``hold``,
+          a quiet replica), the timer's wake was wasted: after ``HOLD_CREDIT`` such misses in a
+          row the hub stops holding and sends at the end of the change's own wake (no timer at
+          all), and takes holding up again once a change follows a sent batch within ``hold``
+          from a later wake (a hold would have merged them).
+
+        The batch's time is the wall clock of its first change, so the lag peers observe
+        (``epp_sync_delta_lag_seconds``) is the issue's staleness, decision → counted,
+        coalescing included.
         """
         if self._scheduled is not None:
-            held = self._held_since
-            if held and self._loop is not None and self._loop.time() - held > self.hold / 4:
-                # a change from a later wake than the first (the request's release, the next
-                # request): it rides along, and the batch goes now, saving the timer's wake
-                self._held_since = 0.0
+            if self._holding and not self._same_wake:
+                # a change from a later wake than the first: it rides along, and the batch
+                # goes at the end of this wake, saving the hold timer's wake
+                self._holding = False
+                self._hold_credit = HOLD_CREDIT
+                self.stats.holds_joined += 1
                 self._scheduled.cancel()
-                self._scheduled = self._loop.call_soon(self.flush)
+                self._scheduled = self._loop_or_running().call_soon(self.flush)
             return
         if not self._tasks or not self.transport.has_peers:
             return  # nobody to tell soon: the tick drains (a peer that lists us hears it then)
         self._dirty_at = self._wall()
-        loop = self._loop or asyncio.get_running_loop()
+        loop = self._loop_or_running()
         now = loop.time()
-        after_gap = self._last_flush + self.gap - now
-        wait = max(self.hold, after_gap)
-        if wait > 0:
-            self._held_since = now if after_gap <= self.hold else 0.0
-            self._scheduled = loop.call_later(wait, self.flush)
+        since = now - self._last_flush
+        if self._sent_unheld:
+            self._sent_unheld = False
+            if since < self.hold and not self._same_wake:
+                self._hold_credit = HOLD_CREDIT  # a hold would have merged this change: hold again
+        if since < self.gap:
+            self._scheduled = loop.call_later(self.gap - since, self._on_timer)
+        elif self.hold > 0 and self._hold_credit > 0:
+            self._holding = True
+            self._mark_wake(loop)
+            self._scheduled = loop.call_later(self.hold, self._on_timer)
         else:
+            self._sent_unheld = True
+            self._mark_wake(loop)
             self._scheduled = loop.call_soon(self.flush)
+
+    def _loop_or_running(self) -> asyncio.AbstractEventLoop:
+        return self._loop or asyncio.get_running_loop()
+
+    def _mark_wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        """``_same_wake`` is true until the loop has run what this wake scheduled (call_soon
+        runs after the wake's callbacks, before the next wait for I/O)."""
+        self._same_wake = True
+        loop.call_soon(self._wake_ended)
+
+    def _wake_ended(self) -> None:
+        self._same_wake = False
+
+    def _on_timer(self) -> None:
+        self.stats.timer_flushes += 1
+        if self._holding:  # nothing followed within hold: the timer's wake bought nothing
+            self._holding = False
+            self._hold_credit -= 1
+        self.flush()
 
     def flush(self) -> None:
         """Drain every plugin and publish what they had as one batch."""
         if self._scheduled is not None:
             self._scheduled.cancel()
             self._scheduled = None
+        self._holding = False
         self._last_flush = asyncio.get_running_loop().time()
         batch: dict[str, list[Any]] = {}
         for key, plugin in self._plugins.items():
             if deltas := self._drain(key, plugin):
                 batch[key] = deltas
-        first, self._dirty_at, self._held_since = self._dirty_at, 0.0, 0.0
+        first, self._dirty_at = self._dirty_at, 0.0
         if batch:
             self._publish(batch, first)
         if self.serving:
@@ -301,6 +351,9 @@ class SyncHub:
         for key, deltas in batch.items():
             plugin = plugins.get(key)
             if plugin is None:
+                if key == GOODBYE:
+                    self._goodbye(sender)
+                    continue
                 self._reject("unknown_key")
                 continue
             try:
@@ -327,6 +380,16 @@ class SyncHub:
                 self._fail_once("sync_forget_failed", key, peer=origin)
         self.stats.forgotten += 1
         log.info("sync_peer_forgotten", peer=origin, reason=why)
+
+    def _goodbye(self, origin: str) -> None:
+        """``origin`` stopped cleanly: forget its contributions now, not after ``timeout`` of
+        silence, and forget the peer itself (it is not silent, it is gone; a restart under the
+        same id is a new peer)."""
+        self._forget(origin, "said goodbye")
+        self._last_seen.pop(origin, None)
+        self._last_seq.pop(origin, None)
+        self._silent.discard(origin)
+        self.stats.goodbyes += 1
 
     # --- peers' liveness ------------------------------------------------------------------
     def check_peers(self) -> None:
@@ -360,6 +423,53 @@ class SyncHub:
     @property
     def connected(self) -> int:
         return len(self._last_seen) - len(self._silent)
+
+    # --- /debug ------------------------------------------------------------------------
+    def debug_state(self) -> dict[str, Any]:
+        """The sync's live state for ``/debug/plugins/state`` (key ``sync``): each peer heard
+        (last heard, silent, last sequence), the batch counts both ways, what sent the batches
+        (``timerFlushes``: a wake of their own; ``holdsJoined``: a later change sent them) and
+        what ran the reads (the descriptor's wakes, the busy timer, or wakes the loop had anyway)."""
+        now = self._loop_or_running().time()
+        t = self.transport
+        peers = {
+            origin: {
+                "lastHeardSecondsAgo": round(now - seen, 3),
+                "silent": origin in self._silent,
+                "lastSeq": self._last_seq.get(origin),
+            }
+            for origin, seen in sorted(self._last_seen.items())
+        }
+        s = self.stats
+        return {
+            "replicaId": self.replica_id,
+            "serving": self.serving,
+            "partitioned": self.partitioned,
+            "restoredFrom": self.restored_from or None,
+            "configuredPeers": [p.id for p in t.peers],
+            "peers": peers,
+            "keys": sorted(self._plugins),
+            "pending": self._scheduled is not None,
+            "holding": self._holding,
+            "holdCredit": self._hold_credit,
+            "seq": self._seq,
+            "batches": {
+                "sent": s.sent,
+                "received": s.received,
+                "dropped": s.dropped,
+                "forgotten": s.forgotten,
+                "rejected": dict(s.rejected),
+                "timerFlushes": s.timer_flushes,
+                "holdsJoined": s.holds_joined,
+                "goodbyes": s.goodbyes,
+            },
+            "reads": {
+                "woken": t.reads_woken,
+                "timer": t.reads_timer,
+                "riding": t.reads_riding,
+                "messages": t.messages_read,
+            },
+        }
 
     # --- warm start --------------------------------------------------------------------
     def _answer(self, frames: Frames) -> bytes | None:
@@ -467,11 +577,17 @@ class SyncHub:
             self.check_peers()
             self.ticks += 1
 
-    async def stop(self) -> None:
-        """Send what is pending, stop the tasks and close the sockets."""
+    async def stop(self, *, goodbye: bool = True) -> None:
+        """Send what is pending and (``goodbye``) tell peers this replica is gone, stop the tasks
+        and close the sockets.  ``goodbye=False`` leaves as a crash does (tests of silence)."""
+        said = False
         if self._tasks:
             with contextlib.suppress(Exception):
                 self.flush()
+            if goodbye and self.transport.has_peers:
+                with contextlib.suppress(Exception):
+                    self._publish({GOODBYE: []})  # peers forget us now, not after their timeout
+                    said = True
         if self._scheduled is not None:
             self._scheduled.cancel()
             self._scheduled = None
@@ -479,5 +595,5 @@ class SyncHub:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        self.transport.close()
+        self.transport.close(linger=GOODBYE_LINGER if said else 0.0)
         self.serving = False

@@ -71,6 +71,12 @@ class ZmqTransport:
         self._last_wake = -1e9  # when the descriptor last woke the loop with messages
         self._fd = -1
         self.redials = 0
+        # reads that found messages, by what ran them: the descriptor woke the loop, the busy
+        # receiver's timer, or a wake the loop had anyway (``read_now``); and messages read
+        self.reads_woken = 0
+        self.reads_timer = 0
+        self.reads_riding = 0
+        self.messages_read = 0
 
     # --- lifecycle -------------------------------------------------------------------
     def bind(self) -> int:
@@ -122,7 +128,8 @@ class ZmqTransport:
             return port
         raise zmq.ZMQError(zmq.EADDRINUSE, "no free consecutive port pair for sync")
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.0) -> None:
+        """Close the sockets; ``linger`` seconds for what the PUB still queues (a goodbye) to leave."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -131,7 +138,9 @@ class ZmqTransport:
                 self._loop.remove_reader(self._fd)
         self._watching = False
         self._handler = None
-        for sock in (self._pub, self._sub, self._router):
+        if self._pub is not None:
+            self._pub.close(int(linger * 1000))
+        for sock in (self._sub, self._router):
             if sock is not None:
                 sock.close(0)
         self._pub = self._sub = self._router = None
@@ -233,7 +242,10 @@ class ZmqTransport:
     def _on_readable(self) -> None:
         got = self.read_all()
         loop = self._loop
-        if not got or self._gap <= 0 or loop is None:
+        if not got:
+            return
+        self.reads_woken += 1
+        if self._gap <= 0 or loop is None:
             return
         now = loop.time()
         busy, self._last_wake = now - self._last_wake < self._gap, now
@@ -248,6 +260,7 @@ class ZmqTransport:
         if self._sub_raw is None:
             return
         if self.read_all() and self._loop is not None:
+            self.reads_timer += 1
             self._timer = self._loop.call_later(self._gap, self._on_timer)
         else:
             self._watch()
@@ -260,6 +273,7 @@ class ZmqTransport:
         """
         if self._handler is None or not self.read_all():
             return
+        self.reads_riding += 1
         if self._timer is not None and self._loop is not None:
             self._timer.cancel()
             self._timer = self._loop.call_later(self._gap, self._on_timer)
@@ -280,6 +294,7 @@ class ZmqTransport:
         except zmq.ZMQError:  # closed under us
             return 0
         if out:
+            self.messages_read += len(out)
             handler(out)
         return len(out)
 

@@ -3,6 +3,9 @@
 * batch (PUB → SUB): ``[sender id, seq, sent_at, {sync_key: deltas}]``; ``seq`` counts every
   message a sender publishes (heartbeats are batches with no keys), so a receiver sees the
   messages it lost as a gap; ``sent_at`` is the sender's wall clock, for the lag histogram.
+* goodbye: a batch whose map holds the key ``GOODBYE`` (an empty list), sent by a replica that
+  stops cleanly; peers forget its contributions at once.  A key, not a new message shape, so
+  a peer that predates it counts it as an unknown key and forgets the sender on its timeout.
 * snapshot request (DEALER → ROUTER): ``[requester id]``; reply ``[responder id, serving,
   {sync_key: snapshot}]`` (``serving`` false: the responder is itself still warming up).
 
@@ -17,6 +20,7 @@ from typing import Any, Final
 import msgspec
 
 MAX_ID_LENGTH: Final = 256
+GOODBYE: Final = "epp.sync/goodbye"  # no plugin's sync_key has this form (``type/name`` of a plugin)
 
 Batch = tuple[str, int, float, dict[str, list[Any]]]
 SnapshotReply = tuple[str, bool, dict[str, Any]]
