@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from epp.datalayer.api import EndpointEvent, EndpointMetadata, SourceBinding
+from epp.datalayer.api import Endpoint, EndpointEvent, EndpointMetadata, SourceBinding
 from epp.datalayer.runtime import DataLayerRuntime
 from epp.datalayer.shared_scrapes import PERIODS, SHARE_ENV, ScrapeShare
+from epp.datalayer.sources.metrics_http import MetricsDataSource
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.metrics.series import REGISTRY
@@ -47,35 +50,56 @@ async def pair(tmp_path: Path, clock: Clock | None = None) -> tuple[ScrapeShare,
     return pub, sub
 
 
-async def test_a_sibling_parses_worker_0s_page_and_does_not_scrape(
-    tmp_path: Path, servers: Callable[[int], Any]
-) -> None:
-    (srv,) = await servers(1)
-    srv.behaviour.body = vllm_page(waiting=11)
-    pub, sub = await pair(tmp_path)
+@dataclass
+class Shared:
+    """Worker 0's source and a sibling's, sharing pages of one model server ``ep`` (page ``key``)."""
+
+    pub: ScrapeShare
+    sub: ScrapeShare
+    worker0: MetricsDataSource
+    sibling: MetricsDataSource
+    ep: Endpoint
+    key: bytes
+
+
+@asynccontextmanager
+async def sharing(
+    tmp_path: Path, srv: FakeModelServer, max_age: float, clock: Clock | None = None
+) -> AsyncIterator[Shared]:
+    pub, sub = await pair(tmp_path, clock)
     worker0, sibling = make_source(), make_source()
-    worker0.share_scrapes(pub, 10.0)
-    sibling.share_scrapes(sub, 10.0)
-    ep = srv.endpoint()
-    ext = make_extractor()
+    worker0.share_scrapes(pub, max_age)
+    sibling.share_scrapes(sub, max_age)
+    key = f"metrics-data-source|127.0.0.1:{srv.port}".encode()
     await worker0.start()
     await sibling.start()
     try:
-        fetched, published = pages("fetched"), pub.published
-        await worker0.poll(ep)
-        assert (srv.behaviour.requests, pub.published - published, pages("fetched") - fetched) == (1, 1, 1)
-        key = f"metrics-data-source|127.0.0.1:{srv.port}".encode()
-        await until(lambda: sub.fresh(key, 10.0) is not None, what="worker 0's page reached the sibling")
-        fetched, shared = pages("fetched"), pages("shared")
-        ext.extract(await sibling.poll(ep), ep)
-        assert srv.behaviour.requests == 1  # parsed from worker 0's page, not fetched
-        assert ep.metrics.waiting_queue_size == 11
-        assert (pages("fetched") - fetched, pages("shared") - shared) == (0, 1)  # the pod's series
+        yield Shared(pub, sub, worker0, sibling, srv.endpoint(), key)
     finally:
         await worker0.stop()
         await sibling.stop()
         pub.close()
         sub.close()
+
+
+async def test_a_sibling_parses_worker_0s_page_and_does_not_scrape(
+    tmp_path: Path, servers: Callable[[int], Any]
+) -> None:
+    (srv,) = await servers(1)
+    srv.behaviour.body = vllm_page(waiting=11)
+    ext = make_extractor()
+    async with sharing(tmp_path, srv, 10.0) as sh:
+        fetched, published = pages("fetched"), sh.pub.published
+        await sh.worker0.poll(sh.ep)
+        assert (srv.behaviour.requests, sh.pub.published - published, pages("fetched") - fetched) == (1, 1, 1)
+        await until(
+            lambda: sh.sub.fresh(sh.key, 10.0) is not None, what="worker 0's page reached the sibling"
+        )
+        fetched, shared = pages("fetched"), pages("shared")
+        ext.extract(await sh.sibling.poll(sh.ep), sh.ep)
+        assert srv.behaviour.requests == 1  # parsed from worker 0's page, not fetched
+        assert sh.ep.metrics.waiting_queue_size == 11
+        assert (pages("fetched") - fetched, pages("shared") - shared) == (0, 1)  # the pod's series
 
 
 async def test_past_the_bound_the_sibling_scrapes_itself_until_pages_are_fresh_again(
@@ -83,57 +107,36 @@ async def test_past_the_bound_the_sibling_scrapes_itself_until_pages_are_fresh_a
 ) -> None:
     (srv,) = await servers(1)
     clock = Clock()
-    pub, sub = await pair(tmp_path, clock)
     max_age = PERIODS * INTERVAL
-    worker0, sibling = make_source(), make_source()
-    worker0.share_scrapes(pub, max_age)
-    sibling.share_scrapes(sub, max_age)
-    ep = srv.endpoint()
-    key = f"metrics-data-source|127.0.0.1:{srv.port}".encode()
-    await worker0.start()
-    await sibling.start()
-    try:
-        await worker0.poll(ep)
-        await until(lambda: sub.fresh(key, max_age) is not None, what="worker 0's page reached the sibling")
+    async with sharing(tmp_path, srv, max_age, clock) as sh:
+        sub, ep = sh.sub, sh.ep
+        await sh.worker0.poll(ep)
+        await until(
+            lambda: sub.fresh(sh.key, max_age) is not None, what="worker 0's page reached the sibling"
+        )
         clock.now += max_age  # exactly the bound: still used
-        await sibling.poll(ep)
+        await sh.sibling.poll(ep)
         assert srv.behaviour.requests == 1
         clock.now += 0.001  # past it: worker 0 missed its polls (dead, restarting, or its scrape failed)
         stale = sub.stale
-        await sibling.poll(ep)
+        await sh.sibling.poll(ep)
         assert srv.behaviour.requests == 2
         assert sub.stale == stale + 1
-        await worker0.poll(ep)  # worker 0 is back: its page is fresh again
-        await until(lambda: sub.fresh(key, 0.0) is not None, what="the new page reached the sibling")
-        await sibling.poll(ep)
+        await sh.worker0.poll(ep)  # worker 0 is back: its page is fresh again
+        await until(lambda: sub.fresh(sh.key, 0.0) is not None, what="the new page reached the sibling")
+        await sh.sibling.poll(ep)
         assert srv.behaviour.requests == 3  # worker 0's fetch only
-    finally:
-        await worker0.stop()
-        await sibling.stop()
-        pub.close()
-        sub.close()
 
 
 async def test_a_departed_endpoints_page_is_dropped(tmp_path: Path, servers: Callable[[int], Any]) -> None:
     (srv,) = await servers(1)
-    pub, sub = await pair(tmp_path)
-    worker0, sibling = make_source(), make_source()
-    worker0.share_scrapes(pub, 10.0)
-    sibling.share_scrapes(sub, 10.0)
-    ep = srv.endpoint()
-    key = f"metrics-data-source|127.0.0.1:{srv.port}".encode()
-    await worker0.start()
-    await sibling.start()
-    try:
-        await worker0.poll(ep)
-        await until(lambda: sub.fresh(key, 10.0) is not None, what="worker 0's page reached the sibling")
-        sibling.endpoint_event(EndpointEvent("Delete", ep))
-        assert sub.fresh(key, 10.0) is None
-    finally:
-        await worker0.stop()
-        await sibling.stop()
-        pub.close()
-        sub.close()
+    async with sharing(tmp_path, srv, 10.0) as sh:
+        await sh.worker0.poll(sh.ep)
+        await until(
+            lambda: sh.sub.fresh(sh.key, 10.0) is not None, what="worker 0's page reached the sibling"
+        )
+        sh.sibling.endpoint_event(EndpointEvent("Delete", sh.ep))
+        assert sh.sub.fresh(sh.key, 10.0) is None
 
 
 @pytest.mark.parametrize("raw", ["listen:ipc:///x", "bind:", "connect"])

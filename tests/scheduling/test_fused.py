@@ -34,7 +34,7 @@ from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
 from epp.testing.plugins import build
 from tests.scheduling.builders import DropFilter, Recording, request
-from tests.scheduling.vectors import MODELS, WildScorer, _endpoint, _sample, _scorers, _state
+from tests.scheduling.vectors import MODELS, WildScorer, _endpoint, _scorers, _state, churn
 
 ROOT = Path(__file__).parents[2]
 SEEDS = 150
@@ -113,20 +113,7 @@ def test_fused_plan_picks_and_scores_exactly_like_the_general_path(seed: int) ->
     assert plan is not None
     candidates: Sequence[Endpoint] = tuple(fleet)
     for r in range(REQUESTS):
-        for _ in range(rng.choice((0, 0, 1, 2, 5, 40))):
-            _sample(rng, rng.choice(fleet), hi)
-        c = rng.random()
-        if c < 0.1:
-            fleet.append(_endpoint(rng, len(fleet), hi))
-            candidates = tuple(fleet)
-        elif c < 0.2:
-            candidates = tuple(ep for ep in fleet if rng.random() < 0.8) or tuple(fleet)
-        elif c < 0.25:
-            candidates = list(candidates)
-        elif c < 0.3:
-            candidates = tuple(candidates)
-        elif c < 0.32:
-            candidates = ()
+        candidates = churn(rng, fleet, candidates, hi, empty=True)
         state = _state(rng, candidates)
         model = rng.choice(MODELS)
         req = request(model=model, request_id=f"r{seed}-{r}")

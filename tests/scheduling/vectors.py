@@ -121,6 +121,29 @@ def _state(rng: random.Random, eps: Sequence[Endpoint]) -> CycleState:
     return state
 
 
+def churn(
+    rng: random.Random, fleet: list[Endpoint], candidates: Sequence[Endpoint], hi: int, *, empty: bool = False
+) -> Sequence[Endpoint]:
+    """What changes between two requests: new metric samples, and now and then a new endpoint,
+    a subset of the fleet, or the same candidates as a list or a fresh tuple (and, with
+    ``empty``, none at all).  The RNG draws are those the recorded vectors were made with."""
+    for _ in range(rng.choice((0, 0, 1, 2, 5, 40))):
+        _sample(rng, rng.choice(fleet), hi)
+    c = rng.random()
+    if c < 0.1:
+        fleet.append(_endpoint(rng, len(fleet), hi))
+        return tuple(fleet)
+    if c < 0.2:
+        return tuple(ep for ep in fleet if rng.random() < 0.8) or tuple(fleet)
+    if c < 0.25:
+        return list(candidates)
+    if c < 0.3:
+        return tuple(candidates)
+    if empty and c < 0.32:
+        return ()
+    return candidates
+
+
 def _hex(values: Sequence[float]) -> list[str]:
     return [float(v).hex() for v in values]
 
@@ -171,18 +194,7 @@ def scenario(seed: int) -> Iterator[str]:
     profile = SchedulerProfile("p", filters=filters, scorers=_scorers(rng), picker=picker)
     candidates: Sequence[Endpoint] = tuple(fleet)
     for r in range(REQUESTS):
-        for _ in range(rng.choice((0, 0, 1, 2, 5, 40))):
-            _sample(rng, rng.choice(fleet), hi)
-        c = rng.random()
-        if c < 0.1:
-            fleet.append(_endpoint(rng, len(fleet), hi))
-            candidates = tuple(fleet)
-        elif c < 0.2:
-            candidates = tuple(ep for ep in fleet if rng.random() < 0.8) or tuple(fleet)
-        elif c < 0.25:
-            candidates = list(candidates)
-        elif c < 0.3:
-            candidates = tuple(candidates)
+        candidates = churn(rng, fleet, candidates, hi)
         state = _state(rng, candidates)
         req = request(model=rng.choice(MODELS), request_id=f"r{seed}-{r}")
         req.explain = rng.random() < 0.4

@@ -11,6 +11,7 @@ import pytest
 
 from epp.app import compose, reload
 from epp.app.compose import build_app
+from epp.app.options import Options
 from epp.app.registry import default_registry
 from epp.app.serve import serve
 from epp.cli.flags import parse_flags
@@ -74,24 +75,29 @@ def test_a_bad_peers_file_fails_startup_and_a_good_one_is_watched(tmp_path: path
     assert any(w.path == str(path) for w in app.watched)
 
 
+def new_replica(warm_port: int, port: int, *config: str, metrics_port: int = 0) -> Options:
+    """Flags of a replica "new" whose one peer is the warm replica; ``config`` defaults to CONFIG."""
+    return parse_flags(
+        [
+            *BASE,
+            "--grpc-port=0",
+            "--grpc-health-port=0",
+            f"--metrics-port={metrics_port}",
+            "--metrics-endpoint-auth=false",
+            *(config or (f"--config-text={CONFIG}",)),
+            f"--peers=127.0.0.1:{warm_port}",
+            f"--peer-port={port}",
+            "--replica-id=new",
+        ],
+        {},
+    )
+
+
 async def test_ready_only_after_restoring_a_serving_peers_view() -> None:
     async with mesh(["warm"]) as (warm,):
         warm.counter.count("e1", 5)
         port = free_port_pair()
-        opts = parse_flags(
-            [
-                *BASE,
-                "--grpc-port=0",
-                "--grpc-health-port=0",
-                "--metrics-port=0",
-                "--metrics-endpoint-auth=false",
-                f"--config-text={CONFIG}",
-                f"--peers=127.0.0.1:{warm.hub.transport.port}",
-                f"--peer-port={port}",
-                "--replica-id=new",
-            ],
-            {},
-        )
+        opts = new_replica(warm.hub.transport.port, port)
         app = build_app(opts, {})
         stop = asyncio.Event()
         task = asyncio.create_task(serve(app, stop=stop))
@@ -120,20 +126,8 @@ async def test_a_live_reload_rebinds_the_hub_to_the_new_plugins(tmp_path: pathli
         port = free_port_pair()
         path = tmp_path / "config.yaml"
         path.write_text(CONFIG)
-        opts = parse_flags(
-            [
-                *BASE,
-                "--grpc-port=0",
-                "--grpc-health-port=0",
-                "--metrics-port=0",
-                "--metrics-endpoint-auth=false",
-                "--config-reload-interval=50ms",
-                f"--config-file={path}",
-                f"--peers=127.0.0.1:{warm.hub.transport.port}",
-                f"--peer-port={port}",
-                "--replica-id=new",
-            ],
-            {},
+        opts = new_replica(
+            warm.hub.transport.port, port, "--config-reload-interval=50ms", f"--config-file={path}"
         )
         app = build_app(opts, {})
         stop = asyncio.Event()
@@ -186,20 +180,7 @@ async def test_debug_state_shows_the_sync_and_a_clean_stop_says_goodbye() -> Non
     the EPP tells its peer, which forgets it at once (its own liveness timeout is 60 s)."""
     async with mesh(["warm"], timeout=60.0) as (warm,):
         port, metrics = free_port_pair(), free_port()
-        opts = parse_flags(
-            [
-                *BASE,
-                "--grpc-port=0",
-                "--grpc-health-port=0",
-                f"--metrics-port={metrics}",
-                "--metrics-endpoint-auth=false",
-                f"--config-text={CONFIG}",
-                f"--peers=127.0.0.1:{warm.hub.transport.port}",
-                f"--peer-port={port}",
-                "--replica-id=new",
-            ],
-            {},
-        )
+        opts = new_replica(warm.hub.transport.port, port, metrics_port=metrics)
         app = build_app(opts, {})
         stop = asyncio.Event()
         task = asyncio.create_task(serve(app, stop=stop))
