@@ -36,8 +36,9 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from itertools import chain
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 
 @runtime_checkable
@@ -84,23 +85,41 @@ def _uint64s(hashes: list[Any]) -> bool:
     return set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) < _HASH_LIMIT
 
 
-def parse_routed(batch: Any, what: str) -> list[tuple[str, list[int]]]:
-    """Routed prefixes as peers share them (approximate index insertions, pending precise blocks):
-    a peer's ``[[endpoint name, [uint64 block hash, ...]], ...]``, checked whole before any is used."""
+_Row = TypeVar("_Row")
+
+
+def parse_rows(
+    batch: Any,
+    what: str,
+    width: int,
+    valid: Callable[[Sequence[Any]], bool],
+    shape: str,
+    row: Callable[[Sequence[Any]], _Row],
+) -> list[_Row]:
+    """A peer's batch of rows (a delta or a snapshot), checked whole before any of it is used:
+    a list of ``width``-long lists that ``valid`` accepts, each made into ``row``; otherwise
+    ValueError naming ``what`` and the expected ``shape``, so a bad peer changes nothing."""
     if not isinstance(batch, list):
         raise ValueError(f"{what}: expected a list, got {type(batch).__name__}")  # noqa: TRY004
     out = []
     for d in batch:
-        if (
-            not isinstance(d, (list, tuple))
-            or len(d) != 2
-            or not isinstance(d[0], str)
-            or not isinstance(d[1], list)
-            or not _uint64s(d[1])
-        ):
-            raise ValueError(f"{what}: expected [endpoint name, [block hash (uint64), ...]], got {d!r:.80}")
-        out.append((d[0], d[1]))
+        if not isinstance(d, (list, tuple)) or len(d) != width or not valid(d):
+            raise ValueError(f"{what}: expected {shape}, got {d!r:.80}")
+        out.append(row(d))
     return out
+
+
+def parse_routed(batch: Any, what: str) -> list[tuple[str, list[int]]]:
+    """Routed prefixes as peers share them (approximate index insertions, pending precise blocks):
+    a peer's ``[[endpoint name, [uint64 block hash, ...]], ...]``."""
+    return parse_rows(
+        batch,
+        what,
+        2,
+        lambda d: isinstance(d[0], str) and isinstance(d[1], list) and _uint64s(d[1]),
+        "[endpoint name, [block hash (uint64), ...]]",
+        lambda d: (d[0], d[1]),
+    )
 
 
 def merge_routed(batch: list[list[Any]]) -> list[list[Any]]:

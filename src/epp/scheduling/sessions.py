@@ -40,7 +40,7 @@ from epp.datalayer.api import Endpoint
 from epp.plugin.base import Handle
 from epp.plugin.counts import subtract
 from epp.plugin.keys import StateKey
-from epp.plugin.replicated import unsynced
+from epp.plugin.replicated import parse_rows, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
@@ -392,19 +392,17 @@ class SessionHooks:
 
 def _parse_bindings(deltas: Any, what: str) -> list[tuple[str, str, float]]:
     """Check a whole batch of ``[session, endpoint name, age >= 0]`` before any of it is used."""
-    if not isinstance(deltas, list):
-        raise ValueError(f"{what}: expected a list, got {type(deltas).__name__}")  # noqa: TRY004
-    out = []
-    for d in deltas:
-        if (
-            not isinstance(d, (list, tuple))
-            or len(d) != 3
-            or not isinstance(d[0], str)
-            or not isinstance(d[1], str)
-            or type(d[2]) not in (int, float)
-            or not math.isfinite(d[2])
-            or d[2] < 0
-        ):
-            raise ValueError(f"{what}: expected [session, endpoint name, age seconds >= 0], got {d!r:.80}")
-        out.append((d[0], d[1], float(d[2])))
-    return out
+    return parse_rows(
+        deltas,
+        what,
+        3,
+        lambda d: (
+            isinstance(d[0], str)
+            and isinstance(d[1], str)
+            and type(d[2]) in (int, float)
+            and math.isfinite(d[2])
+            and d[2] >= 0
+        ),
+        "[session, endpoint name, age seconds >= 0]",
+        lambda d: (d[0], d[1], float(d[2])),
+    )

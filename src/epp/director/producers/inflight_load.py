@@ -9,7 +9,7 @@ from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
-from epp.plugin.replicated import unsynced
+from epp.plugin.replicated import parse_rows, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, estimate_tokens
 from epp.scheduling.api import SchedulingResult
@@ -332,22 +332,15 @@ class InFlightLoadProducer(PluginBase):
 
 
 def _parse_loads(deltas: Any) -> list[tuple[str, int, int]]:
-    """Check a batch completely before any of it is applied."""
-    if not isinstance(deltas, list):
-        raise ValueError(f"inflight deltas: expected a list, got {type(deltas).__name__}")  # noqa: TRY004
-    out = []
-    for d in deltas:
-        if (
-            not isinstance(d, (list, tuple))
-            or len(d) != 3
-            or not isinstance(d[0], str)
-            or not all(type(v) is int and v >= 0 for v in d[1:])
-        ):
-            raise ValueError(
-                f"inflight delta: expected [endpoint name, requests >= 0, tokens >= 0], got {d!r:.80}"
-            )
-        out.append((d[0], d[1], d[2]))
-    return out
+    """``[[endpoint name, requests >= 0, tokens >= 0], ...]``, checked whole before any of it is applied."""
+    return parse_rows(
+        deltas,
+        "inflight delta",
+        3,
+        lambda d: isinstance(d[0], str) and all(type(v) is int and v >= 0 for v in d[1:]),
+        "[endpoint name, requests >= 0, tokens >= 0]",
+        lambda d: (d[0], d[1], d[2]),
+    )
 
 
 def _parse_map(counts: Any) -> list[Any]:

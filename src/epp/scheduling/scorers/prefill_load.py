@@ -10,7 +10,7 @@ from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, prefix_
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
-from epp.plugin.replicated import unsynced
+from epp.plugin.replicated import parse_rows, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
@@ -231,17 +231,11 @@ class PrefillLoadScorer(PluginBase):
 
 def _parse_backlog(deltas: Any, what: str) -> list[tuple[str, int]]:
     """``[[endpoint name, tokens >= 0], ...]``, checked whole before any of it is applied."""
-    if not isinstance(deltas, list):
-        raise ValueError(f"{what}: expected a list, got {type(deltas).__name__}")  # noqa: TRY004
-    out = []
-    for d in deltas:
-        if (
-            not isinstance(d, (list, tuple))
-            or len(d) != 2
-            or not isinstance(d[0], str)
-            or type(d[1]) is not int
-            or d[1] < 0
-        ):
-            raise ValueError(f"{what}: expected [endpoint name, tokens >= 0], got {d!r:.80}")
-        out.append((d[0], d[1]))
-    return out
+    return parse_rows(
+        deltas,
+        what,
+        2,
+        lambda d: isinstance(d[0], str) and type(d[1]) is int and d[1] >= 0,
+        "[endpoint name, tokens >= 0]",
+        lambda d: (d[0], d[1]),
+    )
