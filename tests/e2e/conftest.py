@@ -95,6 +95,23 @@ class Stack:
             return await r.text()
 
 
+@contextlib.asynccontextmanager
+async def both_serving(a: EppProcess, b: EppProcess) -> AsyncIterator[None]:
+    """Two EPP replicas started together (each may wait for the other as its peer) and serving;
+    on a failure inside, both logs are printed; both are stopped and cleaned up after."""
+    await asyncio.gather(a.start(wait=False), b.start(wait=False))
+    try:
+        await asyncio.gather(a.wait_serving(), b.wait_serving())
+        yield
+    except BaseException:
+        print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
+        raise
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+        a.cleanup()
+        b.cleanup()
+
+
 async def open_loop(send: Callable[[int], Coroutine[Any, Any, None]], rate: float, seconds: float) -> None:
     """Call ``send(i)`` ``rate`` times a second for ``seconds``, whether or not earlier calls have
     finished (open-loop arrivals: a stuck replica cannot slow the load down), then await them all."""

@@ -18,6 +18,7 @@ import pytest
 from epp.testing.waiting import until_async
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port_pair
+from tests.e2e.conftest import both_serving
 
 pytestmark = pytest.mark.e2e
 
@@ -57,9 +58,7 @@ async def test_a_peers_pending_prefill_counts_on_this_replica(tmp_path: pathlib.
         )
         a = EppProcess(*common, f"--peer-port={pa}", "--replica-id=epp-a")
         b = EppProcess(*common, f"--peer-port={pb}", "--replica-id=epp-b")
-        await asyncio.gather(a.start(wait=False), b.start(wait=False))
-        try:
-            await asyncio.gather(a.wait_serving(), b.wait_serving())
+        async with both_serving(a, b):
             # Envoy sends everything to A: whatever B knows of the backlog came from A
             cfg = EnvoyConfig(ext_proc_port=a.grpc_port)
             async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
@@ -93,10 +92,3 @@ async def test_a_peers_pending_prefill_counts_on_this_replica(tmp_path: pathlib.
                     return not (await _state(http, b))["backlog"]
 
                 await until_async(b_released_it, 10, what="B kept A's finished prefill in its backlog")
-        except BaseException:
-            print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
-            raise
-        finally:
-            await asyncio.gather(a.stop(), b.stop())
-            a.cleanup()
-            b.cleanup()

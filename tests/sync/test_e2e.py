@@ -12,7 +12,7 @@ import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port_pair
-from tests.e2e.conftest import FAST_SIM
+from tests.e2e.conftest import FAST_SIM, both_serving
 
 pytestmark = pytest.mark.e2e
 
@@ -69,9 +69,7 @@ async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathl
         peers = f"--peers=127.0.0.1:{pa},127.0.0.1:{pb}"
         a = EppProcess(*common, peers, f"--peer-port={pa}", "--replica-id=epp-a", env=env)
         b = EppProcess(*common, peers, f"--peer-port={pb}", "--replica-id=epp-b", env=env)
-        await asyncio.gather(a.start(wait=False), b.start(wait=False))
-        try:
-            await asyncio.gather(a.wait_serving(), b.wait_serving())
+        async with both_serving(a, b):
             for epp in (a, b):  # the real plugins are shared beside the test one
                 started = next(
                     json.loads(x) for x in epp.log_path.read_text().splitlines() if "sync_started" in x
@@ -114,10 +112,3 @@ async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathl
                     assert 'epp_sync_peers{state="connected"} 1.0' in m
                     assert _value(m, "epp_sync_partitioned") == 0
                     assert "epp_sync_rejected_total{" not in m  # the real plugins' deltas all apply
-        except BaseException:
-            print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
-            raise
-        finally:
-            await asyncio.gather(a.stop(), b.stop())
-            a.cleanup()
-            b.cleanup()

@@ -13,6 +13,7 @@ from epp.testing.waiting import until, until_async
 from epp_kubeapi import Resource
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, free_port_pair
+from tests.e2e.conftest import both_serving
 from tests.e2e.test_kubernetes import LE_ARGS, NS, Cluster, _leader_of, cluster, complete, holder
 from tests.sync.test_e2e import CONFIG, _metrics, _plugin_site, _value
 
@@ -60,30 +61,20 @@ async def _route_until_received(http: aiohttp.ClientSession, url: str, *epps: Ep
 async def test_active_active_both_ready_and_sharing(tmp_path: pathlib.Path) -> None:
     async with cluster(tmp_path, 2) as c:
         a, b = _pair(c, tmp_path, health="readiness")
-        await asyncio.gather(a.start(wait=False), b.start(wait=False))
-        try:
-            await asyncio.gather(a.wait_serving(), b.wait_serving())  # both ready: no leader needed
+        async with both_serving(a, b):
+            # both ready: no leader needed
             cfg = EnvoyConfig(
                 ext_proc_port=a.grpc_port,
                 ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
             )
             async with Envoy(cfg) as proxy, aiohttp.ClientSession() as http:
                 await _route_until_received(http, proxy.url, a, b)
-        except BaseException:
-            print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
-            raise
-        finally:
-            await asyncio.gather(a.stop(), b.stop())
-            a.cleanup()
-            b.cleanup()
 
 
 async def test_a_hot_standby_keeps_syncing(tmp_path: pathlib.Path) -> None:
     async with cluster(tmp_path, 2) as c:
         a, b = _pair(c, tmp_path, *LE_ARGS, health="liveness")
-        await asyncio.gather(a.start(wait=False), b.start(wait=False))
-        try:
-            await asyncio.gather(a.wait_serving(), b.wait_serving())
+        async with both_serving(a, b):
             await until(lambda: holder(c.api) != "", 10, what="a leader")
             leader, standby = await _leader_of(a, b)
             cfg = EnvoyConfig(
@@ -94,13 +85,6 @@ async def test_a_hot_standby_keeps_syncing(tmp_path: pathlib.Path) -> None:
                 await _route_until_received(http, proxy.url, standby)
                 assert not await standby.serving("readiness")  # still a standby, but warm
                 assert await leader.serving("readiness")
-        except BaseException:
-            print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
-            raise
-        finally:
-            await asyncio.gather(a.stop(), b.stop())
-            a.cleanup()
-            b.cleanup()
 
 
 DISCOVERY_CONFIG = (
@@ -161,9 +145,7 @@ async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Pa
                 )
             )
         a, b = replicas
-        await asyncio.gather(a.start(wait=False), b.start(wait=False))
-        try:
-            await asyncio.gather(a.wait_serving(), b.wait_serving())
+        async with both_serving(a, b):
             cfg = EnvoyConfig(
                 ext_proc_port=a.grpc_port,
                 ext_proc_replicas=[(a.grpc_port, a.health_port), (b.grpc_port, b.health_port)],
@@ -173,10 +155,3 @@ async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Pa
                 # the gauge follows on each hub's next liveness tick (~0.1 s)
                 await until_async(lambda: _connected(http, a), 5, what="a counts its peer connected")
                 await until_async(lambda: _connected(http, b), 5, what="b counts its peer connected")
-        except BaseException:
-            print("---- epp a ----\n", a.log_tail(), "\n---- epp b ----\n", b.log_tail())
-            raise
-        finally:
-            await asyncio.gather(a.stop(), b.stop())
-            a.cleanup()
-            b.cleanup()
