@@ -102,6 +102,7 @@ async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathl
                     return all(
                         _value(m, "epp_sync_batches_received_total") > 0
                         and _value(m, "epp_sync_batches_sent_total") > 0
+                        and 'epp_sync_peers{state="connected"} 1.0' in m
                         for m in seen.values()
                     )
 

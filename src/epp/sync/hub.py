@@ -341,10 +341,14 @@ class SyncHub:
             elif seq <= last:  # the peer restarted under the same id: its old counts are gone
                 self._forget(sender, "restarted")
         self._last_seq[sender] = seq
+        first = sender not in self._last_seen
         self._last_seen[sender] = now
         if sender in self._silent:
             self._silent.discard(sender)
             log.info("sync_peer_returned", peer=sender)
+            first = True
+        if first:  # the gauges say so now, not at the next tick
+            self.check_peers()
         if not batch:
             return None  # a heartbeat
         plugins = self._plugins
