@@ -25,6 +25,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ephemeral ports free a moment ago.  All are bound at once: asked one at a
+    time, the kernel may hand the same port out twice (seen: a CI run's EPP given one port for
+    its health and metrics servers)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port_pair() -> int:
     """A free port whose successor is free too: an EPP's sync PUB and its warm-start socket
     (``--peer-port`` and the port after it)."""
@@ -316,9 +330,7 @@ class EppProcess(_Proc):
         self.args = args
         self.env = env
         self.health_service = health_service  # with leader election: "liveness" (up) or "readiness" (leads)
-        self.grpc_port = free_port()
-        self.health_port = free_port()
-        self.metrics_port = free_port()
+        self.grpc_port, self.health_port, self.metrics_port = free_ports(3)
 
     def argv(self) -> list[str]:
         return [
