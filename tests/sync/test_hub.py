@@ -401,3 +401,31 @@ def test_bind_skips_plugins_configured_not_to_share_and_drains_the_rest_once() -
         assert shared.drain() == []  # the hub's first drain started recording from here
     finally:
         hub.transport.close()
+
+
+async def test_a_batch_read_past_the_read_budget_makes_the_receiver_prompt() -> None:
+    """The hub asks its transport to read at once when a batch it applies is older than
+    ``read_budget`` (decision -> read), and not when every batch is fresh."""
+    node = make_node("rx")
+    now = 1000.0
+    node.hub._wall = lambda: now
+    node.hub._loop = asyncio.get_running_loop()
+    prompts: list[int] = []
+    node.hub.transport.prompt = lambda: prompts.append(1)  # type: ignore[method-assign]
+    try:
+        key = node.counter.sync_key
+        fresh = now - node.hub.read_budget / 2
+        node.hub.on_messages([[encode_batch("tx", 1, fresh, {key: [["e1", 1]]})]])
+        assert prompts == [] and node.counter.learned["tx"] == {"e1": 1}
+        late = now - node.hub.read_budget * 2
+        node.hub.on_messages(
+            [
+                [encode_batch("tx", 2, fresh, {key: [["e1", 2]]})],
+                [encode_batch("tx", 3, late, {key: [["e1", 3]]})],
+            ]
+        )
+        assert prompts == [1] and node.counter.learned["tx"] == {"e1": 3}
+        node.hub.on_messages([[encode_batch("tx", 4, late, {})]])  # a heartbeat carries no decision
+        assert prompts == [1]
+    finally:
+        node.hub.transport.close()
