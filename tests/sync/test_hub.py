@@ -15,6 +15,7 @@ from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from epp.sync.hub import DEFAULT_POLL, HOLD_CREDIT, SyncHub
+from epp.sync.peers import Peer
 from epp.sync.transport import ZmqTransport
 from epp.sync.wire import decode_batch, encode, encode_batch
 from epp.testing.plugins import build
@@ -429,3 +430,25 @@ async def test_a_batch_read_past_the_read_budget_makes_the_receiver_prompt() -> 
         assert prompts == [1]
     finally:
         node.hub.transport.close()
+
+
+async def test_the_gap_is_the_siblings_while_every_peer_is_a_worker_of_this_pod() -> None:
+    """Workers of one pod share its cores: between them alone a batch waits ``sibling_coalesce``;
+    a peer from elsewhere (another pod, discovered later) brings the ordinary gap back."""
+    sibling = Peer("w1", "127.0.0.1", 9006)
+    other = Peer("pod-b", "10.0.0.2", 9004)
+    transport = ZmqTransport("127.0.0.1", 0)
+    hub = SyncHub("w0", transport, coalesce=0.003, sibling=lambda p: p == sibling, sibling_coalesce=0.006)
+    transport.bind()
+    try:
+        hub._set_peers((sibling,))
+        assert hub.gap == 0.006
+        hub._set_peers((sibling, other))
+        assert hub.gap == 0.003
+        hub._set_peers(())
+        assert hub.gap == 0.003  # nobody: nothing to coalesce for
+        interval = SyncHub("w0", transport, interval=0.2, sibling=lambda p: True)
+        interval._set_peers((sibling,))
+        assert interval.gap == 0.2  # crossReplicaSyncInterval wins
+    finally:
+        transport.close()

@@ -55,6 +55,11 @@ DEFAULT_POLL: Final = 0.005
 # (transport.listen); both add at most their value to staleness (bench/scaleout, part cost).
 DEFAULT_HOLD: Final = 0.003
 DEFAULT_COALESCE: Final = 0.003
+# The gap when every peer is a worker of this pod (``--workers``): the workers share the pod's
+# cores, so a message costs the pod twice (a write here, a read and often a wake there) on the
+# cores its requests need; at capacity, where the gap binds, 6 ms halves the sync messages and
+# cut the pod's CPU per request ~3-5% (docs/decisions.md, "Workers as cheaper peers").
+SIBLING_COALESCE: Final = 0.006
 DEFAULT_READ_GAP: Final = 0.003
 # A batch older than this when read has spent the staleness budget (the hold's 3 ms and more:
 # a late release, a busy or descheduled loop): the busy receiver stops waiting ``read_gap``
@@ -101,6 +106,8 @@ class SyncHub:
         heartbeat: float = HEARTBEAT,
         poll: float = DEFAULT_POLL,
         coalesce: float = DEFAULT_COALESCE,
+        sibling: Callable[[Peer], bool] | None = None,
+        sibling_coalesce: float = SIBLING_COALESCE,
         hold: float = DEFAULT_HOLD,
         read_gap: float = DEFAULT_READ_GAP,
         read_budget: float = DEFAULT_READ_BUDGET,
@@ -114,6 +121,11 @@ class SyncHub:
         self.heartbeat = heartbeat
         self.poll = interval if interval > 0 else poll
         self.gap = interval if interval > 0 else coalesce  # least time between two batches sent
+        self._coalesce = self.gap
+        # a peer that is a worker of this pod (None: none is); with only such peers the gap is
+        # ``sibling_coalesce`` (``interval``, when set, wins)
+        self._sibling = sibling
+        self._sibling_coalesce = sibling_coalesce if interval <= 0 else self.gap
         self.hold = 0.0 if interval > 0 else hold  # a change waits this long for the next ones
         self.read_gap = read_gap  # least time between two reads while peers keep sending
         self.read_budget = read_budget  # a batch this old when read: read the next ones at once
@@ -470,6 +482,7 @@ class SyncHub:
             "pending": self._scheduled is not None,
             "holding": self._holding,
             "holdCredit": self._hold_credit,
+            "gapSeconds": self.gap,
             "seq": self._seq,
             "batches": {
                 "sent": s.sent,
@@ -561,7 +574,7 @@ class SyncHub:
         loop = asyncio.get_running_loop()
         updates = source.updates()
         first = await anext(updates)
-        self.transport.set_peers(first)
+        self._set_peers(first)
         self._started_at = loop.time()
         self._loop = loop
         self._tasks.append(
@@ -578,8 +591,14 @@ class SyncHub:
 
     async def _watch_peers(self, updates: Any) -> None:
         async for peers in updates:
-            self.transport.set_peers(peers)
-            log.info("sync_peers_changed", peers=[p.id for p in peers])
+            self._set_peers(peers)
+            log.info("sync_peers_changed", peers=[p.id for p in peers], gap=self.gap)
+
+    def _set_peers(self, peers: tuple[Peer, ...]) -> None:
+        """Connect to ``peers``; the gap is the siblings' while every peer is a worker of this pod."""
+        self.transport.set_peers(peers)
+        only_siblings = self._sibling is not None and bool(peers) and all(map(self._sibling, peers))
+        self.gap = self._sibling_coalesce if only_siblings else self._coalesce
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
