@@ -735,6 +735,7 @@ async def workers_cell(
                 pids |= {f"worker{i}": p for i, p in enumerate(kids)}
             else:
                 pids["worker0"] = epp.pid
+            before = await metrics_text(epp.metrics_port)
             acct = CoreAccount(pids)
             acct.start()
             stats = await xc.closed_loop(
@@ -750,6 +751,7 @@ async def workers_cell(
         finally:
             await epp.stop()
     rps = stats.routed / st.workers_seconds
+    sent = sample_sum(text, "epp_sync_batches_sent_total") - sample_sum(before, "epp_sync_batches_sent_total")
     epp_cores = sum(v for k, v in cores.items() if k.startswith(("worker", "supervisor")))
     return {
         "workers": workers,
@@ -763,6 +765,9 @@ async def workers_cell(
         "client_us_per_request": rnd(cores["client"] / rps * 1e6, 1) if rps else None,
         "epp_us_per_request": rnd(epp_cores / rps * 1e6, 1) if rps else None,
         "streams_per_worker": {w: float(n) for w, n in _STREAMS.findall(text)},
+        # sync batches the pod's workers sent each other, per request (at capacity the gap binds:
+        # one batch per gap per worker, 3 ms between replicas, 6 ms between siblings)
+        "sync_batches_per_request": rnd(sent / stats.routed, 3) if stats.routed else None,
     }
 
 
