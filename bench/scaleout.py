@@ -58,7 +58,8 @@ streams per wake, so that cell is the comparison at the same p99 (reported apart
 p99 against one worker's).  Every cell accounts for the
 machine's cores (each worker, the supervisor, this process as the load client, the
 simulators, the rest of the machine) and reports requests per EPP core, so a ratio capped by
-the load client or by other tenants of a shared machine shows as such.
+the load client or by other tenants of a shared machine shows as such; and the sync batches
+the workers sent each other per request (at most one per 6 ms per worker between siblings).
 
 Part ``faults``: three synced replicas behind Envoy (gRPC health checks every 0.2 s) under a
 steady 50 req/s: one is SIGKILLed (requests that fail after Envoy's health check dropped it:
