@@ -57,8 +57,9 @@ DEFAULT_HOLD: Final = 0.003
 DEFAULT_COALESCE: Final = 0.003
 # The gap when every peer is a worker of this pod (``--workers``): the workers share the pod's
 # cores, so a message costs the pod twice (a write here, a read and often a wake there) on the
-# cores its requests need; at capacity, where the gap binds, 6 ms halves the sync messages and
-# cut the pod's CPU per request ~3-5% (docs/decisions.md, "Workers as cheaper peers").
+# cores its requests need; at capacity, where the gap binds, 6 ms halves the sync messages (the
+# pod's CPU per request was lower in 6 of 7 alternating rounds, median -3%; docs/decisions.md,
+# "Workers as cheaper peers").
 SIBLING_COALESCE: Final = 0.006
 DEFAULT_READ_GAP: Final = 0.003
 # A batch older than this when read has spent the staleness budget (the hold's 3 ms and more:
