@@ -58,7 +58,8 @@ streams per wake, so that cell is the comparison at the same p99 (reported apart
 p99 against one worker's).  Every cell accounts for the
 machine's cores (each worker, the supervisor, this process as the load client, the
 simulators, the rest of the machine) and reports requests per EPP core, so a ratio capped by
-the load client or by other tenants of a shared machine shows as such.
+the load client or by other tenants of a shared machine shows as such; and the sync batches
+the workers sent each other per request (at most one per 6 ms per worker between siblings).
 
 Part ``faults``: three synced replicas behind Envoy (gRPC health checks every 0.2 s) under a
 steady 50 req/s: one is SIGKILLed (requests that fail after Envoy's health check dropped it:
@@ -735,6 +736,7 @@ async def workers_cell(
                 pids |= {f"worker{i}": p for i, p in enumerate(kids)}
             else:
                 pids["worker0"] = epp.pid
+            before = await metrics_text(epp.metrics_port)
             acct = CoreAccount(pids)
             acct.start()
             stats = await xc.closed_loop(
@@ -750,6 +752,7 @@ async def workers_cell(
         finally:
             await epp.stop()
     rps = stats.routed / st.workers_seconds
+    sent = sample_sum(text, "epp_sync_batches_sent_total") - sample_sum(before, "epp_sync_batches_sent_total")
     epp_cores = sum(v for k, v in cores.items() if k.startswith(("worker", "supervisor")))
     return {
         "workers": workers,
@@ -763,6 +766,9 @@ async def workers_cell(
         "client_us_per_request": rnd(cores["client"] / rps * 1e6, 1) if rps else None,
         "epp_us_per_request": rnd(epp_cores / rps * 1e6, 1) if rps else None,
         "streams_per_worker": {w: float(n) for w, n in _STREAMS.findall(text)},
+        # sync batches the pod's workers sent each other, per request (at capacity the gap binds:
+        # one batch per gap per worker, 3 ms between replicas, 6 ms between siblings)
+        "sync_batches_per_request": rnd(sent / stats.routed, 3) if stats.routed else None,
     }
 
 

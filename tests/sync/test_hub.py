@@ -15,6 +15,7 @@ from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from epp.sync.hub import DEFAULT_POLL, HOLD_CREDIT, SyncHub
+from epp.sync.peers import Peer
 from epp.sync.transport import ZmqTransport
 from epp.sync.wire import decode_batch, encode, encode_batch
 from epp.testing.plugins import build
@@ -401,3 +402,53 @@ def test_bind_skips_plugins_configured_not_to_share_and_drains_the_rest_once() -
         assert shared.drain() == []  # the hub's first drain started recording from here
     finally:
         hub.transport.close()
+
+
+async def test_a_batch_read_past_the_read_budget_makes_the_receiver_prompt() -> None:
+    """The hub asks its transport to read at once when a batch it applies is older than
+    ``read_budget`` (decision -> read), and not when every batch is fresh."""
+    node = make_node("rx")
+    now = 1000.0
+    node.hub._wall = lambda: now
+    node.hub._loop = asyncio.get_running_loop()
+    prompts: list[int] = []
+    node.hub.transport.prompt = lambda: prompts.append(1)  # type: ignore[method-assign]
+    try:
+        key = node.counter.sync_key
+        fresh = now - node.hub.read_budget / 2
+        node.hub.on_messages([[encode_batch("tx", 1, fresh, {key: [["e1", 1]]})]])
+        assert prompts == [] and node.counter.learned["tx"] == {"e1": 1}
+        late = now - node.hub.read_budget * 2
+        node.hub.on_messages(
+            [
+                [encode_batch("tx", 2, fresh, {key: [["e1", 2]]})],
+                [encode_batch("tx", 3, late, {key: [["e1", 3]]})],
+            ]
+        )
+        assert prompts == [1] and node.counter.learned["tx"] == {"e1": 3}
+        node.hub.on_messages([[encode_batch("tx", 4, late, {})]])  # a heartbeat carries no decision
+        assert prompts == [1]
+    finally:
+        node.hub.transport.close()
+
+
+async def test_the_gap_is_the_siblings_while_every_peer_is_a_worker_of_this_pod() -> None:
+    """Workers of one pod share its cores: between them alone a batch waits ``sibling_coalesce``;
+    a peer from elsewhere (another pod, discovered later) brings the ordinary gap back."""
+    sibling = Peer("w1", "127.0.0.1", 9006)
+    other = Peer("pod-b", "10.0.0.2", 9004)
+    transport = ZmqTransport("127.0.0.1", 0)
+    hub = SyncHub("w0", transport, coalesce=0.003, sibling=lambda p: p == sibling, sibling_coalesce=0.006)
+    transport.bind()
+    try:
+        hub._set_peers((sibling,))
+        assert hub.gap == 0.006
+        hub._set_peers((sibling, other))
+        assert hub.gap == 0.003
+        hub._set_peers(())
+        assert hub.gap == 0.003  # nobody: nothing to coalesce for
+        interval = SyncHub("w0", transport, interval=0.2, sibling=lambda p: True)
+        interval._set_peers((sibling,))
+        assert interval.gap == 0.2  # crossReplicaSyncInterval wins
+    finally:
+        transport.close()

@@ -60,6 +60,60 @@ async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None
         ctx.term()
 
 
+async def test_a_late_message_sends_a_busy_receiver_back_to_the_descriptor() -> None:
+    """``prompt`` from the handler (the hub's read budget): the read that found late messages does
+    not start or keep the busy timer, so the next message is read when it arrives, not a gap later."""
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    rx = ZmqTransport("127.0.0.1", 0)
+    rx.bind()
+    got: list[Frames] = []
+
+    def handler(messages: list[Frames]) -> None:
+        got.extend(messages)
+        if [b"late"] in messages:
+            rx.prompt()
+
+    try:
+        rx.set_peers([Peer("tx", "127.0.0.1", port)])
+        rx.listen(handler, gap=3600.0)
+
+        async def connected() -> None:
+            for _ in range(200):
+                await pub.send(b"probe")
+                if await _polled(lambda: bool(got)):
+                    return
+            raise AssertionError("the SUB never connected")
+
+        await connected()
+        await pub.send(b"late")  # a second wake within gap would make it busy, but it was late
+        await until(lambda: [b"late"] in got, 5, what="the late message read")
+        assert _state(rx) == (False, True)
+        await pub.send(b"fresh")  # busy now: two wakes within gap, neither late
+        await until(lambda: [b"fresh"] in got, 5, what="the fresh message read")
+        assert _state(rx) == (True, False)
+        await pub.send(b"late")
+        sub = rx._sub_raw
+        assert sub is not None
+        await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="late queued")
+        got.clear()
+        rx._on_timer()  # the busy timer reads a late one: back to the descriptor, no timer kept
+        assert got == [[b"late"]] and _state(rx) == (False, True)
+        await pub.send(b"fresh")
+        await until(lambda: got[-1:] == [[b"fresh"]], 5, what="read at once from the descriptor")
+        assert _state(rx) == (True, False)  # a fresh wake within gap of the last: busy again
+        await pub.send(b"late")
+        await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="late queued")
+        rx.read_now()  # a riding read that finds a late one drops the timer too
+        assert got[-1] == [b"late"] and _state(rx) == (False, True)
+    finally:
+        rx.close()
+        pub.close(0)
+        ctx.term()
+
+
 async def _polled(cond: Callable[[], bool]) -> bool:
     """Whether ``cond`` holds within 50 ms (a bounded wait for one probe)."""
     try:

@@ -21,6 +21,7 @@ def test_round_trip_and_derived_names() -> None:
     assert role.metrics_socket() == Path("/run/epp/w1.metrics.sock")
     assert role.scrape_share == "connect:ipc:///run/epp/scrapes.pub"
     assert WorkerRole(0, 3, Path("/run/epp"), "p").scrape_share == "bind:ipc:///run/epp/scrapes.pub"
+    assert role.sync_siblings == "1,3,2"  # epp.sync.service.siblings reads it
 
 
 def test_absent_means_single_process() -> None:

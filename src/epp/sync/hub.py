@@ -11,8 +11,9 @@ stamped with the first change's wall clock.  Plugins that do
 not say when they change are drained on a short cadence (``poll``) instead; every shipped
 plugin says so, and then the tick only sends heartbeats and checks liveness.  Receiving
 runs in the loop's reader callback (``ZmqTransport.listen``): no task or event per
-message, at most one read per ``read_gap`` while peers keep sending, and a read whenever
-the hub sends (the loop is awake anyway).  ``interval`` > 0 (llm-d's
+message, at most one read per ``read_gap`` while peers keep sending (unless what it read was
+already older than ``read_budget``: then at once), and a read whenever the hub sends (the
+loop is awake anyway).  ``interval`` > 0 (llm-d's
 ``crossReplicaSyncInterval``) caps it at one batch per interval instead.
 
 What the hub keeps per peer is only its sequence number and when it was last heard.  A
@@ -54,7 +55,18 @@ DEFAULT_POLL: Final = 0.005
 # (transport.listen); both add at most their value to staleness (bench/scaleout, part cost).
 DEFAULT_HOLD: Final = 0.003
 DEFAULT_COALESCE: Final = 0.003
+# The gap when every peer is a worker of this pod (``--workers``): the workers share the pod's
+# cores, so a message costs the pod twice (a write here, a read and often a wake there) on the
+# cores its requests need; at capacity, where the gap binds, 6 ms halves the sync messages (the
+# pod's CPU per request was lower in 6 of 7 alternating rounds, median -3%; docs/decisions.md,
+# "Workers as cheaper peers").
+SIBLING_COALESCE: Final = 0.006
 DEFAULT_READ_GAP: Final = 0.003
+# A batch older than this when read has spent the staleness budget (the hold's 3 ms and more:
+# a late release, a busy or descheduled loop): the busy receiver stops waiting ``read_gap``
+# for the next ones and reads at once (``ZmqTransport.prompt``), so the planned waits do not
+# stack on a delay the machine already made (goal: p99 <= 10 ms, decision -> applied).
+DEFAULT_READ_BUDGET: Final = 0.004
 # Held batches in a row that may leave on the hold timer (nothing joined them) before the
 # hub stops holding (SyncHub.dirty).
 HOLD_CREDIT: Final = 3
@@ -95,8 +107,11 @@ class SyncHub:
         heartbeat: float = HEARTBEAT,
         poll: float = DEFAULT_POLL,
         coalesce: float = DEFAULT_COALESCE,
+        sibling: Callable[[Peer], bool] | None = None,
+        sibling_coalesce: float = SIBLING_COALESCE,
         hold: float = DEFAULT_HOLD,
         read_gap: float = DEFAULT_READ_GAP,
+        read_budget: float = DEFAULT_READ_BUDGET,
         warm_start_timeout: float = WARM_START_TIMEOUT,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -107,8 +122,14 @@ class SyncHub:
         self.heartbeat = heartbeat
         self.poll = interval if interval > 0 else poll
         self.gap = interval if interval > 0 else coalesce  # least time between two batches sent
+        self._coalesce = self.gap
+        # a peer that is a worker of this pod (None: none is); with only such peers the gap is
+        # ``sibling_coalesce`` (``interval``, when set, wins)
+        self._sibling = sibling
+        self._sibling_coalesce = sibling_coalesce if interval <= 0 else self.gap
         self.hold = 0.0 if interval > 0 else hold  # a change waits this long for the next ones
         self.read_gap = read_gap  # least time between two reads while peers keep sending
+        self.read_budget = read_budget  # a batch this old when read: read the next ones at once
         self.warm_start_timeout = warm_start_timeout
         self._wall = wall
         self.stats = HubStats()
@@ -309,6 +330,7 @@ class SyncHub:
         wall = self._wall()
         lag = metrics.DELTA_LAG.observe
         applied = 0
+        oldest = 0.0
         for frames in messages:
             try:
                 sent_at = self._one(frames, now)
@@ -318,7 +340,12 @@ class SyncHub:
                 continue
             if sent_at is not None:
                 applied += 1
-                lag(max(0.0, wall - sent_at))
+                age = wall - sent_at
+                if age > oldest:
+                    oldest = age
+                lag(max(0.0, age))
+        if oldest > self.read_budget:
+            self.transport.prompt()  # late already: do not wait a read gap for the next ones
         if applied:
             self.stats.received += applied
             metrics.BATCHES_RECEIVED.inc(applied)
@@ -456,6 +483,7 @@ class SyncHub:
             "pending": self._scheduled is not None,
             "holding": self._holding,
             "holdCredit": self._hold_credit,
+            "gapSeconds": self.gap,
             "seq": self._seq,
             "batches": {
                 "sent": s.sent,
@@ -547,7 +575,7 @@ class SyncHub:
         loop = asyncio.get_running_loop()
         updates = source.updates()
         first = await anext(updates)
-        self.transport.set_peers(first)
+        self._set_peers(first)
         self._started_at = loop.time()
         self._loop = loop
         self._tasks.append(
@@ -564,8 +592,14 @@ class SyncHub:
 
     async def _watch_peers(self, updates: Any) -> None:
         async for peers in updates:
-            self.transport.set_peers(peers)
-            log.info("sync_peers_changed", peers=[p.id for p in peers])
+            self._set_peers(peers)
+            log.info("sync_peers_changed", peers=[p.id for p in peers], gap=self.gap)
+
+    def _set_peers(self, peers: tuple[Peer, ...]) -> None:
+        """Connect to ``peers``; the gap is the siblings' while every peer is a worker of this pod."""
+        self.transport.set_peers(peers)
+        only_siblings = self._sibling is not None and bool(peers) and all(map(self._sibling, peers))
+        self.gap = self._sibling_coalesce if only_siblings else self._coalesce
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()

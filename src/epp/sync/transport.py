@@ -69,6 +69,7 @@ class ZmqTransport:
         self._timer: asyncio.TimerHandle | None = None
         self._watching = False
         self._last_wake = -1e9  # when the descriptor last woke the loop with messages
+        self._prompt = False  # the handler found a message past its budget: leave the busy timer
         self._fd = -1
         self.redials = 0
         # reads that found messages, by what ran them: the descriptor woke the loop, the busy
@@ -216,7 +217,9 @@ class ZmqTransport:
         finds nothing.  So with many peers the loop wakes ~1/gap times a second for all of them
         instead of once per message, at the price of up to ``gap`` of staleness; messages that
         come further apart than ``gap`` are each read at once (one wake each, never a second
-        one for a timer that finds nothing), and an idle receiver costs nothing.  pyzmq's
+        one for a timer that finds nothing), and an idle receiver costs nothing.  The handler
+        may call ``prompt`` (the messages it got were already late): then the read that called
+        it does not start or keep the timer, and the descriptor is watched again.  pyzmq's
         asyncio ``poll`` (a poller and futures per call) cost more than the batch it waited
         for (bench/scaleout, py-spy).
         """
@@ -239,7 +242,14 @@ class ZmqTransport:
         if _events(self._sub_raw) & zmq.POLLIN:  # arrived while nobody watched: no signal will come
             self._on_readable()
 
+    def prompt(self) -> None:
+        """Read at once again (from the handler): the messages just read had already spent the
+        staleness budget, so holding the next ones for the busy timer's ``gap`` would add to a
+        delay the machine has already made long (the hub's ``read_budget``)."""
+        self._prompt = True
+
     def _on_readable(self) -> None:
+        self._prompt = False
         got = self.read_all()
         loop = self._loop
         if not got:
@@ -249,7 +259,7 @@ class ZmqTransport:
             return
         now = loop.time()
         busy, self._last_wake = now - self._last_wake < self._gap, now
-        if busy:  # two wakes within gap: peers keep sending, read on the timer from now on
+        if busy and not self._prompt:  # two wakes within gap: peers keep sending, read on the timer
             if self._watching:
                 loop.remove_reader(self._fd)
                 self._watching = False
@@ -259,11 +269,13 @@ class ZmqTransport:
         self._timer = None
         if self._sub_raw is None:
             return
+        self._prompt = False
         if self.read_all() and self._loop is not None:
             self.reads_timer += 1
-            self._timer = self._loop.call_later(self._gap, self._on_timer)
-        else:
-            self._watch()
+            if not self._prompt:
+                self._timer = self._loop.call_later(self._gap, self._on_timer)
+                return
+        self._watch()
 
     def read_now(self) -> None:
         """Read what is queued while the loop is awake anyway (the hub calls it when it sends).
@@ -271,12 +283,16 @@ class ZmqTransport:
         A wake of the loop costs more than the messages it reads (bench/scaleout, part cost), so
         a read that rides on another wake puts the busy receiver's timer off by ``gap``.
         """
+        self._prompt = False
         if self._handler is None or not self.read_all():
             return
         self.reads_riding += 1
         if self._timer is not None and self._loop is not None:
             self._timer.cancel()
-            self._timer = self._loop.call_later(self._gap, self._on_timer)
+            if self._prompt:
+                self._watch()
+            else:
+                self._timer = self._loop.call_later(self._gap, self._on_timer)
 
     def read_all(self, limit: int = 4096) -> int:
         """Hand every queued message (up to ``limit``) to the handler in one call; how many."""

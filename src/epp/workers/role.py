@@ -64,6 +64,12 @@ class WorkerRole:
         return f"{'bind' if self.primary else 'connect'}:ipc://{self.run_dir / 'scrapes.pub'}"
 
     @property
+    def sync_siblings(self) -> str:
+        """``EPP_SYNC_SIBLINGS`` (``epp.sync.service``): ``<index>,<count>,<stride>``, so the sync
+        hub knows which of its peers are this pod's workers (it coalesces longer between them)."""
+        return f"{self.index},{self.count},{PEER_PORT_STRIDE}"
+
+    @property
     def siblings(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.count) if i != self.index)
 

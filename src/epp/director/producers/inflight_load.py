@@ -9,6 +9,7 @@ from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import INFLIGHT_LOAD, InFlightLoad
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.origin_shares import SNAPSHOT_ORIGIN, OriginShares
 from epp.plugin.replicated import parse_rows, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, estimate_tokens
@@ -18,8 +19,7 @@ from epp.scheduling.api import SchedulingResult
 # disagg profile handler names (``SchedulingResult.disagg.prefill_profile``), else "prefill".
 PREFILL_PROFILE: Final = "prefill"
 IDLE: Final = InFlightLoad(requests=0, tokens=0)
-# restore(): the snapshot source's own counts, kept until a peer's delta names the endpoint
-SNAPSHOT_ORIGIN: Final = "\x00snapshot"
+NONE: Final = (0, 0)  # an origin's (requests, tokens) on an endpoint it holds nothing on
 
 
 class InFlightLoadParams(PluginParams):
@@ -131,7 +131,8 @@ class InFlightLoadProducer(PluginBase):
         self._counters: dict[str, _Counter] = {}
         # endpoints whose own counts changed since the last drain; None until a hub drains
         self._changed: dict[str, _Counter] | None = None
-        self._peers: dict[str, dict[str, tuple[int, int]]] = {}  # origin -> name -> (requests, tokens)
+        # origin -> name -> (requests, tokens) it last reported; keeps the counters' peer sums
+        self._peers: OriginShares[tuple[int, int]] = OriginShares(NONE, self._peer_changed)
         self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
         # True once the datastore reports endpoints: from then on only endpoints it added
         # get a counter, so one removed between scheduling and PreRequest cannot come back.
@@ -269,44 +270,23 @@ class InFlightLoadProducer(PluginBase):
 
     def apply(self, origin: str, deltas: list[Any]) -> None:
         """Replace ``origin``'s counts on the endpoints ``deltas`` name; ValueError leaves state as it was."""
-        parsed = _parse_loads(deltas)
-        mine = self._peers.setdefault(origin, {})
-        restored = self._peers.get(SNAPSHOT_ORIGIN)
-        counters = self._counters
-        for name, requests, tokens in parsed:
-            old_r, old_t = mine.pop(name, (0, 0))
-            if requests or tokens:
-                mine[name] = (requests, tokens)
-            d_r, d_t = requests - old_r, tokens - old_t
-            if restored is not None and origin != SNAPSHOT_ORIGIN:
-                r_r, r_t = restored.pop(name, (0, 0))
-                d_r, d_t = d_r - r_r, d_t - r_t
-            counter = counters.get(name)
-            if counter is None:
-                if not self._observed and (requests or tokens):
-                    self._counter(name)  # no datastore wiring: count every endpoint named
-            elif d_r or d_t:
-                counter.add_peer(d_r, d_t)
-        for o in (origin, SNAPSHOT_ORIGIN):
-            if not self._peers.get(o, True):
-                del self._peers[o]
+        self._peers.apply(origin, _parse_loads(deltas))
 
     def forget(self, origin: str) -> None:
         """Drop ``origin``'s in-flight counts (and any a snapshot restored: they are as stale)."""
-        self._drop(origin)
-        self._drop(SNAPSHOT_ORIGIN)
+        self._peers.forget(origin)
 
-    def _drop(self, origin: str) -> None:
-        for name, (requests, tokens) in self._peers.pop(origin, {}).items():
-            counter = self._counters.get(name)
-            if counter is not None:
-                counter.add_peer(-requests, -tokens)
+    def _peer_changed(self, name: str, new: tuple[int, int], old: tuple[int, int]) -> None:
+        """An origin's counts on ``name`` went from ``old`` to ``new``: the counter's peer sum follows."""
+        counter = self._counters.get(name)
+        if counter is not None:
+            counter.add_peer(new[0] - old[0], new[1] - old[1])
+        elif not self._observed and new != NONE:
+            self._counter(name)  # no datastore wiring: count every endpoint named (sums the table)
 
     def snapshot(self) -> dict[str, Any]:
         own = {name: [c.requests, c.tokens] for name, c in self._counters.items() if c.requests or c.tokens}
-        peers = {
-            o: {n: list(v) for n, v in m.items()} for o, m in self._peers.items() if o != SNAPSHOT_ORIGIN
-        }
+        peers = {o: {n: list(v) for n, v in m.items()} for o, m in self._peers.peers().items()}
         return {"own": own, "peers": peers}
 
     def restore(self, snapshot: Any) -> None:
@@ -320,18 +300,14 @@ class InFlightLoadProducer(PluginBase):
         batches.append(
             (SNAPSHOT_ORIGIN, _parse_loads(_parse_map(snapshot["own"])))
         )  # checked: all or nothing
-        for origin, batch in batches:
-            self._drop(origin)
-            self.apply(origin, batch)
+        self._peers.restore(batches)
 
     def _add_peers(self, counter: _Counter) -> None:
-        for counts in self._peers.values():
-            load = counts.get(counter.name)
-            if load is not None:
-                counter.add_peer(*load)
+        for requests, tokens in self._peers.values_of(counter.name):
+            counter.add_peer(requests, tokens)
 
 
-def _parse_loads(deltas: Any) -> list[tuple[str, int, int]]:
+def _parse_loads(deltas: Any) -> list[tuple[str, tuple[int, int]]]:
     """``[[endpoint name, requests >= 0, tokens >= 0], ...]``, checked whole before any of it is applied."""
     return parse_rows(
         deltas,
@@ -339,7 +315,7 @@ def _parse_loads(deltas: Any) -> list[tuple[str, int, int]]:
         3,
         lambda d: isinstance(d[0], str) and all(type(v) is int and v >= 0 for v in d[1:]),
         "[endpoint name, requests >= 0, tokens >= 0]",
-        lambda d: (d[0], d[1], d[2]),
+        lambda d: (d[0], (d[1], d[2])),
     )
 
 

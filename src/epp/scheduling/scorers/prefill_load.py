@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, prefix_matches
 from epp.plugin.base import Handle, NoParams, PluginBase
 from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.origin_shares import SNAPSHOT_ORIGIN, OriginShares
 from epp.plugin.replicated import parse_rows, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
 from epp.scheduling.normalize import min_max_scores
-
-# restore(): the snapshot source's own backlog, kept until a peer's delta names the endpoint
-SNAPSHOT_ORIGIN: Final = "\x00snapshot"
 
 
 class _Pending:
@@ -73,7 +71,8 @@ class PrefillLoadScorer(PluginBase):
         super().__init__(name, params, handle)
         self._backlog: dict[str, int] = {}  # endpoint name -> pending prefill tokens, own + peers'
         self._own: dict[str, int] = {}  # this replica's share of _backlog
-        self._peers: dict[str, dict[str, int]] = {}  # origin -> name -> its last reported backlog
+        # origin -> name -> its last reported backlog; keeps _backlog's peers' share
+        self._peers: OriginShares[int] = OriginShares(0, self._peer_changed)
         self._changed: set[str] | None = None  # own backlog changed since the last drain; None: no hub
         self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
         self._key: StateKey[_Pending] = StateKey(f"{name}/{self.TYPE}")
@@ -84,7 +83,7 @@ class PrefillLoadScorer(PluginBase):
         return {
             "backlog": dict(self._backlog),
             "own": dict(self._own),
-            "peers": {o: dict(m) for o, m in self._peers.items()},
+            "peers": self._peers.debug(),
         }
 
     def backlog(self, endpoint: Endpoint) -> int:
@@ -163,8 +162,7 @@ class PrefillLoadScorer(PluginBase):
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self._backlog.pop(endpoint.name, None)
         self._own.pop(endpoint.name, None)
-        for counts in self._peers.values():
-            counts.pop(endpoint.name, None)
+        self._peers.discard_key(endpoint.name)
 
     # Replicated ------------------------------------------------------------------------
     @property
@@ -181,36 +179,21 @@ class PrefillLoadScorer(PluginBase):
 
     def apply(self, origin: str, deltas: list[Any]) -> None:
         """Replace ``origin``'s backlog on the endpoints ``deltas`` names; a ValueError changes nothing."""
-        parsed = _parse_backlog(deltas, "prefill-load deltas")
-        mine = self._peers.setdefault(origin, {})
-        restored = self._peers.get(SNAPSHOT_ORIGIN) if origin != SNAPSHOT_ORIGIN else None
-        backlog = self._backlog
-        for name, tokens in parsed:
-            diff = tokens - mine.pop(name, 0)
-            if tokens:
-                mine[name] = tokens
-            if restored is not None:
-                diff -= restored.pop(name, 0)
-            if diff > 0:
-                backlog[name] = backlog.get(name, 0) + diff
-            elif diff < 0:
-                subtract(backlog, name, -diff)
-        for o in (origin, SNAPSHOT_ORIGIN):
-            if not self._peers.get(o, True):
-                del self._peers[o]
+        self._peers.apply(origin, _parse_backlog(deltas, "prefill-load deltas"))
 
     def forget(self, origin: str) -> None:
         """Drop ``origin``'s backlog (and any a snapshot restored: it is as stale)."""
-        self._drop(origin)
-        self._drop(SNAPSHOT_ORIGIN)
+        self._peers.forget(origin)
 
-    def _drop(self, origin: str) -> None:
-        for name, tokens in self._peers.pop(origin, {}).items():
-            subtract(self._backlog, name, tokens)
+    def _peer_changed(self, name: str, new: int, old: int) -> None:
+        """An origin's backlog on ``name`` went from ``old`` to ``new``: the total follows."""
+        if new > old:
+            self._backlog[name] = self._backlog.get(name, 0) + new - old
+        else:
+            subtract(self._backlog, name, old - new)
 
     def snapshot(self) -> dict[str, Any]:
-        peers = {o: dict(m) for o, m in self._peers.items() if o != SNAPSHOT_ORIGIN}
-        return {"own": dict(self._own), "peers": peers}
+        return {"own": dict(self._own), "peers": self._peers.peers()}
 
     def restore(self, snapshot: Any) -> None:
         """Adopt a peer's ``snapshot()``: its peers' backlog by origin, its own under a placeholder."""
@@ -224,9 +207,7 @@ class PrefillLoadScorer(PluginBase):
                     "prefill-load snapshot: 'own' and each peer must map endpoint names to tokens"
                 )
             batches.append((origin, _parse_backlog(list(counts.items()), "prefill-load snapshot")))
-        for origin, batch in batches:
-            self._drop(origin)
-            self.apply(origin, list(batch))
+        self._peers.restore(batches)
 
 
 def _parse_backlog(deltas: Any, what: str) -> list[tuple[str, int]]:
