@@ -23,6 +23,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     async with make_stack(tmp_path_factory.mktemp("stack")) as s:
         yield s
 
+
 MODEL = "mock-model"
 
 
