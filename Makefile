@@ -27,11 +27,15 @@ install: $(STAMP) $(HELM) ## create .venv in the repo; install the EPP with its 
 demo: $(STAMP) ## run simulated model servers + EPP + Envoy, send a burst of requests, print a summary
 	$(BIN)/python -m epp_sim.demo
 
+# Two xdist workers share the unit tests; the e2e tests (real processes, timing assertions) are
+# one xdist group that runs last, one test at a time (tests/conftest.py).
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+
 test: $(STAMP) $(HELM) ## run the whole test suite (unit, contract and end-to-end through Envoy)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(XDIST)
 
 test-unit: $(STAMP) $(HELM) ## run the fast tests only (no Envoy)
-	$(BIN)/pytest -q -m "not e2e"
+	$(BIN)/pytest -q $(XDIST) -m "not e2e"
 
 test-e2e: $(STAMP) ## run the end-to-end tests through a real Envoy
 	$(BIN)/pytest -q -m e2e
