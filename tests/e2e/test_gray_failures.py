@@ -101,7 +101,11 @@ class Gray:
 @contextlib.asynccontextmanager
 async def gray_stack(replicas: int = 3, sim: tuple[str, ...] = FAST) -> AsyncIterator[Gray]:
     async with contextlib.AsyncExitStack() as stack:
-        sims = [await stack.enter_async_context(SimFleet(1, *SIM, *sim)) for _ in range(replicas)]
+        sims = list(  # started side by side
+            await asyncio.gather(
+                *(stack.enter_async_context(SimFleet(1, *SIM, *sim)) for _ in range(replicas))
+            )
+        )
         hostports = ",".join(s.hostports[0] for s in sims)
         epp = await stack.enter_async_context(
             EppProcess(
