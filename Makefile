@@ -27,9 +27,9 @@ install: $(STAMP) $(HELM) ## create .venv in the repo; install the EPP with its 
 demo: $(STAMP) ## run simulated model servers + EPP + Envoy, send a burst of requests, print a summary
 	$(BIN)/python -m epp_sim.demo
 
-# Two xdist workers share the unit tests; the e2e tests (real processes, timing assertions) are
-# one xdist group that runs last, one test at a time (tests/conftest.py).
-XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+# Two xdist workers: one runs the e2e and `serial` tests (real processes, wall-clock bounds) one
+# after another from the start, the other the unit tests (tests/serial_tail.py).
+XDIST := -n 2
 
 test: $(STAMP) $(HELM) ## run the whole test suite (unit, contract and end-to-end through Envoy)
 	$(BIN)/pytest -q $(XDIST)
