@@ -27,11 +27,16 @@ install: $(STAMP) $(HELM) ## create .venv in the repo; install the EPP with its 
 demo: $(STAMP) ## run simulated model servers + EPP + Envoy, send a burst of requests, print a summary
 	$(BIN)/python -m epp_sim.demo
 
+# Two xdist workers: one runs the e2e and `serial` tests (real processes, wall-clock bounds) one
+# after another from the start, the other the unit tests (tests/serial_tail.py).
+XDIST := -n 2
+PYTEST_ARGS ?=  # e.g. make test PYTEST_ARGS=--durations=15
+
 test: $(STAMP) $(HELM) ## run the whole test suite (unit, contract and end-to-end through Envoy)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-unit: $(STAMP) $(HELM) ## run the fast tests only (no Envoy)
-	$(BIN)/pytest -q -m "not e2e"
+	$(BIN)/pytest -q $(XDIST) -m "not e2e" $(PYTEST_ARGS)
 
 test-e2e: $(STAMP) ## run the end-to-end tests through a real Envoy
 	$(BIN)/pytest -q -m e2e

@@ -17,6 +17,7 @@ from bench.scaleout import (
     summarise,
 )
 from epp_sim.demo.procs import EppProcess, SimFleet
+from tests.e2e.conftest import QUICK_STOP
 
 HIST = """\
 # TYPE epp_sync_delta_lag_seconds histogram
@@ -131,7 +132,7 @@ def test_a_rates_cost_summary_takes_medians_scales_against_one_alone_and_flags_o
 async def test_the_client_routes_and_tells_refusals_from_failures() -> None:
     async with (
         SimFleet(2, "--time-scale", "0.02") as fleet,
-        EppProcess(f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1") as epp,
+        EppProcess(f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1", QUICK_STOP) as epp,
     ):
         good = xc.variants(["hello world"] * 4, "mock-model")
         st = await xc.open_loop("127.0.0.1", epp.grpc_port, good, rate=100, seconds=0.5)
@@ -231,7 +232,7 @@ async def test_a_closed_loop_stops_replacing_at_its_deadline_and_counts_a_refusa
 async def test_the_closed_loop_keeps_every_stream_busy_against_a_real_epp() -> None:
     async with (
         SimFleet(2, "--time-scale", "0.02") as fleet,
-        EppProcess(f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1") as epp,
+        EppProcess(f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1", QUICK_STOP) as epp,
     ):
         vs = xc.variants([f"prompt {i}" for i in range(8)], "mock-model")
         st = await xc.closed_loop("127.0.0.1", epp.grpc_port, vs, connections=2, concurrency=8, seconds=0.5)

@@ -18,6 +18,10 @@ from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
 
 FAST_SIM = ("--time-scale", "0.02", "--seed", "7", "--max-model-len", "131072")
+# For an EPP whose stop is only the test's teardown (Envoy already gone): close at once instead of
+# waiting the drain's 0.5 s quiet gap for streams nobody will open.  Give it before the test's own
+# flags, so a test of the drain that passes ``--shutdown-delay`` gets its own value (the last wins).
+QUICK_STOP = "--shutdown-delay=0s"
 
 
 @dataclass(slots=True)
@@ -170,7 +174,7 @@ async def make_stack(
             discovery = f"--endpoints-file={tmp / 'endpoints.yaml'}"
         else:
             discovery = f"--endpoints={','.join(fleet.hostports)}"
-        epp = EppProcess(discovery, "--bind-address=127.0.0.1", "--v=3", *args)
+        epp = EppProcess(discovery, "--bind-address=127.0.0.1", "--v=3", QUICK_STOP, *args)
         async with epp:
             envoy_args = dict(envoy or {})
             if envoy_args.pop("fallback_to_fleet", False):  # fail-open route: round robin over the fleet

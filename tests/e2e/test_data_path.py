@@ -7,10 +7,22 @@ import pathlib
 from collections.abc import AsyncIterator
 
 import pytest
+import pytest_asyncio
 
 from tests.e2e.conftest import Stack, make_stack
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# One event loop for the module, so that the module's one stack (below) serves all its tests.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    """One default stack for this module's tests that use it: each sends a few requests and checks
+    what came back or the EPP's own view, none changes the stack, and starting one per test (the
+    three processes) cost more than the tests themselves."""
+    async with make_stack(tmp_path_factory.mktemp("stack")) as s:
+        yield s
+
 
 MODEL = "mock-model"
 

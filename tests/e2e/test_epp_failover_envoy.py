@@ -16,7 +16,7 @@ import pytest
 from epp.testing.waiting import until_async
 from epp_sim.demo.procs import EppProcess, SimFleet
 from tests.deploy.envoy import RunningEnvoy, active_active, run
-from tests.e2e.conftest import FAST_SIM
+from tests.e2e.conftest import FAST_SIM, both_serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -59,10 +59,9 @@ async def two_epps_behind_envoy(
     """A fleet of two simulated model servers, two EPPs on it, Envoy on active-active.yaml."""
     async with SimFleet(2, *FAST_SIM) as fleet:
         endpoints = f"--endpoints={','.join(fleet.hostports)}"
-        async with (
-            EppProcess(endpoints, "--bind-address=127.0.0.1") as doomed,
-            EppProcess(endpoints, "--bind-address=127.0.0.1") as survivor,
-        ):
+        doomed = EppProcess(endpoints, "--bind-address=127.0.0.1")
+        survivor = EppProcess(endpoints, "--bind-address=127.0.0.1")
+        async with both_serving(doomed, survivor):  # started side by side
             config = active_active([(e.grpc_port, e.health_port) for e in (doomed, survivor)])
             async with run(config) as envoy, aiohttp.ClientSession() as http:
                 try:

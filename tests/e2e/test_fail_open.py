@@ -74,7 +74,8 @@ async def test_sigterm_drains_an_in_flight_stream(tmp_path: pathlib.Path) -> Non
     """SIGTERM while a response is streaming: the EPP stops taking new streams, lets the in-flight
     one finish within the grace period, and exits 0; the client gets every token."""
     slow = ("--time-scale", "1.0", "--decode-ms-per-seq", "40", "--seed", "5")
-    async with make_stack(tmp_path, replicas=1, sim_args=slow, epp_args=["--shutdown-grace-period=20s"]) as s:
+    drain = ["--shutdown-delay=5s", "--shutdown-grace-period=20s"]  # the default delay: its quiet gap
+    async with make_stack(tmp_path, replicas=1, sim_args=slow, epp_args=drain) as s:
         body = {"model": "mock-model", "prompt": "drain me", "max_tokens": 24, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}  # fmt: skip
         async with s.http.post(s.url + "/v1/completions", json=body) as r:

@@ -11,7 +11,7 @@ import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
-from tests.e2e.conftest import FAST_SIM, Reply, Stack
+from tests.e2e.conftest import FAST_SIM, QUICK_STOP, Reply, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +55,9 @@ async def test_endpoints_come_from_the_file_and_follow_it(tmp_path: pathlib.Path
     async with SimFleet(2, *FAST_SIM) as fleet:
         first, second = fleet.hostports
         endpoints.write_text(_endpoints(fleet.ports[0]))
-        epp = EppProcess(f"--config-file={tmp_path / 'config.yaml'}", "--bind-address=127.0.0.1", "--v=3")
+        epp = EppProcess(
+            f"--config-file={tmp_path / 'config.yaml'}", "--bind-address=127.0.0.1", "--v=3", QUICK_STOP
+        )
         async with (
             epp,
             Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)) as proxy,

@@ -23,7 +23,7 @@ import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet
-from tests.e2e.conftest import open_loop
+from tests.e2e.conftest import QUICK_STOP, open_loop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -101,10 +101,16 @@ class Gray:
 @contextlib.asynccontextmanager
 async def gray_stack(replicas: int = 3, sim: tuple[str, ...] = FAST) -> AsyncIterator[Gray]:
     async with contextlib.AsyncExitStack() as stack:
-        sims = [await stack.enter_async_context(SimFleet(1, *SIM, *sim)) for _ in range(replicas)]
+        sims = list(  # started side by side
+            await asyncio.gather(
+                *(stack.enter_async_context(SimFleet(1, *SIM, *sim)) for _ in range(replicas))
+            )
+        )
         hostports = ",".join(s.hostports[0] for s in sims)
         epp = await stack.enter_async_context(
-            EppProcess(f"--endpoints={hostports}", f"--config-file={CONFIG}", "--bind-address=127.0.0.1")
+            EppProcess(
+                f"--endpoints={hostports}", f"--config-file={CONFIG}", "--bind-address=127.0.0.1", QUICK_STOP
+            )
         )
         proxy = await stack.enter_async_context(Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port)))
         http = await stack.enter_async_context(aiohttp.ClientSession())

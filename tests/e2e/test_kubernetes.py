@@ -24,7 +24,7 @@ from epp_kubeapi import KubeApiServer, UserInfo
 from epp_kubeapi.objects import inference_pool, pod
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port
-from tests.e2e.conftest import FAST_SIM
+from tests.e2e.conftest import FAST_SIM, both_serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -283,7 +283,7 @@ async def test_leader_failover_under_load(tmp_path: pathlib.Path, sig: signal.Si
     async with cluster(tmp_path, 2) as c:
         a = epp(c, *LE_ARGS, health_service="liveness")
         b = epp(c, *LE_ARGS, health_service="liveness")
-        async with a, b:
+        async with both_serving(a, b):  # started side by side
             await until(lambda: holder(c.api) != "", 10, what="a leader")
             cfg = EnvoyConfig(
                 ext_proc_port=a.grpc_port,

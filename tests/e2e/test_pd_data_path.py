@@ -16,6 +16,7 @@ import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, PdFleet
+from tests.e2e.conftest import QUICK_STOP
 
 from .conftest import FAST_SIM
 
@@ -76,6 +77,7 @@ async def pd_stack(tmp: pathlib.Path, prefill: int, decode: int) -> AsyncIterato
             f"--endpoints-file={endpoints}",
             f"--config-file={tmp / 'config.yaml'}",
             "--bind-address=127.0.0.1",
+            QUICK_STOP,
         )
         envoy = Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port))
         async with epp, envoy, aiohttp.ClientSession() as http:

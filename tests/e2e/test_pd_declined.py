@@ -17,6 +17,7 @@ import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, PdFleet
+from tests.e2e.conftest import QUICK_STOP
 
 from .conftest import FAST_SIM
 from .pd_client import LONG, chat, get
@@ -69,6 +70,7 @@ async def test_declined_request_runs_whole_on_a_prefill_pod_and_a_long_one_is_di
             f"--endpoints-file={fleet.write_endpoints_file(tmp_path / 'endpoints.yaml')}",
             f"--config-file={tmp_path / 'config.yaml'}",
             "--bind-address=127.0.0.1",
+            QUICK_STOP,
             "--decisions-buffer-size=4",
         )
         envoy = Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port))

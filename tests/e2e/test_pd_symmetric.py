@@ -13,6 +13,7 @@ import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, PdFleet
+from tests.e2e.conftest import QUICK_STOP
 
 from .conftest import FAST_SIM
 from .pd_client import LONG, chat, get
@@ -65,6 +66,7 @@ async def test_symmetric_fleet_prefills_elsewhere_and_serves_short_prompts_whole
             f"--endpoints-file={fleet.write_endpoints_file(tmp_path / 'endpoints.yaml')}",
             f"--config-file={tmp_path / 'config.yaml'}",
             "--bind-address=127.0.0.1",
+            QUICK_STOP,
         )
         envoy = Envoy(EnvoyConfig(ext_proc_port=epp.grpc_port))
         async with epp, envoy, aiohttp.ClientSession() as http:

@@ -17,7 +17,7 @@ import yaml
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port
-from tests.e2e.conftest import FAST_SIM, Reply, Stack
+from tests.e2e.conftest import FAST_SIM, QUICK_STOP, Reply, Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -83,6 +83,7 @@ async def precise_stack(
         epp = EppProcess(
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
+            QUICK_STOP,
             "--v=3",
             f"--config-file={tmp / 'config.yaml'}",
         )
@@ -382,6 +383,7 @@ schedulingProfiles:
         epp = EppProcess(
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
+            QUICK_STOP,
             "--v=3",
             f"--config-file={tmp_path / 'config.yaml'}",
         )

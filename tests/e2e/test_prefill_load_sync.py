@@ -18,7 +18,7 @@ import pytest
 from epp.testing.waiting import until_async
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port_pair
-from tests.e2e.conftest import both_serving
+from tests.e2e.conftest import QUICK_STOP, both_serving
 
 pytestmark = pytest.mark.e2e
 
@@ -34,8 +34,9 @@ schedulingProfiles:
   - pluginRef: prefix-cache-scorer
   - pluginRef: prefill-load-scorer
 """
-# 20,000 characters = 5,000 simulator tokens: 250 ms of modelled prefill, x20 in wall time
-SLOW_SIM = ("--time-scale", "20", "--seed", "7", "--max-model-len", "131072")
+# 20,000 characters = 5,000 simulator tokens: 250 ms of modelled prefill, x10 in wall time: 2.5 s
+# for B to hear of it (a sync tick is ~0.1 s) before the first byte ends it
+SLOW_SIM = ("--time-scale", "10", "--seed", "7", "--max-model-len", "131072")
 PROMPT = "a long shared system prompt " * 715
 
 
@@ -53,6 +54,7 @@ async def test_a_peers_pending_prefill_counts_on_this_replica(tmp_path: pathlib.
         common = (
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
+            QUICK_STOP,
             f"--config-file={tmp_path / 'config.yaml'}",
             f"--peers=127.0.0.1:{pa},127.0.0.1:{pb}",
         )

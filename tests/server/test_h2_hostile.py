@@ -26,7 +26,7 @@ from epp_sim.demo.procs import EppProcess
 from tests.server.h2peer import CHECK, PROCESS, Peer, frame, grpc_message, rss_bytes, settings
 from tests.server.harness import req_body, req_headers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a normal call within 2 s after each attack
 MIB = 1 << 20
 
 

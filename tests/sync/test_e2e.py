@@ -12,7 +12,7 @@ import pytest
 
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port_pair
-from tests.e2e.conftest import FAST_SIM, both_serving
+from tests.e2e.conftest import FAST_SIM, QUICK_STOP, both_serving
 
 pytestmark = pytest.mark.e2e
 
@@ -63,6 +63,7 @@ async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathl
         common = (
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
+            QUICK_STOP,
             f"--config-file={tmp_path / 'config.yaml'}",
         )
         # each is given the whole list, itself included (as a shared ConfigMap would)

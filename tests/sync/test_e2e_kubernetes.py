@@ -13,7 +13,7 @@ from epp.testing.waiting import until, until_async
 from epp_kubeapi import Resource
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, free_port_pair
-from tests.e2e.conftest import both_serving
+from tests.e2e.conftest import QUICK_STOP, both_serving
 from tests.e2e.test_kubernetes import LE_ARGS, NS, Cluster, _leader_of, cluster, complete, holder
 from tests.sync.test_e2e import CONFIG, _metrics, _plugin_site, _value
 
@@ -34,6 +34,7 @@ def _pair(c: Cluster, tmp: pathlib.Path, *extra: str, health: str) -> tuple[EppP
                 f"--pool-namespace={NS}",
                 f"--kubeconfig={c.kubeconfig}",
                 "--bind-address=127.0.0.1",
+                QUICK_STOP,
                 f"--config-file={tmp / 'config.yaml'}",
                 peers,
                 f"--peer-port={port}",
@@ -138,6 +139,7 @@ async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Pa
                     f"--pool-namespace={NS}",
                     f"--kubeconfig={c.kubeconfig}",
                     "--bind-address=127.0.0.1",
+                    QUICK_STOP,
                     f"--config-file={tmp_path / 'config.yaml'}",
                     f"--peer-port={port}",
                     env={"POD_NAME": pod_name, "NAMESPACE": NS, "PYTHONPATH": str(site)},

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -28,6 +29,22 @@ from tests.server.harness import destination_metadata, llm_request, resp_headers
 
 pytestmark = pytest.mark.slow
 STREAMS = 24
+
+
+def _peer_port(workers: int) -> str:
+    """``--peer-port`` at a free run of ports: worker *i* binds the base + 2i and the port after
+    it, and the default base (9004) would collide with another multi-worker EPP started at the same
+    time (``make test`` runs the unit tests on two xdist workers)."""
+    for _ in range(100):
+        base = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + 2 * workers):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return f"--peer-port={base}"
+    raise RuntimeError("no free run of ports")
 
 
 async def _route(port: int) -> str:
@@ -96,6 +113,7 @@ async def _pod(workers: int, *args: str) -> AsyncIterator[tuple[SimFleet, EppPro
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
             f"--workers={workers}",
+            _peer_port(workers),
             *args,
         )
         try:
@@ -212,6 +230,7 @@ schedulingProfiles:
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
             "--workers=2",
+            _peer_port(2),
             f"--config-file={tmp_path / 'config.yaml'}",
         )
         try:

@@ -359,6 +359,9 @@ class Envoy:
                 str(admin_file),
                 "--concurrency",
                 "1",
+                # Tests read the access log; Envoy's default 10 s flush kept them waiting up to 10 s.
+                "--file-flush-interval-msec",
+                "100",
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=log,
                 start_new_session=True,
