@@ -40,6 +40,7 @@ from epp.parsers.registry import ParserRegistry
 from epp.plugin.state import CycleState
 from epp.request import (
     FAIRNESS_HEADER,
+    HEADER_ALIASES,
     MODEL_REWRITE_HEADER,
     OBJECTIVE_HEADER,
     InferenceRequest,
@@ -56,6 +57,11 @@ log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER: Final = "x-request-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
+# Every name of the control headers ``start`` reads: a request with none of them (most) skips
+# the three alias lookups.
+_START_CONTROL_NAMES: Final = frozenset(
+    name for key in (OBJECTIVE_HEADER, FAIRNESS_HEADER, MODEL_REWRITE_HEADER) for name in HEADER_ALIASES[key]
+)
 
 
 class Director:
@@ -132,12 +138,18 @@ class Director:
         if generated:
             request_id = str(uuid.uuid4())
             headers[REQUEST_ID_HEADER] = request_id
+        if headers.keys().isdisjoint(_START_CONTROL_NAMES):  # the usual request: one C-level test
+            objective, fairness_id, target_model = "", DEFAULT_FAIRNESS_ID, ""
+        else:
+            objective = control_header(headers, OBJECTIVE_HEADER) or ""
+            fairness_id = control_header(headers, FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID
+            target_model = control_header(headers, MODEL_REWRITE_HEADER) or ""
         req = InferenceRequest(
             request_id=request_id,
             headers=headers,
-            objective=control_header(headers, OBJECTIVE_HEADER) or "",
-            fairness_id=control_header(headers, FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
-            target_model=control_header(headers, MODEL_REWRITE_HEADER) or "",
+            objective=objective,
+            fairness_id=fairness_id,
+            target_model=target_model,
             metadata=metadata,
             received_at=time.monotonic(),
         )
