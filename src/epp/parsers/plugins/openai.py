@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -55,6 +56,7 @@ def request_path(headers: Mapping[str, str]) -> str:
     return _DEFAULT_PATH
 
 
+@functools.lru_cache(maxsize=256)  # pure, and a deployment's paths are few: one C-level lookup a request
 def api_kind(path: str) -> ApiKind:
     """The API a path speaks, by suffix; anything unknown is completions, as in GIE."""
     path = path.rstrip("/")
