@@ -9,12 +9,14 @@ path as ``bench.hotpath`` (a fake transport feeding one ``Connection`` the bytes
 one FULL_DUPLEX_STREAMED request, 1 KB chat body, three streamed chunks), warmed up, then ``N``
 requests between two markers: ``os.getppid()`` before (callgrind's ``--zero-before=getppid``
 zeroes the counts there) and ``os.getpgrp()`` after (``--dump-before=getpgrp`` writes them), so
-the dump holds exactly the measured requests, nothing of start-up or shutdown.  Before each
-window the heap is collected and frozen, so what a window's collector passes cost depends only
-on what its requests allocate, not on what ran before it.  ``floor`` is
+the dump holds exactly the measured requests, nothing of start-up or shutdown.  Only the loop's
+thread is counted (as ``bench.hotpath`` counts its thread CPU): the histogram fold thread wakes
+by wall time, which valgrind stretches, so it would land in whichever window ran then.  Before
+each window pending observations are folded and the heap is collected and frozen, so a window
+pays only for what its own requests do.  ``floor`` is
 ``bench.noop_extproc``'s session on the same transport.  Reports Ir (instructions executed) per
 request, the EPP's against the floor's; ``--keep DIR`` keeps the dumps (part K: the floor, then
-each config in order) for ``callgrind_annotate DIR/callgrind.out.K``, the split by C function.
+each config in order) for ``callgrind_annotate DIR/callgrind.out.K-01``, the split by C function.
 Python's hash seed is fixed.
 """
 
@@ -33,6 +35,7 @@ import uvloop
 from bench.hotpath import DEFAULT_CONFIG, Client, epp_server, request_messages
 from bench.noop_extproc import NoopProcessor
 from epp.app.serve import tune_gc
+from epp.metrics.fast import fold_all
 from epp.server.h2.server import H2GrpcServer
 
 CONFIGS = {
@@ -58,6 +61,7 @@ async def run_inner(configs: list[str], requests: int) -> None:
         for _ in range(WARMUP):
             await client.one()
     for client in clients:
+        fold_all()  # nothing left from the other servers' requests for the fold thread
         gc.collect()  # each window starts from the same heap: no collection owed from before
         gc.freeze()
         os.getppid()  # marker: callgrind zeroes its counts here
@@ -83,6 +87,7 @@ def count(configs: list[str], requests: int, out_dir: Path) -> list[float]:
         f"--callgrind-out-file={out}",
         "--zero-before=getppid",
         "--dump-before=getpgrp",
+        "--separate-threads=yes",
         sys.executable,
         "-m",
         "bench.instructions",
@@ -93,7 +98,7 @@ def count(configs: list[str], requests: int, out_dir: Path) -> list[float]:
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return [total_ir(Path(f"{out}.{i + 1}")) / requests for i in range(len(configs))]
+    return [total_ir(Path(f"{out}.{i + 1}-01")) / requests for i in range(len(configs))]
 
 
 def main(argv: list[str] | None = None) -> None:
