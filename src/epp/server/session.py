@@ -110,10 +110,10 @@ def lean_override(request_mode: int, *, headers: bool) -> bytes:
 def headers_to_dict(hm: Any) -> dict[str, str]:
     """Envoy header map → dict with lower-cased keys; ``raw_value`` wins over ``value``.
 
-    Invalid UTF-8 becomes U+FFFD.  ``decode()`` without arguments is the strict fast path:
-    passing ``"utf-8", "replace"`` on every header cost a third of this function (callgrind:
-    48.6k -> 36.2k instructions for Envoy's 8 request headers), and a header is almost never
-    invalid, so only a map that holds one is decoded again with replacement.
+    Invalid UTF-8 becomes U+FFFD.  ``decode()`` without arguments is the strict fast path
+    (passing ``"utf-8", "replace"`` on every header cost ~6% of this function), and a header is
+    almost never invalid, so only a map that holds one is decoded again with replacement.  What
+    remains is upb's: a wrapper per header and a str per field (~4.5k instructions a header).
     """
     out: dict[str, str] = {}
     try:
