@@ -17,7 +17,7 @@ import random
 import time
 import types
 import uuid
-from collections.abc import Awaitable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, Final, NoReturn
 
 import structlog
@@ -88,6 +88,10 @@ class Director:
         self._screener_timers = tuple((p, plugin_timer("Screener", p)) for p in pipeline.screeners)
         # Each producer with the timeout it declares (0: none, it runs on the shared budget).
         self._producers = tuple((p, producer_timeout(p, 0.0)) for p in pipeline.producers)
+        # Each producer's plain call when it offers one (``ImmediateProducer``), else None.
+        self._immediate: tuple[
+            Callable[[CycleState, InferenceRequest, Sequence[Endpoint]], None] | None, ...
+        ] = tuple(getattr(p, "prepare_request_data_now", None) for p in pipeline.producers)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -482,7 +486,15 @@ class Director:
         the first one that waits continues, with those after it, under the timer.  A timeout can
         only fire while a producer waits, so the producers that never wait lose nothing.
         """
+        immediate = self._immediate
         for i, (producer, _) in enumerate(self._producers):
+            now = immediate[i]
+            if now is not None:  # never waits: a plain call, no coroutine
+                try:
+                    now(state, req, eps)
+                except Exception:
+                    _producer_failed(producer, req)
+                continue
             coro = producer.prepare_request_data(state, req, eps)
             try:
                 yielded = coro.send(None)
