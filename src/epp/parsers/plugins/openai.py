@@ -123,8 +123,9 @@ def _messages_ok(messages: Any) -> bool:
         role = m.get("role")
         if role is not None and not isinstance(role, str):
             return False
-        if not _content_ok(m.get("content")):
-            return False
+        content = m.get("content")
+        if content is not None and content.__class__ is not str and not _content_ok(content):
+            return False  # (a plain string, the usual content, needs no call)
     return True
 
 
