@@ -53,7 +53,11 @@ STAGES: dict[str, tuple[str, str, str]] = {
     "director start": ("epp.director.director", "Director", "start"),
     "routing (eager step of route)": ("epp.server.h2.eager", "", "start"),
     "parser": ("epp.parsers.plugins.openai", "OpenAIParser", "parse_request"),
-    "prefix producer": ("epp.director.producers.approx_prefix", "ApproxPrefixCacheProducer", "prepare"),
+    "prefix producer": (
+        "epp.director.producers.approx_prefix",
+        "ApproxPrefixCacheProducer",
+        "prepare_request_data_now",
+    ),
     "scheduler": ("epp.scheduling.scheduler", "Scheduler", "schedule"),
     "prefix pre-request": (
         "epp.director.producers.approx_prefix",
@@ -71,6 +75,7 @@ CONFIGS = {
 }
 FLOOR = "floor"
 WARMUP = 600
+STAGE_WARMUP = 200
 
 
 def _messages() -> list[tuple[bytes, bytes]]:
@@ -120,25 +125,32 @@ def _wrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 async def run_stages(config: str, requests: int) -> None:
-    """One window per stage (``STAGES``), ``requests`` requests each, only that stage wrapped."""
-    client = Client(epp_server(CONFIGS.get(config, Path(config)).read_text(), 4), _messages())
+    """One window per stage (``STAGES``), ``requests`` requests each, only that stage wrapped.
+
+    Each window gets a server built after its stage is wrapped (the director looks some
+    callables up once, when it is built) and warmed up with ``STAGE_WARMUP`` requests.
+    """
+    text = CONFIGS.get(config, Path(config)).read_text()
     tune_gc()
-    for _ in range(WARMUP):
-        await client.one()
     _throwaway_window()
     for module_name, owner_name, attr in STAGES.values():
         module = importlib.import_module(module_name)
         owner = getattr(module, owner_name) if owner_name else module
         original = getattr(owner, attr)
         setattr(owner, attr, _wrapped(original))
-        fold_all()
-        gc.collect()
-        gc.freeze()
-        os.getppid()
-        for _ in range(requests):
-            await client.one()
-        os.getpgrp()
-        setattr(owner, attr, original)
+        try:
+            client = Client(epp_server(text, 4), _messages())
+            for _ in range(STAGE_WARMUP):
+                await client.one()
+            fold_all()
+            gc.collect()
+            gc.freeze()
+            os.getppid()
+            for _ in range(requests):
+                await client.one()
+            os.getpgrp()
+        finally:
+            setattr(owner, attr, original)
 
 
 def total_ir(dump: Path) -> int:
