@@ -253,7 +253,7 @@ class ExtProcSession:
             try:
                 if lc is not None:
                     lc.close(self.error)
-                    on_closed = lc.request.on_closed
+                    on_closed = lc.ctx.request.on_closed
                     if on_closed is not None:  # flow control tracked it for eviction
                         on_closed()
             finally:
@@ -279,7 +279,7 @@ class ExtProcSession:
         self.lifecycle = None
         self._body = []
         if lc is not None:
-            lc.request.edge = None
+            lc.ctx.request.edge = None
 
     # request phases ---------------------------------------------------------------
     def _request_headers(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
@@ -297,7 +297,7 @@ class ExtProcSession:
             headers, _metadata(msg), can_hold_response=full_duplex_response
         )
         if full_duplex_response:  # Envoy sends every response message: eviction can end it
-            lc.request.edge = self
+            lc.ctx.request.edge = self
         mode = self.request_mode
         if http_headers.end_of_stream or mode in (NONE, STREAMED, BUFFERED_PARTIAL):
             decision = lc.route_headers_only()  # any body that follows is passed through
