@@ -408,6 +408,40 @@ async def test_a_producer_that_waits_then_fails_is_logged_and_the_next_runs() ->
     assert [e for e in LOG if e in ("waited", "produce:next")] == ["waited", "produce:next"]
 
 
+class PlainProducer(Producer):
+    """Offers its work as a plain call too (``ImmediateProducer``): the coroutine must not run."""
+
+    async def prepare_request_data(
+        self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> None:
+        raise AssertionError("the director awaited a producer that offers a plain call")
+
+    def prepare_request_data_now(
+        self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> None:
+        LOG.append(f"now:{self.typed_name.name}")
+        if self.behaviour == "fail":
+            raise RuntimeError("boom")
+        for ep in eps:
+            state.put_attribute(KEY, ep, 2)
+
+
+async def test_a_producer_offering_a_plain_call_is_called_in_dag_order_and_a_failure_goes_on() -> None:
+    """Plain calls and coroutines interleave in the configured order; a failing plain call is
+    logged like a failing coroutine and the producers after it still run."""
+    d, _ = director(
+        producers=(PlainProducer("a"), Producer("b"), PlainProducer("bad", "fail"), PlainProducer("c")),
+        timeout=1.0,
+    )
+    assert (await d.start({}, {}).route(body())).destination
+    assert [e for e in LOG if e.startswith(("now:", "produce:"))] == [
+        "now:a",
+        "produce:b",
+        "now:bad",
+        "now:c",
+    ]
+
+
 async def test_sheddable_request_is_shed_when_saturated() -> None:
     """Legacy admission refuses priority < 0 with 429 when the detector says saturated."""
 

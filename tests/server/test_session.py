@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import gc
 
+from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.server import responses as r
-from epp.server.session import ExtProcSession
+from epp.server.session import ExtProcSession, headers_to_dict
 from tests.server.harness import (
     Harness,
     pods,
@@ -191,3 +192,22 @@ async def test_a_closed_request_leaves_nothing_for_the_cyclic_collector() -> Non
         gc.garbage.clear()
         gc.enable()
     assert not kinds & {"RequestLifecycle", "RequestContext", "InferenceRequest", "CycleState"}, kinds
+
+
+def test_header_maps_become_dicts_with_lower_case_keys_and_raw_values_winning() -> None:
+    """Keys lower-cased, ``raw_value`` over ``value``, and invalid UTF-8 as U+FFFD wherever it is."""
+    hm = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key="X-Mixed", raw_value=b"a"),
+            base_pb2.HeaderValue(key="x-old", value="legacy"),
+            base_pb2.HeaderValue(key="x-both", value="v", raw_value=b"raw"),
+        ]
+    )
+    assert headers_to_dict(hm) == {"x-mixed": "a", "x-old": "legacy", "x-both": "raw"}
+    hm.headers.add(key="x-bad", raw_value=b"caf\xc3\xa9 \xff!")
+    assert headers_to_dict(hm) == {
+        "x-mixed": "a",
+        "x-old": "legacy",
+        "x-both": "raw",
+        "x-bad": "caf\u00e9 \ufffd!",
+    }

@@ -331,3 +331,13 @@ def test_struct_round_trip(md: dict[str, Any]) -> None:
         return {k: norm(v) for k, v in x.items()}
 
     assert back == norm(md)
+
+
+def test_routing_reply_is_headers_reply_at_every_length_around_the_one_byte_limit() -> None:
+    """The one-byte-length shortcut and the varint path give ``headers_reply``'s bytes."""
+    md = wire.string_metadata("envoy.lb", "x-gateway-destination-endpoint", "10.0.0.1:8000")
+    for n in range(300):
+        options = b"\x0a" * n
+        assert wire.routing_reply(options, md) == wire.headers_reply(
+            options, request=True, clear_route_cache=True, metadata=md
+        )

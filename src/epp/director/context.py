@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from epp.datalayer.api import Endpoint
 from epp.explain.record import Decision
+from epp.metrics.fast import GaugeChild
 from epp.parsers.api import Parser, UsageParser
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
@@ -59,3 +60,6 @@ class RequestContext:
     explain_asked: bool = False  # the trusted explain header asked for the per-scorer breakdown
     explain_header: str = ""  # the response header's value for such a request, once routed
     record: Decision | None = None  # --decisions-buffer-size: filled while routing, then committed
+    # The running-requests series that counted this request (ResponseSide.request_sent), so the
+    # end of the request lowers that very series without looking it up again.
+    running: GaugeChild | None = None

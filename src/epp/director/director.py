@@ -17,7 +17,7 @@ import random
 import time
 import types
 import uuid
-from collections.abc import Awaitable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, Final, NoReturn
 
 import structlog
@@ -40,6 +40,7 @@ from epp.parsers.registry import ParserRegistry
 from epp.plugin.state import CycleState
 from epp.request import (
     FAIRNESS_HEADER,
+    HEADER_ALIASES,
     MODEL_REWRITE_HEADER,
     OBJECTIVE_HEADER,
     InferenceRequest,
@@ -56,6 +57,11 @@ log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER: Final = "x-request-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
+# Every name of the control headers ``start`` reads: a request with none of them (most) skips
+# the three alias lookups.
+_START_CONTROL_NAMES: Final = frozenset(
+    name for key in (OBJECTIVE_HEADER, FAIRNESS_HEADER, MODEL_REWRITE_HEADER) for name in HEADER_ALIASES[key]
+)
 
 
 class Director:
@@ -82,6 +88,10 @@ class Director:
         self._screener_timers = tuple((p, plugin_timer("Screener", p)) for p in pipeline.screeners)
         # Each producer with the timeout it declares (0: none, it runs on the shared budget).
         self._producers = tuple((p, producer_timeout(p, 0.0)) for p in pipeline.producers)
+        # Each producer's plain call when it offers one (``ImmediateProducer``), else None.
+        self._immediate: tuple[
+            Callable[[CycleState, InferenceRequest, Sequence[Endpoint]], None] | None, ...
+        ] = tuple(getattr(p, "prepare_request_data_now", None) for p in pipeline.producers)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -132,12 +142,18 @@ class Director:
         if generated:
             request_id = str(uuid.uuid4())
             headers[REQUEST_ID_HEADER] = request_id
+        if headers.keys().isdisjoint(_START_CONTROL_NAMES):  # the usual request: one C-level test
+            objective, fairness_id, target_model = "", DEFAULT_FAIRNESS_ID, ""
+        else:
+            objective = control_header(headers, OBJECTIVE_HEADER) or ""
+            fairness_id = control_header(headers, FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID
+            target_model = control_header(headers, MODEL_REWRITE_HEADER) or ""
         req = InferenceRequest(
             request_id=request_id,
             headers=headers,
-            objective=control_header(headers, OBJECTIVE_HEADER) or "",
-            fairness_id=control_header(headers, FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID,
-            target_model=control_header(headers, MODEL_REWRITE_HEADER) or "",
+            objective=objective,
+            fairness_id=fairness_id,
+            target_model=target_model,
             metadata=metadata,
             received_at=time.monotonic(),
         )
@@ -470,7 +486,15 @@ class Director:
         the first one that waits continues, with those after it, under the timer.  A timeout can
         only fire while a producer waits, so the producers that never wait lose nothing.
         """
+        immediate = self._immediate
         for i, (producer, _) in enumerate(self._producers):
+            now = immediate[i]
+            if now is not None:  # never waits: a plain call, no coroutine
+                try:
+                    now(state, req, eps)
+                except Exception:
+                    _producer_failed(producer, req)
+                continue
             coro = producer.prepare_request_data(state, req, eps)
             try:
                 yielded = coro.send(None)

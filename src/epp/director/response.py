@@ -89,7 +89,8 @@ class ResponseSide:
         if ctx.target is not None:
             ctx.target.health.sent(time.monotonic())
         if ctx.result is not None and ctx.request.incoming_model:
-            series.RUNNING_REQUESTS.labels(ctx.request.incoming_model).inc()
+            running = ctx.running = series.RUNNING_REQUESTS.labels(ctx.request.incoming_model)
+            running.inc()
             return True
         return False
 
@@ -185,7 +186,7 @@ class ResponseSide:
             ctx.error_code, ctx.error_reason = error.code, error.reason
         req = ctx.request
         if running:
-            series.RUNNING_REQUESTS.labels(req.incoming_model).dec()
+            (ctx.running or series.RUNNING_REQUESTS.labels(req.incoming_model)).dec()
         if ctx.error_code:
             series.REQUEST_ERROR_TOTAL.labels(
                 req.incoming_model, req.target_model, ctx.error_code, ctx.error_reason

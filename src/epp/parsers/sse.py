@@ -55,7 +55,15 @@ class SseUsageParser:
 
     def feed(self, chunk: bytes, end_of_stream: bool) -> Usage | None:
         if chunk:
-            self._feed(chunk)
+            # The usual chunk (whole lines, nothing held, no usage in it) costs this one call.
+            last_nl = chunk.rfind(b"\n")
+            if last_nl == len(chunk) - 1 and not self._pending and not self._skip_line:
+                if self.PATTERN.search(chunk) is not None:
+                    self._feed(chunk, last_nl)
+            elif last_nl == -1:
+                self._hold(chunk)
+            else:
+                self._feed(chunk, last_nl)
         if end_of_stream and self._pending:
             if not self._skip_line:
                 self._held_line(self._pending)
@@ -63,11 +71,8 @@ class SseUsageParser:
             self._pending_size = 0
         return self._usage
 
-    def _feed(self, chunk: bytes) -> None:
-        last_nl = chunk.rfind(b"\n")
-        if last_nl == -1:
-            self._hold(chunk)
-            return
+    def _feed(self, chunk: bytes, last_nl: int) -> None:
+        """A chunk with at least one newline, at ``last_nl`` (the last)."""
         start = 0
         if self._pending or self._skip_line:
             first_nl = chunk.find(b"\n")

@@ -108,11 +108,22 @@ def lean_override(request_mode: int, *, headers: bool) -> bytes:
 
 
 def headers_to_dict(hm: Any) -> dict[str, str]:
-    """Envoy header map → dict with lower-cased keys; ``raw_value`` wins over ``value``."""
+    """Envoy header map → dict with lower-cased keys; ``raw_value`` wins over ``value``.
+
+    Invalid UTF-8 becomes U+FFFD.  ``decode()`` without arguments is the strict fast path
+    (passing ``"utf-8", "replace"`` on every header cost ~6% of this function), and a header is
+    almost never invalid, so only a map that holds one is decoded again with replacement.  What
+    remains is upb's: a wrapper per header and a str per field (~4.5k instructions a header).
+    """
     out: dict[str, str] = {}
-    for h in hm.headers:
-        raw = h.raw_value
-        out[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
+    try:
+        for h in hm.headers:
+            raw = h.raw_value
+            out[h.key.lower()] = raw.decode() if raw else h.value
+    except UnicodeDecodeError:
+        for h in hm.headers:
+            raw = h.raw_value
+            out[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
     return out
 
 
@@ -242,7 +253,7 @@ class ExtProcSession:
             try:
                 if lc is not None:
                     lc.close(self.error)
-                    on_closed = lc.request.on_closed
+                    on_closed = lc.ctx.request.on_closed
                     if on_closed is not None:  # flow control tracked it for eviction
                         on_closed()
             finally:
@@ -268,7 +279,7 @@ class ExtProcSession:
         self.lifecycle = None
         self._body = []
         if lc is not None:
-            lc.request.edge = None
+            lc.ctx.request.edge = None
 
     # request phases ---------------------------------------------------------------
     def _request_headers(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
@@ -286,7 +297,7 @@ class ExtProcSession:
             headers, _metadata(msg), can_hold_response=full_duplex_response
         )
         if full_duplex_response:  # Envoy sends every response message: eviction can end it
-            lc.request.edge = self
+            lc.ctx.request.edge = self
         mode = self.request_mode
         if http_headers.end_of_stream or mode in (NONE, STREAMED, BUFFERED_PARTIAL):
             decision = lc.route_headers_only()  # any body that follows is passed through

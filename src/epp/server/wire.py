@@ -69,6 +69,11 @@ def routing_reply(options: bytes, metadata: bytes) -> bytes:
     """``headers_reply(options, request=True, clear_route_cache=True, metadata=metadata)`` with the
     lengths computed instead of three nested ``field`` calls: the reply that routes every request."""
     n = len(options)
+    if n < 0x7A:  # every length below fits one byte (the usual reply, ~100 bytes): no varint calls
+        small = _SMALL_VARINTS
+        return b"".join((b"\x0a", small[n + 6], b"\x0a", small[n + 4], b"\x12", small[n], options)) + (
+            b"\x28\x01" + metadata
+        )
     common = 1 + len(varint(n)) + n + 2  # header_mutation, then clear_route_cache
     return b"".join(
         (

@@ -93,3 +93,18 @@ def test_capacity_shrink_evicts_oldest() -> None:
     assert index.holders(1) == {"a"}
     assert index.holders(4) == {"a"}
     assert index.holders(2) == set()
+
+
+def test_a_prompt_the_server_holds_moves_to_the_recent_end_and_a_smaller_capacity_still_evicts() -> None:
+    """Re-adding held blocks (the usual request) touches them in order, as the insertion loop does."""
+    index = PrefixIndex()
+    index.add("a", None, [1, 2, 3], 10)
+    index.add("a", None, [4, 5], 10)
+    index.add("a", None, [2, 1], 10)  # all held: order now 3, 4, 5, 2, 1
+    assert index.dump() == {"a": [3, 4, 5, 2, 1]}
+    assert len(index) == 5
+    index.add("a", None, [5, 2], 3)  # all held, capacity now 3: the least recent two go
+    assert index.dump() == {"a": [1, 5, 2]}
+    assert len(index) == 3
+    assert index.holders(3) == set() and index.holders(4) == set()
+    assert index.match([1, 5, 2]) == {0: 3}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Final, cast
+from typing import Final
 
 from epp.datalayer.api import Endpoint
 
@@ -78,19 +78,18 @@ class PrefixIndex:
         sets are few and come in runs (one, usually, for a whole prompt), so each distinct mask
         is counted by ``list.count``: C loops, no Counter and no context manager per request.
         """
-        found = list(map(self._index.get, hashes))
-        if None in found:
-            del found[found.index(None) :]
-        if not found:
+        masks: list[int] = list(map(self._index.get, hashes))  # type: ignore[arg-type]  # None cut next
+        if None in masks:
+            del masks[masks.index(None) :]  # type: ignore[arg-type]
+        if not masks:
             return {}
-        masks = cast("list[int]", found)
         first = masks[0]
         n = len(masks)
-        counts: dict[int, int] = {}
         if masks.count(first) == n:  # one holder set for the whole walk
-            for slot in _bits(first):
-                counts[slot] = n
-            return counts
+            if not first & (first - 1):  # ... of one server, the usual case
+                return {first.bit_length() - 1: n}
+            return dict.fromkeys(_bits(first), n)
+        counts: dict[int, int] = {}
         for mask in set(masks):
             k = masks.count(mask)
             for slot in _bits(mask):

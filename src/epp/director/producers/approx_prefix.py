@@ -214,6 +214,8 @@ class ApproxPrefixCacheProducer(PluginBase):
         state.set_attributes(PREFIX_MATCH, values)
         state.put(self._state_key, _RequestPrefix(hashes, matches))
 
+    prepare_request_data_now = prepare  # never waits: the director calls it without a coroutine
+
     def _info(self, matched: int, total: int, block_size: int) -> PrefixMatchInfo:
         """The shared ``PrefixMatchInfo`` with these numbers."""
         key = (matched, total, block_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -55,6 +56,7 @@ def request_path(headers: Mapping[str, str]) -> str:
     return _DEFAULT_PATH
 
 
+@functools.lru_cache(maxsize=256)  # pure, and a deployment's paths are few: one C-level lookup a request
 def api_kind(path: str) -> ApiKind:
     """The API a path speaks, by suffix; anything unknown is completions, as in GIE."""
     path = path.rstrip("/")
@@ -121,8 +123,9 @@ def _messages_ok(messages: Any) -> bool:
         role = m.get("role")
         if role is not None and not isinstance(role, str):
             return False
-        if not _content_ok(m.get("content")):
-            return False
+        content = m.get("content")
+        if content is not None and content.__class__ is not str and not _content_ok(content):
+            return False  # (a plain string, the usual content, needs no call)
     return True
 
 

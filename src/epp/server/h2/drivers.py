@@ -139,7 +139,10 @@ class ExtProcSessionLike(Protocol):
 
 
 class SessionDriver:
-    """An ext_proc session answered from the read callback whenever it can be."""
+    """An ext_proc session answered from the read callback whenever it can be.
+
+    ``serialize`` turns a reply into bytes; a reply that is bytes already is written as it is.
+    """
 
     __slots__ = ("_call", "_pending", "_routing", "_serialize", "_session", "_task")
 
@@ -191,7 +194,8 @@ class SessionDriver:
     def _write(self, out: list[Any]) -> None:
         call, serialize = self._call, self._serialize
         for i, reply in enumerate(out):
-            if not call.send_nowait(serialize(reply)):
+            # Hot replies are hand-encoded bytes already: no serializer call for them.
+            if not call.send_nowait(reply if reply.__class__ is bytes else serialize(reply)):
                 self._hand_to_task(out[i:])
                 return
         if self._session.finished or call.half_closed:
