@@ -21,8 +21,6 @@ from typing import Any, Final
 import aiohttp
 import orjson
 import structlog
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 
 from epp.errors import ConfigError
 from epp.k8s.errors import raise_for_status
@@ -65,6 +63,12 @@ def _in_cluster(env: Mapping[str, str]) -> bool:
 
 async def load_configuration(kubeconfig: str, env: Mapping[str, str]) -> tuple[Any, str]:
     """A kubernetes-asyncio ``Configuration`` and where it came from; ConfigError if none."""
+    # kubernetes-asyncio is imported where a client is made, not with this module: importing it
+    # costs ~0.4 s, and every EPP loads this module (its plugins register at start) whether or
+    # not it talks to an API server.
+    from kubernetes_asyncio import client as k8s_client
+    from kubernetes_asyncio import config as k8s_config
+
     cfg = k8s_client.Configuration()
     path = kubeconfig or env.get("KUBECONFIG", "").split(os.pathsep)[0]
     try:
@@ -90,6 +94,8 @@ class Kube:
     """Raw JSON access to the API server; one per process, closed at shutdown."""
 
     def __init__(self, configuration: Any, *, limiter: TokenBucket | None = None) -> None:
+        from kubernetes_asyncio import client as k8s_client  # lazily: see load_configuration
+
         configuration.connection_pool_maxsize = 32  # every watch holds a connection
         self._api = k8s_client.ApiClient(configuration=configuration)
         self._limiter = limiter or TokenBucket()
