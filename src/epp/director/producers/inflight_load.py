@@ -165,6 +165,12 @@ class InFlightLoadProducer(PluginBase):
     ) -> None:
         self.prepare(state, endpoints)
 
+    def prepare_request_data_now(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None:
+        """Never waits: the director calls this without a coroutine (director.api.ImmediateProducer)."""
+        self.prepare(state, endpoints)
+
     def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
         """The synchronous body of ``prepare_request_data`` (benchmarks call it)."""
         counters = self._counters

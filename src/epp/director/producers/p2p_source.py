@@ -81,6 +81,12 @@ class P2PSourceProducer(PluginBase):
     async def prepare_request_data(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> None:
+        self.prepare_request_data_now(state, request, endpoints)
+
+    def prepare_request_data_now(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None:
+        """Never waits: the director calls this without a coroutine (director.api.ImmediateProducer)."""
         best = self.best_match(state.attributes(PREFIX_MATCH), request.request_id, endpoints)
         if best is not None:
             state.put(self.best_key, best)

@@ -273,6 +273,12 @@ class PredictedLatencyProducer(PluginBase):
     ) -> None:
         self.prepare(state, request, endpoints)
 
+    def prepare_request_data_now(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None:
+        """Never waits: the director calls this without a coroutine (director.api.ImmediateProducer)."""
+        self.prepare(state, request, endpoints)
+
     def prepare(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         """The synchronous body of ``prepare_request_data`` (benchmarks call it)."""
         ctx = _Request()

@@ -73,6 +73,12 @@ class SessionIdProducer(PluginBase):
     async def prepare_request_data(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> None:
+        self.prepare_request_data_now(state, request, endpoints)
+
+    def prepare_request_data_now(
+        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+    ) -> None:
+        """Never waits: the director calls this without a coroutine (director.api.ImmediateProducer)."""
         value = self.session_id(request)
         if value:
             state.put(SESSION_ID, value)
