@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 import zmq
 import zmq.asyncio
@@ -12,26 +13,38 @@ from epp.sync.transport import Frames, ZmqTransport
 from epp.testing.waiting import until
 
 
-async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None:
+@contextlib.asynccontextmanager
+async def _linked() -> AsyncIterator[tuple[zmq.asyncio.Socket, ZmqTransport]]:
+    """A PUB and a receiving transport that has it as its one peer (the test starts listening)."""
     ctx = zmq.asyncio.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     rx = ZmqTransport("127.0.0.1", 0)
     rx.bind()
-    got: list[Frames] = []
     try:
         rx.set_peers([Peer("tx", "127.0.0.1", port)])
+        yield pub, rx
+    finally:
+        rx.close()
+        pub.close(0)
+        ctx.term()
+
+
+async def _connected(pub: zmq.asyncio.Socket, got: list[Frames]) -> None:
+    """Probes until one arrives: a PUB drops messages until the SUB has connected."""
+    for _ in range(200):
+        await pub.send(b"probe")
+        if await _polled(lambda: bool(got)):
+            return
+    raise AssertionError("the SUB never connected")
+
+
+async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None:
+    got: list[Frames] = []
+    async with _linked() as (pub, rx):
         rx.listen(got.extend, gap=3600.0)  # once busy, the timer would not fire during the test
-
-        async def first_arrives() -> None:  # a PUB drops messages until the SUB has connected
-            for _ in range(200):
-                await pub.send(b"probe")
-                if await _polled(lambda: bool(got)):
-                    return
-            raise AssertionError("the SUB never connected")
-
-        await first_arrives()  # quiet receiver: read at once, from the descriptor's callback
+        await _connected(pub, got)  # quiet receiver: read at once, from the descriptor's callback
         assert got[-1] == [b"probe"]
         if len(got) == 1:  # (two probes arriving in two wakes would already be "busy")
             assert _state(rx) == (False, True)
@@ -54,40 +67,21 @@ async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None
         got.clear()
         await pub.send(b"fourth")
         await until(lambda: got == [[b"fourth"]], 5, what="the descriptor's callback reads the fourth")
-    finally:
-        rx.close()
-        pub.close(0)
-        ctx.term()
 
 
 async def test_a_late_message_sends_a_busy_receiver_back_to_the_descriptor() -> None:
     """``prompt`` from the handler (the hub's read budget): the read that found late messages does
     not start or keep the busy timer, so the next message is read when it arrives, not a gap later."""
-    ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    port = pub.bind_to_random_port("tcp://127.0.0.1")
-    rx = ZmqTransport("127.0.0.1", 0)
-    rx.bind()
     got: list[Frames] = []
+    async with _linked() as (pub, rx):
 
-    def handler(messages: list[Frames]) -> None:
-        got.extend(messages)
-        if [b"late"] in messages:
-            rx.prompt()
+        def handler(messages: list[Frames]) -> None:
+            got.extend(messages)
+            if [b"late"] in messages:
+                rx.prompt()
 
-    try:
-        rx.set_peers([Peer("tx", "127.0.0.1", port)])
         rx.listen(handler, gap=3600.0)
-
-        async def connected() -> None:
-            for _ in range(200):
-                await pub.send(b"probe")
-                if await _polled(lambda: bool(got)):
-                    return
-            raise AssertionError("the SUB never connected")
-
-        await connected()
+        await _connected(pub, got)
         await pub.send(b"late")  # a second wake within gap would make it busy, but it was late
         await until(lambda: [b"late"] in got, 5, what="the late message read")
         assert _state(rx) == (False, True)
@@ -108,10 +102,6 @@ async def test_a_late_message_sends_a_busy_receiver_back_to_the_descriptor() -> 
         await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="late queued")
         rx.read_now()  # a riding read that finds a late one drops the timer too
         assert got[-1] == [b"late"] and _state(rx) == (False, True)
-    finally:
-        rx.close()
-        pub.close(0)
-        ctx.term()
 
 
 async def _polled(cond: Callable[[], bool]) -> bool:
