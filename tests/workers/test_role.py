@@ -21,7 +21,7 @@ def test_round_trip_and_derived_names() -> None:
     assert role.metrics_socket() == Path("/run/epp/w1.metrics.sock")
     assert role.scrape_share == "connect:ipc:///run/epp/scrapes.pub"
     assert WorkerRole(0, 3, Path("/run/epp"), "p").scrape_share == "bind:ipc:///run/epp/scrapes.pub"
-    assert role.sync_siblings == "1,3,2"  # epp.sync.service.siblings reads it
+    assert role.sibling_peer_ports(role.peer_port(9004)) == {9004, 9008}  # workers 0 and 2
 
 
 def test_absent_means_single_process() -> None:

@@ -132,8 +132,9 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             stack.push_async_callback(wf.stop)
         if app.sync is not None and app.peers is not None:  # warm start: peers' state before ready
             peers = await _peer_source(app, cluster, role, stack)
+            sibling_ports = role.sibling_peer_ports(app.sync.port) if role is not None else frozenset()
             app.sync_hub = await stack.enter_async_context(
-                SyncService(app.sync, peers, [*app.components.plugins.values(), EXCHANGE])
+                SyncService(app.sync, peers, [*app.components.plugins.values(), EXCHANGE], sibling_ports)
             )
         await stack.enter_async_context(ConfigReloader(app))  # --config-file changes apply live
         if cluster is not None:

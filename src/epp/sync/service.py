@@ -7,14 +7,12 @@ its last request is done.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Final
+from typing import Any
 
 import structlog
 
-from epp.errors import ConfigError
 from epp.sync.assembly import SyncPlan
 from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer, PeerSource, StaticPeers, own_hosts, without_self
@@ -22,28 +20,13 @@ from epp.sync.transport import ZmqTransport
 
 log = structlog.get_logger(__name__)
 
-# Set by the --workers supervisor: ``<index>,<count>,<stride>`` — this process is worker
-# ``index`` of ``count``, worker *j*'s sync port is ``stride * j`` past worker 0's.
-SIBLINGS_ENV: Final = "EPP_SYNC_SIBLINGS"
 
-
-def siblings(env: Mapping[str, str], port: int) -> Callable[[Peer], bool] | None:
-    """Which peers are workers of this pod (``SIBLINGS_ENV``; None outside a supervised pod).
-
-    A sibling listens on this host (a loopback or own address, as ``--workers`` lists them) on
-    worker *j*'s port; a peer on another pod's address with the same port is not one.
-    """
-    raw = env.get(SIBLINGS_ENV)
-    if not raw:
+def siblings(ports: frozenset[int]) -> Callable[[Peer], bool] | None:
+    """Which peers are workers of this pod (None: it has none): a sibling listens on this host
+    (a loopback or own address, as ``--workers`` lists them) on one of ``ports``; a peer on
+    another pod's address with the same port is not one."""
+    if not ports:
         return None
-    try:
-        index, count, stride = (int(x) for x in raw.split(","))
-    except ValueError:
-        raise ConfigError(f"{SIBLINGS_ENV}: expected <index>,<count>,<stride>, got {raw!r}") from None
-    if not 0 <= index < count or stride <= 0:
-        raise ConfigError(f"{SIBLINGS_ENV}: index {index} outside 0..{count - 1} or stride {stride} <= 0")
-    base = port - stride * index
-    ports = frozenset(base + stride * j for j in range(count) if j != index)
     hosts = own_hosts()
     return lambda p: p.port in ports and p.host in hosts
 
@@ -63,14 +46,21 @@ class PeerList(StaticPeers):
 class SyncService:
     """``async with SyncService(plan, peers, plugins) as hub``: bound, warm, running."""
 
-    def __init__(self, plan: SyncPlan, peers: PeerSource, plugins: Iterable[Any]) -> None:
+    def __init__(
+        self,
+        plan: SyncPlan,
+        peers: PeerSource,
+        plugins: Iterable[Any],
+        sibling_ports: frozenset[int] = frozenset(),
+    ) -> None:
+        """``sibling_ports``: the sync ports of this pod's other workers (``--workers``)."""
         self.plan = plan
         self.peers = peers
         self.hub = SyncHub(
             plan.replica_id,
             ZmqTransport(plan.bind_host, plan.port),
             interval=plan.interval,
-            sibling=siblings(os.environ, plan.port),
+            sibling=siblings(sibling_ports),
             timeout=plan.timeout,
         )
         self.hub.bind(plugins)

@@ -63,11 +63,12 @@ class WorkerRole:
         worker 0, ``connect:<ipc>`` for the others."""
         return f"{'bind' if self.primary else 'connect'}:ipc://{self.run_dir / 'scrapes.pub'}"
 
-    @property
-    def sync_siblings(self) -> str:
-        """``EPP_SYNC_SIBLINGS`` (``epp.sync.service``): ``<index>,<count>,<stride>``, so the sync
-        hub knows which of its peers are this pod's workers (it coalesces longer between them)."""
-        return f"{self.index},{self.count},{PEER_PORT_STRIDE}"
+    def sibling_peer_ports(self, own: int) -> frozenset[int]:
+        """The other workers' sync ports when this one's is ``own`` (the ``--peer-port`` the
+        supervisor gave it), so the sync hub knows which peers are this pod's workers (it
+        coalesces longer between them)."""
+        base = own - PEER_PORT_STRIDE * self.index
+        return frozenset(self.peer_port(base, j) for j in self.siblings)
 
     @property
     def siblings(self) -> tuple[int, ...]:

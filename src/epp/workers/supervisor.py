@@ -28,7 +28,6 @@ import structlog
 
 from epp.datalayer.kvevents.subscriber import RELAY_ENV
 from epp.datalayer.shared_scrapes import SHARE_ENV
-from epp.sync.service import SIBLINGS_ENV
 from epp.workers.role import ENV, WorkerRole
 
 log = structlog.get_logger(__name__)
@@ -222,7 +221,6 @@ class Supervisor:
             ENV: role.to_env(),
             RELAY_ENV: role.kv_events_relay,
             SHARE_ENV: role.scrape_share,
-            SIBLINGS_ENV: role.sync_siblings,
         }
         argv = self._argv + (self._extra_args(role) if self._extra_args is not None else [])
         child.proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
