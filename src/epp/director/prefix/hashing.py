@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from array import array
@@ -128,17 +129,10 @@ def chain_hashes(data: bytes, block_bytes: int, max_blocks: int, seed: int) -> l
     return out
 
 
-_BLOCK_STRUCTS: dict[int, struct.Struct] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _blocks(block_bytes: int) -> struct.Struct:
     """The struct that cuts ``block_bytes``-byte blocks (a few block sizes per deployment)."""
-    cut = _BLOCK_STRUCTS.get(block_bytes)
-    if cut is None:
-        if len(_BLOCK_STRUCTS) >= 64:
-            _BLOCK_STRUCTS.clear()
-        cut = _BLOCK_STRUCTS[block_bytes] = struct.Struct(f"{block_bytes}s")
-    return cut
+    return struct.Struct(f"{block_bytes}s")
 
 
 def hash_request(request: InferenceRequest, block_tokens: int, max_blocks: int) -> list[int]:

@@ -273,12 +273,6 @@ class PredictedLatencyProducer(PluginBase):
     ) -> None:
         self.prepare(state, request, endpoints)
 
-    def prepare_request_data_now(
-        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
-    ) -> None:
-        """Never waits: the director calls this without a coroutine (director.api.ImmediateProducer)."""
-        self.prepare(state, request, endpoints)
-
     def prepare(self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> None:
         """The synchronous body of ``prepare_request_data`` (benchmarks call it)."""
         ctx = _Request()
@@ -326,6 +320,8 @@ class PredictedLatencyProducer(PluginBase):
         infos = make_infos(n, columns)
         values: dict[Any, LatencyPredictionInfo] = dict(zip(endpoints, infos, strict=True))
         state.set_attributes(LATENCY_PREDICTION, values)
+
+    prepare_request_data_now = prepare  # never waits: the director calls it without a coroutine
 
     # PreRequest -------------------------------------------------------------------------
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
