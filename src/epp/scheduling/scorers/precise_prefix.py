@@ -81,6 +81,7 @@ from epp.errors import ConfigError
 from epp.plugin.base import Handle, PluginBase, PluginParams
 from epp.plugin.counts import subtract
 from epp.plugin.keys import AttributeKey, StateKey
+from epp.plugin.origin_shares import SNAPSHOT_ORIGIN  # restore(): the records a snapshot carried
 from epp.plugin.replicated import parse_routed, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
@@ -90,7 +91,6 @@ from epp.scheduling.reuse_sampler import ReuseSampler
 log = structlog.get_logger(__name__)
 
 MAX_UNDRAINED: Final = 65536  # routed requests kept for the sync hub between two drains
-SNAPSHOT_ORIGIN: Final = "\x00snapshot"  # restore(): the records a peer's snapshot carried
 
 
 class IndexerConfig(PluginParams):
