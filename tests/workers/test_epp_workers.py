@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from epp.sync.hub import DEFAULT_COALESCE, SIBLING_COALESCE
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port
 from tests.server.harness import destination_metadata, llm_request, resp_headers
 
@@ -145,6 +146,13 @@ async def test_two_workers_share_the_port_and_one_metrics_endpoint_counts_both()
         assert len(decisions) == STREAMS  # both workers' rings, one pod-wide answer
         times = [d["time"] for d in decisions]
         assert times == sorted(times, reverse=True)
+        url = f"http://127.0.0.1:{epp.metrics_port}/debug/plugins/state"
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            sync = (await r.json())["sync"]
+        # worker 0's only peer is its sibling: it batches at the siblings' gap, not the replicas'
+        assert len(sync["configuredPeers"]) == 1, sync
+        assert SIBLING_COALESCE > DEFAULT_COALESCE  # so the check below tells the two apart
+        assert sync["gapSeconds"] == SIBLING_COALESCE
 
 
 async def test_a_killed_worker_is_restarted_and_no_new_stream_fails() -> None:
