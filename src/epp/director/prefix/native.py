@@ -33,9 +33,10 @@ from typing import Final, NamedTuple
 from xxhash import xxh64_intdigest
 
 PURE_PYTHON_ENV: Final = "EPP_PURE_PYTHON"
+BytesLike = bytes | bytearray | memoryview
 
 
-def py_chain_hashes(data: bytes, block_bytes: int, max_blocks: int, seed: int) -> list[int]:
+def py_chain_hashes(data: BytesLike, block_bytes: int, max_blocks: int, seed: int) -> list[int]:
     """``h_i = xxh64(block_i, seed=h_{i-1})`` with ``h_{-1} = seed`` (see ``hashing.chain_hashes``)."""
     n = len(data)
     if block_bytes <= 0 or n < block_bytes or max_blocks <= 0:
@@ -148,7 +149,7 @@ class Loops(NamedTuple):
     """One implementation of the loops (``PYTHON``, ``NATIVE``); ``PrefixIndex`` takes one."""
 
     name: str  # "c" or "python"
-    chain_hashes: Callable[[bytes, int, int, int], list[int]]
+    chain_hashes: Callable[[BytesLike, int, int, int], list[int]]
     match: Callable[[dict[int, int], Sequence[int]], dict[int, int]]
     add: Callable[[dict[int, int], dict[int, int], OrderedDict[int, None], Sequence[int], int, int], int]
     evict: Callable[[dict[int, int], dict[int, int], OrderedDict[int, None], int, int], None]
@@ -159,6 +160,7 @@ _c, _why = _load()
 NATIVE: Final = None if _c is None else Loops("c", _c.chain_hashes, _c.match, _c.add, _c.evict)
 _forced = os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 ACTIVE: Final = PYTHON if NATIVE is None or _forced else NATIVE
+BUILT_FROM: Final[str | None] = getattr(_c, "SOURCE_SHA256", None)  # the SHA-256 of the _native.c compiled
 REASON: Final = f"{PURE_PYTHON_ENV} is set" if _forced else _why
 IMPLEMENTATION: Final = ACTIVE.name
 chain_hashes: Final = ACTIVE.chain_hashes
