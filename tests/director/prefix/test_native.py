@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -102,6 +103,51 @@ def test_chain_takes_any_bytes_like_object() -> None:
     expected = PYTHON.chain_hashes(data, 16, 100, 5)
     assert c_loops().chain_hashes(bytearray(data), 16, 100, 5) == expected
     assert c_loops().chain_hashes(memoryview(data), 16, 100, 5) == expected
+
+
+# --- the kept chat messages: the same dicts, so the same JSON and the same hashes ----------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+MESSAGE = st.dictionaries(
+    st.sampled_from(["role", "content", "name", "tool_calls", "x"]),
+    st.sampled_from(["", "user", "system", None, 0]) | JSON,
+    max_size=4,
+)
+MESSAGES = st.one_of(st.lists(MESSAGE | JSON, max_size=5), JSON)
+
+
+class GetCounting(dict[str, Any]):
+    """A dict subclass whose ``get`` is its own: both implementations must call it."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return f"{key}!" if key in self else default
+
+
+@given(messages=MESSAGES, system=st.none() | JSON)
+def test_kept_messages_equal_python(messages: Any, system: Any) -> None:
+    c, py = c_loops().kept_messages(messages, system), PYTHON.kept_messages(messages, system)
+    assert [list(d.items()) for d in c] == [list(d.items()) for d in py]  # key order too
+    assert orjson.dumps(c) == orjson.dumps(py)
+
+
+def test_kept_messages_of_a_dict_subclass_use_its_get() -> None:
+    messages = [GetCounting(role="user", content="hi"), GetCounting(content="x")]
+    assert c_loops().kept_messages(messages, None) == PYTHON.kept_messages(messages, None)
+    assert c_loops().kept_messages(messages, None)[0] == {"role": "role!", "content": "content!"}
+
+
+def test_kept_messages_pass_on_an_error_of_a_role_s_truth() -> None:
+    class Bad:
+        def __bool__(self) -> bool:
+            raise RuntimeError("no truth")
+
+    for loops in (c_loops(), PYTHON):
+        with pytest.raises(RuntimeError, match="no truth"):
+            loops.kept_messages([{"role": Bad()}], None)
 
 
 # --- the index: C and Python side by side over random operation sequences ---------------------
@@ -205,6 +251,7 @@ def bad_calls() -> list[tuple[Callable[..., Any], tuple[Any, ...], type[Exceptio
         (c.add, ({}, {}, lru, None, 1, 4), TypeError, "hashes"),
         (c.evict, ({}, {}, OrderedDict(), 1, 1), KeyError, "empty"),
         (c.evict, ({}, {}, lru, 1), TypeError, "5 arguments"),
+        (c.kept_messages, ([],), TypeError, "2 arguments"),
     ]
 
 
@@ -233,6 +280,7 @@ def exercise(n: int) -> None:
     c = c_loops()
     data = bytes(range(256)) * 4
     big = 1 << 70  # a slot past the machine word
+    messages = [{"role": "user", "content": "hi", "name": "x"}, {"content": ["a"]}, 3, GetCounting(role="r")]
     for i in range(n):
         index: dict[int, int] = {}
         intern: dict[int, int] = {}
@@ -245,6 +293,7 @@ def exercise(n: int) -> None:
         c.add(index, intern, lru, hashes[:3], 1, 10)  # evicted before: inserted, the oldest evicted
         c.match(index, hashes)
         c.evict(index, intern, other, big, 5)
+        c.kept_messages(messages, "sys")
         for fn, args, exc, _words in bad_calls()[:6]:
             with contextlib.suppress(exc):
                 fn(*args)
@@ -280,11 +329,15 @@ def test_arguments_keep_their_reference_counts() -> None:
     bit = 1 << 80
     capacity = 10**6
     c.add(index, intern, lru, hashes, bit, capacity)
-    watched = (index, intern, lru, hashes, bit, capacity, None, *hashes, *index.values())
+    role, content, system = "user-role", ["content"], {"s": 1}
+    messages = [{"role": role, "content": content}, GetCounting(role=role), {"role": "", "content": content}]
+    watched = (index, intern, lru, hashes, bit, capacity, None, role, content, system, messages, *messages)
+    watched = (*watched, *hashes, *index.values())
     counts = [sys.getrefcount(o) for o in watched]
     for _ in range(1000):
         c.add(index, intern, lru, hashes, bit, capacity)
         c.match(index, hashes)
+        c.kept_messages(messages, system)
     assert [sys.getrefcount(o) for o in watched] == counts
 
 

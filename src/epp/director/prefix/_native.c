@@ -459,7 +459,82 @@ static PyObject *add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromSsize_t(PyDict_GET_SIZE(lru) - before);
 }
 
+static PyObject *s_role, *s_content, *s_system, *s_get; /* interned at import */
+
+/* m.get(key) as a new reference: a plain dict read directly, a subclass through its own get. */
+static PyObject *get_field(PyObject *m, PyObject *key) {
+    if (!PyDict_CheckExact(m)) return PyObject_CallMethodOneArg(m, s_get, key);
+    PyObject *v = PyDict_GetItemWithError(m, key);
+    if (v == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        v = Py_None;
+    }
+    Py_INCREF(v);
+    return v;
+}
+
+/* One kept message: {"role": role, "content": content} when role is true, else {"content": ...}. */
+static PyObject *kept_message(PyObject *m) {
+    PyObject *role = get_field(m, s_role);
+    if (role == NULL) return NULL;
+    PyObject *d = NULL, *content = NULL;
+    int truth = PyObject_IsTrue(role);
+    if (truth < 0 || (d = PyDict_New()) == NULL) goto fail;
+    if (truth && PyDict_SetItem(d, s_role, role) < 0) goto fail;
+    if ((content = get_field(m, s_content)) == NULL || PyDict_SetItem(d, s_content, content) < 0) goto fail;
+    Py_DECREF(role);
+    Py_DECREF(content);
+    return d;
+fail:
+    Py_DECREF(role);
+    Py_XDECREF(content);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+static PyObject *kept_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "kept_messages() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *messages = args[0], *system = args[1], *d;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    if (system != Py_None) {
+        if ((d = PyDict_New()) == NULL) goto fail;
+        int rc = (PyDict_SetItem(d, s_role, s_system) < 0 || PyDict_SetItem(d, s_content, system) < 0 ||
+                  PyList_Append(out, d) < 0);
+        Py_DECREF(d);
+        if (rc) goto fail;
+    }
+    if (!PyList_Check(messages)) return out;
+    PyObject *it = PyObject_GetIter(messages), *m;
+    if (it == NULL) goto fail;
+    while ((m = PyIter_Next(it)) != NULL) {
+        if (!PyDict_Check(m)) {
+            Py_DECREF(m);
+            continue;
+        }
+        d = kept_message(m);
+        Py_DECREF(m);
+        int rc = d == NULL ? -1 : PyList_Append(out, d);
+        Py_XDECREF(d);
+        if (rc < 0) {
+            Py_DECREF(it);
+            goto fail;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) goto fail;
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"kept_messages", (PyCFunction)(void (*)(void))kept_messages, METH_FASTCALL,
+     "kept_messages(messages, system) -> list[dict]: the messages as the prefix cache sees them."},
     {"chain_hashes", (PyCFunction)(void (*)(void))chain_hashes, METH_FASTCALL,
      "chain_hashes(data, block_bytes, max_blocks, seed) -> list[int]: the chained XXH64 block hashes."},
     {"match", (PyCFunction)(void (*)(void))match, METH_FASTCALL,
@@ -489,6 +564,13 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (popitem == NULL) {
         popitem = PyObject_GetAttrString((PyObject *)&PyODict_Type, "popitem");
         if (popitem == NULL) return NULL;
+    }
+    if (s_role == NULL) {
+        s_role = PyUnicode_InternFromString("role");
+        s_content = PyUnicode_InternFromString("content");
+        s_system = PyUnicode_InternFromString("system");
+        s_get = PyUnicode_InternFromString("get");
+        if (s_role == NULL || s_content == NULL || s_system == NULL || s_get == NULL) return NULL;
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -79,18 +79,8 @@ def _prompt_text(prompt: Any) -> str:
 
 
 def _messages_json(messages: Any, system: Any) -> bytes:
-    kept: list[dict[str, Any]] = []
-    if system is not None:
-        kept.append({"role": "system", "content": system})
-    if isinstance(messages, list):
-        for m in messages:
-            if not isinstance(m, dict):
-                continue
-            role = m.get("role")
-            kept.append(
-                {"role": role, "content": m.get("content")} if role else {"content": m.get("content")}
-            )
-    return orjson.dumps(kept)
+    # the list of kept messages built in C (``native.kept_messages``): ~5k instructions in Python
+    return orjson.dumps(native.kept_messages(messages, system))
 
 
 def prefix_seed(request: InferenceRequest) -> int:

@@ -1,16 +1,17 @@
 """The prefix stage's loops, in C when the extension was built, else in Python: a fenced leaf.
 
-Per request the approximate prefix producer hashes ~14 blocks (an xxHash64 chain), walks them
-in the reverse index, and its hook inserts or touches them in the picked server's LRU. Those
-three loops cost ~45k instructions a request in Python (docs/decisions.md, "Fifth pass"), almost
-all of it Python's cost per step; ``_native.c`` runs the same loops in C over the *same* Python
-containers (the reverse index and intern ``dict``s, the per-server ``OrderedDict``s), so the
-index's data, its semantics and every other user of it stay as they are.
+Per request the approximate prefix producer keeps the chat messages' role and content, hashes
+~14 blocks of their JSON (an xxHash64 chain), walks them in the reverse index, and its hook
+inserts or touches them in the picked server's LRU. In Python those loops cost ~40k instructions
+a request (docs/decisions.md, "Fifth pass"), almost all of it Python's cost per step;
+``_native.c`` runs the same loops in C over the *same* Python containers (the reverse index and
+intern ``dict``s, the per-server ``OrderedDict``s, the request's message dicts), so the index's
+data, its semantics and every other user of it stay as they are.
 
 This module is a leaf (it imports nothing of the EPP; ``_native.c`` includes nothing of it).
 References: the ``xxhash`` package for the hash values (``XXH64`` is our own code, from the
-public specification) and the pure-Python functions below, kept as the fallback, for match, add
-and evict; tests/director/prefix/test_native.py compares them on hypothesis input.
+public specification) and the pure-Python functions below, kept as the fallback, for match, add,
+evict and the kept messages; tests/director/prefix/test_native.py compares them on hypothesis input.
 
 The extension is compiled by ``hatch_build.py`` at install (``pip install -e .`` or a wheel)
 with the machine's C compiler; when that failed, or ``EPP_PURE_PYTHON=1`` is set, the Python
@@ -28,7 +29,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from xxhash import xxh64_intdigest
 
@@ -127,6 +128,24 @@ def py_evict(
             del index[h]
 
 
+def py_kept_messages(messages: Any, system: Any) -> list[dict[str, Any]]:
+    """The chat messages as a model server's prefix cache sees them (``hashing.user_input_bytes``):
+    ``system`` first as a system message when not None, then each dict message keeping only
+    ``role`` (when true) and ``content`` (None when absent); anything else is skipped."""
+    kept: list[dict[str, Any]] = []
+    if system is not None:
+        kept.append({"role": "system", "content": system})
+    if isinstance(messages, list):
+        for m in messages:
+            if not isinstance(m, dict):
+                continue
+            role = m.get("role")
+            kept.append(
+                {"role": role, "content": m.get("content")} if role else {"content": m.get("content")}
+            )
+    return kept
+
+
 def _bits(mask: int) -> list[int]:
     out = []
     while mask:
@@ -153,14 +172,18 @@ class Loops(NamedTuple):
     match: Callable[[dict[int, int], Sequence[int]], dict[int, int]]
     add: Callable[[dict[int, int], dict[int, int], OrderedDict[int, None], Sequence[int], int, int], int]
     evict: Callable[[dict[int, int], dict[int, int], OrderedDict[int, None], int, int], None]
+    kept_messages: Callable[[Any, Any], list[dict[str, Any]]]
 
 
-PYTHON: Final = Loops("python", py_chain_hashes, py_match, py_add, py_evict)
+PYTHON: Final = Loops("python", py_chain_hashes, py_match, py_add, py_evict, py_kept_messages)
 _c, _why = _load()
-NATIVE: Final = None if _c is None else Loops("c", _c.chain_hashes, _c.match, _c.add, _c.evict)
+NATIVE: Final = (
+    None if _c is None else Loops("c", _c.chain_hashes, _c.match, _c.add, _c.evict, _c.kept_messages)
+)
 _forced = os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 ACTIVE: Final = PYTHON if NATIVE is None or _forced else NATIVE
 BUILT_FROM: Final[str | None] = getattr(_c, "SOURCE_SHA256", None)  # the SHA-256 of the _native.c compiled
 REASON: Final = f"{PURE_PYTHON_ENV} is set" if _forced else _why
 IMPLEMENTATION: Final = ACTIVE.name
 chain_hashes: Final = ACTIVE.chain_hashes
+kept_messages: Final = ACTIVE.kept_messages
