@@ -460,6 +460,9 @@ static PyObject *add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *s_role, *s_content, *s_system, *s_get; /* interned at import */
+/* {"role": None, "content": None} and {"content": None}: a kept message is a copy of one with
+ * its values replaced (a small dict's copy clones its key table: cheaper than two inserts). */
+static PyObject *with_role, *without_role;
 
 /* m.get(key) as a new reference: a plain dict read directly, a subclass through its own get. */
 static PyObject *get_field(PyObject *m, PyObject *key) {
@@ -479,7 +482,7 @@ static PyObject *kept_message(PyObject *m) {
     if (role == NULL) return NULL;
     PyObject *d = NULL, *content = NULL;
     int truth = PyObject_IsTrue(role);
-    if (truth < 0 || (d = PyDict_New()) == NULL) goto fail;
+    if (truth < 0 || (d = PyDict_Copy(truth ? with_role : without_role)) == NULL) goto fail;
     if (truth && PyDict_SetItem(d, s_role, role) < 0) goto fail;
     if ((content = get_field(m, s_content)) == NULL || PyDict_SetItem(d, s_content, content) < 0) goto fail;
     Py_DECREF(role);
@@ -507,8 +510,21 @@ static PyObject *kept_messages(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_DECREF(d);
         if (rc) goto fail;
     }
+    if (PyList_CheckExact(messages)) { /* as parsed: no iterator; its length read at each step */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
+            PyObject *m = PyList_GET_ITEM(messages, i);
+            if (!PyDict_Check(m)) continue;
+            Py_INCREF(m);
+            d = kept_message(m);
+            Py_DECREF(m);
+            int rc = d == NULL ? -1 : PyList_Append(out, d);
+            Py_XDECREF(d);
+            if (rc < 0) goto fail;
+        }
+        return out;
+    }
     if (!PyList_Check(messages)) return out;
-    PyObject *it = PyObject_GetIter(messages), *m;
+    PyObject *it = PyObject_GetIter(messages), *m; /* a list subclass: its own iterator */
     if (it == NULL) goto fail;
     while ((m = PyIter_Next(it)) != NULL) {
         if (!PyDict_Check(m)) {
@@ -571,6 +587,11 @@ PyMODINIT_FUNC PyInit__native(void) {
         s_system = PyUnicode_InternFromString("system");
         s_get = PyUnicode_InternFromString("get");
         if (s_role == NULL || s_content == NULL || s_system == NULL || s_get == NULL) return NULL;
+        with_role = PyDict_New();
+        without_role = PyDict_New();
+        if (with_role == NULL || without_role == NULL || PyDict_SetItem(with_role, s_role, Py_None) < 0 ||
+            PyDict_SetItem(with_role, s_content, Py_None) < 0 || PyDict_SetItem(without_role, s_content, Py_None) < 0)
+            return NULL;
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -11,6 +11,7 @@ import orjson
 from xxhash import xxh64_intdigest
 
 from epp.director.prefix import native
+from epp.director.prefix.native import kept_messages
 from epp.request import ApiKind, InferenceRequest, RequestBody
 
 AVERAGE_CHARS_PER_TOKEN: Final = 4
@@ -31,7 +32,7 @@ def user_input_bytes(body: RequestBody) -> bytes:
     api = body.api
     doc = body.json
     if api is ApiKind.CHAT_COMPLETIONS:
-        return _messages_json(doc.get("messages") if doc else None, None)
+        return orjson.dumps(kept_messages(doc.get("messages") if doc else None, None))
     if api is ApiKind.COMPLETIONS:
         if doc is not None and "prompt" in doc:
             return _prompt_text(doc["prompt"]).encode()
@@ -79,14 +80,27 @@ def _prompt_text(prompt: Any) -> str:
 
 
 def _messages_json(messages: Any, system: Any) -> bytes:
-    # the list of kept messages built in C (``native.kept_messages``): ~5k instructions in Python
-    return orjson.dumps(native.kept_messages(messages, system))
+    # the kept messages are built in C (``native.kept_messages``): ~5k instructions in Python
+    return orjson.dumps(kept_messages(messages, system))
 
 
 def prefix_seed(request: InferenceRequest) -> int:
     """The chain's start: xxh64 of the target model followed by the cache salt."""
-    salt = request.body.cache_salt if request.body is not None else ""
-    return xxh64_intdigest((request.target_model + salt).encode())
+    key = request.target_model + (request.body.cache_salt if request.body is not None else "")
+    seed = _seeds.get(key)
+    return _new_seed(key) if seed is None else seed
+
+
+# A deployment has a few models and salts: their seeds are kept, not hashed again per request.
+_seeds: dict[str, int] = {}
+_SEEDS_MAX: Final = 4096
+
+
+def _new_seed(key: str) -> int:
+    if len(_seeds) >= _SEEDS_MAX:
+        _seeds.clear()
+    seed = _seeds[key] = xxh64_intdigest(key.encode())
+    return seed
 
 
 # ``chain_hashes(data, block_bytes, max_blocks, seed)``: ``h_i = xxh64(block_i, seed=h_{i-1})``
@@ -109,4 +123,6 @@ def hash_request(request: InferenceRequest, block_tokens: int, max_blocks: int) 
     data = user_input_bytes(body)
     if len(data) < block_bytes or block_bytes <= 0:
         return []
-    return chain_hashes(data, block_bytes, max_blocks, prefix_seed(request))
+    key = request.target_model + body.cache_salt  # prefix_seed, inlined
+    seed = _seeds.get(key)
+    return chain_hashes(data, block_bytes, max_blocks, _new_seed(key) if seed is None else seed)
