@@ -30,6 +30,8 @@ from xxhash import xxh64_intdigest
 from epp.director.prefix import native
 from epp.director.prefix.index import PrefixIndex
 from epp.director.prefix.native import NATIVE, PYTHON, Loops
+from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
+from epp.testing.plugins import build
 
 SOURCE = Path(native.__file__).with_name("_native.c")
 U64 = 2**64 - 1
@@ -342,6 +344,17 @@ def test_arguments_keep_their_reference_counts() -> None:
 
 
 # --- the Python path, chosen by the environment ------------------------------------------------
+
+
+def test_the_producer_shows_which_loops_run() -> None:
+    """/debug/plugins/state: ``loops`` names the implementation (and why when it is Python)."""
+    producer: ApproxPrefixCacheProducer = build(ApproxPrefixCacheProducer)
+    expected: dict[str, Any] = {"implementation": native.IMPLEMENTATION}
+    if native.IMPLEMENTATION == "python":
+        expected["reason"] = native.REASON
+    assert producer.debug_state()["loops"] == expected
+    producer.index = PrefixIndex(PYTHON)
+    assert producer.debug_state()["loops"] == {"implementation": "python", "reason": native.REASON}
 
 
 def test_epp_pure_python_selects_the_python_loops() -> None:
