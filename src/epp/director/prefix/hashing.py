@@ -80,7 +80,7 @@ def _prompt_text(prompt: Any) -> str:
 
 
 def _messages_json(messages: Any, system: Any) -> bytes:
-    # the kept messages are built in C (``native.kept_messages``): ~5k instructions in Python
+    # the kept messages are built by ``native.kept_messages`` (in C when built: ~2.4k less a request)
     return orjson.dumps(kept_messages(messages, system))
 
 
