@@ -1,12 +1,57 @@
-"""Hatch build hook: generate the private Envoy ext_proc stubs before packaging."""
+"""Hatch build hook: generate the private Envoy ext_proc stubs and compile the prefix loops' C
+extension before packaging.
+
+The extension (``src/epp/director/prefix/_native.c``) is optional: when the machine has no C
+compiler or Python headers, or compiling fails, a warning is printed, the install succeeds and
+``epp.director.prefix.native`` uses its pure-Python loops (it says which at start).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import shlex
+import subprocess
+import sysconfig
 from pathlib import Path
 from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+NATIVE_SOURCE = Path("src/epp/director/prefix/_native.c")
+
+
+def native_target(root: Path) -> Path:
+    """Where the compiled module goes: next to its source, named for this interpreter."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return root / NATIVE_SOURCE.with_suffix(suffix)
+
+
+def compile_native(root: Path) -> Path:
+    """Compile the extension with the compiler and flags this Python was built with (sysconfig).
+
+    The source's SHA-256 is compiled in (``SOURCE_SHA256``) so a test can tell a stale build."""
+    source = root / NATIVE_SOURCE
+    target = native_target(root)
+    target.unlink(missing_ok=True)  # a failed build must not leave an older one importable
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    var = sysconfig.get_config_var
+    cc = shlex.split(os.environ.get("CC") or var("CC") or "cc")
+    ldshared = shlex.split(var("LDSHARED") or "cc -shared")[1:]  # its flags, with our compiler
+    cmd = [
+        *cc,
+        *shlex.split(var("CFLAGS") or ""),
+        *shlex.split(var("CCSHARED") or "-fPIC"),
+        f"-I{sysconfig.get_paths()['include']}",
+        f'-DEPP_NATIVE_SOURCE_SHA256="{digest}"',
+        str(source),
+        *ldshared,
+        "-o",
+        str(target),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return target
 
 
 class ProtoStubsHook(BuildHookInterface):  # type: ignore[type-arg]
@@ -14,8 +59,26 @@ class ProtoStubsHook(BuildHookInterface):  # type: ignore[type-arg]
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         root = Path(self.root)
-        spec = importlib.util.spec_from_file_location("gen_envoy_stubs", root / "protos" / "gen_envoy_stubs.py")
-        assert spec is not None and spec.loader is not None
+        stubs = root / "protos" / "gen_envoy_stubs.py"
+        spec = importlib.util.spec_from_file_location("gen_envoy_stubs", stubs)
+        assert spec is not None
+        assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         module.generate(root / "src")
+        self._native(root, build_data)
+
+    def _native(self, root: Path, build_data: dict[str, Any]) -> None:
+        try:
+            target = compile_native(root)
+        except (OSError, subprocess.CalledProcessError) as e:
+            detail = getattr(e, "stderr", "") or str(e)
+            self.app.display_warning(
+                f"epp: the C extension {NATIVE_SOURCE} did not compile; the pure-Python prefix loops "
+                f"will be used (slower, same results):\n{detail}"
+            )
+            return
+        # a platform wheel: the module is a build artifact (gitignored), shipped with the package
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        build_data["artifacts"].append(str(target.relative_to(root)))

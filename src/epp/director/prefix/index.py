@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from epp.datalayer.api import Endpoint
+from epp.director.prefix.native import ACTIVE, Loops
 
 _INTERN_MAX: Final = 65536
 
@@ -25,20 +26,31 @@ class PrefixIndex:
     Bitmask values are interned, since few distinct holder sets exist; this keeps one int
     object per holder set instead of one per hash.  Not thread-safe: the asyncio loop is
     the only caller.
+
+    The per-request loops (match, the insertion and eviction of ``add``) are ``loops``': by
+    default the C ones (``epp.director.prefix.native``) over these same containers.
     """
 
     __slots__ = (
+        "_add",
         "_endpoints",
         "_entries",
+        "_evict_n",
         "_free",
         "_index",
         "_intern",
         "_lrus",
+        "_match",
         "_names",
         "_slot_of",
+        "implementation",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, loops: Loops = ACTIVE) -> None:
+        self.implementation = loops.name  # "c" or "python"
+        self._match = loops.match
+        self._add = loops.add
+        self._evict_n = loops.evict
         self._index: dict[int, int] = {}
         self._slot_of: dict[str, int] = {}
         self._lrus: list[OrderedDict[int, None] | None] = []
@@ -74,27 +86,8 @@ class PrefixIndex:
     def match(self, hashes: Sequence[int]) -> dict[int, int]:
         """Slot → number of blocks held, walking ``hashes`` until the first block nobody holds.
 
-        As in GIE, every server holding a walked block counts it, contiguous or not.  Holder
-        sets are few and come in runs (one, usually, for a whole prompt), so each distinct mask
-        is counted by ``list.count``: C loops, no Counter and no context manager per request.
-        """
-        masks: list[int] = list(map(self._index.get, hashes))  # type: ignore[arg-type]  # None cut next
-        if None in masks:
-            del masks[masks.index(None) :]  # type: ignore[arg-type]
-        if not masks:
-            return {}
-        first = masks[0]
-        n = len(masks)
-        if masks.count(first) == n:  # one holder set for the whole walk
-            if not first & (first - 1):  # ... of one server, the usual case
-                return {first.bit_length() - 1: n}
-            return dict.fromkeys(_bits(first), n)
-        counts: dict[int, int] = {}
-        for mask in set(masks):
-            k = masks.count(mask)
-            for slot in _bits(mask):
-                counts[slot] = counts.get(slot, 0) + k
-        return counts
+        As in GIE, every server holding a walked block counts it, contiguous or not."""
+        return self._match(self._index, hashes)
 
     def name_of(self, slot: int) -> str:
         return self._names[slot]
@@ -122,21 +115,9 @@ class PrefixIndex:
         assert lru is not None
         if endpoint is not None:  # a peer's insertion (no object) keeps the one routing recorded
             self._endpoints[slot] = endpoint
-        index = self._index
         intern = self._intern
-        bit = 1 << slot
-        touch = lru.move_to_end
-        before = len(lru)
-        for h in hashes:
-            if h in lru:
-                touch(h)
-                continue
-            lru[h] = None
-            mask = index.get(h, 0) | bit
-            index[h] = intern.setdefault(mask, mask)
-        self._entries += len(lru) - before
-        if len(lru) > capacity:
-            self._evict(slot, lru, len(lru) - capacity)
+        # held hashes move to the recent end, new ones are inserted, then the oldest evicted
+        self._entries += self._add(self._index, intern, lru, hashes, 1 << slot, capacity)
         if len(intern) > _INTERN_MAX:
             intern.clear()
 
@@ -154,17 +135,7 @@ class PrefixIndex:
         heapq.heappush(self._free, slot)
 
     def _evict(self, slot: int, lru: OrderedDict[int, None], count: int) -> None:
-        index = self._index
-        intern = self._intern
-        clear = ~(1 << slot)
-        pop = lru.popitem
-        for _ in range(count):
-            h, _none = pop(last=False)
-            mask = index[h] & clear
-            if mask:
-                index[h] = intern.setdefault(mask, mask)
-            else:
-                del index[h]
+        self._evict_n(self._index, self._intern, lru, 1 << slot, count)
         self._entries -= count
 
     def _new_slot(self, server: str) -> int:

@@ -6,8 +6,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+import structlog
+
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
+from epp.director.prefix import native
 from epp.director.prefix.hashing import AVERAGE_CHARS_PER_TOKEN, hash_request
 from epp.director.prefix.index import PrefixIndex
 from epp.errors import ConfigError
@@ -26,6 +29,20 @@ DEFAULT_LRU_CAPACITY_PER_SERVER: Final = 31250  # ~500k tokens of H100 KV-cache 
 MAX_UNDRAINED: Final = 65536
 PREFILL_PROFILE: Final = "prefill"  # P/D: the prefill endpoint's cache is recorded too
 _INFOS_MAX: Final = 4096  # distinct (matched, total, block size) infos kept between requests
+
+log = structlog.get_logger(__name__)
+_logged_loops = False  # which prefix loops run (C or Python) is said once per process
+
+
+def _log_loops() -> None:
+    global _logged_loops
+    if _logged_loops:
+        return
+    _logged_loops = True
+    if native.NATIVE is None:  # not built: worth a warning (EPP_PURE_PYTHON is a choice)
+        log.warning("prefix_loops", implementation=native.IMPLEMENTATION, reason=native.REASON)
+    else:
+        log.info("prefix_loops", implementation=native.IMPLEMENTATION, reason=native.REASON or None)
 
 
 class ApproxPrefixCacheParams(PluginParams):
@@ -120,6 +137,7 @@ class ApproxPrefixCacheProducer(PluginBase):
         self.max_prefix_tokens = params.max_prefix_tokens_to_match
         self.lru_capacity = params.lru_capacity_per_server
         self.index = PrefixIndex()
+        _log_loops()
         # Names of live endpoints once the datastore tells us about them (None: no observer
         # wiring, record everything).  Guards against re-creating the entries of an endpoint
         # removed between scheduling and PreRequest.
@@ -141,10 +159,15 @@ class ApproxPrefixCacheProducer(PluginBase):
         """The prefix index's size (block hashes known, entries over all endpoints) and its hit
         rate since start: of the prompt blocks looked up for routed requests, the share the
         *picked* endpoint held (what ``prefix_indexer_hit_ratio`` observes per request; the best
-        endpoint may have held more when a load scorer outweighed the prefix scorer)."""
+        endpoint may have held more when a load scorer outweighed the prefix scorer), and which
+        implementation runs the hashing and index loops ("c", or "python" and why)."""
         index = self.index
         looked_up, hit = self.blocks_looked_up, self.blocks_hit
+        loops: dict[str, Any] = {"implementation": index.implementation}
+        if index.implementation != "c":
+            loops["reason"] = native.REASON
         return {
+            "loops": loops,
             "indexedHashes": index.reverse_size,
             "entries": len(index),
             "endpoints": len(index.servers()),
