@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from epp.datalayer.api import Endpoint
-from epp.director.prefix.native import ACTIVE, Loops
+from epp.director.prefix.native import ACTIVE, Loops, bits
 
 _INTERN_MAX: Final = 65536
 
@@ -81,7 +81,7 @@ class PrefixIndex:
     def holders(self, block_hash: int) -> set[str]:
         """Servers whose LRU holds ``block_hash`` (for tests and debugging)."""
         mask = self._index.get(block_hash, 0)
-        return {self._names[s] for s in _bits(mask)}
+        return {self._names[s] for s in bits(mask)}
 
     def match(self, hashes: Sequence[int]) -> dict[int, int]:
         """Slot → number of blocks held, walking ``hashes`` until the first block nobody holds.
@@ -150,12 +150,3 @@ class PrefixIndex:
             self._endpoints.append(None)
         self._slot_of[server] = slot
         return slot
-
-
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out

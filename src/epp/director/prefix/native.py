@@ -80,11 +80,11 @@ def py_match(index: dict[int, int], hashes: Sequence[int]) -> dict[int, int]:
     if masks.count(first) == n:  # one holder set for the whole walk
         if not first & (first - 1):  # ... of one server, the usual case
             return {first.bit_length() - 1: n}
-        return dict.fromkeys(_bits(first), n)
+        return dict.fromkeys(bits(first), n)
     counts: dict[int, int] = {}
     for mask in set(masks):
         k = masks.count(mask)
-        for slot in _bits(mask):
+        for slot in bits(mask):
             counts[slot] = counts.get(slot, 0) + k
     return counts
 
@@ -146,7 +146,8 @@ def py_kept_messages(messages: Any, system: Any) -> list[dict[str, Any]]:
     return kept
 
 
-def _bits(mask: int) -> list[int]:
+def bits(mask: int) -> list[int]:
+    """The slots whose bits are set in ``mask``, lowest first."""
     out = []
     while mask:
         low = mask & -mask
