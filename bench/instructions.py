@@ -58,7 +58,17 @@ STAGES: dict[str, tuple[str, str, str]] = {
         "ApproxPrefixCacheProducer",
         "prepare_request_data_now",
     ),
+    "in-flight producer": (
+        "epp.director.producers.inflight_load",
+        "InFlightLoadProducer",
+        "prepare_request_data_now",
+    ),
     "scheduler": ("epp.scheduling.scheduler", "Scheduler", "schedule"),
+    "- fused plan (scorers, picker)": ("epp.scheduling.fused", "FusedPlan", "run"),
+    "- token-load scorer": ("epp.scheduling.scorers.token_load", "TokenLoadScorer", "score"),
+    "- prefill-load scorer": ("epp.scheduling.scorers.prefill_load", "PrefillLoadScorer", "score"),
+    "in-flight pre-request": ("epp.director.producers.inflight_load", "InFlightLoadProducer", "pre_request"),
+    "prefill-load pre-request": ("epp.scheduling.scorers.prefill_load", "PrefillLoadScorer", "pre_request"),
     "prefix pre-request": (
         "epp.director.producers.approx_prefix",
         "ApproxPrefixCacheProducer",
@@ -66,7 +76,18 @@ STAGES: dict[str, tuple[str, str, str]] = {
     ),
     "routing reply": ("epp.server.responses", "", "routing_headers_response"),
     "response headers": ("epp.director.lifecycle", "RequestLifecycle", "response_headers"),
+    "- in-flight header hook": (
+        "epp.director.producers.inflight_load",
+        "InFlightLoadProducer",
+        "response_header",
+    ),
     "response chunks": ("epp.director.lifecycle", "RequestLifecycle", "response_chunk"),
+    "- prefill-load body hook (per chunk)": (
+        "epp.scheduling.scorers.prefill_load",
+        "PrefillLoadScorer",
+        "response_body",
+    ),
+    "completion (hooks, response metrics)": ("epp.director.response", "ResponseSide", "complete"),
     "close (completion, metrics)": ("epp.server.session", "ExtProcSession", "close"),
 }
 CONFIGS = {
