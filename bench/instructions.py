@@ -64,7 +64,7 @@ STAGES: dict[str, tuple[str, str, str]] = {
         "prepare_request_data_now",
     ),
     "scheduler": ("epp.scheduling.scheduler", "Scheduler", "schedule"),
-    "- fused plan (scorers, picker)": ("epp.scheduling.fused", "FusedPlan", "run"),
+    "- fused plan (scorers, picker, verdict)": ("epp.scheduling.fused", "FusedPlan", "schedule"),
     "- token-load scorer": ("epp.scheduling.scorers.token_load", "TokenLoadScorer", "score"),
     "- prefill-load scorer": ("epp.scheduling.scorers.prefill_load", "PrefillLoadScorer", "score"),
     "in-flight pre-request": ("epp.director.producers.inflight_load", "InFlightLoadProducer", "pre_request"),
