@@ -88,13 +88,6 @@ class PrefillLoadScorer(PluginBase):
     def backlog(self, endpoint: Endpoint) -> int:
         return self._backlog.get(endpoint.name, 0)
 
-    @staticmethod
-    def _uncached(state: CycleState, request: InferenceRequest, endpoint: Endpoint) -> int:
-        prompt = prompt_tokens(request)
-        info = prefix_matches(state).get(endpoint)
-        cached = info.match_blocks * info.block_size_tokens if info is not None else 0
-        return max(prompt - cached, 0)
-
     # Scorer ---------------------------------------------------------------------------
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
@@ -133,10 +126,17 @@ class PrefillLoadScorer(PluginBase):
         if primary is None or not primary.target_endpoints:
             return
         target = primary.target_endpoints[0]
-        tokens = self._uncached(state, request, target)
-        name = target.name
-        self._backlog[name] = self._backlog.get(name, 0) + tokens
-        self._own[name] = self._own.get(name, 0) + tokens
+        info = prefix_matches(state).get(target)  # its uncached prefill: max(prompt - cached, 0)
+        tokens = prompt_tokens(request)
+        if info is not None:
+            tokens -= info.match_blocks * info.block_size_tokens
+            if tokens < 0:
+                tokens = 0
+        name = target.metadata.name  # ``Endpoint.name`` is a property
+        backlog = self._backlog
+        own = self._own
+        backlog[name] = backlog.get(name, 0) + tokens
+        own[name] = own.get(name, 0) + tokens
         if self._changed is not None:
             self._changed.add(name)
             self.sync_dirty()
@@ -144,8 +144,10 @@ class PrefillLoadScorer(PluginBase):
 
     def _release(self, state: CycleState) -> None:
         pending = state.get(self._key)
-        if pending is None or pending.released:
-            return
+        if pending is not None and not pending.released:
+            self._release_pending(pending)
+
+    def _release_pending(self, pending: _Pending) -> None:
         pending.released = True
         subtract(self._backlog, pending.endpoint, pending.tokens)
         subtract(self._own, pending.endpoint, pending.tokens)
@@ -162,8 +164,11 @@ class PrefillLoadScorer(PluginBase):
         chunk: bytes,
         target: Endpoint | None,
     ) -> None:
+        """Called per chunk; after the first it finds its request released (``_release``, inlined)."""
         if chunk or response.end_of_stream:
-            self._release(state)
+            pending = state.get(self._key)
+            if pending is not None and not pending.released:
+                self._release_pending(pending)
 
     # ResponseCompleteProcessor: release on any end, normal or not --------------------------
     def response_complete(
