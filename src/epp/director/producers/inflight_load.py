@@ -87,14 +87,11 @@ def _load(requests: int, tokens: int) -> InFlightLoad:
     return v
 
 
-class _Added:
-    """What one request added, so its release undoes exactly that (profile, counter, tokens)."""
-
-    __slots__ = ("entries", "prefill")
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[bool, _Counter, int]] = []  # (is the prefill leg, counter, tokens)
-        self.prefill = False  # an entry of the prefill profile is still held
+# What one request added, so its release undoes exactly that: (is the prefill leg, counter,
+# tokens) per profile, a list in the request's CycleState (an object with slots cost a Python
+# ``__init__`` a request).  Whether a prefill entry is still held is a second state value, put
+# only for P/D results, so the response-header hook of any other request finds nothing.
+_Entry = tuple[bool, "_Counter", int]
 
 
 class InFlightLoadProducer(PluginBase):
@@ -153,7 +150,8 @@ class InFlightLoadProducer(PluginBase):
         # True once the datastore reports endpoints: from then on only endpoints it added
         # get a counter, so one removed between scheduling and PreRequest cannot come back.
         self._observed = False
-        self._state_key: StateKey[_Added] = StateKey(f"{name}/{self.TYPE}")
+        self._state_key: StateKey[list[_Entry]] = StateKey(f"{name}/{self.TYPE}")
+        self._prefill_key: StateKey[bool] = StateKey(f"{name}/{self.TYPE}/prefill")
 
     def debug_state(self) -> dict[str, Any]:
         """In-flight requests and tokens per endpoint (only endpoints with work outstanding)."""
@@ -213,7 +211,7 @@ class InFlightLoadProducer(PluginBase):
         """
         added = state.get(self._state_key)
         if added is None:
-            added = _Added()
+            added = []
             state.put(self._state_key, added)
         tokens = -1
         prefill_profile = PREFILL_PROFILE if result.disagg is None else result.disagg.prefill_profile
@@ -235,9 +233,9 @@ class InFlightLoadProducer(PluginBase):
                 changed[name] = counter
                 self.sync_dirty()
             prefill = profile == prefill_profile
-            added.entries.append((prefill, counter, tokens))
+            added.append((prefill, counter, tokens))
             if prefill:
-                added.prefill = True
+                state.put(self._prefill_key, True)
 
     def _counter(self, name: str) -> _Counter:
         counter = self._counters.get(name)
@@ -253,12 +251,12 @@ class InFlightLoadProducer(PluginBase):
     def response_header(
         self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
     ) -> None:
-        added = state.get(self._state_key)
-        if added is None or not added.prefill:
+        if not state.get(self._prefill_key):
             return
-        added.prefill = False
+        state.put(self._prefill_key, False)
+        added = state.get(self._state_key) or []
         kept = []
-        for entry in added.entries:
+        for entry in added:
             prefill, counter, tokens = entry
             if prefill:
                 counter.release(tokens)
@@ -267,21 +265,22 @@ class InFlightLoadProducer(PluginBase):
                     self.sync_dirty()
             else:
                 kept.append(entry)
-        added.entries = kept
+        added[:] = kept
 
     def response_complete(
         self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
     ) -> None:
         added = state.get(self._state_key)
-        if added is None:
+        if not added:
             return
-        entries, added.entries, added.prefill = added.entries, [], False
+        entries = added[:]
+        added.clear()  # released once, whatever calls follow
         changed = self._changed
         for _, counter, tokens in entries:
             counter.release(tokens)
             if changed is not None:
                 changed[counter.name] = counter
-        if changed is not None and entries:
+        if changed is not None:
             self.sync_dirty()
 
     # EndpointObserver ---------------------------------------------------------------

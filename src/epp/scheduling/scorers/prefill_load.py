@@ -16,16 +16,10 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
 
-
-class _Pending:
-    """One request's prefill tokens, held on one endpoint until its first response byte."""
-
-    __slots__ = ("endpoint", "released", "tokens")
-
-    def __init__(self, endpoint: str, tokens: int) -> None:
-        self.endpoint = endpoint
-        self.tokens = tokens
-        self.released = False
+# One request's prefill tokens held on one endpoint until its first response byte: (endpoint
+# name, tokens) in the request's CycleState, replaced by None once released (a tuple, not an
+# object with slots: that cost a Python ``__init__`` a request).
+_Pending = tuple[str, int]
 
 
 class PrefillLoadScorer(PluginBase):
@@ -74,7 +68,7 @@ class PrefillLoadScorer(PluginBase):
         self._peers: OriginShares[int] = OriginShares(0, self._peer_changed)
         self._changed: set[str] | None = None  # own backlog changed since the last drain; None: no hub
         self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
-        self._key: StateKey[_Pending] = StateKey(f"{name}/{self.TYPE}")
+        self._key: StateKey[_Pending | None] = StateKey(f"{name}/{self.TYPE}")
 
     def debug_state(self) -> dict[str, Any]:
         """Pending prefill tokens per endpoint: the total scored, this replica's own share, and
@@ -140,19 +134,15 @@ class PrefillLoadScorer(PluginBase):
         if self._changed is not None:
             self._changed.add(name)
             self.sync_dirty()
-        state.put(self._key, _Pending(name, tokens))
+        state.put(self._key, (name, tokens))
 
-    def _release(self, state: CycleState) -> None:
-        pending = state.get(self._key)
-        if pending is not None and not pending.released:
-            self._release_pending(pending)
-
-    def _release_pending(self, pending: _Pending) -> None:
-        pending.released = True
-        subtract(self._backlog, pending.endpoint, pending.tokens)
-        subtract(self._own, pending.endpoint, pending.tokens)
+    def _release_pending(self, state: CycleState, pending: _Pending) -> None:
+        state.put(self._key, None)  # released: once
+        name, tokens = pending
+        subtract(self._backlog, name, tokens)
+        subtract(self._own, name, tokens)
         if self._changed is not None:
-            self._changed.add(pending.endpoint)
+            self._changed.add(name)
             self.sync_dirty()
 
     # ResponseBodyProcessor: the first byte means the prefill is done ----------------------
@@ -164,17 +154,19 @@ class PrefillLoadScorer(PluginBase):
         chunk: bytes,
         target: Endpoint | None,
     ) -> None:
-        """Called per chunk; after the first it finds its request released (``_release``, inlined)."""
+        """Called per chunk; after the first it finds its request released (None)."""
         if chunk or response.end_of_stream:
             pending = state.get(self._key)
-            if pending is not None and not pending.released:
-                self._release_pending(pending)
+            if pending is not None:
+                self._release_pending(state, pending)
 
     # ResponseCompleteProcessor: release on any end, normal or not --------------------------
     def response_complete(
         self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
     ) -> None:
-        self._release(state)
+        pending = state.get(self._key)  # usually released at the first byte
+        if pending is not None:
+            self._release_pending(state, pending)
 
     # EndpointObserver ------------------------------------------------------------------
     def endpoint_added(self, endpoint: Endpoint) -> None:
