@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from epp.datalayer.api import Endpoint
 from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.errors import Internal, ServiceUnavailable
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, ResponseInfo
 from tests.director.test_director import Hooks, body, director, metric
 
 
@@ -233,3 +236,19 @@ async def test_response_metrics_are_observed_per_request_into_each_models_series
             tokens = "inference_objective_input_tokens_count"
             assert metric(tokens, model_name=model, target_model_name=model) == i + 1
     assert not _exported("inference_objective_prompt_cached_tokens_count", "lc-bound-a")  # never reported
+
+
+class _ReadOnlyHooks(Hooks):
+    """A response-header hook that reads the headers and changes nothing, or sets one to its own value."""
+
+    def response_header(
+        self, state: CycleState, request: InferenceRequest, resp: ResponseInfo, t: Endpoint | None
+    ) -> None:
+        resp.headers["content-type"] = resp.headers.get("content-type", "")
+
+
+async def test_headers_a_hook_leaves_as_they_were_are_not_reported_as_added() -> None:
+    """Hooked headers are compared with a copy: unchanged (a value set to itself) reports nothing."""
+    lc = await routed("lc-readonly", _ReadOnlyHooks())
+    assert lc.response_headers(dict(SSE), end_of_stream=False) == []
+    lc.close()
