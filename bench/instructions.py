@@ -90,6 +90,18 @@ STAGES: dict[str, tuple[str, str, str]] = {
     "completion (hooks, response metrics)": ("epp.director.response", "ResponseSide", "complete"),
     "close (completion, metrics)": ("epp.server.session", "ExtProcSession", "close"),
 }
+# Stages of plugins that only some configs have (prefix-heavy's load plugins): 0 elsewhere.
+PLUGIN_STAGES: frozenset[str] = frozenset(
+    {
+        "in-flight producer",
+        "- token-load scorer",
+        "- prefill-load scorer",
+        "in-flight pre-request",
+        "prefill-load pre-request",
+        "- in-flight header hook",
+        "- prefill-load body hook (per chunk)",
+    }
+)
 CONFIGS = {
     "default": DEFAULT_CONFIG,
     "prefix-heavy": Path(__file__).parent / "configs" / "prefix-heavy.yaml",
