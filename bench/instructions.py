@@ -58,7 +58,17 @@ STAGES: dict[str, tuple[str, str, str]] = {
         "ApproxPrefixCacheProducer",
         "prepare_request_data_now",
     ),
+    "in-flight producer": (
+        "epp.director.producers.inflight_load",
+        "InFlightLoadProducer",
+        "prepare_request_data_now",
+    ),
     "scheduler": ("epp.scheduling.scheduler", "Scheduler", "schedule"),
+    "- fused plan (scorers, picker, verdict)": ("epp.scheduling.fused", "FusedPlan", "schedule"),
+    "- token-load scorer": ("epp.scheduling.scorers.token_load", "TokenLoadScorer", "score"),
+    "- prefill-load scorer": ("epp.scheduling.scorers.prefill_load", "PrefillLoadScorer", "score"),
+    "in-flight pre-request": ("epp.director.producers.inflight_load", "InFlightLoadProducer", "pre_request"),
+    "prefill-load pre-request": ("epp.scheduling.scorers.prefill_load", "PrefillLoadScorer", "pre_request"),
     "prefix pre-request": (
         "epp.director.producers.approx_prefix",
         "ApproxPrefixCacheProducer",
@@ -66,9 +76,32 @@ STAGES: dict[str, tuple[str, str, str]] = {
     ),
     "routing reply": ("epp.server.responses", "", "routing_headers_response"),
     "response headers": ("epp.director.lifecycle", "RequestLifecycle", "response_headers"),
+    "- in-flight header hook": (
+        "epp.director.producers.inflight_load",
+        "InFlightLoadProducer",
+        "response_header",
+    ),
     "response chunks": ("epp.director.lifecycle", "RequestLifecycle", "response_chunk"),
+    "- prefill-load body hook (per chunk)": (
+        "epp.scheduling.scorers.prefill_load",
+        "PrefillLoadScorer",
+        "response_body",
+    ),
+    "completion (hooks, response metrics)": ("epp.director.response", "ResponseSide", "complete"),
     "close (completion, metrics)": ("epp.server.session", "ExtProcSession", "close"),
 }
+# Stages of plugins that only some configs have (prefix-heavy's load plugins): 0 elsewhere.
+PLUGIN_STAGES: frozenset[str] = frozenset(
+    {
+        "in-flight producer",
+        "- token-load scorer",
+        "- prefill-load scorer",
+        "in-flight pre-request",
+        "prefill-load pre-request",
+        "- in-flight header hook",
+        "- prefill-load body hook (per chunk)",
+    }
+)
 CONFIGS = {
     "default": DEFAULT_CONFIG,
     "prefix-heavy": Path(__file__).parent / "configs" / "prefix-heavy.yaml",

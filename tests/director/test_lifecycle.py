@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from epp.datalayer.api import Endpoint
 from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.errors import Internal, ServiceUnavailable
+from epp.plugin.state import CycleState
+from epp.request import InferenceRequest, ResponseInfo
 from tests.director.test_director import Hooks, body, director, metric
 
 
@@ -197,4 +200,55 @@ async def test_rewritten_response_is_not_held(can_hold: bool, headers: dict[str,
     assert lc.response_chunk(unchanged, False) is unchanged
     assert lc.response_end() is None
     assert phase(lc) is Phase.COMPLETE
+    lc.close()
+
+
+def _exported(name: str, model: str) -> bool:
+    from epp.metrics.series import REGISTRY
+
+    return any(
+        s.name == name and s.labels.get("model_name") == model for f in REGISTRY.collect() for s in f.samples
+    )
+
+
+async def test_response_metrics_are_observed_per_request_into_each_models_series() -> None:
+    """The per-model children are bound once and reused: every request is one observation of its
+    own model's series, and a series no request observed is not exported (the usage parser
+    reports prompt and completion tokens, never cached ones)."""
+    duration = "inference_objective_request_duration_seconds_count"
+    for i in range(3):
+        for model in ("lc-bound-a", "lc-bound-b"):
+            lc = await routed(model)
+            assert running(model) == 1
+            lc.response_headers(dict(SSE), end_of_stream=False)
+            lc.response_chunk(b"data: [DONE]\n\n", True)
+            lc.close()
+            assert running(model) == 0
+            assert metric(duration, model_name=model, target_model_name=model) == i + 1
+            assert (
+                metric(
+                    "inference_objective_request_ttft_seconds_count",
+                    model_name=model,
+                    target_model_name=model,
+                )
+                == i + 1
+            )
+            tokens = "inference_objective_input_tokens_count"
+            assert metric(tokens, model_name=model, target_model_name=model) == i + 1
+    assert not _exported("inference_objective_prompt_cached_tokens_count", "lc-bound-a")  # never reported
+
+
+class _ReadOnlyHooks(Hooks):
+    """A response-header hook that reads the headers and changes nothing, or sets one to its own value."""
+
+    def response_header(
+        self, state: CycleState, request: InferenceRequest, resp: ResponseInfo, t: Endpoint | None
+    ) -> None:
+        resp.headers["content-type"] = resp.headers.get("content-type", "")
+
+
+async def test_headers_a_hook_leaves_as_they_were_are_not_reported_as_added() -> None:
+    """Hooked headers are compared with a copy: unchanged (a value set to itself) reports nothing."""
+    lc = await routed("lc-readonly", _ReadOnlyHooks())
+    assert lc.response_headers(dict(SSE), end_of_stream=False) == []
     lc.close()

@@ -22,6 +22,8 @@ from epp.app.registry import default_registry
 from epp.config.load import load_config
 from epp.datalayer.api import Endpoint
 from epp.director.traced import traced_scheduler
+from epp.plugin.state import CycleState
+from epp.scheduling import fused as fused_module
 from epp.scheduling.api import PROFILE_TRACES, Picker
 from epp.scheduling.fused import FusedPlan
 from epp.scheduling.pickers.max_score import MaxScorePicker
@@ -206,3 +208,32 @@ def test_a_picker_rng_replaced_after_building_breaks_the_fused_plans_ties() -> N
 
     assert picks(5) == picks(5)
     assert picks(5) != picks(6)
+
+
+def test_the_verdict_for_an_endpoint_is_made_once_and_equals_the_handlers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plan keeps one verdict per picked endpoint (equal to the handler's, per request it
+    would make a new one), and starts its table again once it holds ``VERDICTS_MAX``."""
+    monkeypatch.setattr(fused_module, "VERDICTS_MAX", 2)
+    fleet = tuple(_endpoint(random.Random(4), i, 0) for i in range(3))
+
+    def scheduler(fused: bool) -> Scheduler:
+        scorer = build(QueueScorer)
+        return Scheduler(
+            build(SingleProfileHandler),
+            [SchedulerProfile("p", filters=[], scorers=[(scorer, 1.0)], picker=build(MaxScorePicker))],
+            fused=fused,
+        )
+
+    plan_side, general = scheduler(True), scheduler(False)
+    seen = []
+    for i in (0, 0, 1, 2, 0):  # the candidates narrowed to one endpoint: it is the pick
+        only = (fleet[i],)
+        got = plan_side.schedule(CycleState(), request(), only)
+        assert got == general.schedule(CycleState(), request(), only)
+        assert got.primary.target_endpoints == only
+        seen.append(got)
+    assert seen[1] is seen[0]  # kept, not made again
+    assert seen[4] is not seen[0]  # three endpoints picked, two kept: the table started again
+    assert seen[4] == seen[0]

@@ -152,6 +152,8 @@ class RequestLifecycle:
         if end_of_stream:
             self._final_chunk(b"")
         if before is not None:
+            if headers == before:  # the usual case: the hooks only read them (one C comparison)
+                return added
             return [(k, v) for k, v in headers.items() if before.get(k) != v]  # new or overridden
         return added
 

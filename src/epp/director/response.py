@@ -11,7 +11,7 @@ errors).  ``ResponseSide`` keeps no per-request state: it is called with a reque
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -38,10 +38,12 @@ class ResponseSide:
     __slots__ = (
         "_admission",
         "_body_timers",
+        "_by_model",
         "_done_timers",
         "_ds",
         "_hdr_timers",
         "_p",
+        "_running",
         "closed",
         "headers_needed",
         "opened",
@@ -56,6 +58,11 @@ class ResponseSide:
         self._done_timers = tuple(
             (p, plugin_timer("ResponseStreaming", p)) for p in pipeline.response_complete
         )
+        # Metric children bound once per model, not looked up by label per request (~1.8k
+        # instructions a lookup): the running gauge by incoming model, the response histograms
+        # by (incoming, target) (``_record_response_metrics``).
+        self._running: dict[str, Any] = {}
+        self._by_model: dict[tuple[str, str], list[Any]] = {}
         # Whether a plugin reads response headers (else lean mode skips them too: endpoint health
         # then hears only the scrapes, and the stream's end, which comes right after routing).
         self.headers_needed = bool(pipeline.response_header)
@@ -88,8 +95,14 @@ class ResponseSide:
         """
         if ctx.target is not None:
             ctx.target.health.sent(time.monotonic())
-        if ctx.result is not None and ctx.request.incoming_model:
-            running = ctx.running = series.RUNNING_REQUESTS.labels(ctx.request.incoming_model)
+        model = ctx.request.incoming_model
+        if ctx.result is not None and model:
+            running = self._running.get(model)
+            if running is None:
+                if len(self._running) >= _MODELS_MAX:
+                    self._running.clear()
+                running = self._running[model] = series.RUNNING_REQUESTS.labels(model)
+            ctx.running = running
             running.inc()
             return True
         return False
@@ -172,7 +185,7 @@ class ResponseSide:
                 log.warning("response_complete_failed", plugin=str(plugin.typed_name), exc_info=True)
             timer.observe(time.perf_counter() - t0)
         if ctx.result is not None and resp.end_of_stream:
-            _record_response_metrics(ctx, resp, now)
+            _record_response_metrics(ctx, resp, now, self._by_model)
         self._admission.notify()
 
     def finish(self, ctx: RequestContext, error: EppError | None, *, running: bool) -> None:
@@ -193,26 +206,58 @@ class ResponseSide:
             ).inc()
 
 
-def _record_response_metrics(ctx: RequestContext, resp: ResponseInfo, now: float) -> None:
+# The per-model response histograms, in the order of a ``_ModelSeries`` list's slots.
+_DURATION, _SIZES, _INPUT, _OUTPUT, _NTPOT, _CACHED, _TTFT, _TPOT = range(8)
+_FAMILIES: Final = (
+    series.REQUEST_DURATION,
+    series.RESPONSE_SIZES,
+    series.INPUT_TOKENS,
+    series.OUTPUT_TOKENS,
+    series.NORMALIZED_TPOT,
+    series.PROMPT_CACHED_TOKENS,
+    series.REQUEST_TTFT,
+    series.REQUEST_TPOT,
+)
+_MODELS_MAX: Final = 4096  # (incoming, target) pairs whose children are kept; then it starts again
+
+
+def _bind(children: list[Any], slot: int, labels: tuple[str, str]) -> Any:
+    """The histogram child of ``_FAMILIES[slot]`` for ``labels``, looked up once and kept in ``children``.
+
+    Bound when first observed, not when the model is first seen: a series that is never
+    observed must not be exported (as with ``labels(...)`` at the observation).
+    """
+    child = children[slot] = _FAMILIES[slot].labels(*labels)
+    return child
+
+
+def _record_response_metrics(
+    ctx: RequestContext, resp: ResponseInfo, now: float, by_model: dict[tuple[str, str], list[Any]]
+) -> None:
     req = ctx.request
     labels = (req.incoming_model, req.target_model)
+    c = by_model.get(labels)
+    if c is None:
+        if len(by_model) >= _MODELS_MAX:
+            by_model.clear()
+        c = by_model[labels] = [None] * len(_FAMILIES)
     elapsed = now - req.received_at
-    series.REQUEST_DURATION.labels(*labels).observe(elapsed)
-    series.RESPONSE_SIZES.labels(*labels).observe(resp.body_bytes)
+    (c[_DURATION] or _bind(c, _DURATION, labels)).observe(elapsed)
+    (c[_SIZES] or _bind(c, _SIZES, labels)).observe(resp.body_bytes)
     usage = resp.usage
     if usage is not None:
         if usage.prompt_tokens > 0:
-            series.INPUT_TOKENS.labels(*labels).observe(usage.prompt_tokens)
+            (c[_INPUT] or _bind(c, _INPUT, labels)).observe(usage.prompt_tokens)
         if usage.completion_tokens > 0:
-            series.OUTPUT_TOKENS.labels(*labels).observe(usage.completion_tokens)
-            series.NORMALIZED_TPOT.labels(*labels).observe(elapsed / usage.completion_tokens)
+            (c[_OUTPUT] or _bind(c, _OUTPUT, labels)).observe(usage.completion_tokens)
+            (c[_NTPOT] or _bind(c, _NTPOT, labels)).observe(elapsed / usage.completion_tokens)
         if usage.cached_tokens is not None:
-            series.PROMPT_CACHED_TOKENS.labels(*labels).observe(usage.cached_tokens)
+            (c[_CACHED] or _bind(c, _CACHED, labels)).observe(usage.cached_tokens)
     if resp.streaming and resp.first_chunk_at:
-        series.REQUEST_TTFT.labels(*labels).observe(resp.first_chunk_at - req.received_at)
+        (c[_TTFT] or _bind(c, _TTFT, labels)).observe(resp.first_chunk_at - req.received_at)
         if usage is not None and usage.completion_tokens > 1:
             tpot = (now - resp.first_chunk_at) / (usage.completion_tokens - 1)
-            series.REQUEST_TPOT.labels(*labels).observe(tpot)
+            (c[_TPOT] or _bind(c, _TPOT, labels)).observe(tpot)
 
 
 def rewrite_model_name(chunk: bytes, target: str, incoming: str) -> bytes:

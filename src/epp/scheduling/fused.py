@@ -16,7 +16,8 @@ whether it accumulates, whether its scores need clamping and where its list goes
 is decided once: the scorers after the metrics score cache's leading ones are compiled into
 ``_Group``s (the cached or per-request score lists ``combine`` adds, then at most one
 accumulating scorer that adds its weighted scores into the running totals), and
-``max-score-picker`` picking one endpoint is inlined (the usual ``maxNumOfEndpoints``).
+``max-score-picker`` picking one endpoint is inlined (the usual ``maxNumOfEndpoints``), its
+result and the handler's verdict on it kept per endpoint (``FusedPlan.schedule``).
 
 The floats are those of the general path, bit for bit: the same plugins are called with the
 same arguments in the same order, the same ``combine`` adds the same lists in the same order,
@@ -30,15 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from time import perf_counter
-from typing import Any
+from typing import Any, Final
 
 from epp.datalayer.api import Endpoint
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
-from epp.scheduling.api import ProfileHandler, ProfileRunResult
+from epp.scheduling.api import ProfileHandler, ProfileRunResult, SchedulingResult
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.profiles.single import SingleProfileHandler
-from epp.scheduling.weighting import WeightedScorer, clamped, combine
+from epp.scheduling.weighting import WeightedScorer, clamped, combine, timer
+
+VERDICTS_MAX: Final = 4096  # endpoints whose verdict is kept (more than any pool: then it starts again)
 
 
 class _Group:
@@ -60,9 +63,19 @@ class _Group:
 class FusedPlan:
     """One profile's run, compiled (``compile``), for a scheduler whose shape allows it."""
 
-    __slots__ = ("_cache", "_groups", "_max_score", "_pick", "_pick_hist", "name", "tail")
+    __slots__ = (
+        "_cache",
+        "_groups",
+        "_max_score",
+        "_pick",
+        "_pick_hist",
+        "_process_hist",
+        "_verdicts",
+        "name",
+        "tail",
+    )
 
-    def __init__(self, profile: Any) -> None:
+    def __init__(self, profile: Any, process_hist: Any) -> None:
         self.name: str = profile.name
         self._cache = profile.cache
         lead = self._cache.leading if self._cache is not None else 0
@@ -84,6 +97,8 @@ class FusedPlan:
         self.tail = last if last.lists else None
         self._groups = tuple(groups)
         self._pick, self._pick_hist = profile._picker
+        self._process_hist = process_hist  # the handler's ``ProcessProfilesResults`` duration
+        self._verdicts: dict[Endpoint, SchedulingResult] = {}
         # ``max-score-picker``, inlined for one endpoint (read per request, as its RNG: tests
         # replace ``rng`` with a seeded one after building).
         self._max_score: MaxScorePicker | None = (
@@ -91,7 +106,9 @@ class FusedPlan:
         )
 
     @staticmethod
-    def compile(handler: ProfileHandler, profiles: Sequence[Any]) -> FusedPlan | None:
+    def compile(
+        handler: ProfileHandler, profiles: Sequence[Any], process_hist: Any = None
+    ) -> FusedPlan | None:
         """The plan for this handler and these profiles, or None when the general path must run."""
         from epp.scheduling.scheduler import SchedulerProfile  # the scheduler imports this module
 
@@ -100,26 +117,64 @@ class FusedPlan:
         profile = profiles[0]
         if type(profile) is not SchedulerProfile or profile.filters:
             return None
-        return FusedPlan(profile)
+        return FusedPlan(
+            profile, process_hist if process_hist is not None else timer("ProcessProfilesResults", handler)
+        )
 
     def run(self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]) -> ProfileRunResult:
         """Score and pick, as ``SchedulerProfile.run`` does for a request that is not explained."""
+        return self.schedule(state, request, eps).profile_results[self.name]  # type: ignore[return-value]
+
+    def schedule(
+        self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> SchedulingResult:
+        """``run`` and the single-profile handler's verdict on it (its one result, primary).
+
+        The inlined ``max-score-picker`` picks one endpoint, and the verdict for an endpoint is
+        always the same two frozen objects, so they are made once per endpoint and kept
+        (``_verdicts``), not per request (two frozen dataclasses cost ~12k instructions a
+        request).  The handler's verdict is observed as the lookup it now is; the picker's time
+        ends where it begins (one clock read between them).
+        """
         totals = self.totals(state, request, eps)
         picker = self._max_score
         if picker is not None and picker.max_num_of_endpoints == 1:
             t0 = perf_counter()
             best = max(totals)
             if totals.count(best) == 1:  # the usual case: a unique best
-                result = ProfileRunResult((eps[totals.index(best)],))
+                ep = eps[totals.index(best)]
             else:
                 ties = [i for i, s in enumerate(totals) if s == best]
-                result = ProfileRunResult((eps[ties[picker.rng.randrange(len(ties))]],))
-            self._pick_hist.observe(perf_counter() - t0)
-            return result
+                ep = eps[ties[picker.rng.randrange(len(ties))]]
+            t1 = perf_counter()
+            self._pick_hist.observe(t1 - t0)
+            verdict = self._verdicts.get(ep)
+            if verdict is None:
+                verdict = self._verdict(ProfileRunResult((ep,)), ep)
+            self._process_hist.observe(perf_counter() - t1)
+            return verdict
         t0 = perf_counter()
-        result = self._pick(state, request, eps, totals)
-        self._pick_hist.observe(perf_counter() - t0)
-        return result  # type: ignore[no-any-return]
+        run = self._pick(state, request, eps, totals)
+        t1 = perf_counter()
+        self._pick_hist.observe(t1 - t0)
+        verdict = SchedulingResult(profile_results={self.name: run}, primary_profile_name=self.name)
+        self._process_hist.observe(perf_counter() - t1)
+        return verdict
+
+    def _verdict(self, run: ProfileRunResult, ep: Endpoint) -> SchedulingResult:
+        """The verdict for a pick of ``ep`` alone, kept for the next request that picks it.
+
+        Endpoints that left the pool stay until the table is full, then it starts again: it
+        holds at most ``VERDICTS_MAX`` endpoints, and every value is immutable (the result and
+        its ``profile_results`` are never changed by the scheduler or a plugin).
+        """
+        verdicts = self._verdicts
+        if len(verdicts) >= VERDICTS_MAX:
+            verdicts.clear()
+        verdict = verdicts[ep] = SchedulingResult(
+            profile_results={self.name: run}, primary_profile_name=self.name
+        )
+        return verdict
 
     def totals(self, state: CycleState, request: InferenceRequest, eps: Sequence[Endpoint]) -> list[float]:
         """Every candidate's weighted total, the floats the general path hands its picker.

@@ -252,7 +252,7 @@ class Scheduler:
         self._pick_timer = timer("ProfilePicker", handler)
         self._process_timer = timer("ProcessProfilesResults", handler)
         self._attempts: dict[tuple[str, str, str, str, int], Any] = {}
-        self._fused = FusedPlan.compile(handler, profiles) if fused else None
+        self._fused = FusedPlan.compile(handler, profiles, self._process_timer) if fused else None
 
     @property
     def fused(self) -> FusedPlan | None:
@@ -327,28 +327,25 @@ class Scheduler:
         The single-profile handler's two rounds (run the profile; then nothing is left to run)
         were decided at build time; each is observed as the ``ProfilePicker`` duration it costs
         now, the time from the call to here, so the metric counts what GIE's does.  Its verdict
-        on a result is that result, primary (built here); a failed run is ``None`` for the
-        handler to judge, with its error text, as on the general path.
+        on a result is that result, primary (the plan's, kept per picked endpoint); a failed
+        run is ``None`` for the handler to judge, with its error text, as on the general path.
         """
         decided = perf_counter() - t_start
         pick = self._pick_timer.observe
         pick(decided)
         name = plan.name
-        run: ProfileRunResult | None
+        result: SchedulingResult | None
         try:
-            run = plan.run(state, request, candidates)
+            result = plan.schedule(state, request, candidates)  # the handler's verdict included
         except SchedulingError as e:
             log.debug("scheduler_profile_failed", profile=name, error=str(e))
-            run = None
+            result = None
         except Exception:
             log.exception("scheduler_profile_failed", profile=name)
-            run = None
+            result = None
         pick(decided)
-        if run is None:  # the handler's verdict and GIE's error text
+        if result is None:  # the handler's verdict and GIE's error text
             return self._process(state, request, {name: None})
-        t0 = perf_counter()  # single-profile-handler's verdict on its one result, inlined
-        result = SchedulingResult(profile_results={name: run}, primary_profile_name=name)
-        self._process_timer.observe(perf_counter() - t0)
         return result
 
     def _process(

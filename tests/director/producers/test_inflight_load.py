@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -378,3 +379,18 @@ def test_concurrency_detector_reads_live_load() -> None:
     assert detector.saturation([a, b]) == 2 / 4
     p.response_complete(state, req(size=16), response(), a)
     assert detector.saturation([a, b]) == 1 / 4
+
+
+def test_a_counters_view_is_an_ordinary_frozen_in_flight_load() -> None:
+    """The view is built through the slots' setters, not the dataclass's ``__init__``: it must be
+    the same value (equal, same hash, same repr) and as frozen."""
+    p = build(InFlightLoadProducer)
+    a = endpoint(0)
+    state = CycleState()
+    req = InferenceRequest(request_id="r", headers={}, request_size_bytes=400)
+    p.pre_request(state, req, result(("default", [a])))
+    view = p.load_of(a)
+    want = InFlightLoad(requests=1, tokens=estimate_tokens(req))
+    assert view == want and hash(view) == hash(want) and repr(view) == repr(want)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.tokens = 0  # type: ignore[misc]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as hs
 
 from epp.datalayer.attributes import PRECISE_PREFIX_MATCH, PREFIX_MATCH, PrefixMatchInfo
 from epp.plugin.state import CycleState
 from epp.request import ResponseInfo
 from epp.scheduling.api import ProfileRunResult, SchedulingResult
+from epp.scheduling.normalize import min_max_scores
 from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.testing.builders import make_endpoint, make_request
 from epp.testing.plugins import build
@@ -98,3 +101,27 @@ def test_the_engines_reported_blocks_override_the_approximate_guess() -> None:
     assert s.backlog(EPS[1]) == 1000  # all of it: the engine holds none of this prompt
     routed(s, st, 1000, 2)
     assert s.backlog(EPS[2]) == 1000 - 40 * 16
+
+
+@given(
+    hs.lists(
+        hs.tuples(hs.integers(0, 3000), hs.one_of(hs.none(), hs.integers(0, 120))), min_size=1, max_size=40
+    ),
+    hs.integers(1, 2000),
+)
+def test_scores_are_min_max_scores_of_backlog_plus_uncached_prompt(
+    rows: list[tuple[int, int | None]], prompt: int
+) -> None:
+    """The one-pass score is the shared formula, float for float, whatever the fleet."""
+    eps = [make_endpoint(i) for i in range(len(rows))]
+    s = build(PrefillLoadScorer)
+    cs = CycleState()
+    estimates = []
+    for ep, (backlog, blocks) in zip(eps, rows, strict=True):
+        s._backlog[ep.name] = backlog
+        cached = 0
+        if blocks is not None:
+            cs.put_attribute(PREFIX_MATCH, ep, PrefixMatchInfo(blocks, 120, 16))
+            cached = blocks * 16
+        estimates.append(backlog + max(prompt - cached, 0))
+    assert s.score(cs, request(prompt), eps) == min_max_scores(estimates)

@@ -52,9 +52,12 @@ class _Counter:
 
     def release(self, tokens: int) -> None:
         # Exact by construction (each release undoes one recorded add); the clamp only
-        # guards the invariant "never negative" against a future misuse.
-        self.requests = max(self.requests - 1, 0)
-        self.tokens = max(self.tokens - tokens, 0)
+        # guards the invariant "never negative" against a future misuse (a test, not ``max``:
+        # a builtin call each).
+        r = self.requests - 1
+        t = self.tokens - tokens
+        self.requests = r if r > 0 else 0
+        self.tokens = t if t > 0 else 0
         self._view = None
 
     def add_peer(self, requests: int, tokens: int) -> None:
@@ -65,20 +68,30 @@ class _Counter:
     def view(self) -> InFlightLoad:
         v = self._view
         if v is None:
-            v = self._view = InFlightLoad(
-                requests=self.requests + self.peer_requests, tokens=self.tokens + self.peer_tokens
-            )
+            v = self._view = _load(self.requests + self.peer_requests, self.tokens + self.peer_tokens)
         return v
 
 
-class _Added:
-    """What one request added, so its release undoes exactly that (profile, counter, tokens)."""
+# ``InFlightLoad(requests=r, tokens=t)`` without the frozen dataclass's ``__init__``, which sets
+# each field through ``object.__setattr__`` (5.6k instructions against 2.9k): the slots' own
+# setters, once.  The object is the same (equal, hashable, frozen against later assignment).
+_new = object.__new__
+_set_requests = getattr(InFlightLoad, "requests").__set__  # noqa: B009 - the slot's descriptor
+_set_tokens = getattr(InFlightLoad, "tokens").__set__  # noqa: B009
 
-    __slots__ = ("entries", "prefill")
 
-    def __init__(self) -> None:
-        self.entries: list[tuple[bool, _Counter, int]] = []  # (is the prefill leg, counter, tokens)
-        self.prefill = False  # an entry of the prefill profile is still held
+def _load(requests: int, tokens: int) -> InFlightLoad:
+    v: InFlightLoad = _new(InFlightLoad)
+    _set_requests(v, requests)
+    _set_tokens(v, tokens)
+    return v
+
+
+# What one request added, so its release undoes exactly that: (is the prefill leg, counter,
+# tokens) per profile, a list in the request's CycleState (an object with slots cost a Python
+# ``__init__`` a request).  Whether a prefill entry is still held is a second state value, put
+# only for P/D results, so the response-header hook of any other request finds nothing.
+_Entry = tuple[bool, "_Counter", int]
 
 
 class InFlightLoadProducer(PluginBase):
@@ -137,7 +150,8 @@ class InFlightLoadProducer(PluginBase):
         # True once the datastore reports endpoints: from then on only endpoints it added
         # get a counter, so one removed between scheduling and PreRequest cannot come back.
         self._observed = False
-        self._state_key: StateKey[_Added] = StateKey(f"{name}/{self.TYPE}")
+        self._state_key: StateKey[list[_Entry]] = StateKey(f"{name}/{self.TYPE}")
+        self._prefill_key: StateKey[bool] = StateKey(f"{name}/{self.TYPE}/prefill")
 
     def debug_state(self) -> dict[str, Any]:
         """In-flight requests and tokens per endpoint (only endpoints with work outstanding)."""
@@ -163,45 +177,65 @@ class InFlightLoadProducer(PluginBase):
     async def prepare_request_data(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> None:
-        self.prepare(state, endpoints)
+        self.prepare_request_data_now(state, request, endpoints)
 
     def prepare_request_data_now(
-        self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
+        self, state: CycleState, request: InferenceRequest | None, endpoints: Sequence[Endpoint]
     ) -> None:
-        """Never waits: the director calls this without a coroutine (director.api.ImmediateProducer)."""
-        self.prepare(state, endpoints)
+        """Never waits: the director calls this without a coroutine (director.api.ImmediateProducer).
 
-    def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
-        """The synchronous body of ``prepare_request_data`` (benchmarks call it)."""
+        Each counter's view is read from its slot; only a counter changed since the last read
+        (the endpoint the previous request went to, usually) makes a new one.
+        """
         counters = self._counters
         values: dict[Any, InFlightLoad] = {}
         for ep in endpoints:
             counter = counters.get(ep.metadata.name)
-            values[ep] = IDLE if counter is None else counter.view()
+            if counter is None:
+                values[ep] = IDLE
+            else:
+                v = counter._view
+                values[ep] = v if v is not None else counter.view()
         state.set_attributes(INFLIGHT_LOAD, values)
+
+    def prepare(self, state: CycleState, endpoints: Sequence[Endpoint]) -> None:
+        """``prepare_request_data`` without a request (it reads none)."""
+        self.prepare_request_data_now(state, None, endpoints)
 
     # PreRequest ---------------------------------------------------------------------
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        """Add the request to the first endpoint of every profile result and remember what it added.
+
+        The usual result has one profile: one counter, updated in place here (``_Counter.add``
+        inlined), one entry.
+        """
         added = state.get(self._state_key)
         if added is None:
-            added = _Added()
+            added = []
             state.put(self._state_key, added)
         tokens = -1
         prefill_profile = PREFILL_PROFILE if result.disagg is None else result.disagg.prefill_profile
+        counters = self._counters
+        changed = self._changed
         for profile, run in result.profile_results.items():
             if run is None or not run.target_endpoints:
                 continue
             if tokens < 0:
                 tokens = estimate_tokens(request)
-            counter = self._counter(run.target_endpoints[0].metadata.name)
-            counter.add(tokens)
-            if self._changed is not None:
-                self._changed[counter.name] = counter
+            name = run.target_endpoints[0].metadata.name
+            counter = counters.get(name)
+            if counter is None:
+                counter = self._counter(name)
+            counter.requests += 1
+            counter.tokens += tokens
+            counter._view = None
+            if changed is not None:
+                changed[name] = counter
                 self.sync_dirty()
             prefill = profile == prefill_profile
-            added.entries.append((prefill, counter, tokens))
+            added.append((prefill, counter, tokens))
             if prefill:
-                added.prefill = True
+                state.put(self._prefill_key, True)
 
     def _counter(self, name: str) -> _Counter:
         counter = self._counters.get(name)
@@ -217,12 +251,12 @@ class InFlightLoadProducer(PluginBase):
     def response_header(
         self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
     ) -> None:
-        added = state.get(self._state_key)
-        if added is None or not added.prefill:
+        if not state.get(self._prefill_key):
             return
-        added.prefill = False
+        state.put(self._prefill_key, False)
+        added = state.get(self._state_key) or []
         kept = []
-        for entry in added.entries:
+        for entry in added:
             prefill, counter, tokens = entry
             if prefill:
                 counter.release(tokens)
@@ -231,21 +265,22 @@ class InFlightLoadProducer(PluginBase):
                     self.sync_dirty()
             else:
                 kept.append(entry)
-        added.entries = kept
+        added[:] = kept
 
     def response_complete(
         self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
     ) -> None:
         added = state.get(self._state_key)
-        if added is None:
+        if not added:
             return
-        entries, added.entries, added.prefill = added.entries, [], False
+        entries = added[:]
+        added.clear()  # released once, whatever calls follow
         changed = self._changed
         for _, counter, tokens in entries:
             counter.release(tokens)
             if changed is not None:
                 changed[counter.name] = counter
-        if changed is not None and entries:
+        if changed is not None:
             self.sync_dirty()
 
     # EndpointObserver ---------------------------------------------------------------

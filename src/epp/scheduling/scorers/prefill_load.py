@@ -15,18 +15,11 @@ from epp.plugin.replicated import parse_rows, unsynced
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, prompt_tokens
 from epp.scheduling.api import SchedulingResult, ScorerCategory
-from epp.scheduling.normalize import min_max_scores
 
-
-class _Pending:
-    """One request's prefill tokens, held on one endpoint until its first response byte."""
-
-    __slots__ = ("endpoint", "released", "tokens")
-
-    def __init__(self, endpoint: str, tokens: int) -> None:
-        self.endpoint = endpoint
-        self.tokens = tokens
-        self.released = False
+# One request's prefill tokens held on one endpoint until its first response byte: (endpoint
+# name, tokens) in the request's CycleState, replaced by None once released (a tuple, not an
+# object with slots: that cost a Python ``__init__`` a request).
+_Pending = tuple[str, int]
 
 
 class PrefillLoadScorer(PluginBase):
@@ -75,7 +68,7 @@ class PrefillLoadScorer(PluginBase):
         self._peers: OriginShares[int] = OriginShares(0, self._peer_changed)
         self._changed: set[str] | None = None  # own backlog changed since the last drain; None: no hub
         self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
-        self._key: StateKey[_Pending] = StateKey(f"{name}/{self.TYPE}")
+        self._key: StateKey[_Pending | None] = StateKey(f"{name}/{self.TYPE}")
 
     def debug_state(self) -> dict[str, Any]:
         """Pending prefill tokens per endpoint: the total scored, this replica's own share, and
@@ -89,27 +82,37 @@ class PrefillLoadScorer(PluginBase):
     def backlog(self, endpoint: Endpoint) -> int:
         return self._backlog.get(endpoint.name, 0)
 
-    @staticmethod
-    def _uncached(state: CycleState, request: InferenceRequest, endpoint: Endpoint) -> int:
-        prompt = prompt_tokens(request)
-        info = prefix_matches(state).get(endpoint)
-        cached = info.match_blocks * info.block_size_tokens if info is not None else 0
-        return max(prompt - cached, 0)
-
     # Scorer ---------------------------------------------------------------------------
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: Sequence[Endpoint]
     ) -> Sequence[float]:
-        backlog = self._backlog
+        """``min_max_scores`` of the estimates, the bounds taken in the same pass that makes them.
+
+        One Python loop: ``min``/``max`` and ``max(prompt - cached, 0)`` per endpoint were
+        builtin calls (each ~2k instructions on a few endpoints, argument parsing included),
+        and ``min_max_scores``'s set and memo pay off only for many equal readings.  The
+        floats are ``min_max_scores``'s: ``(hi - v) / float(hi - lo)``.
+        """
+        backlog = self._backlog.get
         prompt = prompt_tokens(request)
-        infos = prefix_matches(state)
-        estimates = []
+        get = prefix_matches(state).get
+        estimates: list[int] = []
+        append = estimates.append
+        lo = hi = -1  # estimates are >= 0
         for ep in endpoints:
-            info = infos.get(ep)
-            cached = info.match_blocks * info.block_size_tokens if info is not None else 0
+            info = get(ep)
+            u = prompt - info.match_blocks * info.block_size_tokens if info is not None else prompt
             # ep.metadata.name: ``Endpoint.name`` is a property, a call per endpoint
-            estimates.append(backlog.get(ep.metadata.name, 0) + max(prompt - cached, 0))
-        return min_max_scores(estimates)
+            e = backlog(ep.metadata.name, 0) + (u if u > 0 else 0)
+            append(e)
+            if e > hi:
+                hi = e
+            if e < lo or lo < 0:
+                lo = e
+        if hi == lo:
+            return [1.0] * len(estimates)
+        span = float(hi - lo)
+        return [(hi - v) / span for v in estimates]
 
     # PreRequest: the chosen endpoint takes this prompt's uncached prefill -----------------
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
@@ -117,24 +120,29 @@ class PrefillLoadScorer(PluginBase):
         if primary is None or not primary.target_endpoints:
             return
         target = primary.target_endpoints[0]
-        tokens = self._uncached(state, request, target)
-        name = target.name
-        self._backlog[name] = self._backlog.get(name, 0) + tokens
-        self._own[name] = self._own.get(name, 0) + tokens
+        info = prefix_matches(state).get(target)  # its uncached prefill: max(prompt - cached, 0)
+        tokens = prompt_tokens(request)
+        if info is not None:
+            tokens -= info.match_blocks * info.block_size_tokens
+            if tokens < 0:
+                tokens = 0
+        name = target.metadata.name  # ``Endpoint.name`` is a property
+        backlog = self._backlog
+        own = self._own
+        backlog[name] = backlog.get(name, 0) + tokens
+        own[name] = own.get(name, 0) + tokens
         if self._changed is not None:
             self._changed.add(name)
             self.sync_dirty()
-        state.put(self._key, _Pending(name, tokens))
+        state.put(self._key, (name, tokens))
 
-    def _release(self, state: CycleState) -> None:
-        pending = state.get(self._key)
-        if pending is None or pending.released:
-            return
-        pending.released = True
-        subtract(self._backlog, pending.endpoint, pending.tokens)
-        subtract(self._own, pending.endpoint, pending.tokens)
+    def _release_pending(self, state: CycleState, pending: _Pending) -> None:
+        state.put(self._key, None)  # released: once
+        name, tokens = pending
+        subtract(self._backlog, name, tokens)
+        subtract(self._own, name, tokens)
         if self._changed is not None:
-            self._changed.add(pending.endpoint)
+            self._changed.add(name)
             self.sync_dirty()
 
     # ResponseBodyProcessor: the first byte means the prefill is done ----------------------
@@ -146,14 +154,19 @@ class PrefillLoadScorer(PluginBase):
         chunk: bytes,
         target: Endpoint | None,
     ) -> None:
+        """Called per chunk; after the first it finds its request released (None)."""
         if chunk or response.end_of_stream:
-            self._release(state)
+            pending = state.get(self._key)
+            if pending is not None:
+                self._release_pending(state, pending)
 
     # ResponseCompleteProcessor: release on any end, normal or not --------------------------
     def response_complete(
         self, state: CycleState, request: InferenceRequest, response: ResponseInfo, target: Endpoint | None
     ) -> None:
-        self._release(state)
+        pending = state.get(self._key)  # usually released at the first byte
+        if pending is not None:
+            self._release_pending(state, pending)
 
     # EndpointObserver ------------------------------------------------------------------
     def endpoint_added(self, endpoint: Endpoint) -> None:
