@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 
 import zmq
@@ -101,6 +102,57 @@ async def test_a_late_message_sends_a_busy_receiver_back_to_the_descriptor() -> 
         await pub.send(b"late")
         await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="late queued")
         rx.read_now()  # a riding read that finds a late one drops the timer too
+        assert got[-1] == [b"late"] and _state(rx) == (False, True)
+
+
+async def test_a_ride_reads_in_a_wake_the_loop_had_and_puts_the_busy_timer_off() -> None:
+    """``ride`` (the ext_proc edge calls it on every read): at most once per ``RIDE_EVERY`` it reads
+    what is queued and puts the busy timer off by ``gap`` (found or not: nothing is queued now);
+    a late message sends the receiver back to the descriptor, as from any other read."""
+    got: list[Frames] = []
+    async with _linked() as (pub, rx):
+
+        def handler(messages: list[Frames]) -> None:
+            got.extend(messages)
+            if [b"late"] in messages:
+                rx.prompt()
+
+        rx.listen(handler, gap=3600.0)
+        await _connected(pub, got)
+        await pub.send(b"second")  # two reads with messages within gap: busy, on the timer
+        await until(lambda: [b"second"] in got, 5, what="the descriptor's callback reads the second")
+        assert _state(rx) == (True, False)
+        sub = rx._sub_raw
+        assert sub is not None
+
+        async def queued(what: bytes) -> None:
+            await pub.send(what)
+            await until(
+                lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what=f"{what!r} queued"
+            )
+
+        got.clear()
+        await queued(b"third")
+        timer = rx._timer
+        rx._ride_after = 0.0
+        rx.ride()  # a request's wake: read here, and the timer put off
+        assert got == [[b"third"]] and rx.reads_routing == 1
+        assert _state(rx) == (True, False) and rx._timer is not timer
+        await queued(b"fourth")
+        rx._ride_after = time.monotonic() + 60.0
+        rx.ride()  # within RIDE_EVERY of the last ride: a clock compare, nothing read
+        assert got == [[b"third"]] and rx.reads_routing == 1
+        rx._ride_after = 0.0
+        rx.ride()
+        assert got[-1] == [b"fourth"] and rx.reads_routing == 2
+        timer = rx._timer
+        rx._ride_after = 0.0
+        rx.ride()  # nothing queued: no read, but the backstop is put off all the same
+        assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is not timer
+        assert rx.timer_wakes == 0
+        await queued(b"late")
+        rx._ride_after = 0.0
+        rx.ride()  # a late message: no timer kept, the descriptor watched again
         assert got[-1] == [b"late"] and _state(rx) == (False, True)
 
 
