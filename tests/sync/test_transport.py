@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -147,8 +148,16 @@ async def test_a_ride_reads_in_a_wake_the_loop_had_and_puts_the_busy_timer_off()
         assert got[-1] == [b"fourth"] and rx.reads_routing == 2
         timer = rx._timer
         rx._ride_after = 0.0
-        rx.ride()  # nothing queued: no read, but the backstop is put off all the same
+        rx.ride()  # nothing queued, and more than half a gap left on the backstop: left as it is
+        assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is timer
+        assert timer is not None
+        timer.cancel()
+        loop = asyncio.get_running_loop()
+        rx._timer = timer = loop.call_later(60.0, rx._on_timer)  # as if most of the gap had passed
+        rx._ride_after = 0.0
+        rx.ride()  # nothing queued now: the backstop need not read before a gap from now
         assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is not timer
+        assert rx._timer.when() > loop.time() + 3000.0
         assert rx.timer_wakes == 0
         await queued(b"late")
         rx._ride_after = 0.0

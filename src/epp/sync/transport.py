@@ -79,6 +79,7 @@ class ZmqTransport:
         self._found_at = -1e9  # loop time of the last read that found messages (any cause)
         self._prompt = False  # the handler found a message past its budget: leave the busy timer
         self._ride_after = 0.0  # monotonic: ``ride`` reads again from then on
+        self._last_ride = -1e9  # monotonic: the last ride that read (or checked)
         self._fd = -1
         self.redials = 0
         # reads that found messages, by what ran them: the descriptor woke the loop, the busy
@@ -256,7 +257,7 @@ class ZmqTransport:
         if not self._watching:
             self._loop.add_reader(self._fd, self._on_readable)
             self._watching = True
-        if _events(self._sub_raw) & zmq.POLLIN:  # arrived while nobody watched: no signal will come
+        if _events(self._sub_raw) & _POLLIN:  # arrived while nobody watched: no signal will come
             self._on_readable()
 
     def prompt(self) -> None:
@@ -331,13 +332,33 @@ class ZmqTransport:
         if now < self._ride_after or self._handler is None:
             return
         self._ride_after = now + RIDE_EVERY
+        steady, self._last_ride = now - self._last_ride < self._gap, now
         self._prompt = False
+        loop = self._loop
         if self.read_all():
             self.reads_routing += 1
             self._found()
-        elif self._timer is not None and self._loop is not None:
+        elif (
+            self._timer is not None and loop is not None and self._timer.when() - loop.time() < self._gap / 2
+        ):
+            # nothing queued now: the backstop need not read before ``gap`` from now (put off
+            # only once half a gap has passed: a timer handle each ride would cost more)
             self._timer.cancel()
-            self._timer = self._loop.call_later(self._gap, self._on_timer)
+            self._timer = loop.call_later(self._gap, self._on_timer)
+        if (
+            steady
+            and self._watching
+            and not self._prompt
+            and loop is not None
+            and self._gap > 0
+            and loop.time() - self._found_at < 2 * self._gap
+        ):
+            # Routing steadily (two rides within gap) while peers send (a read found messages
+            # lately): the next ride will most likely come before the read gap ends, so the
+            # descriptor need not wake the loop for the next message; the timer is the backstop.
+            loop.remove_reader(self._fd)
+            self._watching = False
+            self._timer = loop.call_later(self._gap, self._on_timer)
 
     def read_all(self, limit: int = 4096) -> int:
         """Hand every queued message (up to ``limit``) to the handler in one call; how many."""
@@ -348,7 +369,7 @@ class ZmqTransport:
         out: list[Frames] = []
         recv = raw.recv_multipart
         try:
-            while len(out) < limit and _events(raw) & zmq.POLLIN:
+            while len(out) < limit and _events(raw) & _POLLIN:
                 out.append(recv(zmq.NOBLOCK))
         except zmq.Again:  # EVENTS said POLLIN but the message was not whole yet: next signal
             pass
@@ -407,6 +428,10 @@ class ZmqTransport:
         return sock
 
 
+_EVENTS: Final = int(zmq.EVENTS)
+_POLLIN: Final = int(zmq.POLLIN)  # plain ints: the enums' operators cost ~1 us a read (ride checks often)
+
+
 def _events(sock: zmq.Socket[bytes] | None) -> int:
     """``ZMQ_EVENTS`` (reading it also re-arms the socket's descriptor)."""
-    return 0 if sock is None else int(sock.getsockopt(zmq.EVENTS))
+    return 0 if sock is None else int(sock.getsockopt(_EVENTS))
