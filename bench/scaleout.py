@@ -43,11 +43,22 @@ this machine: N replicas, their load client and the simulator share 2 cores, so 
 switches and cache misses inflate every process's CPU per request as N grows, with or without
 sync; ``sync_off_vs_alone`` (sync off at N over one replica alone) shows how much, and
 ``sync_on_vs_off_same_n`` what the sync itself adds at the same crowding.  The goal's ratio
-charges both to the sync.  At 60 and at 200 req/s a replica's requests are further apart
-(16.7, 5 ms) than the sender's 3 ms gap, so each request is its own message (its release
-rides along): each replica receives one message per peer per request, and each costs it a
-share of a wake of its loop and a wake of libzmq's I/O thread (docs/decisions.md, "What a
-sync peer costs").
+charges both to the sync.  So each rate also has ``uncrowded`` cells (N = 2, 4, 8): replica 0
+is the only EPP on the machine, under the same load, and its N-1 peers are replayed by one
+light process (bench/scaleout_peers: N-1 real ``SyncHub``s with the real encoder, transport and
+shared plugins, their decisions made by the real director from the same prompts at the same
+rate on the same schedule as the crowded cells' clients, so the batches replica 0 receives have
+the same sizes and timing); effective scaling is reported from them too, with the staleness
+replica 0 saw (its lag histogram: the replayed peers' decisions applied on it).  Both exist
+because neither alone is the answer: the crowded cells are N real replicas (every peer's
+timing and load as it is, but N processes sharing 2 cores), the uncrowded ones are what one
+replica pays for its peers when it has its core (what a deployment with a core per replica
+sees), with the peers' side modelled by their real code rather than run as N processes.  At
+60 and at 200 req/s a replica's requests are further apart (16.7, 5 ms) than the sender's 3 ms
+gap, so each request is its own message (its release rides along): each replica receives one
+message per peer per request, and each costs it a share of a wake of its loop (fewer while it
+routes: peers' messages are read in its requests' wakes, ``reads_routing``) and a wake of
+libzmq's I/O thread (docs/decisions.md, "What a sync peer costs").
 
 Part ``workers``: ``epp --workers 1`` and ``--workers 2`` (sync peers of each other, as by
 default), driven directly over ext_proc, closed loop (the same streams in flight), several
@@ -94,7 +105,7 @@ import aiohttp
 import uvloop
 
 from bench import extproc_client as xc
-from bench.common import CONFIGS, cpu_seconds, log, rnd, write_result
+from bench.common import CONFIGS, cpu_seconds, log, read_result, rnd, write_result
 from bench.prefix_routing import JUDGED, PROFILES
 from bench.routing import MODEL, Workload, builtin_load, fleet_counters, sim_args
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
@@ -556,6 +567,8 @@ async def uncrowded_cell(n: int, st: Settings, rate: float | None = None) -> dic
             replayer_cpu = cpu_seconds(peers.pid) - cpu0
         finally:
             await e0.stop()
+            e0.cleanup()
+            peers.stdin.close()  # the pipe transport closes with it (else it is left to a finalizer)
             if peers.returncode is None:
                 peers.kill()
             await peers.wait()
@@ -1185,6 +1198,18 @@ async def run(parts: Sequence[str], st: Settings) -> dict[str, Any]:
     return doc
 
 
+def keep_other_parts(doc: dict[str, Any], parts: Sequence[str]) -> dict[str, Any]:
+    """A run of some parts keeps the other parts of the results file it replaces (the report
+    renders every part from one file), each saying which run it came from."""
+    prev = read_result("scaleout") or {}
+    kept = {p: prev[p] for p in PARTS if p not in parts and p in prev}
+    if not kept:
+        return doc
+    earlier = {p: {"finished": prev.get("finished"), "command": prev.get("command")} for p in kept}
+    earlier |= {p: v for p, v in (prev.get("earlier_parts") or {}).items() if p in kept}
+    return {**kept, **doc, "earlier_parts": earlier}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scaleout", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -1196,6 +1221,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown parts: {', '.join(sorted(unknown))}")
     st = QUICK if args.quick else FULL
     doc = uvloop.run(run(parts, st))
+    doc = keep_other_parts(doc, parts)
     path = write_result("scaleout", doc, mode="quick" if args.quick else "full", seeds=SEEDS)
     log(f"scaleout: wrote {path}")
     for p in parts:
