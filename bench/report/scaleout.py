@@ -37,8 +37,8 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
         ]
         sc = c["effective_scaling"]
         out += [
-            "**Cost of sharing, crowded** (N replicas on this 2-core machine, each driven directly over ext_proc "
-            "at the same rate)",
+            "**Cost of sharing, crowded** (N replicas on this 2-core machine, each driven directly "
+            "over ext_proc at the same rate)",
             "",
             table(
                 ["replicas", "sync", "CPU µs/request (replica 0)", "p99 ms", "staleness p99 ms", "failed"],
