@@ -146,9 +146,14 @@ async def _receiver(
     await until(lambda: hub.connected >= 1, 30, what="the sender heard")
     router = asyncio.create_task(_routing(routing, hub.transport.ride if ride else None)) if routing else None
     ready.set()
-    cpu, wakes, received = time.process_time(), _loop_wakes(), hub.stats.received
+    cpu, loop_cpu, wakes, received = (
+        time.process_time(),
+        time.thread_time(),
+        _loop_wakes(),
+        hub.stats.received,
+    )
     await until(done.is_set, seconds + 30, what="the sender done")
-    cpu, wakes = time.process_time() - cpu, _loop_wakes() - wakes
+    cpu, loop_cpu, wakes = time.process_time() - cpu, time.thread_time() - loop_cpu, _loop_wakes() - wakes
     received = hub.stats.received - received
     if router is not None:
         router.cancel()
@@ -160,6 +165,7 @@ async def _receiver(
     return {
         "lags": counter.lags,
         "cpu_s": cpu,
+        "loop_cpu_s": loop_cpu,
         "wakes": wakes,
         "received": received,
         "dropped": hub.stats.dropped,
@@ -222,6 +228,8 @@ def one(rate: float, seconds: float, dirty: bool, routing: float = 0.0, ride: bo
         "receiver_cpu_s": rnd(rcv["cpu_s"]),
         "receiver_batches": rcv["received"],
         "receiver_cpu_us_per_batch": rnd(rcv["cpu_s"] / batches * 1e6, 1),
+        # of which the event loop's thread (the rest: libzmq's I/O thread, the hub's tick)
+        "receiver_loop_cpu_us_per_batch": rnd(rcv["loop_cpu_s"] / batches * 1e6, 1),
         "receiver_wakes_per_batch": rnd(rcv["wakes"] / batches, 2),
         # reads by cause over the whole run: the descriptor, the busy timer, requests' wakes
         "receiver_reads": {k: rcv["reads"][k] for k in ("woken", "timer", "routing", "timerWakes")},

@@ -60,7 +60,7 @@ async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None
         assert sub is not None
         await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="third queued")
         assert got == []  # nobody watches the descriptor until the timer
-        timer = rx._timer
+        timer = _due_soon(rx)
         rx.read_now()  # the hub was awake anyway (it sent): read, and put the timer off
         assert got == [[b"third"]]
         assert _state(rx) == (True, False) and rx._timer is not timer
@@ -134,7 +134,7 @@ async def test_a_ride_reads_in_a_wake_the_loop_had_and_puts_the_busy_timer_off()
 
         got.clear()
         await queued(b"third")
-        timer = rx._timer
+        timer = _due_soon(rx)
         rx._ride_after = 0.0
         rx.ride()  # a request's wake: read here, and the timer put off
         assert got == [[b"third"]] and rx.reads_routing == 1
@@ -146,18 +146,15 @@ async def test_a_ride_reads_in_a_wake_the_loop_had_and_puts_the_busy_timer_off()
         rx._ride_after = 0.0
         rx.ride()
         assert got[-1] == [b"fourth"] and rx.reads_routing == 2
-        timer = rx._timer
+        kept = rx._timer
         rx._ride_after = 0.0
         rx.ride()  # nothing queued, and more than half a gap left on the backstop: left as it is
-        assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is timer
-        assert timer is not None
-        timer.cancel()
-        loop = asyncio.get_running_loop()
-        rx._timer = timer = loop.call_later(60.0, rx._on_timer)  # as if most of the gap had passed
+        assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is kept
+        timer = _due_soon(rx)
         rx._ride_after = 0.0
         rx.ride()  # nothing queued now: the backstop need not read before a gap from now
         assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is not timer
-        assert rx._timer.when() > loop.time() + 3000.0
+        assert rx._timer is not None and rx._timer.when() > asyncio.get_running_loop().time() + 3000.0
         assert rx.timer_wakes == 0
         await queued(b"late")
         rx._ride_after = 0.0
@@ -172,6 +169,15 @@ async def _polled(cond: Callable[[], bool]) -> bool:
     except AssertionError:
         return False
     return True
+
+
+def _due_soon(t: ZmqTransport) -> asyncio.TimerHandle:
+    """The busy timer replaced by one due in a minute (of a gap of an hour): as if most of the gap
+    had passed, so a read now puts it off (one with more than half a gap left is kept)."""
+    assert t._timer is not None and t._loop is not None
+    t._timer.cancel()
+    t._timer = t._loop.call_later(60.0, t._on_timer)
+    return t._timer
 
 
 def _state(t: ZmqTransport) -> tuple[bool, bool]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterable
+from time import monotonic as _monotonic
 from typing import Final
 
 import structlog
@@ -281,16 +281,29 @@ class ZmqTransport:
             return
         now = loop.time()
         busy, self._found_at = now - self._found_at < self._gap, now
-        if self._timer is not None:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None:
             if self._prompt:
+                timer.cancel()
                 self._watch()
             else:
-                self._timer = loop.call_later(self._gap, self._on_timer)
+                self._put_off(timer, loop, now)
         elif busy and not self._prompt and self._watching:
-            loop.remove_reader(self._fd)
-            self._watching = False
+            self._backstop(loop)
+
+    def _put_off(self, timer: asyncio.TimerHandle, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        """Nothing is queued now: the timer need not read before ``gap`` from now.  Put off only
+        once half a gap has passed (it then reads up to half a gap early): a new timer handle on
+        every read riding on a request costs more, cold, than the reads it saves."""
+        if timer.when() - now < self._gap / 2:
+            timer.cancel()
             self._timer = loop.call_later(self._gap, self._on_timer)
+
+    def _backstop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stop watching the descriptor; read on the timer (and on the loop's other wakes)."""
+        loop.remove_reader(self._fd)
+        self._watching = False
+        self._timer = loop.call_later(self._gap, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -321,44 +334,39 @@ class ZmqTransport:
         """The loop woke for a request (an ext_proc read): read peers' messages in this wake.
 
         Called by the ext_proc edge on every read (the app wires it); at most once per
-        ``RIDE_EVERY`` it costs more than a clock compare: a ``ZMQ_EVENTS`` check, the read if
-        something is queued, and putting the busy receiver's timer off by ``gap`` (nothing is
-        queued now, so the backstop need not read before then).  While the replica routes more
-        often than once per ``gap``, peers' messages are read in its requests' wakes and the
-        loop wakes for none of them; staleness stays bounded by ``gap`` after arrival, since a
-        read (ride, send or timer) follows every check within ``gap``.
+        ``RIDE_EVERY`` it costs more than a clock compare.  On the busy timer (the descriptor not
+        watched): a ``ZMQ_EVENTS`` check, the read if something is queued, and the timer put off
+        (nothing is queued now, so the backstop need not read before ``gap`` from now).
+        Watching the descriptor: when the replica routes steadily (two rides within ``gap``)
+        while peers send (a read found messages within two gaps), it stops watching and the
+        timer becomes the backstop.  So while the replica routes more often than once per
+        ``gap``, peers' messages are read in its requests' wakes and the loop wakes for none of
+        them; staleness stays bounded by ``gap`` after arrival, since a read (ride, send or
+        timer) follows every check within ``gap``.
         """
-        now = time.monotonic()
-        if now < self._ride_after or self._handler is None:
+        now = _monotonic()
+        if now < self._ride_after:
             return
         self._ride_after = now + RIDE_EVERY
+        raw, loop = self._sub_raw, self._loop
+        if raw is None or loop is None or self._handler is None or self._gap <= 0:
+            return
         steady, self._last_ride = now - self._last_ride < self._gap, now
-        self._prompt = False
-        loop = self._loop
-        if self.read_all():
-            self.reads_routing += 1
-            self._found()
-        elif (
-            self._timer is not None and loop is not None and self._timer.when() - loop.time() < self._gap / 2
-        ):
-            # nothing queued now: the backstop need not read before ``gap`` from now (put off
-            # only once half a gap has passed: a timer handle each ride would cost more)
-            self._timer.cancel()
-            self._timer = loop.call_later(self._gap, self._on_timer)
-        if (
-            steady
-            and self._watching
-            and not self._prompt
-            and loop is not None
-            and self._gap > 0
-            and loop.time() - self._found_at < 2 * self._gap
-        ):
+        timer = self._timer
+        if timer is not None:  # on the backstop timer: read here what came since
+            self._prompt = False
+            if _events(raw) & _POLLIN and self.read_all():
+                self.reads_routing += 1
+                self._found()
+            elif self._timer is timer:
+                self._put_off(timer, loop, loop.time())
+        # Watching the descriptor, a message that came during this wake is read in this loop
+        # iteration or the next without a sleep: checking ``EVENTS`` here (a syscall) buys nothing.
+        elif steady and self._watching and loop.time() - self._found_at < 2 * self._gap:
             # Routing steadily (two rides within gap) while peers send (a read found messages
             # lately): the next ride will most likely come before the read gap ends, so the
             # descriptor need not wake the loop for the next message; the timer is the backstop.
-            loop.remove_reader(self._fd)
-            self._watching = False
-            self._timer = loop.call_later(self._gap, self._on_timer)
+            self._backstop(loop)
 
     def read_all(self, limit: int = 4096) -> int:
         """Hand every queued message (up to ``limit``) to the handler in one call; how many."""
