@@ -43,11 +43,22 @@ this machine: N replicas, their load client and the simulator share 2 cores, so 
 switches and cache misses inflate every process's CPU per request as N grows, with or without
 sync; ``sync_off_vs_alone`` (sync off at N over one replica alone) shows how much, and
 ``sync_on_vs_off_same_n`` what the sync itself adds at the same crowding.  The goal's ratio
-charges both to the sync.  At 60 and at 200 req/s a replica's requests are further apart
-(16.7, 5 ms) than the sender's 3 ms gap, so each request is its own message (its release
-rides along): each replica receives one message per peer per request, and each costs it a
-share of a wake of its loop and a wake of libzmq's I/O thread (docs/decisions.md, "What a
-sync peer costs").
+charges both to the sync.  So each rate also has ``uncrowded`` cells (N = 2, 4, 8): replica 0
+is the only EPP on the machine, under the same load, and its N-1 peers are replayed by one
+light process (bench/scaleout_peers: N-1 real ``SyncHub``s with the real encoder, transport and
+shared plugins, their decisions made by the real director from the same prompts at the same
+rate on the same schedule as the crowded cells' clients, so the batches replica 0 receives have
+the same sizes and timing); effective scaling is reported from them too, with the staleness
+replica 0 saw (its lag histogram: the replayed peers' decisions applied on it).  Both exist
+because neither alone is the answer: the crowded cells are N real replicas (every peer's
+timing and load as it is, but N processes sharing 2 cores), the uncrowded ones are what one
+replica pays for its peers when it has its core (what a deployment with a core per replica
+sees), with the peers' side modelled by their real code rather than run as N processes.  At
+60 and at 200 req/s a replica's requests are further apart (16.7, 5 ms) than the sender's 3 ms
+gap, so each request is its own message (its release rides along): each replica receives one
+message per peer per request, and each costs it a share of a wake of its loop (fewer while it
+routes: peers' messages are read in its requests' wakes, ``reads_routing``) and a wake of
+libzmq's I/O thread (docs/decisions.md, "What a sync peer costs").
 
 Part ``workers``: ``epp --workers 1`` and ``--workers 2`` (sync peers of each other, as by
 default), driven directly over ext_proc, closed loop (the same streams in flight), several
@@ -75,15 +86,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import re
 import signal
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -91,7 +105,7 @@ import aiohttp
 import uvloop
 
 from bench import extproc_client as xc
-from bench.common import CONFIGS, cpu_seconds, log, rnd, write_result
+from bench.common import CONFIGS, cpu_seconds, log, read_result, rnd, write_result
 from bench.prefix_routing import JUDGED, PROFILES
 from bench.routing import MODEL, Workload, builtin_load, fleet_counters, sim_args
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
@@ -226,13 +240,15 @@ _BUCKET = re.compile(r'^(\w+)_bucket\{(?:[^}]*,)?le="([^"]+)"[^}]*\}\s+(\S+)$', 
 _SAMPLE = re.compile(r"^(\w+)(?:\{[^}]*\})?\s+(\S+)$", re.M)
 
 
-def histogram_quantile(text: str, family: str, q: float) -> float | None:
-    """Prometheus' histogram_quantile over every series of ``family`` (buckets summed)."""
+def histogram_quantile(text: str, family: str, q: float, *, minus: str = "") -> float | None:
+    """Prometheus' histogram_quantile over every series of ``family`` (buckets summed); with
+    ``minus`` (an earlier scrape of the same process), of what was observed since."""
     buckets: dict[float, float] = {}
-    for m in _BUCKET.finditer(text):
-        if m.group(1) == family:
-            le = float("inf") if m.group(2) == "+Inf" else float(m.group(2))
-            buckets[le] = buckets.get(le, 0.0) + float(m.group(3))
+    for sign, page in ((1.0, text), (-1.0, minus)):
+        for m in _BUCKET.finditer(page):
+            if m.group(1) == family:
+                le = float("inf") if m.group(2) == "+Inf" else float(m.group(2))
+                buckets[le] = buckets.get(le, 0.0) + sign * float(m.group(3))
     if not buckets:
         return None
     bounds = sorted(buckets)
@@ -480,38 +496,117 @@ async def sync_debug(port: int) -> dict[str, Any]:
 
 
 async def cost_cell(n: int, sync: bool, st: Settings, rate: float | None = None) -> dict[str, Any]:
+    """N real replicas, each driven by this process at ``rate``: the crowded cell."""
     rate = st.cost_rate if rate is None else rate
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
         epps = replicas(n, fleet.hostports, sync=sync, config=CONFIG)
         await start_all(epps)
         try:
             vs = [xc.variants(prompts(256, i), MODEL) for i in range(n)]
-            await asyncio.sleep(1.0)  # let start-up work (first scrapes, warm start) settle
-            idle0 = cpu_seconds(epps[0].pid)
-            t_idle = time.perf_counter()
-            await asyncio.sleep(2.0)  # the idle window: scrape loops, heartbeats
-            idle_rate = (cpu_seconds(epps[0].pid) - idle0) / (time.perf_counter() - t_idle)
-            d0 = await sync_debug(epps[0].metrics_port)
-            c0 = cpu_seconds(epps[0].pid)
-            z0 = thread_cpu(epps[0].pid, "ZMQbg/IO")
-            w0 = wakes(epps[0].pid)
-            t0 = time.perf_counter()
-            stats = await asyncio.gather(
-                *(
-                    xc.open_loop("127.0.0.1", e.grpc_port, vs[i], rate=rate, seconds=st.cost_seconds)
-                    for i, e in enumerate(epps)
+
+            async def load() -> list[xc.Stats]:
+                return await asyncio.gather(
+                    *(
+                        xc.open_loop("127.0.0.1", e.grpc_port, vs[i], rate=rate, seconds=st.cost_seconds)
+                        for i, e in enumerate(epps)
+                    )
                 )
-            )
-            wall = time.perf_counter() - t0
-            busy = cpu_seconds(epps[0].pid) - c0 - idle_rate * wall
-            zmq_io = thread_cpu(epps[0].pid, "ZMQbg/IO") - z0
-            w1 = wakes(epps[0].pid)
-            text = await metrics_text(epps[0].metrics_port)
-            d1 = await sync_debug(epps[0].metrics_port)
+
+            cell = await measured(epps[0], load)
         finally:
             await stop_all(epps)
+    return {"replicas": n, "sync": sync, "rate": rate, **cell}
+
+
+async def uncrowded_cell(n: int, st: Settings, rate: float | None = None) -> dict[str, Any]:
+    """Replica 0 the only EPP on the machine, its N-1 peers replayed by one light process
+    (bench/scaleout_peers: real hubs and plugins, the same decisions on the same schedule)."""
+    rate = st.cost_rate if rate is None else rate
+    async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
+        pool = Ports()
+        ports = [pool.one(pair=True) for _ in range(n)]
+        peers = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.scaleout_peers",
+            f"--replica={ports[0]}",
+            f"--ports={','.join(map(str, ports[1:]))}",
+            f"--endpoints={','.join(fleet.hostports)}",
+            f"--config={CONFIG}",
+            f"--model={MODEL}",
+            f"--rate={rate}",
+            f"--seconds={st.cost_seconds}",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert peers.stdin is not None
+        assert peers.stdout is not None
+        e0 = epp(
+            pool,
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            f"--config-file={CONFIG}",
+            *peer_args(0, ports),
+        )
+        try:
+            line = await asyncio.wait_for(peers.stdout.readline(), 120)
+            if line.strip() != b"ready":
+                raise RuntimeError(f"scaleout_peers did not start: {line!r}")
+            await e0.start()
+            vs = xc.variants(prompts(256, 0), MODEL)
+            stdin, stdout = peers.stdin, peers.stdout
+
+            async def load() -> list[xc.Stats]:
+                stdin.write(b"go\n")  # the peers' schedules start with replica 0's, as the clients' do
+                await stdin.drain()
+                return [await xc.open_loop("127.0.0.1", e0.grpc_port, vs, rate=rate, seconds=st.cost_seconds)]
+
+            cpu0 = cpu_seconds(peers.pid)
+            cell = await measured(e0, load)
+            replayed = json.loads(await asyncio.wait_for(stdout.readline(), 60))
+            replayer_cpu = cpu_seconds(peers.pid) - cpu0
+        finally:
+            await e0.stop()
+            e0.cleanup()
+            peers.stdin.close()  # the pipe transport closes with it (else it is left to a finalizer)
+            if peers.returncode is None:
+                peers.kill()
+            await peers.wait()
+    return {
+        "replicas": n,
+        "sync": True,
+        "rate": rate,
+        **cell,
+        "replayed_requests": replayed["requests"],
+        "replayed_batches_sent": replayed["batches_sent"],
+        "replayer_cpu_s": rnd(replayer_cpu, 2),
+    }
+
+
+async def measured(e0: EppProcess, load: Callable[[], Awaitable[list[xc.Stats]]]) -> dict[str, Any]:
+    """Replica 0's cost while ``load`` runs (its stats first): CPU (idle subtracted), wakes, sync
+    counters and its lag histogram, per request it routed."""
+    await asyncio.sleep(1.0)  # let start-up work (first scrapes, warm start) settle
+    idle0 = cpu_seconds(e0.pid)
+    t_idle = time.perf_counter()
+    await asyncio.sleep(2.0)  # the idle window: scrape loops, heartbeats
+    idle_rate = (cpu_seconds(e0.pid) - idle0) / (time.perf_counter() - t_idle)
+    d0 = await sync_debug(e0.metrics_port)
+    lag0 = await metrics_text(e0.metrics_port)
+    c0 = cpu_seconds(e0.pid)
+    z0 = thread_cpu(e0.pid, "ZMQbg/IO")
+    w0 = wakes(e0.pid)
+    t0 = time.perf_counter()
+    stats = await load()
+    wall = time.perf_counter() - t0
+    busy = cpu_seconds(e0.pid) - c0 - idle_rate * wall
+    zmq_io = thread_cpu(e0.pid, "ZMQbg/IO") - z0
+    w1 = wakes(e0.pid)
+    text = await metrics_text(e0.metrics_port)
+    d1 = await sync_debug(e0.metrics_port)
     s0 = stats[0]
-    lag = histogram_quantile(text, "epp_sync_delta_lag_seconds", 0.99)
+    # the lag of the batches applied during the load only (the warm-up's are subtracted)
+    lag = histogram_quantile(text, "epp_sync_delta_lag_seconds", 0.99, minus=lag0)
     routed = s0.routed
 
     def per_request(x: float) -> float | None:
@@ -521,9 +616,6 @@ async def cost_cell(n: int, sync: bool, st: Settings, rate: float | None = None)
         return per_request(d1[key] - d0.get(key, 0)) if key in d1 else None
 
     return {
-        "replicas": n,
-        "sync": sync,
-        "rate": rate,
         "routed": routed,
         "failed": sum(s.failed for s in stats),
         "refused": sum(s.refused for s in stats),
@@ -537,7 +629,7 @@ async def cost_cell(n: int, sync: bool, st: Settings, rate: float | None = None)
         "staleness_p99_ms": rnd(lag * 1e3) if lag is not None else None,
         # per request routed: the event loop's and libzmq's wakes (voluntary context switches),
         # the batches sent and received, and the reads by cause (the descriptor woke the loop,
-        # the busy timer, or a wake the loop had anyway), from /debug/plugins/state
+        # the busy timer, the hub's send, or a request's ext_proc read), from /debug/plugins/state
         "loop_wakes_per_request": per_request(w1[0] - w0[0]),
         "zmq_io_wakes_per_request": per_request(w1[1] - w0[1]),
         "sent_per_request": delta("sent"),
@@ -546,6 +638,8 @@ async def cost_cell(n: int, sync: bool, st: Settings, rate: float | None = None)
         "reads_woken_per_request": delta("reads_woken"),
         "reads_timer_per_request": delta("reads_timer"),
         "reads_riding_per_request": delta("reads_riding"),
+        "reads_routing_per_request": delta("reads_routing"),
+        "timer_wakes_per_request": delta("reads_timerWakes"),
     }
 
 
@@ -564,6 +658,8 @@ _COST_MEDIANS: Final = (
     "reads_woken_per_request",
     "reads_timer_per_request",
     "reads_riding_per_request",
+    "reads_routing_per_request",
+    "timer_wakes_per_request",
 )
 COST_HIGH_RATE: Final = 200.0  # per replica: 8 x 200 = 1,600 req/s still fits this machine (p99 says)
 OVERLOADED_P99_MS: Final = 20.0  # a cost cell whose p99 is above this ran on a saturated machine
@@ -574,38 +670,57 @@ async def cost(st: Settings) -> dict[str, Any]:
     elsewhere on the machine hits one round of every cell, not every round of one cell); medians.
     The top level is ``st.cost_rate``'s summary (the goal's figures, computed as before);
     ``by_rate`` has every rate's, ``COST_HIGH_RATE`` too (where a replica's requests come closer
-    together than the sender's gap, so batches carry several)."""
+    together than the sender's gap, so batches carry several).  Each summary's ``uncrowded`` has
+    the cells with one EPP and its peers replayed (``uncrowded_cell``)."""
     order = [(1, False)] + [(n, sync) for n in st.cost_ns for sync in (False, True) if n > 1 or sync]
+    alone = [n for n in st.cost_ns if n > 1]
     rates = (st.cost_rate, COST_HIGH_RATE)
     runs: dict[tuple[float, int, bool], list[dict[str, Any]]] = {
         (rate, n, sync): [] for rate in rates for n, sync in order
     }
+    replayed: dict[tuple[float, int], list[dict[str, Any]]] = {(rate, n): [] for rate in rates for n in alone}
     for r in range(COST_ROUNDS):
         for rate in rates:
             for n, sync in order:
-                try:
-                    one = await cost_cell(n, sync, st, rate)
-                except RuntimeError as e:  # a port taken meanwhile by another process: once more
-                    log(f"scaleout cost: {n} replicas, sync {sync}: {str(e)[:200]}; again")
-                    one = await cost_cell(n, sync, st, rate)
+                one = await _again(partial(cost_cell, n, sync, st, rate), f"{n} replicas, sync {sync}")
                 runs[(rate, n, sync)].append(one)
                 log(f"scaleout cost (round {r + 1}/{COST_ROUNDS}, {rate:g} req/s): {one}")
+            for n in alone:
+                one = await _again(partial(uncrowded_cell, n, st, rate), f"{n} replicas, uncrowded")
+                replayed[(rate, n)].append(one)
+                log(f"scaleout cost uncrowded (round {r + 1}/{COST_ROUNDS}, {rate:g} req/s): {one}")
     by_rate = {
-        f"{rate:g}": summarise({(n, sync): runs[(rate, n, sync)] for n, sync in order}) for rate in rates
+        f"{rate:g}": summarise(
+            {(n, sync): runs[(rate, n, sync)] for n, sync in order}, {n: replayed[(rate, n)] for n in alone}
+        )
+        for rate in rates
     }
     return {**by_rate[f"{st.cost_rate:g}"], "rate": st.cost_rate, "by_rate": by_rate}
 
 
-def summarise(runs: dict[tuple[int, bool], list[dict[str, Any]]]) -> dict[str, Any]:
+async def _again(cell: Callable[[], Awaitable[dict[str, Any]]], what: str) -> dict[str, Any]:
+    try:
+        return await cell()
+    except RuntimeError as e:  # a port taken meanwhile by another process: once more
+        log(f"scaleout cost: {what}: {str(e)[:200]}; again")
+        return await cell()
+
+
+def _medians(n: int, sync: bool, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    cell: dict[str, Any] = {"replicas": n, "sync": sync, "rounds": rounds}
+    for key in _COST_MEDIANS:
+        cell[key] = _median([c.get(key) for c in rounds], 2)
+    cell["failed"] = sum(c["failed"] for c in rounds)
+    cell["overloaded"] = (cell["p99_ms"] or 0) > OVERLOADED_P99_MS
+    return cell
+
+
+def summarise(
+    runs: dict[tuple[int, bool], list[dict[str, Any]]],
+    replayed: dict[int, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
     """One rate's cells (medians over the rounds), effective scaling and what explains it."""
-    cells = []
-    for (n, sync), rounds in runs.items():
-        cell: dict[str, Any] = {"replicas": n, "sync": sync, "rounds": rounds}
-        for key in _COST_MEDIANS:
-            cell[key] = _median([c.get(key) for c in rounds], 2)
-        cell["failed"] = sum(c["failed"] for c in rounds)
-        cell["overloaded"] = (cell["p99_ms"] or 0) > OVERLOADED_P99_MS
-        cells.append(cell)
+    cells = [_medians(n, sync, rounds) for (n, sync), rounds in runs.items()]
     by = {(c["replicas"], c["sync"]): c for c in cells}
     c1 = by[(1, False)]["cpu_us_per_request"]
     scaling: dict[str, float | None] = {}
@@ -621,7 +736,7 @@ def summarise(runs: dict[tuple[int, bool], list[dict[str, Any]]]) -> dict[str, A
             crowding[str(n)] = rnd(mine / c1, 2)
     lags = [c["staleness_p99_ms"] for c in cells if c["sync"] and c["staleness_p99_ms"] is not None]
     worst = max(lags) if lags else None
-    return {
+    out = {
         "cells": cells,
         "effective_scaling": scaling,
         # not the goal, what explains it: sync on / sync off at the same N (the sync's own cost),
@@ -632,6 +747,39 @@ def summarise(runs: dict[tuple[int, bool], list[dict[str, Any]]]) -> dict[str, A
         "overloaded_cells": [
             f"{c['replicas']} {'on' if c['sync'] else 'off'}" for c in cells if c["overloaded"]
         ],
+        "met": {
+            "scaling_4": (scaling.get("4") or 0) >= GOALS["scaling_4"],
+            "scaling_8": (scaling.get("8") or 0) >= GOALS["scaling_8"],
+            "staleness": worst is not None and worst <= GOALS["staleness_p99_ms"],
+        },
+    }
+    if replayed:
+        out["uncrowded"] = uncrowded_summary(c1, replayed)
+    return out
+
+
+def uncrowded_summary(c1: float | None, replayed: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The cells with one EPP and N-1 replayed peers: effective scaling N x cost(1) / cost(N) with
+    cost(N) read where no other EPP crowds the cores, and the staleness replica 0 saw (its lag
+    histogram: the replayed peers' decisions applied on it)."""
+    cells = [_medians(n, True, rounds) for n, rounds in replayed.items()]
+    scaling: dict[str, float | None] = {}
+    vs_alone: dict[str, float | None] = {}
+    for c in cells:
+        mine = c["cpu_us_per_request"]
+        if mine and c1:
+            scaling[str(c["replicas"])] = rnd(c["replicas"] * c1 / mine, 2)
+            vs_alone[str(c["replicas"])] = rnd(mine / c1, 2)
+        c["replayer_cpu_s"] = _median([r.get("replayer_cpu_s") for r in c["rounds"]], 2)
+    lags = [c["staleness_p99_ms"] for c in cells if c["staleness_p99_ms"] is not None]
+    worst = max(lags) if lags else None
+    return {
+        "what": "replica 0 the only EPP; its N-1 peers replayed by one process (bench/scaleout_peers)",
+        "cells": cells,
+        "effective_scaling": scaling,
+        "sync_on_vs_alone": vs_alone,
+        "staleness_p99_ms_worst": worst,
+        "overloaded_cells": [str(c["replicas"]) for c in cells if c["overloaded"]],
         "met": {
             "scaling_4": (scaling.get("4") or 0) >= GOALS["scaling_4"],
             "scaling_8": (scaling.get("8") or 0) >= GOALS["scaling_8"],
@@ -1050,6 +1198,18 @@ async def run(parts: Sequence[str], st: Settings) -> dict[str, Any]:
     return doc
 
 
+def keep_other_parts(doc: dict[str, Any], parts: Sequence[str]) -> dict[str, Any]:
+    """A run of some parts keeps the other parts of the results file it replaces (the report
+    renders every part from one file), each saying which run it came from."""
+    prev = read_result("scaleout") or {}
+    kept = {p: prev[p] for p in PARTS if p not in parts and p in prev}
+    if not kept:
+        return doc
+    earlier = {p: {"finished": prev.get("finished"), "command": prev.get("command")} for p in kept}
+    earlier |= {p: v for p, v in (prev.get("earlier_parts") or {}).items() if p in kept}
+    return {**kept, **doc, "earlier_parts": earlier}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scaleout", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -1061,6 +1221,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown parts: {', '.join(sorted(unknown))}")
     st = QUICK if args.quick else FULL
     doc = uvloop.run(run(parts, st))
+    doc = keep_other_parts(doc, parts)
     path = write_result("scaleout", doc, mode="quick" if args.quick else "full", seeds=SEEDS)
     log(f"scaleout: wrote {path}")
     for p in parts:

@@ -18,16 +18,27 @@ replica to its peers counting it", goal p99 ≤ 10 ms on loopback.  Two drain mo
 Cost: the sender's CPU (``time.process_time``, all threads: libzmq's I/O thread included)
 over the run, against the same decision loop with sync off, in the same run; the
 difference per decision is what sync adds to each request on the sending replica.  The
-receiver's CPU over the run is what N-1 such streams cost each peer.
+receiver's CPU over the run is what N-1 such streams cost each peer; per batch it received,
+with the wakes of its loop's thread (voluntary context switches) per batch.
+
+A receiver that routes: with ``routing`` > 0 the receiver's loop also wakes that many times a
+second for work of its own (as ext_proc reads wake a routing replica), an empty callback on a
+timer, and with ``ride`` each such wake calls ``ZmqTransport.ride`` (as the h2 server does for
+every read), so peers' batches are read in those wakes instead of wakes of their own.  The
+receiver rows with ``routing`` compare ride off and on at the same wakes; ``routing`` 0 is an
+idle receiver (what every row measured before).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
+import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.common import log, rnd, write_result
@@ -40,6 +51,8 @@ from epp.testing.waiting import until
 from epp_sim.demo.procs import free_port_pair
 
 ENDPOINTS = 8
+# A routing receiver's own wakes a second: a replica at 250 req/s, two ext_proc reads a request.
+ROUTING = 500.0
 
 
 class TimedCounter(RoutedCounter):
@@ -107,18 +120,57 @@ async def _sender(
     return {"decisions": made, "cpu_s": cpu}
 
 
-async def _receiver(port: int, peer: int, seconds: float, ready: Any, done: Any) -> dict[str, Any]:
+def _loop_wakes() -> int:
+    """Voluntary context switches of this process's main thread (the event loop's)."""
+    with open(f"/proc/{os.getpid()}/task/{os.getpid()}/status") as f:
+        return int(f.read().split("\nvoluntary_ctxt_switches:")[1].split()[0])
+
+
+async def _routing(rate: float, ride: Callable[[], None] | None) -> None:
+    """Wake the loop ``rate`` times a second, as a routing replica's ext_proc reads do."""
+    loop = asyncio.get_running_loop()
+    start, k = loop.time(), 0
+    while True:
+        k += 1
+        await asyncio.sleep(max(0.0, start + k / rate - loop.time()))
+        if ride is not None:
+            ride()
+
+
+async def _receiver(
+    port: int, peer: int, seconds: float, routing: float, ride: bool, ready: Any, done: Any
+) -> dict[str, Any]:
     hub, counter = _hub("receiver", port, False)
     hub.transport.bind()
     await hub.start(StaticPeers([Peer("sender", "127.0.0.1", peer)]))
     await until(lambda: hub.connected >= 1, 30, what="the sender heard")
+    router = asyncio.create_task(_routing(routing, hub.transport.ride if ride else None)) if routing else None
     ready.set()
-    cpu = time.process_time()
+    cpu, loop_cpu, wakes, received = (
+        time.process_time(),
+        time.thread_time(),
+        _loop_wakes(),
+        hub.stats.received,
+    )
     await until(done.is_set, seconds + 30, what="the sender done")
-    cpu = time.process_time() - cpu
+    cpu, loop_cpu, wakes = time.process_time() - cpu, time.thread_time() - loop_cpu, _loop_wakes() - wakes
+    received = hub.stats.received - received
+    if router is not None:
+        router.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await router
     await asyncio.sleep(0.2)  # the last batches in flight
+    reads = hub.debug_state()["reads"]
     await hub.stop()
-    return {"lags": counter.lags, "cpu_s": cpu, "dropped": hub.stats.dropped}
+    return {
+        "lags": counter.lags,
+        "cpu_s": cpu,
+        "loop_cpu_s": loop_cpu,
+        "wakes": wakes,
+        "received": received,
+        "dropped": hub.stats.dropped,
+        "reads": reads,
+    }
 
 
 def _run_sender(*args: Any) -> None:
@@ -136,7 +188,7 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else float("nan")
 
 
-def one(rate: float, seconds: float, dirty: bool) -> dict[str, Any]:
+def one(rate: float, seconds: float, dirty: bool, routing: float = 0.0, ride: bool = False) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     q: Any = ctx.Queue()
     ready, done = ctx.Event(), ctx.Event()
@@ -145,7 +197,7 @@ def one(rate: float, seconds: float, dirty: bool) -> dict[str, Any]:
     off.start()
     _, baseline = q.get(timeout=seconds + 30)
     off.join()
-    rx = ctx.Process(target=_run_receiver, args=(pr, ps, seconds, ready, done, q))
+    rx = ctx.Process(target=_run_receiver, args=(pr, ps, seconds, routing, ride, ready, done, q))
     tx = ctx.Process(target=_run_sender, args=(ps, pr, rate, seconds, dirty, True, ready, q))
     rx.start()
     tx.start()
@@ -158,9 +210,13 @@ def one(rate: float, seconds: float, dirty: bool) -> dict[str, Any]:
     lags = [x * 1000 for x in res["receiver"]["lags"]]
     sent = res["sender"]
     per = (sent["cpu_s"] - baseline["cpu_s"]) / max(1, sent["decisions"])
+    rcv = res["receiver"]
+    batches = max(1, rcv["received"])
     return {
         "mode": "dirty" if dirty else "poll",
         "rate": rate,
+        "routing": routing,
+        "ride": ride,
         "decisions": sent["decisions"],
         "deltas_applied": len(lags),
         "lag_ms_p50": rnd(statistics.median(lags)) if lags else None,
@@ -169,14 +225,24 @@ def one(rate: float, seconds: float, dirty: bool) -> dict[str, Any]:
         "sender_cpu_s_sync_off": rnd(baseline["cpu_s"]),
         "sender_cpu_s_sync_on": rnd(sent["cpu_s"]),
         "sync_cpu_us_per_decision": rnd(per * 1e6),
-        "receiver_cpu_s": rnd(res["receiver"]["cpu_s"]),
-        "dropped": res["receiver"]["dropped"],
+        "receiver_cpu_s": rnd(rcv["cpu_s"]),
+        "receiver_batches": rcv["received"],
+        "receiver_cpu_us_per_batch": rnd(rcv["cpu_s"] / batches * 1e6, 1),
+        # of which the event loop's thread (the rest: libzmq's I/O thread, the hub's tick)
+        "receiver_loop_cpu_us_per_batch": rnd(rcv["loop_cpu_s"] / batches * 1e6, 1),
+        "receiver_wakes_per_batch": rnd(rcv["wakes"] / batches, 2),
+        # reads by cause over the whole run: the descriptor, the busy timer, requests' wakes
+        "receiver_reads": {k: rcv["reads"][k] for k in ("woken", "timer", "routing", "timerWakes")},
+        "dropped": rcv["dropped"],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="rounds of the routing receiver's ride off / on"
+    )
     args = parser.parse_args()
     seconds = 2.0 if args.quick else 8.0
     rows = []
@@ -184,6 +250,12 @@ def main() -> None:
         for dirty in (False, True):
             log(f"rate {rate:.0f}/s, mode {'dirty' if dirty else 'poll'}, {seconds:g} s")
             rows.append(one(rate, seconds, dirty))
+    # a routing receiver (its loop woken ROUTING times a second for work of its own): ride off / on,
+    # alternating, so the two are compared in the same minutes
+    for _ in range(args.rounds):
+        for ride in (False, True):
+            log(f"rate 1000/s, dirty, receiver routing {ROUTING:g} wakes/s, ride {ride}, {seconds:g} s")
+            rows.append(one(1000.0, seconds, True, ROUTING, ride))
     cols = list(rows[0])
     print(" | ".join(cols))
     for r in rows:

@@ -37,7 +37,8 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
         ]
         sc = c["effective_scaling"]
         out += [
-            "**Cost of sharing** (each replica driven directly over ext_proc at the same rate)",
+            "**Cost of sharing, crowded** (N replicas on this 2-core machine, each driven directly "
+            "over ext_proc at the same rate)",
             "",
             table(
                 ["replicas", "sync", "CPU µs/request (replica 0)", "p99 ms", "staleness p99 ms", "failed"],
@@ -52,6 +53,7 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
             f"(goal ≤ {goals['staleness_p99_ms']} ms, {met(c['met']['staleness'])}).",
             "",
         ]
+        out += _uncrowded(c, goals)
         for rate, r in (c.get("by_rate") or {}).items():
             wakes = ", ".join(
                 f"{x['replicas']}: {f(x.get('loop_wakes_per_request'), 2)}"
@@ -70,6 +72,22 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
                 + ".",
                 "",
             ]
+            u = r.get("uncrowded")
+            if u:
+                out += [
+                    f"At {rate} req/s, uncrowded (one EPP, peers replayed): effective scaling "
+                    + ", ".join(f"{n}: {f(v, 2)}" for n, v in u["effective_scaling"].items())
+                    + "; cost ÷ one alone "
+                    + ", ".join(f"{n}: {f(v, 2)}" for n, v in u["sync_on_vs_alone"].items())
+                    + f"; replica 0's staleness p99 worst {f(u['staleness_p99_ms_worst'], 2)} ms"
+                    + (
+                        f"; overloaded: {', '.join(u['overloaded_cells'])}"
+                        if u.get("overloaded_cells")
+                        else ""
+                    )
+                    + ".",
+                    "",
+                ]
     w = doc.get("workers")
     if w and "rounds" in w:
         rows = [
@@ -126,6 +144,52 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
         if doc.get(part, {}).get("error"):
             out += [f"*Part {part} failed: {doc[part]['error']}*", ""]
     return out
+
+
+def _uncrowded(c: dict[str, Any], goals: dict[str, Any]) -> list[str]:
+    """The cost cells where replica 0 is the only EPP and its peers are replayed by one process."""
+    u = c.get("uncrowded")
+    if not u:
+        return []
+    rows = [
+        [
+            str(x["replicas"]),
+            f(x["cpu_us_per_request"]),
+            f(x.get("loop_wakes_per_request"), 2),
+            f(x.get("received_per_request"), 2),
+            f(x["p99_ms"], 2),
+            f(x["staleness_p99_ms"], 2),
+            f(x.get("replayer_cpu_s"), 2),
+        ]
+        for x in u["cells"]
+    ]
+    sc = u["effective_scaling"]
+    return [
+        "**Cost of sharing, uncrowded** (replica 0 the only EPP on the machine; its N − 1 peers replayed "
+        "by one process, `bench/scaleout_peers`: real hubs, plugins and routing, the same prompts on the "
+        "same schedule; the crowded cells above charge N processes on 2 cores to the sync)",
+        "",
+        table(
+            [
+                "replicas",
+                "CPU µs/request (replica 0)",
+                "loop wakes / request",
+                "batches received / request",
+                "p99 ms",
+                "staleness p99 ms (on replica 0)",
+                "replayer CPU s",
+            ],
+            rows,
+        ),
+        "",
+        "Effective scaling N × cost(1) / cost(N), uncrowded: "
+        + ", ".join(f"{n}: {f(v, 2)}" for n, v in sc.items())
+        + f" (goals ≥ {goals['scaling_4']} at 4: {met(u['met']['scaling_4'])}; "
+        f"≥ {goals['scaling_8']} at 8: {met(u['met']['scaling_8'])}); "
+        f"worst staleness p99 on replica 0 {f(u['staleness_p99_ms_worst'], 2)} ms "
+        f"(goal ≤ {goals['staleness_p99_ms']} ms, {met(u['met']['staleness'])}).",
+        "",
+    ]
 
 
 def _span(c: dict[str, Any], key: str, nd: int = 1) -> str:

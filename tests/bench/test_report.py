@@ -185,3 +185,26 @@ def test_an_older_latency_runs_accuracy_gives_way_to_the_newer_per_router_runs(
     assert "TTFT accuracy, learner ridge-log" not in text
     assert "TTFT accuracy: see *Latency predictor: TTFT accuracy* below (latency-steps-1," in text
     assert "## Latency predictor: TTFT accuracy" in text
+
+
+def test_the_scale_out_section_shows_the_uncrowded_cells_beside_the_crowded_ones() -> None:
+    from bench.report.scaleout import scaleout_section
+    from bench.scaleout import GOALS, summarise
+
+    def r(n: int, sync: bool, cpu: float, lag: float | None = None) -> dict[str, Any]:
+        return {"replicas": n, "sync": sync, "cpu_us_per_request": cpu, "p99_ms": 5.0, "staleness_p99_ms": lag,
+                "failed": 0, "loop_wakes_per_request": 5.0, "received_per_request": 3.0, "replayer_cpu_s": 0.4}  # fmt: skip
+
+    runs = {
+        (1, False): [r(1, False, 500)],
+        (4, False): [r(4, False, 700)],
+        (4, True): [r(4, True, 1000, 8.0)],
+    }
+    cost = summarise(runs, {4: [r(4, True, 600, 6.5)]})
+    text = "\n".join(scaleout_section({"goals": GOALS, "cost": {**cost, "by_rate": {"60": cost}}}))
+    assert "**Cost of sharing, crowded**" in text and "**Cost of sharing, uncrowded**" in text
+    assert "| 4 | 600.0 | 5.00 | 3.00 | 5.00 | 6.50 | 0.40 |" in text
+    times = "\u00d7"  # the report prints a multiplication sign
+    assert f"Effective scaling N {times} cost(1) / cost(N), uncrowded: 4: 3.33" in text
+    assert f"Effective scaling N {times} cost(1) / cost(N): 4: 2.00" in text  # the crowded figure, as before
+    assert "At 60 req/s, uncrowded (one EPP, peers replayed): effective scaling 4: 3.33" in text

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from bench import extproc_client as xc
 from bench.scaleout import (
+    QUICK,
     QueueSampler,
     dedicated_ratio,
     histogram_quantile,
@@ -15,6 +17,7 @@ from bench.scaleout import (
     peer_args,
     sample_sum,
     summarise,
+    uncrowded_cell,
 )
 from epp_sim.demo.procs import EppProcess, SimFleet
 from tests.e2e.conftest import QUICK_STOP
@@ -38,6 +41,16 @@ epp_sync_batches_received_total{peer="b"} 5
 )
 def test_histogram_quantile_sums_the_series_and_interpolates(q: float, expected: float) -> None:
     assert histogram_quantile(HIST, "epp_sync_delta_lag_seconds", q) == pytest.approx(expected)
+
+
+def test_histogram_quantile_minus_an_earlier_page_reads_what_was_observed_since() -> None:
+    earlier = HIST.replace('le="0.01"} 90', 'le="0.01"} 50').replace('le="+Inf"} 100', 'le="+Inf"} 50', 1)
+    earlier = earlier.replace('peer="b",le="0.01"} 100', 'peer="b",le="0.01"} 50')
+    earlier = earlier.replace('peer="b",le="+Inf"} 100', 'peer="b",le="+Inf"} 50')
+    # since then: peer a 40 in (0.001, 0.01] and 10 above; peer b nothing (every bucket 50 -> 50 ... 100)
+    q = histogram_quantile(HIST, "epp_sync_delta_lag_seconds", 0.5, minus=earlier)
+    assert q == pytest.approx(0.001 + 0.009 * (50 / 90))
+    assert histogram_quantile(HIST, "epp_sync_delta_lag_seconds", 0.5, minus=HIST) is None  # nothing since
 
 
 def test_histogram_quantile_of_a_missing_family_is_none() -> None:
@@ -126,6 +139,48 @@ def test_a_rates_cost_summary_takes_medians_scales_against_one_alone_and_flags_o
     assert out["met"] == {"scaling_4": False, "scaling_8": False, "staleness": True}
     runs[(4, True)] = [cost_round(4, True, 600, p99=30)] * 3
     assert summarise(runs)["overloaded_cells"] == ["4 on"]
+    assert "uncrowded" not in out
+
+
+def test_the_uncrowded_cells_scale_against_one_alone_with_replica_0s_staleness() -> None:
+    runs = {(1, False): [cost_round(1, False, 300)] * 3, (4, True): [cost_round(4, True, 900, lag=8.0)] * 3}
+    replayed = {
+        4: [
+            cost_round(4, True, 400, lag=6.0),
+            cost_round(4, True, 420, lag=7.0),
+            cost_round(4, True, 500, lag=30),
+        ],
+        8: [cost_round(8, True, 600, p99=40, lag=9.0)] * 3,
+    }
+    for rounds in replayed.values():
+        for r in rounds:
+            r["replayer_cpu_s"] = 1.0
+    out = summarise(runs, replayed)
+    assert out["effective_scaling"] == {"4": round(4 * 300 / 900, 2)}  # the crowded figure stays as it was
+    un = out["uncrowded"]
+    four, eight = un["cells"]
+    assert eight["overloaded"] and not four["overloaded"]
+    assert (
+        four["cpu_us_per_request"] == 420
+        and four["staleness_p99_ms"] == 7.0
+        and four["replayer_cpu_s"] == 1.0
+    )
+    assert un["effective_scaling"] == {"4": round(4 * 300 / 420, 2), "8": 4.0}
+    assert un["sync_on_vs_alone"] == {"4": 1.4, "8": 2.0}
+    assert un["staleness_p99_ms_worst"] == 9.0 and un["overloaded_cells"] == ["8"]
+    assert un["met"] == {"scaling_4": False, "scaling_8": False, "staleness": True}
+
+
+@pytest.mark.e2e
+async def test_an_uncrowded_cell_replays_the_peers_one_replica_hears() -> None:
+    """One EPP and a replayed peer (bench/scaleout_peers, its own process): replica 0 receives
+    about one batch per request from it, and the replayer made its requests on the same schedule."""
+    st = dataclasses.replace(QUICK, cost_seconds=1.5)
+    cell = await uncrowded_cell(2, st, rate=40.0)
+    assert cell["routed"] == 60 and cell["failed"] == 0
+    assert cell["replayed_requests"] == 60 and cell["replayed_batches_sent"] >= 50
+    assert cell["received_per_request"] is not None and cell["received_per_request"] >= 0.8
+    assert cell["staleness_p99_ms"] is not None and cell["replayer_cpu_s"] > 0
 
 
 @pytest.mark.e2e

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from epp.sync.hub import DEFAULT_HOLD, SyncHub
+from epp.sync.hub import DEFAULT_HOLD, DEFAULT_READ_GAP, SyncHub
 from epp.sync.peers import Peer
 from epp.sync.service import PeerList
 from epp.sync.transport import ZmqTransport
@@ -39,6 +39,7 @@ def make_node(
     max_message_bytes: int = 1 << 20,
     interval: float = 0.0,
     hold: float = DEFAULT_HOLD,
+    read_gap: float = DEFAULT_READ_GAP,
 ) -> Node:
     """A hub bound on 127.0.0.1 (``port`` 0: a free pair), not started."""
     transport = ZmqTransport("127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
@@ -49,6 +50,7 @@ def make_node(
         warm_start_timeout=warm_start_timeout,
         interval=interval,
         hold=hold,
+        read_gap=read_gap,
     )
     counter = make_counter()
     hub.bind([counter])

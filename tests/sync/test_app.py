@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench import extproc_client as xc
 from epp.app import compose, reload
 from epp.app.compose import build_app
 from epp.app.options import Options
@@ -75,12 +76,14 @@ def test_a_bad_peers_file_fails_startup_and_a_good_one_is_watched(tmp_path: path
     assert any(w.path == str(path) for w in app.watched)
 
 
-def new_replica(warm_port: int, port: int, *config: str, metrics_port: int = 0) -> Options:
+def new_replica(
+    warm_port: int, port: int, *config: str, metrics_port: int = 0, grpc_port: int = 0
+) -> Options:
     """Flags of a replica "new" whose one peer is the warm replica; ``config`` defaults to CONFIG."""
     return parse_flags(
         [
             *BASE,
-            "--grpc-port=0",
+            f"--grpc-port={grpc_port}",
             "--grpc-health-port=0",
             f"--metrics-port={metrics_port}",
             "--metrics-endpoint-auth=false",
@@ -151,6 +154,45 @@ async def test_a_live_reload_rebinds_the_hub_to_the_new_plugins(tmp_path: pathli
             await until(lambda: warm.hub.connected == 1, 5, what="warm hears new")
             added.count("e", 3)
             await until(lambda: polled.learned.get("new") == {"e": 3}, 5, what="the new plugin's deltas sent")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+async def test_peers_deltas_ride_on_the_ext_proc_reads_of_a_routing_replica() -> None:
+    """The app wires the hub's ``ride`` into the h2 server: while the replica routes, peers'
+    deltas are read in the wakes its ext_proc reads give the loop (``reads.routing``)."""
+    async with mesh(["warm"]) as (warm,):
+        port, grpc = free_port_pair(), free_port()
+        app = build_app(new_replica(warm.hub.transport.port, port, grpc_port=grpc), {})
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(app, stop=stop))
+        try:
+            await until(lambda: app.serving or task.done(), 20, what="the EPP serving")
+            hub = app.sync_hub
+            assert hub is not None and not task.done()
+            # One loop runs the peer, the EPP and the load here: a wide read gap keeps whether the
+            # rides are "steady" (two within a gap) from depending on how loaded the machine is.
+            hub.transport._gap = 0.2
+            sending = asyncio.Event()
+            sending.set()
+
+            async def peer_routes() -> None:
+                while sending.is_set():
+                    warm.counter.count("e1")
+                    await asyncio.sleep(0.002)
+
+            peer = asyncio.create_task(peer_routes())
+            try:
+                vs = xc.variants([f"prompt {i}" for i in range(8)], "m")
+                stats = await xc.open_loop("127.0.0.1", grpc, vs, rate=400.0, seconds=1.0)
+            finally:
+                sending.clear()
+                await peer
+            assert stats.routed >= 300 and stats.failed == 0
+            reads = hub.debug_state()["reads"]
+            assert reads["routing"] >= 1, reads
+            assert warm.counter.own["e1"] >= 100  # the peer kept sending all along
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)

@@ -235,6 +235,43 @@ async def test_debug_state_counts_batches_and_reads() -> None:
         assert sent["sent"] >= 1 and sent["holdsJoined"] + sent["timerFlushes"] >= 1
 
 
+async def test_a_routing_receiver_applies_peers_deltas_without_its_read_timer_firing() -> None:
+    """While a replica routes (the ext_proc edge calls ``ride`` on every read, here every 1 ms),
+    a peer's deltas are applied in those wakes: after the two reads that find the peer busy, the
+    descriptor is not watched and the read timer, put off by every ride, never fires (counted in
+    the debug state, not timed).  Once routing stops, the timer is the backstop again."""
+    gap = 0.2  # 200 rides per gap: only a loop stalled for 0.2 s could let the timer fire
+    async with mesh(["a", "b"], read_gap=gap) as (a, b):
+        b.hub.read_budget = 60.0  # a batch read late (slow machine) must not send b back to its descriptor
+        routing = asyncio.Event()
+        routing.set()
+
+        async def route() -> None:
+            while routing.is_set():
+                b.hub.transport.ride()
+                await asyncio.sleep(0.001)
+
+        before = b.hub.debug_state()["reads"]
+        task = asyncio.create_task(route())
+        try:
+            for i in range(60):
+                a.counter.count("e1")
+                await asyncio.sleep(0.004)  # a batch every ~4 ms: the peer keeps sending
+                if i == 1:  # two reads with messages: b is busy from here on
+                    await until(lambda: b.counter.total("e1") == 2, 5, what="b learns the first two")
+            await until(lambda: b.counter.total("e1") == 60, 5, what="b learns every change")
+            during = b.hub.debug_state()["reads"]
+        finally:
+            routing.clear()
+            await task
+        assert during["timerWakes"] == before["timerWakes"] == 0
+        assert during["woken"] - before["woken"] <= 2  # only before b knew a was busy
+        assert during["routing"] - before["routing"] >= 20  # the rest rode on b's requests' wakes
+        a.counter.count("e1")  # b idle now: the timer (or the descriptor after it) still reads
+        await until(lambda: b.counter.total("e1") == 61, 5, what="b learns the change while idle")
+        assert b.hub.debug_state()["reads"]["timerWakes"] >= 1
+
+
 async def test_warm_start_restores_a_serving_peers_view_before_serving() -> None:
     async with mesh(["a", "b"]) as (a, b):
         a.counter.count("e1", 2)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 
 import zmq
@@ -58,7 +60,7 @@ async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None
         assert sub is not None
         await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="third queued")
         assert got == []  # nobody watches the descriptor until the timer
-        timer = rx._timer
+        timer = _due_soon(rx)
         rx.read_now()  # the hub was awake anyway (it sent): read, and put the timer off
         assert got == [[b"third"]]
         assert _state(rx) == (True, False) and rx._timer is not timer
@@ -104,6 +106,62 @@ async def test_a_late_message_sends_a_busy_receiver_back_to_the_descriptor() -> 
         assert got[-1] == [b"late"] and _state(rx) == (False, True)
 
 
+async def test_a_ride_reads_in_a_wake_the_loop_had_and_puts_the_busy_timer_off() -> None:
+    """``ride`` (the ext_proc edge calls it on every read): at most once per ``RIDE_EVERY`` it reads
+    what is queued and puts the busy timer off by ``gap`` (found or not: nothing is queued now);
+    a late message sends the receiver back to the descriptor, as from any other read."""
+    got: list[Frames] = []
+    async with _linked() as (pub, rx):
+
+        def handler(messages: list[Frames]) -> None:
+            got.extend(messages)
+            if [b"late"] in messages:
+                rx.prompt()
+
+        rx.listen(handler, gap=3600.0)
+        await _connected(pub, got)
+        await pub.send(b"second")  # two reads with messages within gap: busy, on the timer
+        await until(lambda: [b"second"] in got, 5, what="the descriptor's callback reads the second")
+        assert _state(rx) == (True, False)
+        sub = rx._sub_raw
+        assert sub is not None
+
+        async def queued(what: bytes) -> None:
+            await pub.send(what)
+            await until(
+                lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what=f"{what!r} queued"
+            )
+
+        got.clear()
+        await queued(b"third")
+        timer = _due_soon(rx)
+        rx._ride_after = 0.0
+        rx.ride()  # a request's wake: read here, and the timer put off
+        assert got == [[b"third"]] and rx.reads_routing == 1
+        assert _state(rx) == (True, False) and rx._timer is not timer
+        await queued(b"fourth")
+        rx._ride_after = time.monotonic() + 60.0
+        rx.ride()  # within RIDE_EVERY of the last ride: a clock compare, nothing read
+        assert got == [[b"third"]] and rx.reads_routing == 1
+        rx._ride_after = 0.0
+        rx.ride()
+        assert got[-1] == [b"fourth"] and rx.reads_routing == 2
+        kept = rx._timer
+        rx._ride_after = 0.0
+        rx.ride()  # nothing queued, and more than half a gap left on the backstop: left as it is
+        assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is kept
+        timer = _due_soon(rx)
+        rx._ride_after = 0.0
+        rx.ride()  # nothing queued now: the backstop need not read before a gap from now
+        assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is not timer
+        assert rx._timer is not None and rx._timer.when() > asyncio.get_running_loop().time() + 3000.0
+        assert rx.timer_wakes == 0
+        await queued(b"late")
+        rx._ride_after = 0.0
+        rx.ride()  # a late message: no timer kept, the descriptor watched again
+        assert got[-1] == [b"late"] and _state(rx) == (False, True)
+
+
 async def _polled(cond: Callable[[], bool]) -> bool:
     """Whether ``cond`` holds within 50 ms (a bounded wait for one probe)."""
     try:
@@ -111,6 +169,15 @@ async def _polled(cond: Callable[[], bool]) -> bool:
     except AssertionError:
         return False
     return True
+
+
+def _due_soon(t: ZmqTransport) -> asyncio.TimerHandle:
+    """The busy timer replaced by one due in a minute (of a gap of an hour): as if most of the gap
+    had passed, so a read now puts it off (one with more than half a gap left is kept)."""
+    assert t._timer is not None and t._loop is not None
+    t._timer.cancel()
+    t._timer = t._loop.call_later(60.0, t._on_timer)
+    return t._timer
 
 
 def _state(t: ZmqTransport) -> tuple[bool, bool]:

@@ -196,7 +196,12 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             idle_timeout=opts.grpc_max_connection_idle,
         )
         server = make_server(
-            opts.ext_proc_transport, servicer, health_servicer if opts.health_checking else None, limits
+            opts.ext_proc_transport,
+            servicer,
+            health_servicer if opts.health_checking else None,
+            limits,
+            # peers' sync messages read in the wakes requests give the loop, not in wakes of their own
+            awake=app.sync_hub.transport.ride if app.sync_hub is not None else None,
         )
         tls = Tls(opts.cert_path, opts.enable_cert_reload) if opts.secure_serving else None
         grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls, reuse_port=role is not None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -79,13 +80,15 @@ def make_server(
     servicer: extproc.ExtProcServicer,
     health_servicer: health.HealthServicer | None,
     limits: H2Limits = DEFAULT_LIMITS,
+    awake: Callable[[], None] | None = None,
 ) -> ExtProcServer:
     """``kind`` is ``--ext-proc-transport``: ``h2`` (the default) or ``grpcio``; ``limits`` bound what
-    one client may cost (both transports take what grpc core has of them)."""
+    one client may cost (both transports take what grpc core has of them); ``awake`` is called
+    after every read of an h2 connection (the sync hub's ``ride``; grpcio's reads are its own)."""
     if kind == "h2":
         from epp.server.h2 import H2GrpcServer
 
-        return H2GrpcServer(servicer, health_servicer, limits)
+        return H2GrpcServer(servicer, health_servicer, limits, awake)
     return GrpcAioServer(servicer, health_servicer, limits)
 
 

@@ -12,8 +12,9 @@ not say when they change are drained on a short cadence (``poll``) instead; ever
 plugin says so, and then the tick only sends heartbeats and checks liveness.  Receiving
 runs in the loop's reader callback (``ZmqTransport.listen``): no task or event per
 message, at most one read per ``read_gap`` while peers keep sending (unless what it read was
-already older than ``read_budget``: then at once), and a read whenever the hub sends (the
-loop is awake anyway).  ``interval`` > 0 (llm-d's
+already older than ``read_budget``: then at once), and a read whenever the hub sends or the
+ext_proc edge reads a request (``ZmqTransport.ride``, wired by the app): the loop is awake
+anyway, and while it routes often enough the read timer never fires.  ``interval`` > 0 (llm-d's
 ``crossReplicaSyncInterval``) caps it at one batch per interval instead.
 
 What the hub keeps per peer is only its sequence number and when it was last heard.  A
@@ -460,7 +461,8 @@ class SyncHub:
         """The sync's live state for ``/debug/plugins/state`` (key ``sync``): each peer heard
         (last heard, silent, last sequence), the batch counts both ways, what sent the batches
         (``timerFlushes``: a wake of their own; ``holdsJoined``: a later change sent them) and
-        what ran the reads (the descriptor's wakes, the busy timer, or wakes the loop had anyway)."""
+        what ran the reads (``woken``: the descriptor's wakes; ``timer``: the busy timer; wakes the
+        loop had anyway: ``riding`` this hub's sends, ``routing`` requests' ext_proc reads)."""
         now = self._loop_or_running().time()
         t = self.transport
         peers = {
@@ -499,6 +501,8 @@ class SyncHub:
                 "woken": t.reads_woken,
                 "timer": t.reads_timer,
                 "riding": t.reads_riding,
+                "routing": t.reads_routing,
+                "timerWakes": t.timer_wakes,
                 "messages": t.messages_read,
             },
         }

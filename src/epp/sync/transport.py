@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable
+from time import monotonic as _monotonic
 from typing import Final
 
 import structlog
@@ -35,6 +36,9 @@ DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 SNAPSHOT_MAX_BYTES: Final = 512 * 1024 * 1024
 REQUEST_MAX_BYTES: Final = 4096
 SNAPSHOT_OFFSET: Final = 1  # the ROUTER listens on --peer-port + 1
+# ``ride``: the least time between two reads riding on the loop's other wakes (an ext_proc read);
+# the check is a clock compare, the read a ``ZMQ_EVENTS`` syscall when nothing is queued.
+RIDE_EVERY: Final = 0.0005
 
 Frames = list[bytes]
 
@@ -49,13 +53,17 @@ class ZmqTransport:
         *,
         hwm: int = DEFAULT_HWM,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        context: zmq.asyncio.Context | None = None,
     ) -> None:
+        """``context``: a ZMQ context to share (one libzmq I/O thread for several transports, as
+        bench/scaleout's replayed peers use); None: a context of its own, terminated by ``close``."""
         self.bind_host = bind_host or "*"
         self.port = port
         self.hwm = hwm
         self.max_message_bytes = max_message_bytes
         self.hard_limit = 2 * max_message_bytes
-        self._context = zmq.asyncio.Context()
+        self._own_context = context is None
+        self._context = context if context is not None else zmq.asyncio.Context()
         self._pub: zmq.asyncio.Socket | None = None
         self._sub: zmq.asyncio.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
@@ -68,15 +76,20 @@ class ZmqTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._watching = False
-        self._last_wake = -1e9  # when the descriptor last woke the loop with messages
+        self._found_at = -1e9  # loop time of the last read that found messages (any cause)
         self._prompt = False  # the handler found a message past its budget: leave the busy timer
+        self._ride_after = 0.0  # monotonic: ``ride`` reads again from then on
+        self._last_ride = -1e9  # monotonic: the last ride that read (or checked)
         self._fd = -1
         self.redials = 0
         # reads that found messages, by what ran them: the descriptor woke the loop, the busy
-        # receiver's timer, or a wake the loop had anyway (``read_now``); and messages read
+        # receiver's timer, the hub's send (``read_now``), or the loop's wake for a request
+        # (``ride``); and messages read
         self.reads_woken = 0
         self.reads_timer = 0
         self.reads_riding = 0
+        self.reads_routing = 0
+        self.timer_wakes = 0  # the busy timer's callbacks, whether or not they found messages
         self.messages_read = 0
 
     # --- lifecycle -------------------------------------------------------------------
@@ -146,7 +159,8 @@ class ZmqTransport:
                 sock.close(0)
         self._pub = self._sub = self._router = None
         self._pub_raw = self._sub_raw = None
-        self._context.term()
+        if self._own_context:
+            self._context.term()
 
     # --- peers -------------------------------------------------------------------------
     def set_peers(self, peers: Iterable[Peer]) -> None:
@@ -211,17 +225,20 @@ class ZmqTransport:
         No task, future or event per message: the SUB's ZMQ descriptor is registered with the
         loop and the callback reads until ZMQ's ``EVENTS`` says nothing is left (which also
         re-arms the descriptor: it only signals a change, so reading must go that far).  With
-        ``gap`` > 0 a busy receiver reads at most once per ``gap`` seconds: when the descriptor
-        wakes the loop with messages twice within ``gap``, it stops watching the descriptor and
-        reads again ``gap`` later (on a timer), and goes back to the descriptor once a read
-        finds nothing.  So with many peers the loop wakes ~1/gap times a second for all of them
-        instead of once per message, at the price of up to ``gap`` of staleness; messages that
-        come further apart than ``gap`` are each read at once (one wake each, never a second
-        one for a timer that finds nothing), and an idle receiver costs nothing.  The handler
-        may call ``prompt`` (the messages it got were already late): then the read that called
-        it does not start or keep the timer, and the descriptor is watched again.  pyzmq's
-        asyncio ``poll`` (a poller and futures per call) cost more than the batch it waited
-        for (bench/scaleout, py-spy).
+        ``gap`` > 0 a busy receiver reads at most once per ``gap`` seconds: when two reads find
+        messages within ``gap`` (whatever ran them), it stops watching the descriptor and reads
+        again ``gap`` later (on a timer), and goes back to the descriptor once a timer's read
+        finds nothing.  Every read the loop runs for other reasons meanwhile (``ride``: a
+        request's wake; ``read_now``: the hub's send) puts the timer off to ``gap`` after it, so
+        the timer is a backstop that fires only when no such wake came within ``gap``.  So with
+        many peers the loop wakes at most ~1/gap times a second for all of them instead of once
+        per message, and none at all while it routes often enough, at the price of up to ``gap``
+        of staleness; messages that come further apart than ``gap`` are each read at once (one
+        wake each, never a second one for a timer that finds nothing), and an idle receiver
+        costs nothing.  The handler may call ``prompt`` (the messages it got were already
+        late): then the read that called it does not start or keep the timer, and the
+        descriptor is watched again.  pyzmq's asyncio ``poll`` (a poller and futures per call)
+        cost more than the batch it waited for (bench/scaleout, py-spy).
         """
         raw = self._sub_raw
         if raw is None:
@@ -237,9 +254,10 @@ class ZmqTransport:
     def _watch(self) -> None:
         assert self._loop is not None
         self._timer = None
-        self._loop.add_reader(self._fd, self._on_readable)
-        self._watching = True
-        if _events(self._sub_raw) & zmq.POLLIN:  # arrived while nobody watched: no signal will come
+        if not self._watching:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._watching = True
+        if _events(self._sub_raw) & _POLLIN:  # arrived while nobody watched: no signal will come
             self._on_readable()
 
     def prompt(self) -> None:
@@ -250,28 +268,52 @@ class ZmqTransport:
 
     def _on_readable(self) -> None:
         self._prompt = False
-        got = self.read_all()
+        if self.read_all():
+            self.reads_woken += 1
+            self._found()
+
+    def _found(self) -> None:
+        """A read found messages: on the timer, put it off (or leave it, late ones were read);
+        watching, a second read with messages within ``gap`` means peers keep sending: stop
+        watching the descriptor and read on the timer."""
         loop = self._loop
-        if not got:
-            return
-        self.reads_woken += 1
         if self._gap <= 0 or loop is None:
             return
         now = loop.time()
-        busy, self._last_wake = now - self._last_wake < self._gap, now
-        if busy and not self._prompt:  # two wakes within gap: peers keep sending, read on the timer
-            if self._watching:
-                loop.remove_reader(self._fd)
-                self._watching = False
+        busy, self._found_at = now - self._found_at < self._gap, now
+        timer = self._timer
+        if timer is not None:
+            if self._prompt:
+                timer.cancel()
+                self._watch()
+            else:
+                self._put_off(timer, loop, now)
+        elif busy and not self._prompt and self._watching:
+            self._backstop(loop)
+
+    def _put_off(self, timer: asyncio.TimerHandle, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        """Nothing is queued now: the timer need not read before ``gap`` from now.  Put off only
+        once half a gap has passed (it then reads up to half a gap early): a new timer handle on
+        every read riding on a request costs more, cold, than the reads it saves."""
+        if timer.when() - now < self._gap / 2:
+            timer.cancel()
             self._timer = loop.call_later(self._gap, self._on_timer)
+
+    def _backstop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stop watching the descriptor; read on the timer (and on the loop's other wakes)."""
+        loop.remove_reader(self._fd)
+        self._watching = False
+        self._timer = loop.call_later(self._gap, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
+        self.timer_wakes += 1
         if self._sub_raw is None:
             return
         self._prompt = False
         if self.read_all() and self._loop is not None:
             self.reads_timer += 1
+            self._found_at = self._loop.time()
             if not self._prompt:
                 self._timer = self._loop.call_later(self._gap, self._on_timer)
                 return
@@ -284,15 +326,47 @@ class ZmqTransport:
         a read that rides on another wake puts the busy receiver's timer off by ``gap``.
         """
         self._prompt = False
-        if self._handler is None or not self.read_all():
+        if self._handler is not None and self.read_all():
+            self.reads_riding += 1
+            self._found()
+
+    def ride(self) -> None:
+        """The loop woke for a request (an ext_proc read): read peers' messages in this wake.
+
+        Called by the ext_proc edge on every read (the app wires it); at most once per
+        ``RIDE_EVERY`` it costs more than a clock compare.  On the busy timer (the descriptor not
+        watched): a ``ZMQ_EVENTS`` check, the read if something is queued, and the timer put off
+        (nothing is queued now, so the backstop need not read before ``gap`` from now).
+        Watching the descriptor: when the replica routes steadily (two rides within ``gap``)
+        while peers send (a read found messages within two gaps), it stops watching and the
+        timer becomes the backstop.  So while the replica routes more often than once per
+        ``gap``, peers' messages are read in its requests' wakes and the loop wakes for none of
+        them; staleness stays bounded by ``gap`` after arrival, since a read (ride, send or
+        timer) follows every check within ``gap``.
+        """
+        now = _monotonic()
+        if now < self._ride_after:
             return
-        self.reads_riding += 1
-        if self._timer is not None and self._loop is not None:
-            self._timer.cancel()
-            if self._prompt:
-                self._watch()
-            else:
-                self._timer = self._loop.call_later(self._gap, self._on_timer)
+        self._ride_after = now + RIDE_EVERY
+        raw, loop = self._sub_raw, self._loop
+        if raw is None or loop is None or self._handler is None or self._gap <= 0:
+            return
+        steady, self._last_ride = now - self._last_ride < self._gap, now
+        timer = self._timer
+        if timer is not None:  # on the backstop timer: read here what came since
+            self._prompt = False
+            if _events(raw) & _POLLIN and self.read_all():
+                self.reads_routing += 1
+                self._found()
+            elif self._timer is timer:
+                self._put_off(timer, loop, loop.time())
+        # Watching the descriptor, a message that came during this wake is read in this loop
+        # iteration or the next without a sleep: checking ``EVENTS`` here (a syscall) buys nothing.
+        elif steady and self._watching and loop.time() - self._found_at < 2 * self._gap:
+            # Routing steadily (two rides within gap) while peers send (a read found messages
+            # lately): the next ride will most likely come before the read gap ends, so the
+            # descriptor need not wake the loop for the next message; the timer is the backstop.
+            self._backstop(loop)
 
     def read_all(self, limit: int = 4096) -> int:
         """Hand every queued message (up to ``limit``) to the handler in one call; how many."""
@@ -303,7 +377,7 @@ class ZmqTransport:
         out: list[Frames] = []
         recv = raw.recv_multipart
         try:
-            while len(out) < limit and _events(raw) & zmq.POLLIN:
+            while len(out) < limit and _events(raw) & _POLLIN:
                 out.append(recv(zmq.NOBLOCK))
         except zmq.Again:  # EVENTS said POLLIN but the message was not whole yet: next signal
             pass
@@ -362,6 +436,10 @@ class ZmqTransport:
         return sock
 
 
+_EVENTS: Final = int(zmq.EVENTS)
+_POLLIN: Final = int(zmq.POLLIN)  # plain ints: the enums' operators cost ~1 us a read (ride checks often)
+
+
 def _events(sock: zmq.Socket[bytes] | None) -> int:
     """``ZMQ_EVENTS`` (reading it also re-arms the socket's descriptor)."""
-    return 0 if sock is None else int(sock.getsockopt(zmq.EVENTS))
+    return 0 if sock is None else int(sock.getsockopt(_EVENTS))

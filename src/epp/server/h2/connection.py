@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -82,6 +83,7 @@ class StreamServer(Protocol):
 
     limits: H2Limits
     connections: set[Connection]
+    awake: Callable[[], None] | None  # called after every read (the app wires the sync's ``ride``)
 
     def open_stream(
         self, conn: Connection, stream_id: int, headers: HeaderList, size: int
@@ -99,6 +101,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, server: StreamServer) -> None:
         self._server = server
+        self._awake = server.awake
         limits: H2Limits = server.limits
         self.limits = limits
         self._transport: asyncio.Transport | None = None
@@ -201,6 +204,8 @@ class Connection(asyncio.Protocol):
             self._reading = False
             if self._outbox and not self._flush_scheduled:
                 self._flush()
+        if self._awake is not None:  # the loop is awake: peers' sync messages are read in this wake
+            self._awake()
 
     def _receive(self, data: bytes) -> None:
         self._last_read = self._loop.time()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -34,9 +35,12 @@ class H2GrpcServer:
         servicer: ExtProcServicer,
         health: HealthServicer | None = None,
         limits: H2Limits = DEFAULT_LIMITS,
+        awake: Callable[[], None] | None = None,
     ) -> None:
+        """``awake``: called after every read of a connection (the sync hub's piggyback read)."""
         self._servicer = servicer
         self.limits = limits
+        self.awake = awake
         self.routes: dict[bytes, Route] = {  # by :path
             f"/{SERVICE_NAME}/Process".encode(): (pb.ProcessingRequest.FromString, self._ext_proc_driver),
         }
