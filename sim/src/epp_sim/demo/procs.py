@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -18,22 +19,56 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
+class _Handed:
+    """Ports this process handed out lately, never handed out again while remembered.
+
+    A port is free only until someone binds it, and a test often asks for the ports of several
+    processes before starting any: the kernel may give one of them out twice in that window
+    (seen in CI: replica b's gRPC port was replica a's metrics port).  Remembering the last
+    ``keep`` ports handed out closes that window within this process."""
+
+    def __init__(self, keep: int = 4096) -> None:
+        self._order: collections.deque[int] = collections.deque()
+        self._set: set[int] = set()
+        self._keep = keep
+
+    def fresh(self, port: int) -> bool:
+        return port not in self._set
+
+    def take(self, *ports: int) -> None:
+        for port in ports:
+            self._order.append(port)
+            self._set.add(port)
+        while len(self._order) > self._keep:
+            self._set.discard(self._order.popleft())
+
+
+_HANDED = _Handed()
+
+
 def free_port() -> int:
-    """An ephemeral port that was free a moment ago (the kernel does not hand it out again soon)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """An ephemeral port that was free a moment ago and not handed out lately by this process."""
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ephemeral ports free a moment ago.  All are bound at once: asked one at a
-    time, the kernel may hand the same port out twice (seen: a CI run's EPP given one port for
-    its health and metrics servers)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    """``n`` distinct ephemeral ports free a moment ago, none handed out lately by this process.
+    All are bound at once: asked one at a time, the kernel may hand the same port out twice (seen:
+    a CI run's EPP given one port for its health and metrics servers)."""
+    socks: list[socket.socket] = []
     try:
-        for s in socks:
+        ports: list[int] = []
+        while len(ports) < n:
+            if len(socks) > n + 1000:
+                raise RuntimeError(f"no {n} free ports")
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)  # held (bound) until all are found: the kernel cannot give it again
             s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
+            port = int(s.getsockname()[1])
+            if _HANDED.fresh(port):
+                ports.append(port)
+        _HANDED.take(*ports)
+        return ports
     finally:
         for s in socks:
             s.close()
@@ -43,14 +78,15 @@ def free_port_pair() -> int:
     """A free port whose successor is free too: an EPP's sync PUB and its warm-start socket
     (``--peer-port`` and the port after it)."""
     for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = free_ports(1)[0]
+        if not _HANDED.fresh(port + 1):
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port + 1))
             except OSError:
                 continue
+        _HANDED.take(port + 1)
         return port
     raise RuntimeError("no free port pair")
 
