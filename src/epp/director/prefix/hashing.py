@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from array import array
 from collections.abc import Sequence
@@ -86,21 +87,13 @@ def _messages_json(messages: Any, system: Any) -> bytes:
 
 def prefix_seed(request: InferenceRequest) -> int:
     """The chain's start: xxh64 of the target model followed by the cache salt."""
-    key = request.target_model + (request.body.cache_salt if request.body is not None else "")
-    seed = _seeds.get(key)
-    return _new_seed(key) if seed is None else seed
+    return _seed(request.target_model + (request.body.cache_salt if request.body is not None else ""))
 
 
-# A deployment has a few models and salts: their seeds are kept, not hashed again per request.
-_seeds: dict[str, int] = {}
-_SEEDS_MAX: Final = 4096
-
-
-def _new_seed(key: str) -> int:
-    if len(_seeds) >= _SEEDS_MAX:
-        _seeds.clear()
-    seed = _seeds[key] = xxh64_intdigest(key.encode())
-    return seed
+@functools.lru_cache(maxsize=4096)
+def _seed(key: str) -> int:
+    """A deployment has a few models and salts: their seeds are kept, not hashed again per request."""
+    return xxh64_intdigest(key.encode())
 
 
 # ``chain_hashes(data, block_bytes, max_blocks, seed)``: ``h_i = xxh64(block_i, seed=h_{i-1})``
@@ -123,6 +116,4 @@ def hash_request(request: InferenceRequest, block_tokens: int, max_blocks: int) 
     data = user_input_bytes(body)
     if len(data) < block_bytes or block_bytes <= 0:
         return []
-    key = request.target_model + body.cache_salt  # prefix_seed, inlined
-    seed = _seeds.get(key)
-    return chain_hashes(data, block_bytes, max_blocks, _new_seed(key) if seed is None else seed)
+    return chain_hashes(data, block_bytes, max_blocks, _seed(request.target_model + body.cache_salt))
