@@ -97,6 +97,13 @@ static uint64_t xxh64(const unsigned char *p, size_t len, uint64_t seed) {
     return h;
 }
 
+/* The same TypeError as a Python function called with the wrong number of arguments. */
+static int check_nargs(const char *name, Py_ssize_t want, Py_ssize_t nargs) {
+    if (nargs == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, nargs);
+    return -1;
+}
+
 /* An int argument as a Py_ssize_t, saturated: the chain only compares it with lengths. */
 static int arg_size(PyObject *o, const char *name, Py_ssize_t *out) {
     if (!PyLong_Check(o)) {
@@ -113,10 +120,7 @@ static int arg_size(PyObject *o, const char *name, Py_ssize_t *out) {
 }
 
 static PyObject *chain_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "chain_hashes() takes 4 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (check_nargs("chain_hashes", 4, nargs) < 0) return NULL;
     Py_ssize_t block, max_blocks;
     if (arg_size(args[1], "block_bytes", &block) < 0 || arg_size(args[2], "max_blocks", &max_blocks) < 0)
         return NULL;
@@ -270,10 +274,7 @@ static int counts_add(Counts *cs, PyObject *mask, Py_ssize_t run) {
 }
 
 static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "match() takes 2 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (check_nargs("match", 2, nargs) < 0) return NULL;
     PyObject *index = args[0], *hashes;
     if (check_dict(index, "index") < 0 || (hashes = as_hashes(args[1])) == NULL) return NULL;
     Counts cs;
@@ -374,10 +375,7 @@ static int check_bit(PyObject *bit) {
 }
 
 static PyObject *evict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "evict() takes 5 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (check_nargs("evict", 5, nargs) < 0) return NULL;
     Py_ssize_t count;
     if (check_dict(args[0], "index") < 0 || check_dict(args[1], "intern") < 0 || check_lru(args[2]) < 0 ||
         check_bit(args[3]) < 0 || arg_size(args[4], "count", &count) < 0)
@@ -434,10 +432,7 @@ static Py_ssize_t insert(PyObject *index, PyObject *intern, PyObject *lru, PyObj
 }
 
 static PyObject *add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "add() takes 6 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (check_nargs("add", 6, nargs) < 0) return NULL;
     PyObject *index = args[0], *intern = args[1], *lru = args[2], *bit = args[4], *hashes;
     Py_ssize_t capacity;
     if (check_dict(index, "index") < 0 || check_dict(intern, "intern") < 0 || check_lru(lru) < 0 ||
@@ -496,10 +491,7 @@ fail:
 }
 
 static PyObject *kept_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "kept_messages() takes 2 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (check_nargs("kept_messages", 2, nargs) < 0) return NULL;
     PyObject *messages = args[0], *system = args[1], *d;
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
