@@ -46,7 +46,7 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
             ),
             "",
             "Effective scaling N × cost(1) / cost(N): "
-            + ", ".join(f"{n}: {f(v, 2)}" for n, v in sc.items())
+            + _by_n(sc)
             + f" (goals ≥ {goals['scaling_4']} at 4: {met(c['met']['scaling_4'])}; "
             f"≥ {goals['scaling_8']} at 8: {met(c['met']['scaling_8'])}); "
             f"worst staleness p99 {f(c['staleness_p99_ms_worst'], 2)} ms "
@@ -63,28 +63,22 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
             )
             out += [
                 f"At {rate} req/s per replica: effective scaling "
-                + ", ".join(f"{n}: {f(v, 2)}" for n, v in r["effective_scaling"].items())
+                + _by_n(r["effective_scaling"])
                 + "; sync on ÷ off at the same N "
-                + ", ".join(f"{n}: {f(v, 2)}" for n, v in r["sync_on_vs_off_same_n"].items())
+                + _by_n(r["sync_on_vs_off_same_n"])
                 + f"; staleness p99 worst {f(r['staleness_p99_ms_worst'], 2)} ms; loop wakes / batches "
-                f"received per request (sync on) {wakes}"
-                + (f"; overloaded: {', '.join(r['overloaded_cells'])}" if r.get("overloaded_cells") else "")
-                + ".",
+                f"received per request (sync on) {wakes}" + _overloaded(r) + ".",
                 "",
             ]
             u = r.get("uncrowded")
             if u:
                 out += [
                     f"At {rate} req/s, uncrowded (one EPP, peers replayed): effective scaling "
-                    + ", ".join(f"{n}: {f(v, 2)}" for n, v in u["effective_scaling"].items())
+                    + _by_n(u["effective_scaling"])
                     + "; cost ÷ one alone "
-                    + ", ".join(f"{n}: {f(v, 2)}" for n, v in u["sync_on_vs_alone"].items())
+                    + _by_n(u["sync_on_vs_alone"])
                     + f"; replica 0's staleness p99 worst {f(u['staleness_p99_ms_worst'], 2)} ms"
-                    + (
-                        f"; overloaded: {', '.join(u['overloaded_cells'])}"
-                        if u.get("overloaded_cells")
-                        else ""
-                    )
+                    + _overloaded(u)
                     + ".",
                     "",
                 ]
@@ -183,7 +177,7 @@ def _uncrowded(c: dict[str, Any], goals: dict[str, Any]) -> list[str]:
         ),
         "",
         "Effective scaling N × cost(1) / cost(N), uncrowded: "
-        + ", ".join(f"{n}: {f(v, 2)}" for n, v in sc.items())
+        + _by_n(sc)
         + f" (goals ≥ {goals['scaling_4']} at 4: {met(u['met']['scaling_4'])}; "
         f"≥ {goals['scaling_8']} at 8: {met(u['met']['scaling_8'])}); "
         f"worst staleness p99 on replica 0 {f(u['staleness_p99_ms_worst'], 2)} ms "
@@ -238,3 +232,14 @@ def _quality(q: dict[str, Any], goals: dict[str, Any]) -> list[str]:
         f"{met(q['met']['hits'])}).{run_alone}",
         "",
     ]
+
+
+def _by_n(values: dict[str, Any]) -> str:
+    """``{replicas: value}`` as "2: 1.49, 4: 2.61" (two decimals)."""
+    return ", ".join(f"{n}: {f(v, 2)}" for n, v in values.items())
+
+
+def _overloaded(rate: dict[str, Any]) -> str:
+    """ "; overloaded: <cells>" when a rate had overloaded cells, else nothing."""
+    cells = rate.get("overloaded_cells")
+    return f"; overloaded: {', '.join(cells)}" if cells else ""
