@@ -42,6 +42,26 @@ async def _connected(pub: zmq.asyncio.Socket, got: list[Frames]) -> None:
     raise AssertionError("the SUB never connected")
 
 
+async def _queued(pub: zmq.asyncio.Socket, rx: ZmqTransport, what: bytes) -> None:
+    """Sends ``what`` and waits until it is queued in ``rx``'s SUB (ZMQ's ``EVENTS``), unread."""
+    sub = rx._sub_raw
+    assert sub is not None
+    await pub.send(what)
+    await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what=f"{what!r} queued")
+
+
+def _prompting(rx: ZmqTransport, got: list[Frames]) -> Callable[[list[Frames]], None]:
+    """A handler that keeps what it reads in ``got`` and, as the hub does with messages past its
+    read budget, calls ``rx.prompt()`` when a ``late`` message is among them."""
+
+    def handler(messages: list[Frames]) -> None:
+        got.extend(messages)
+        if [b"late"] in messages:
+            rx.prompt()
+
+    return handler
+
+
 async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None:
     got: list[Frames] = []
     async with _linked() as (pub, rx):
@@ -55,10 +75,7 @@ async def test_a_busy_receiver_reads_on_its_timer_or_when_awake_anyway() -> None
         await until(lambda: got == [[b"second"]], 5, what="the descriptor's callback reads the second")
         assert _state(rx) == (True, False)  # busy now: reads wait for the timer
         got.clear()
-        await pub.send(b"third")
-        sub = rx._sub_raw
-        assert sub is not None
-        await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="third queued")
+        await _queued(pub, rx, b"third")
         assert got == []  # nobody watches the descriptor until the timer
         timer = _due_soon(rx)
         rx.read_now()  # the hub was awake anyway (it sent): read, and put the timer off
@@ -76,13 +93,7 @@ async def test_a_late_message_sends_a_busy_receiver_back_to_the_descriptor() -> 
     not start or keep the busy timer, so the next message is read when it arrives, not a gap later."""
     got: list[Frames] = []
     async with _linked() as (pub, rx):
-
-        def handler(messages: list[Frames]) -> None:
-            got.extend(messages)
-            if [b"late"] in messages:
-                rx.prompt()
-
-        rx.listen(handler, gap=3600.0)
+        rx.listen(_prompting(rx, got), gap=3600.0)
         await _connected(pub, got)
         await pub.send(b"late")  # a second wake within gap would make it busy, but it was late
         await until(lambda: [b"late"] in got, 5, what="the late message read")
@@ -90,18 +101,14 @@ async def test_a_late_message_sends_a_busy_receiver_back_to_the_descriptor() -> 
         await pub.send(b"fresh")  # busy now: two wakes within gap, neither late
         await until(lambda: [b"fresh"] in got, 5, what="the fresh message read")
         assert _state(rx) == (True, False)
-        await pub.send(b"late")
-        sub = rx._sub_raw
-        assert sub is not None
-        await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="late queued")
+        await _queued(pub, rx, b"late")
         got.clear()
         rx._on_timer()  # the busy timer reads a late one: back to the descriptor, no timer kept
         assert got == [[b"late"]] and _state(rx) == (False, True)
         await pub.send(b"fresh")
         await until(lambda: got[-1:] == [[b"fresh"]], 5, what="read at once from the descriptor")
         assert _state(rx) == (True, False)  # a fresh wake within gap of the last: busy again
-        await pub.send(b"late")
-        await until(lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what="late queued")
+        await _queued(pub, rx, b"late")
         rx.read_now()  # a riding read that finds a late one drops the timer too
         assert got[-1] == [b"late"] and _state(rx) == (False, True)
 
@@ -112,34 +119,19 @@ async def test_a_ride_reads_in_a_wake_the_loop_had_and_puts_the_busy_timer_off()
     a late message sends the receiver back to the descriptor, as from any other read."""
     got: list[Frames] = []
     async with _linked() as (pub, rx):
-
-        def handler(messages: list[Frames]) -> None:
-            got.extend(messages)
-            if [b"late"] in messages:
-                rx.prompt()
-
-        rx.listen(handler, gap=3600.0)
+        rx.listen(_prompting(rx, got), gap=3600.0)
         await _connected(pub, got)
         await pub.send(b"second")  # two reads with messages within gap: busy, on the timer
         await until(lambda: [b"second"] in got, 5, what="the descriptor's callback reads the second")
         assert _state(rx) == (True, False)
-        sub = rx._sub_raw
-        assert sub is not None
-
-        async def queued(what: bytes) -> None:
-            await pub.send(what)
-            await until(
-                lambda: bool(int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN), 5, what=f"{what!r} queued"
-            )
-
         got.clear()
-        await queued(b"third")
+        await _queued(pub, rx, b"third")
         timer = _due_soon(rx)
         rx._ride_after = 0.0
         rx.ride()  # a request's wake: read here, and the timer put off
         assert got == [[b"third"]] and rx.reads_routing == 1
         assert _state(rx) == (True, False) and rx._timer is not timer
-        await queued(b"fourth")
+        await _queued(pub, rx, b"fourth")
         rx._ride_after = time.monotonic() + 60.0
         rx.ride()  # within RIDE_EVERY of the last ride: a clock compare, nothing read
         assert got == [[b"third"]] and rx.reads_routing == 1
@@ -156,7 +148,7 @@ async def test_a_ride_reads_in_a_wake_the_loop_had_and_puts_the_busy_timer_off()
         assert rx.reads_routing == 2 and _state(rx) == (True, False) and rx._timer is not timer
         assert rx._timer is not None and rx._timer.when() > asyncio.get_running_loop().time() + 3000.0
         assert rx.timer_wakes == 0
-        await queued(b"late")
+        await _queued(pub, rx, b"late")
         rx._ride_after = 0.0
         rx.ride()  # a late message: no timer kept, the descriptor watched again
         assert got[-1] == [b"late"] and _state(rx) == (False, True)
