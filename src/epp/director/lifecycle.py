@@ -151,9 +151,9 @@ class RequestLifecycle:
             self._held = []
         if end_of_stream:
             self._final_chunk(b"")
-        if before is not None:
-            if headers == before:  # the usual case: the hooks only read them (one C comparison)
-                return added
+        # Hooked, ``added`` is empty; unchanged headers (the usual case: the hooks only read them)
+        # are found equal in one C comparison, not scanned header by header.
+        if before is not None and headers != before:
             return [(k, v) for k, v in headers.items() if before.get(k) != v]  # new or overridden
         return added
 
