@@ -1,9 +1,12 @@
-"""Hatch build hook: generate the private Envoy ext_proc stubs and compile the prefix loops' C
-extension before packaging.
+"""Hatch build hook: generate the private Envoy ext_proc stubs and compile the C extensions
+before packaging.
 
-The extension (``src/epp/director/prefix/_native.c``) is optional: when the machine has no C
-compiler or Python headers, or compiling fails, a warning is printed, the install succeeds and
-``epp.director.prefix.native`` uses its pure-Python loops (it says which at start).
+The extensions are optional: when the machine has no C compiler or Python headers, or compiling
+fails, a warning is printed, the install succeeds and the module that loads it uses its Python
+path (each says which at start):
+
+* ``src/epp/director/prefix/_native.c``: the prefix loops (``epp.director.prefix.native``);
+* ``src/epp/server/_incoming.c``: ext_proc requests decoded (``epp.server.incoming``).
 """
 
 from __future__ import annotations
@@ -20,20 +23,23 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 NATIVE_SOURCE = Path("src/epp/director/prefix/_native.c")
+INCOMING_SOURCE = Path("src/epp/server/_incoming.c")
+NATIVE_SOURCES = (NATIVE_SOURCE, INCOMING_SOURCE)
+FALLBACKS = {NATIVE_SOURCE: "the pure-Python prefix loops", INCOMING_SOURCE: "upb for every ext_proc message"}
 
 
-def native_target(root: Path) -> Path:
+def native_target(root: Path, source: Path = NATIVE_SOURCE) -> Path:
     """Where the compiled module goes: next to its source, named for this interpreter."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    return root / NATIVE_SOURCE.with_suffix(suffix)
+    return root / source.with_suffix(suffix)
 
 
-def compile_native(root: Path) -> Path:
-    """Compile the extension with the compiler and flags this Python was built with (sysconfig).
+def compile_native(root: Path, source_path: Path = NATIVE_SOURCE) -> Path:
+    """Compile an extension with the compiler and flags this Python was built with (sysconfig).
 
     The source's SHA-256 is compiled in (``SOURCE_SHA256``) so a test can tell a stale build."""
-    source = root / NATIVE_SOURCE
-    target = native_target(root)
+    source = root / source_path
+    target = native_target(root, source_path)
     target.unlink(missing_ok=True)  # a failed build must not leave an older one importable
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
     var = sysconfig.get_config_var
@@ -69,16 +75,17 @@ class ProtoStubsHook(BuildHookInterface):  # type: ignore[type-arg]
         self._native(root, build_data)
 
     def _native(self, root: Path, build_data: dict[str, Any]) -> None:
-        try:
-            target = compile_native(root)
-        except (OSError, subprocess.CalledProcessError) as e:
-            detail = getattr(e, "stderr", "") or str(e)
-            self.app.display_warning(
-                f"epp: the C extension {NATIVE_SOURCE} did not compile; the pure-Python prefix loops "
-                f"will be used (slower, same results):\n{detail}"
-            )
-            return
-        # a platform wheel: the module is a build artifact (gitignored), shipped with the package
-        build_data["pure_python"] = False
-        build_data["infer_tag"] = True
-        build_data["artifacts"].append(str(target.relative_to(root)))
+        for source in NATIVE_SOURCES:
+            try:
+                target = compile_native(root, source)
+            except (OSError, subprocess.CalledProcessError) as e:
+                detail = getattr(e, "stderr", "") or str(e)
+                self.app.display_warning(
+                    f"epp: the C extension {source} did not compile; {FALLBACKS[source]} "
+                    f"will be used (slower, same results):\n{detail}"
+                )
+                continue
+            # a platform wheel: the module is a build artifact (gitignored), shipped with the package
+            build_data["pure_python"] = False
+            build_data["infer_tag"] = True
+            build_data["artifacts"].append(str(target.relative_to(root)))

@@ -26,6 +26,7 @@ import argparse
 import functools
 import gc
 import importlib
+import inspect
 import operator
 import os
 import subprocess
@@ -49,7 +50,7 @@ from epp.server.h2.server import H2GrpcServer
 STAGES: dict[str, tuple[str, str, str]] = {
     "whole request (Connection.data_received)": ("epp.server.h2.connection", "Connection", "data_received"),
     "ext_proc session, every message": ("epp.server.session", "ExtProcSession", "handle"),
-    "header maps to dicts": ("epp.server.session", "", "headers_to_dict"),
+    "messages decoded (header maps to dicts)": ("epp.server.extproc", "ExtProcServicer", "decode"),
     "director start": ("epp.director.director", "Director", "start"),
     "routing (eager step of route)": ("epp.server.h2.eager", "", "start"),
     "parser": ("epp.parsers.plugins.openai", "OpenAIParser", "parse_request"),
@@ -169,8 +170,11 @@ async def run_stages(config: str, requests: int) -> None:
     for module_name, owner_name, attr in STAGES.values():
         module = importlib.import_module(module_name)
         owner = getattr(module, owner_name) if owner_name else module
-        original = getattr(owner, attr)
-        setattr(owner, attr, _wrapped(original))
+        original = inspect.getattr_static(owner, attr)
+        if isinstance(original, staticmethod):  # e.g. ExtProcServicer.decode: wrapped, still static
+            setattr(owner, attr, staticmethod(_wrapped(original.__func__)))
+        else:
+            setattr(owner, attr, _wrapped(original))
         try:
             client = Client(epp_server(text, 4), _messages())
             for _ in range(STAGE_WARMUP):

@@ -206,6 +206,9 @@ class NoopProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     (``epp.server.h2.H2GrpcServer``) asks of a servicer.
     """
 
+    # upb, the plain protobuf way: the floor must not inherit the EPP's own decoding (module docstring)
+    decode = staticmethod(pb.ProcessingRequest.FromString)
+
     def __init__(self, upstreams: list[str], *, skip_response: bool = False) -> None:
         self._next = itertools.cycle(upstreams).__next__
         self._skip = skip_response

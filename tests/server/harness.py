@@ -20,7 +20,9 @@ from epp.datalayer.api import Endpoint
 from epp.datastore.objects import apply_objects, load_objects
 from epp.datastore.store import Datastore, PoolInfo
 from epp.director.director import Director, Pipeline
+from epp.server import messages
 from epp.server.extproc import ExtProcServicer
+from epp.server.incoming import Incoming
 from epp.server.transport import ExtProcServer, make_server
 from epp.testing.builders import make_endpoint
 
@@ -97,6 +99,11 @@ def _metadata(filter_metadata: Mapping[str, Mapping[str, Any]] | None) -> base_p
 
 def header_map(headers: Mapping[str, str]) -> Any:
     return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, value=v) for k, v in headers.items()])
+
+
+def as_received(msg: pb.ProcessingRequest) -> Incoming:
+    """A message as a session receives it: serialised, then decoded as the servers decode it."""
+    return messages.decode(msg.SerializeToString())
 
 
 def req_headers(

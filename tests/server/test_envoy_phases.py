@@ -15,6 +15,7 @@ import yaml
 
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp.server import messages
 from epp.server import responses as r
 from epp.server.session import (
     BUFFERED,
@@ -25,7 +26,7 @@ from epp.server.session import (
     lean_override,
     overridable,
 )
-from tests.server.harness import HERMETIC_OBJECTS, Harness, pods, req_headers
+from tests.server.harness import HERMETIC_OBJECTS, Harness, as_received, pods, req_headers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPARED = ("request_body_mode", "request_trailer_mode", "response_header_mode", "response_body_mode",
@@ -93,7 +94,9 @@ def test_overridable_follows_envoys_rule(
         response_body_mode=response_mode,  # type: ignore[arg-type]
         send_body_without_waiting_for_header_response=without_waiting,
     )
-    assert overridable(config) is honoured
+    read = messages.from_message(pb.ProcessingRequest(protocol_config=config)).config
+    assert read is not None
+    assert overridable(read) is honoured
 
 
 NO_REWRITES = "kind: InferenceObjective\nmetadata: {name: sql-lora}\nspec: {priority: 2}\n"
@@ -111,7 +114,7 @@ def headers_reply(*, without_waiting: bool, objects: str = NO_REWRITES) -> pb.Pr
             send_body_without_waiting_for_header_response=without_waiting,
         )
     )
-    (reply,) = s.handle(msg)
+    (reply,) = s.handle(as_received(msg))
     return pb.ProcessingResponse.FromString(r.serialize(reply))
 
 

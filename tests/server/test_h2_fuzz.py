@@ -127,7 +127,6 @@ def _server(release: bool) -> tuple[EchoServicer, H2GrpcServer]:
         max_message_bytes=1 << 16, max_concurrent_streams=3, max_empty_frames=3, max_control_out=8
     )
     server = H2GrpcServer(servicer, HealthServicer(lambda: True), limits)  # type: ignore[arg-type]
-    server.routes[PROCESS.encode()] = (bytes, server.routes[PROCESS.encode()][1])
     return servicer, server
 
 

@@ -66,6 +66,8 @@ class EchoSession:
 class EchoServicer:
     """Stands in for ExtProcServicer; ``release`` cleared holds messages (the session awaits)."""
 
+    decode = staticmethod(bytes)  # raw bytes in: the sessions echo them
+
     def __init__(self) -> None:
         self.closed = asyncio.Event()
         self.started = asyncio.Event()
@@ -87,7 +89,6 @@ class EchoServicer:
 async def echo() -> AsyncIterator[tuple[EchoServicer, H2GrpcServer, int]]:
     servicer = EchoServicer()
     server = H2GrpcServer(servicer, HealthServicer(lambda: True))  # type: ignore[arg-type]
-    server.routes[PROCESS.encode()] = (bytes, server.routes[PROCESS.encode()][1])  # raw bytes in
     port = await server.start("127.0.0.1", 0, None)
     yield servicer, server, port
     await server.stop(0.0)
@@ -206,7 +207,6 @@ async def test_health_check_list_and_watch(echo: Any) -> None:
 async def test_stop_drains_in_flight_calls_and_refuses_new_ones() -> None:
     servicer = EchoServicer()
     server = H2GrpcServer(servicer)  # type: ignore[arg-type]
-    server.routes[PROCESS.encode()] = (bytes, server.routes[PROCESS.encode()][1])
     port = await server.start("127.0.0.1", 0, None)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         servicer.release.clear()
@@ -232,7 +232,6 @@ async def test_stop_cancels_what_outlives_the_grace_period() -> None:
     servicer = EchoServicer()
     servicer.release.clear()
     server = H2GrpcServer(servicer)  # type: ignore[arg-type]
-    server.routes[PROCESS.encode()] = (bytes, server.routes[PROCESS.encode()][1])
     port = await server.start("127.0.0.1", 0, None)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         call = raw_stream(ch)()
@@ -396,7 +395,6 @@ async def test_any_read_boundaries_give_the_same_messages(step: int) -> None:
     """Frames and messages cut at every kind of read boundary: a message spans three DATA frames."""
     servicer = EchoServicer()
     server = H2GrpcServer(servicer)  # type: ignore[arg-type]
-    server.routes[PROCESS.encode()] = (bytes, server.routes[PROCESS.encode()][1])
     conn = h2connection.Connection(server)
     transport = RecordingTransport()
     conn.connection_made(transport)
@@ -433,7 +431,6 @@ async def test_the_reset_over_the_flood_limit_still_closes_its_session() -> None
     dropped like the others (its session closed), so no session outlives its connection."""
     servicer = EchoServicer()
     server = H2GrpcServer(servicer, limits=H2Limits(reset_burst=2, reset_rate=0.0))  # type: ignore[arg-type]
-    server.routes[PROCESS.encode()] = (bytes, server.routes[PROCESS.encode()][1])
     conn = h2connection.Connection(server)
     transport = RecordingTransport()
     conn.connection_made(transport)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import gc
 
-from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.server import responses as r
-from epp.server.session import ExtProcSession, headers_to_dict
+from epp.server.session import ExtProcSession
 from tests.server.harness import (
     Harness,
+    as_received,
     pods,
     req_body,
     req_headers,
@@ -52,10 +52,10 @@ def parse(replies: list[r.Reply]) -> list[pb.ProcessingResponse]:
 async def test_only_the_body_completing_message_needs_routing() -> None:
     """Headers and partial bodies answer nothing yet; end of body leaves route() to answer."""
     s, closed = session()
-    assert s.handle(req_headers({":path": "/v1/completions"})) == []
-    assert s.handle(req_body(BODY[:10], eos=False)) == []
+    assert s.handle(as_received(req_headers({":path": "/v1/completions"}))) == []
+    assert s.handle(as_received(req_body(BODY[:10], eos=False))) == []
     assert not pending(s)
-    assert s.handle(req_body(BODY[10:], eos=True)) == []
+    assert s.handle(as_received(req_body(BODY[10:], eos=True))) == []
     assert pending(s)
     replies = parse(await s.route())
     assert not pending(s) and not s.finished
@@ -64,9 +64,11 @@ async def test_only_the_body_completing_message_needs_routing() -> None:
     assert s.lifecycle is not None and phase(s) is Phase.ROUTED
 
     # the response side never waits: every chunk is answered by handle itself
-    assert len(s.handle(resp_headers({":status": "200", "content-type": "text/event-stream"}))) == 1
+    assert (
+        len(s.handle(as_received(resp_headers({":status": "200", "content-type": "text/event-stream"})))) == 1
+    )
     for eos in (False, True):
-        (reply,) = parse(s.handle(resp_body(b"data: {}\n\n", eos=eos)))
+        (reply,) = parse(s.handle(as_received(resp_body(b"data: {}\n\n", eos=eos))))
         assert not pending(s)
         assert streamed(reply) == (b"data: {}\n\n", eos)
     assert phase(s) is Phase.COMPLETE
@@ -82,9 +84,9 @@ async def test_only_the_body_completing_message_needs_routing() -> None:
 async def test_request_trailers_end_the_body() -> None:
     """A body ended by trailers: route() answers with the routing replies, then the trailers reply."""
     s, _ = session()
-    s.handle(req_headers({":path": "/v1/completions"}))
-    s.handle(req_body(BODY, eos=False))
-    assert s.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers())) == []
+    s.handle(as_received(req_headers({":path": "/v1/completions"})))
+    s.handle(as_received(req_body(BODY, eos=False)))
+    assert s.handle(as_received(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))) == []
     assert pending(s)
     replies = parse(await s.route())
     assert [m.WhichOneof("response") for m in replies] == [
@@ -94,8 +96,8 @@ async def test_request_trailers_end_the_body() -> None:
     ]
     assert streamed(replies[1]) == (BODY, False)
     # a response ending in trailers completes the request
-    s.handle(resp_headers({":status": "200"}))
-    assert parse(s.handle(resp_trailers()))[-1].WhichOneof("response") == "response_trailers"
+    s.handle(as_received(resp_headers({":status": "200"})))
+    assert parse(s.handle(as_received(resp_trailers())))[-1].WhichOneof("response") == "response_trailers"
     assert s.lifecycle is not None and phase(s) is Phase.COMPLETE
     s.close()
 
@@ -103,8 +105,8 @@ async def test_request_trailers_end_the_body() -> None:
 async def test_routing_error_is_an_immediate_response() -> None:
     """A body the director refuses ends the session with GIE's error; closing records it."""
     s, closed = session()
-    s.handle(req_headers({":path": "/v1/completions"}))
-    s.handle(req_body(b"{", eos=True))
+    s.handle(as_received(req_headers({":path": "/v1/completions"})))
+    s.handle(as_received(req_body(b"{", eos=True)))
     (reply,) = parse(await s.route())
     assert reply.immediate_response.status.code == 400
     assert s.finished and not pending(s)
@@ -118,7 +120,7 @@ async def test_routing_error_is_an_immediate_response() -> None:
 def test_headers_only_request_is_answered_at_once() -> None:
     """A GET is routed from its headers inside handle: no routing task."""
     s, _ = session()
-    (reply,) = parse(s.handle(req_headers({":path": "/v1/models", ":method": "GET"}, eos=True)))
+    (reply,) = parse(s.handle(as_received(req_headers({":path": "/v1/models", ":method": "GET"}, eos=True))))
     assert not pending(s)
     assert reply.WhichOneof("response") == "request_headers"
     assert s.lifecycle is not None and phase(s) is Phase.ROUTED and not s.lifecycle.scheduled
@@ -130,17 +132,19 @@ async def test_an_evicted_request_ends_at_its_next_response_message_with_upstrea
     it, the next response message is answered with llm-d-router's ImmediateResponse and the
     session ends; closing runs what flow control registered."""
     s, closed = session()
-    s.handle(req_headers({":path": "/v1/completions"}))
+    s.handle(as_received(req_headers({":path": "/v1/completions"})))
     assert s.lifecycle is not None and s.lifecycle.request.edge is s
-    s.handle(req_body(BODY, eos=True))
+    s.handle(as_received(req_body(BODY, eos=True)))
     await s.route()
     ended: list[str] = []
     s.lifecycle.request.on_closed = lambda: ended.append("untracked")
-    (headers_reply,) = parse(s.handle(resp_headers({":status": "200", "content-type": "text/event-stream"})))
+    (headers_reply,) = parse(
+        s.handle(as_received(resp_headers({":status": "200", "content-type": "text/event-stream"})))
+    )
     assert headers_reply.WhichOneof("response") == "response_headers"
-    s.handle(resp_body(b"data: {}\n\n", eos=False))
+    s.handle(as_received(resp_body(b"data: {}\n\n", eos=False)))
     s.evict()
-    (reply,) = parse(s.handle(resp_body(b"data: {}\n\n", eos=False)))
+    (reply,) = parse(s.handle(as_received(resp_body(b"data: {}\n\n", eos=False))))
     ir = reply.immediate_response
     assert (ir.status.code, ir.body) == (429, b"request evicted by flow control")
     assert [(h.header.key, h.header.raw_value) for h in ir.headers.set_headers] == [
@@ -156,7 +160,7 @@ def test_a_request_whose_response_envoy_does_not_stream_has_no_edge() -> None:
     msg = req_headers({":path": "/v1/completions"})
     msg.protocol_config.request_body_mode = mode_pb.ProcessingMode.BUFFERED
     msg.protocol_config.response_body_mode = mode_pb.ProcessingMode.BUFFERED
-    s.handle(msg)
+    s.handle(as_received(msg))
     assert s.lifecycle is not None and s.lifecycle.request.edge is None
 
 
@@ -174,11 +178,11 @@ async def test_a_closed_request_leaves_nothing_for_the_cyclic_collector() -> Non
             pass
 
     Writer(s)
-    s.handle(req_headers({":path": "/v1/completions", "content-type": "application/json"}))
-    s.handle(req_body(BODY, eos=True))
+    s.handle(as_received(req_headers({":path": "/v1/completions", "content-type": "application/json"})))
+    s.handle(as_received(req_body(BODY, eos=True)))
     await s.route()
-    s.handle(resp_headers({":status": "200", "content-type": "text/event-stream"}))
-    s.handle(resp_body(b"data: {}\n\n", eos=True))
+    s.handle(as_received(resp_headers({":status": "200", "content-type": "text/event-stream"})))
+    s.handle(as_received(resp_body(b"data: {}\n\n", eos=True)))
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
@@ -192,22 +196,3 @@ async def test_a_closed_request_leaves_nothing_for_the_cyclic_collector() -> Non
         gc.garbage.clear()
         gc.enable()
     assert not kinds & {"RequestLifecycle", "RequestContext", "InferenceRequest", "CycleState"}, kinds
-
-
-def test_header_maps_become_dicts_with_lower_case_keys_and_raw_values_winning() -> None:
-    """Keys lower-cased, ``raw_value`` over ``value``, and invalid UTF-8 as U+FFFD wherever it is."""
-    hm = base_pb2.HeaderMap(
-        headers=[
-            base_pb2.HeaderValue(key="X-Mixed", raw_value=b"a"),
-            base_pb2.HeaderValue(key="x-old", value="legacy"),
-            base_pb2.HeaderValue(key="x-both", value="v", raw_value=b"raw"),
-        ]
-    )
-    assert headers_to_dict(hm) == {"x-mixed": "a", "x-old": "legacy", "x-both": "raw"}
-    hm.headers.add(key="x-bad", raw_value=b"caf\xc3\xa9 \xff!")
-    assert headers_to_dict(hm) == {
-        "x-mixed": "a",
-        "x-old": "legacy",
-        "x-both": "raw",
-        "x-bad": "caf\u00e9 \ufffd!",
-    }

@@ -8,10 +8,10 @@ from typing import Any
 
 import grpc
 
-from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.director.director import Director
-from epp.server import responses
+from epp.server import messages, responses
+from epp.server.incoming import Incoming
 from epp.server.session import ExtProcSession
 from epp.tracing.otel import Tracing
 
@@ -19,7 +19,12 @@ SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    """One ``Process`` call per HTTP request, each an ``ExtProcSession``."""
+    """One ``Process`` call per HTTP request, each an ``ExtProcSession``.
+
+    ``decode`` is the request messages' deserializer for every transport (what the sessions read).
+    """
+
+    decode = staticmethod(messages.decode)
 
     def __init__(
         self, director: Director, *, max_body_bytes: int = 0, tracing: Tracing | None = None
@@ -52,7 +57,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     async def Process(
         self,
-        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        request_iterator: AsyncIterator[Incoming],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[responses.Reply]:
         """The gRPC method, for transports that drive a servicer by async iterators (grpc.aio)."""
@@ -77,7 +82,7 @@ def add_to_server(servicer: ExtProcServicer, server: grpc.aio.Server) -> None:
         {
             "Process": grpc.stream_stream_rpc_method_handler(
                 servicer.Process,
-                request_deserializer=pb.ProcessingRequest.FromString,
+                request_deserializer=servicer.decode,
                 response_serializer=responses.serialize,
             )
         },

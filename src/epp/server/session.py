@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import structlog
 
@@ -38,6 +38,17 @@ from epp.director.director import Director
 from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, ResourceExhausted
 from epp.server import responses, wire
+from epp.server.incoming import (
+    KIND_NAMES,
+    REQUEST_BODY,
+    REQUEST_HEADERS,
+    REQUEST_TRAILERS,
+    RESPONSE_BODY,
+    RESPONSE_HEADERS,
+    RESPONSE_TRAILERS,
+    Incoming,
+    ProtocolConfig,
+)
 from epp.tracing.otel import RequestTrace, Tracing
 
 log = structlog.get_logger(__name__)
@@ -69,7 +80,7 @@ STREAMED: Final = mode_pb.ProcessingMode.STREAMED
 NONE: Final = mode_pb.ProcessingMode.NONE
 
 
-def overridable(config: pb.ProtocolConfiguration) -> bool:
+def overridable(config: ProtocolConfig) -> bool:
     """Whether Envoy (1.40) honours a ``mode_override`` on a stream with this ``protocol_config``.
 
     Envoy ignores the field whenever either configured body mode is FULL_DUPLEX_STREAMED (GIE's
@@ -105,26 +116,6 @@ def lean_override(request_mode: int, *, headers: bool) -> bytes:
         response_trailer_mode=skip,
     )
     return wire.field(b"\x4a", mode.SerializeToString())
-
-
-def headers_to_dict(hm: Any) -> dict[str, str]:
-    """Envoy header map → dict with lower-cased keys; ``raw_value`` wins over ``value``.
-
-    Invalid UTF-8 becomes U+FFFD.  ``decode()`` without arguments is the strict fast path
-    (passing ``"utf-8", "replace"`` on every header cost ~6% of this function), and a header is
-    almost never invalid, so only a map that holds one is decoded again with replacement.  What
-    remains is upb's: a wrapper per header and a str per field (~4.5k instructions a header).
-    """
-    out: dict[str, str] = {}
-    try:
-        for h in hm.headers:
-            raw = h.raw_value
-            out[h.key.lower()] = raw.decode() if raw else h.value
-    except UnicodeDecodeError:
-        for h in hm.headers:
-            raw = h.raw_value
-            out[h.key.lower()] = raw.decode("utf-8", "replace") if raw else h.value
-    return out
 
 
 class UnaskedWriter(Protocol):
@@ -193,16 +184,15 @@ class ExtProcSession:
         self._overridable = False  # whether Envoy honours mode_override here (protocol_config)
 
     # the transport's two calls ----------------------------------------------------
-    def handle(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
+    def handle(self, msg: Incoming) -> list[responses.Reply]:
         """The replies to one message, at once.  Sets ``route_pending`` (and returns []) when the
         message completed the request body: the replies then come from ``await route()``."""
-        kind = msg.WhichOneof("request")
+        kind = msg.kind
         try:
-            if kind == "response_body":  # once per streamed token: inlined, and first
+            if kind == RESPONSE_BODY:  # once per streamed token: inlined, and first
                 if self._evicted:
                     return self._end_evicted()
-                http_body = msg.response_body
-                chunk, eos = http_body.body, http_body.end_of_stream
+                chunk, eos = msg.body, msg.end_of_stream
                 lc = self.lifecycle
                 if lc is None:
                     return _echo(chunk, eos, self.response_mode, request=False)
@@ -215,20 +205,20 @@ class ExtProcSession:
                         return [wire.body_reply(out, eos, False)]  # the usual chunk: one mutation
                     return responses.streamed_response_body(out, eos, metadata)
                 return [responses.replaced_response_body(out if out is not chunk else None, metadata)]
-            if kind == "request_body":
+            if kind == REQUEST_BODY:
                 return self._request_body(msg)
-            if kind == "request_headers":
+            if kind == REQUEST_HEADERS:
                 return self._request_headers(msg)
-            if kind == "response_headers":
+            if kind == RESPONSE_HEADERS:
                 if self._evicted:
                     return self._end_evicted()
                 return self._response_headers(msg)
-            if kind == "request_trailers":
+            if kind == REQUEST_TRAILERS:
                 return self._request_trailers()
-            if kind == "response_trailers":
+            if kind == RESPONSE_TRAILERS:
                 return self._response_trailers()
         except Exception as e:
-            return self._failed(e, kind)
+            return self._failed(e, KIND_NAMES.get(kind, str(kind)))
         return []
 
     async def route(self) -> list[responses.Reply]:
@@ -282,24 +272,25 @@ class ExtProcSession:
             lc.ctx.request.edge = None
 
     # request phases ---------------------------------------------------------------
-    def _request_headers(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
-        if msg.HasField("protocol_config"):
-            config = msg.protocol_config
+    def _request_headers(self, msg: Incoming) -> list[responses.Reply]:
+        config = msg.config
+        if config is not None:
             self.request_mode = config.request_body_mode
             self.response_mode = config.response_body_mode
             self._overridable = overridable(config)
-        http_headers = msg.request_headers
-        headers = headers_to_dict(http_headers.headers)
+        headers = msg.headers
+        assert headers is not None  # a headers message always has its map
         if self._tracing.enabled:
             self.trace = self._tracing.start_request(headers)
         full_duplex_response = self.response_mode == FULL_DUPLEX
+        metadata = msg.metadata
         lc = self.lifecycle = self._director.start(
-            headers, _metadata(msg), can_hold_response=full_duplex_response
+            headers, metadata if metadata is not None else {}, can_hold_response=full_duplex_response
         )
         if full_duplex_response:  # Envoy sends every response message: eviction can end it
             lc.ctx.request.edge = self
         mode = self.request_mode
-        if http_headers.end_of_stream or mode in (NONE, STREAMED, BUFFERED_PARTIAL):
+        if msg.end_of_stream or mode in (NONE, STREAMED, BUFFERED_PARTIAL):
             decision = lc.route_headers_only()  # any body that follows is passed through
             reply = responses.routing_headers_response(
                 decision.destination, None, self._upstream_headers(decision)
@@ -321,22 +312,21 @@ class ExtProcSession:
             return b""
         return lean_override(self.request_mode, headers=lc.response_headers_needed)
 
-    def _request_body(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
+    def _request_body(self, msg: Incoming) -> list[responses.Reply]:
         lc = self.lifecycle
-        http_body = msg.request_body
         if lc is None:
             raise BadRequest("request body received before request headers")
         if lc.phase >= Phase.ROUTED:  # routed from headers (STREAMED mode): echo
-            return _echo(http_body.body, http_body.end_of_stream, self.request_mode, request=True)
-        chunk = http_body.body
+            return _echo(msg.body, msg.end_of_stream, self.request_mode, request=True)
+        chunk = msg.body
         if chunk:
             self._body_size += len(chunk)
             if self._max_body and self._body_size > self._max_body:
                 raise PayloadTooLarge(f"request body exceeds the limit of {self._max_body} bytes")
             self._body.append(chunk)
-        if msg.HasField("metadata_context"):  # GIE: metadata of the body-completing message wins
-            lc.set_metadata(_metadata(msg))
-        if http_body.end_of_stream:
+        if msg.metadata is not None:  # GIE: metadata of the body-completing message wins
+            lc.set_metadata(msg.metadata)
+        if msg.end_of_stream:
             self.route_pending = True
         return []
 
@@ -398,16 +388,15 @@ class ExtProcSession:
         return (*decision.headers, *self._tracing.inject(self.trace))
 
     # response phases --------------------------------------------------------------
-    def _response_headers(self, msg: pb.ProcessingRequest) -> list[responses.Reply]:
+    def _response_headers(self, msg: Incoming) -> list[responses.Reply]:
         lc = self.lifecycle
         if lc is None:  # a response-only session (GIE ReqResponseOnly): nothing to account
             return [responses.response_headers_reply(())]
-        http_headers = msg.response_headers
-        if msg.HasField("metadata_context"):  # e.g. envoy.lb's destination-endpoint-served
-            lc.set_metadata(_metadata(msg))
-        added = lc.response_headers(
-            headers_to_dict(http_headers.headers), end_of_stream=http_headers.end_of_stream
-        )
+        if msg.metadata is not None:  # e.g. envoy.lb's destination-endpoint-served
+            lc.set_metadata(msg.metadata)
+        headers = msg.headers
+        assert headers is not None  # a headers message always has its map
+        added = lc.response_headers(headers, end_of_stream=msg.end_of_stream)
         return [responses.response_headers_reply(added)]
 
     def _response_trailers(self) -> list[responses.Reply]:
@@ -459,13 +448,6 @@ class ExtProcSession:
     def _log_ids(self) -> dict[str, str]:
         lc = self.lifecycle
         return {"request_id": lc.request.request_id} if lc is not None else {}
-
-
-def _metadata(msg: pb.ProcessingRequest) -> dict[str, Any]:
-    if not msg.HasField("metadata_context"):
-        return {}
-    fm = msg.metadata_context.filter_metadata
-    return {ns: responses.struct_to_python(s) for ns, s in fm.items()} if fm else {}
 
 
 def _echo(chunk: bytes, eos: bool, mode: int, *, request: bool) -> list[responses.Reply]:

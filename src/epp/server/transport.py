@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
+import structlog
 
-from epp.server import extproc, health
+from epp.server import extproc, health, incoming
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.server.tls import server_credentials
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,10 @@ def make_server(
     """``kind`` is ``--ext-proc-transport``: ``h2`` (the default) or ``grpcio``; ``limits`` bound what
     one client may cost (both transports take what grpc core has of them); ``awake`` is called
     after every read of an h2 connection (the sync hub's ``ride``; grpcio's reads are its own)."""
+    if incoming.NATIVE is None:  # not built: worth a warning (EPP_PURE_PYTHON is a choice)
+        log.warning("ext_proc_decoding", implementation=incoming.IMPLEMENTATION, reason=incoming.REASON)
+    else:
+        log.info("ext_proc_decoding", implementation=incoming.IMPLEMENTATION, reason=incoming.REASON or None)
     if kind == "h2":
         from epp.server.h2 import H2GrpcServer
 

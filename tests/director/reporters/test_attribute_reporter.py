@@ -28,6 +28,7 @@ from epp.request import ResponseInfo, Usage
 from epp.server.session import ExtProcSession
 from epp.testing.builders import make_request
 from epp.testing.plugins import FakeHandle
+from tests.server.harness import as_received
 
 COST = "x-gateway-inference-request-cost"
 EXAMPLE = Path(__file__).parents[3] / "config" / "examples" / "request-attribute-reporter.yaml"
@@ -253,24 +254,30 @@ async def test_final_body_message_carries_cost(content_type: str, chunks: list[b
     stream = ExtProcSession(_director())
     full_duplex = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
     stream.handle(
-        pb.ProcessingRequest(
-            request_headers=pb.HttpHeaders(
-                headers=_headers(**{":path": "/v1/completions", ":method": "POST"})
-            ),
-            protocol_config=pb.ProtocolConfiguration(
-                request_body_mode=full_duplex, response_body_mode=full_duplex
-            ),
+        as_received(
+            pb.ProcessingRequest(
+                request_headers=pb.HttpHeaders(
+                    headers=_headers(**{":path": "/v1/completions", ":method": "POST"})
+                ),
+                protocol_config=pb.ProtocolConfiguration(
+                    request_body_mode=full_duplex, response_body_mode=full_duplex
+                ),
+            )
         )
     )
     body = orjson.dumps({"model": "food-review", "prompt": "hello", "max_tokens": 20})
-    assert not stream.handle(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+    assert not stream.handle(
+        as_received(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+    )
     assert stream.route_pending
     routed = await stream.route()
     assert routed, "the request was routed"
     stream.handle(
-        pb.ProcessingRequest(
-            response_headers=pb.HttpHeaders(
-                headers=_headers(**{":status": "200", "content-type": content_type})
+        as_received(
+            pb.ProcessingRequest(
+                response_headers=pb.HttpHeaders(
+                    headers=_headers(**{":status": "200", "content-type": content_type})
+                )
             )
         )
     )
@@ -278,7 +285,9 @@ async def test_final_body_message_carries_cost(content_type: str, chunks: list[b
     for i, chunk in enumerate(chunks):
         eos = i == len(chunks) - 1
         replies.extend(
-            stream.handle(pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=eos)))
+            stream.handle(
+                as_received(pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=eos)))
+            )
         )
     stream.close()
     assert replies

@@ -23,6 +23,7 @@ from epp.scheduling.api import ProfileRunResult, SchedulingResult
 from epp.server.responses import serialize
 from epp.server.session import ExtProcSession
 from epp.testing.plugins import FakeHandle, build
+from tests.server.harness import as_received
 
 HEADER = "x-conformance-test-served-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
@@ -106,14 +107,16 @@ def test_reads_response_headers_metadata(metadata: base_pb2.Metadata | None, exp
     )
     stream = ExtProcSession(Director(ds, pipeline))
     stream.handle(
-        pb.ProcessingRequest(
-            request_headers=pb.HttpHeaders(headers=_headers(**{":path": "/"}), end_of_stream=True)
+        as_received(
+            pb.ProcessingRequest(
+                request_headers=pb.HttpHeaders(headers=_headers(**{":path": "/"}), end_of_stream=True)
+            )
         )
     )
     msg = pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=_headers(**{":status": "200"})))
     if metadata is not None:
         msg.metadata_context.CopyFrom(metadata)
-    (raw,) = stream.handle(msg)
+    (raw,) = stream.handle(as_received(msg))
     stream.close()
     reply = pb.ProcessingResponse.FromString(serialize(raw))
     sets = {

@@ -12,7 +12,6 @@ from typing import Any
 import structlog
 from grpc_health.v1 import health_pb2
 
-from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.server import responses
 from epp.server.extproc import SERVICE_NAME, ExtProcServicer
 from epp.server.h2.calls import Call, Driver, Route, open_call
@@ -42,7 +41,7 @@ class H2GrpcServer:
         self.limits = limits
         self.awake = awake
         self.routes: dict[bytes, Route] = {  # by :path
-            f"/{SERVICE_NAME}/Process".encode(): (pb.ProcessingRequest.FromString, self._ext_proc_driver),
+            f"/{SERVICE_NAME}/Process".encode(): (servicer.decode, self._ext_proc_driver),
         }
         if health is not None:
             self._health = health
