@@ -3,9 +3,9 @@
  *
  * A leaf: it includes nothing of the EPP.  It decodes the shapes Envoy sends on every request
  * (request/response headers, request/response body chunks, the protocol_config of the first
- * message) straight into the values the session reads: a dict of lower-cased header names, the
- * body bytes, end_of_stream and the body modes.  Everything else -- trailers, metadata_context,
- * attributes, a field repeated where protobuf would merge, a wire type it does not expect, any
+ * message, and the empty metadata_context Envoy adds to every message) straight into the values
+ * the session reads: a dict of lower-cased header names, the body bytes, end_of_stream and the
+ * body modes.  Everything else -- trailers, metadata_context with content, attributes, a field repeated where protobuf would merge, a wire type it does not expect, any
  * malformed or invalid-UTF-8 input -- is left to the bound fallback (upb), which decodes it or
  * raises as it always did.  So this module never accepts what upb rejects, and never answers
  * differently: tests/server/test_incoming.py checks both on hypothesis input.
@@ -297,7 +297,7 @@ fallback:
 static PyObject *parse(const unsigned char *data, Py_ssize_t size, int *status) {
     Reader r = {data, data + size}, msg = {NULL, NULL}, config = {NULL, NULL};
     uint32_t kind = 0, field;
-    int wire, observed;
+    int wire, observed, empty_metadata = 0;
     *status = FALLBACK;
     if (incoming_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_incoming.bind() was not called");
@@ -313,14 +313,18 @@ static PyObject *parse(const unsigned char *data, Py_ssize_t size, int *status) 
             if (config.p != NULL || wire != LEN || read_len(&r, &config) != OK) return NULL;
         } else if (field == 10) {
             if (read_bool(&r, wire, &observed) != OK) return NULL;
+        } else if (field == 8) { /* metadata_context: Envoy sends it empty on every message */
+            Reader m;
+            if (wire != LEN || read_len(&r, &m) != OK || m.p != m.end) return NULL; /* not empty: upb's */
+            empty_metadata = 1;
         } else if (field >= 6 && field <= 9) {
-            return NULL; /* trailers, metadata_context, attributes: upb's */
+            return NULL; /* trailers, attributes: upb's */
         } else if (skip(&r, wire) != OK) {
             return NULL;
         }
     }
     int eos = 0, rc;
-    PyObject *headers = NULL, *body = NULL, *cfg = NULL, *k = NULL;
+    PyObject *headers = NULL, *body = NULL, *cfg = NULL, *k = NULL, *metadata = NULL;
     if (kind == 2 || kind == 3) {
         headers = PyDict_New();
         if (headers == NULL) goto error;
@@ -341,9 +345,11 @@ static PyObject *parse(const unsigned char *data, Py_ssize_t size, int *status) 
     }
     if (body == NULL && (body = PyBytes_FromStringAndSize(NULL, 0)) == NULL) goto error;
     if ((k = PyLong_FromLong((long)kind)) == NULL) goto error;
+    if (empty_metadata && (metadata = PyDict_New()) == NULL) goto error;
     if (headers == NULL) headers = Py_NewRef(Py_None);
     if (cfg == NULL) cfg = Py_NewRef(Py_None);
-    PyObject *items[6] = {k, headers, body, PyBool_FromLong(eos), cfg, Py_NewRef(Py_None)};
+    if (metadata == NULL) metadata = Py_NewRef(Py_None);
+    PyObject *items[6] = {k, headers, body, PyBool_FromLong(eos), cfg, metadata};
     PyObject *out = named(incoming_type, 6, items); /* steals the items, even when it fails */
     *status = out == NULL ? ERROR : OK;
     return out;
