@@ -115,7 +115,9 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._reading = False  # in ``data_received``: it flushes what is written when it returns
         self._eof_sent = False  # after write_eof the transport refuses writes though it is not closing
-        self._loop = asyncio.get_running_loop()
+        # Kept, and used by the streams' drivers: on 3.11 every ``asyncio.get_running_loop()`` is a
+        # getpid() system call (its fork check), which the EPP made once a request.
+        self._loop = self.loop = asyncio.get_running_loop()
         self._continuation: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
         self._continuation_frames = 0
         self._recv_window = RECV_WINDOW  # what the peer may still send on the connection

@@ -203,7 +203,7 @@ class SessionDriver:
 
     def _route(self, out: list[Any]) -> None:
         """Route the completed request body now; a task takes over only if routing waits."""
-        started = eager.start(self._session.route(), asyncio.get_running_loop())
+        started = eager.start(self._session.route(), self._call.conn.loop)
         if started.task is not None:
             self._routing = started.task
             self._hand_to_task(out, started.task)
@@ -217,7 +217,7 @@ class SessionDriver:
         self._write([*out, *replies] if out else replies)
 
     def _hand_to_task(self, replies: list[Any], routing: asyncio.Task[list[Any]] | None = None) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run_as_task(replies, routing))
+        self._task = self._call.conn.loop.create_task(self._run_as_task(replies, routing))
 
     async def _run_as_task(self, replies: list[Any], routing: asyncio.Task[list[Any]] | None = None) -> None:
         """Own the call while routing awaits or the peer's window is full, then hand back."""
