@@ -105,6 +105,22 @@ static int read_bool(Reader *r, int wire, int *out) {
     return OK;
 }
 
+/* The names Envoy sends on (almost) every request and response, made once as interned strs: a
+ * request's ~15 names then cost no allocation, and the director's lookups of them compare by
+ * identity.  Any other name is made as it comes. */
+static const char *const KNOWN_NAMES[] = {
+    ":authority", ":path", ":method", ":scheme", ":status", "content-type", "content-length",
+    "x-forwarded-for", "x-forwarded-proto", "x-envoy-external-address", "x-request-id",
+    "user-agent", "accept", "accept-encoding", "authorization", "date", "server",
+    "x-envoy-upstream-service-time", "transfer-encoding", "connection", "cache-control",
+    "traceparent", "tracestate", "x-gateway-model-name", "x-gateway-inference-objective",
+    "x-gateway-inference-fairness-id", "x-session-token",
+};
+#define N_KNOWN (sizeof(KNOWN_NAMES) / sizeof(KNOWN_NAMES[0]))
+#define MAX_KNOWN 40 /* longer than any known name: not looked up */
+static PyObject *known_strs[N_KNOWN];
+static Py_ssize_t known_lens[N_KNOWN];
+
 /* A header name as str.lower() makes it; NULL with *status FALLBACK for invalid UTF-8. */
 static PyObject *header_name(const unsigned char *s, Py_ssize_t n, int *status) {
     int ascii = 1;
@@ -115,6 +131,17 @@ static PyObject *header_name(const unsigned char *s, Py_ssize_t n, int *status) 
         }
     }
     if (ascii) {
+        unsigned char lower[MAX_KNOWN];
+        if (n <= MAX_KNOWN) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                unsigned char c = s[i];
+                lower[i] = (c >= 'A' && c <= 'Z') ? (unsigned char)(c + 32) : c;
+            }
+            for (size_t k = 0; k < N_KNOWN; k++) {
+                if (known_lens[k] == n && memcmp(KNOWN_NAMES[k], lower, (size_t)n) == 0)
+                    return Py_NewRef(known_strs[k]);
+            }
+        }
         PyObject *out = PyUnicode_New(n, 127);
         if (out == NULL) return NULL;
         Py_UCS1 *d = PyUnicode_1BYTE_DATA(out);
@@ -458,6 +485,11 @@ PyMODINIT_FUNC PyInit__incoming(void) {
     if (s_lower == NULL) {
         s_lower = PyUnicode_InternFromString("lower");
         if (s_lower == NULL) return NULL;
+        for (size_t k = 0; k < N_KNOWN; k++) {
+            known_lens[k] = (Py_ssize_t)strlen(KNOWN_NAMES[k]);
+            known_strs[k] = PyUnicode_InternFromString(KNOWN_NAMES[k]);
+            if (known_strs[k] == NULL || known_lens[k] > MAX_KNOWN) return NULL;
+        }
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
