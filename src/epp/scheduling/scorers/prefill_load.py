@@ -94,7 +94,9 @@ class PrefillLoadScorer(PluginBase):
         floats are ``min_max_scores``'s: ``(hi - v) / float(hi - lo)``.
         """
         backlog = self._backlog.get
-        prompt = prompt_tokens(request)
+        prompt = request.prompt_token_count  # kept by the first ``prompt_tokens`` call
+        if prompt < 0:
+            prompt = prompt_tokens(request)
         get = prefix_matches(state).get
         estimates: list[int] = []
         append = estimates.append
@@ -121,7 +123,9 @@ class PrefillLoadScorer(PluginBase):
             return
         target = primary.target_endpoints[0]
         info = prefix_matches(state).get(target)  # its uncached prefill: max(prompt - cached, 0)
-        tokens = prompt_tokens(request)
+        tokens = request.prompt_token_count  # the scorer's ``prompt_tokens`` call kept it
+        if tokens < 0:
+            tokens = prompt_tokens(request)
         if info is not None:
             tokens -= info.match_blocks * info.block_size_tokens
             if tokens < 0:
