@@ -57,6 +57,7 @@ log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER: Final = "x-request-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
+_SERIES_MAX: Final = 4096  # (incoming, target, priority) label sets whose metric children are kept
 # Every name of the control headers ``start`` reads: a request with none of them (most) skips
 # the three alias lookups.
 _START_CONTROL_NAMES: Final = frozenset(
@@ -101,6 +102,9 @@ class Director:
         self._explain_header = pipeline.explain_header.lower()
         # The director a swap put in place (new requests start there); None until one does.
         self._replaced_by: Director | None = None
+        # GIE's request count and size series per (incoming model, target model, priority), each
+        # bound when a request first observes it: a label lookup costs ~2-4k instructions.
+        self._request_series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     @property
     def pipeline(self) -> Pipeline:
@@ -389,12 +393,26 @@ class Director:
             plugin.pre_request(state, req, result)
             timer.observe(time.perf_counter() - started)
         out = ctx.parser.serialize_request(parsed) if changed and ctx.parser is not None else body
-        series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
-        series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
+        count, sizes = self._request_series.get(
+            (req.incoming_model, req.target_model, req.priority)
+        ) or self._bind_request_series(req)
+        count.inc()
+        sizes.observe(len(body))
         destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
         if observed:
             observer.picked(result, targets, destination)
         return self._decision(ctx, result, destination, out, out is not body)
+
+    def _bind_request_series(self, req: InferenceRequest) -> tuple[Any, Any]:
+        """The request total and request size children for ``req``'s labels, kept for the next request."""
+        kept = self._request_series
+        if len(kept) >= _SERIES_MAX:  # models are named by clients: a bound, then it starts again
+            kept.clear()
+        bound = kept[req.incoming_model, req.target_model, req.priority] = (
+            series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)),
+            series.REQUEST_SIZES.labels(req.incoming_model, req.target_model),
+        )
+        return bound
 
     def _denied(
         self, observer: StageObserver, admitter: Admitter, reason: str, req: InferenceRequest
