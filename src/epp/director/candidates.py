@@ -30,7 +30,7 @@ def locate(
     if not subset_filter:
         return endpoints
     ns = metadata.get(SUBSET_NAMESPACE)
-    if not isinstance(ns, Mapping):
+    if ns is None or not isinstance(ns, Mapping):  # None first: an ABC's isinstance costs ~2k
         return endpoints
     subset = ns.get(SUBSET_KEY)
     if not isinstance(subset, (list, tuple)):
