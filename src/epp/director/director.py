@@ -398,7 +398,10 @@ class Director:
         ) or self._bind_request_series(req)
         count.inc()
         sizes.observe(len(body))
-        destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
+        # ``metadata.hostport``: ``Endpoint.hostport`` is a property, a call
+        destination = (
+            targets[0].metadata.hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
+        )
         if observed:
             observer.picked(result, targets, destination)
         return self._decision(ctx, result, destination, out, out is not body)
@@ -427,7 +430,7 @@ class Director:
         self, ctx: RequestContext, result: SchedulingResult, destination: str, out: bytes, changed: bool
     ) -> RoutingDecision:
         """What the edge tells Envoy; an explained request also gets its scores and breakdown."""
-        headers = self._extra_headers(ctx)
+        headers = ((REQUEST_ID_HEADER, ctx.request.request_id),) if ctx.generated_request_id else ()
         remove: tuple[str, ...] = ()
         mutation = ctx.request.header_mutation  # None unless a pre-request plugin (P/D) asked for one
         if mutation is not None:
