@@ -57,6 +57,8 @@ log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER: Final = "x-request-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
+# A producer's plain call (``ImmediateProducer.prepare_request_data_now``).
+_Immediate = Callable[[CycleState, InferenceRequest, Sequence[Endpoint]], None]
 _SERIES_MAX: Final = 4096  # (incoming, target, priority) label sets whose metric children are kept
 # Every name of the control headers ``start`` reads: a request with none of them (most) skips
 # the three alias lookups.
@@ -89,10 +91,12 @@ class Director:
         self._screener_timers = tuple((p, plugin_timer("Screener", p)) for p in pipeline.screeners)
         # Each producer with the timeout it declares (0: none, it runs on the shared budget).
         self._producers = tuple((p, producer_timeout(p, 0.0)) for p in pipeline.producers)
-        # Each producer's plain call when it offers one (``ImmediateProducer``), else None.
-        self._immediate: tuple[
-            Callable[[CycleState, InferenceRequest, Sequence[Endpoint]], None] | None, ...
-        ] = tuple(getattr(p, "prepare_request_data_now", None) for p in pipeline.producers)
+        # Each producer's position, the producer and its plain call when it offers one
+        # (``ImmediateProducer``), else None: what ``_prepare_data`` steps through, made once
+        # (an ``enumerate`` per request costs ~2k instructions).
+        self._steps: tuple[tuple[int, DataProducer, _Immediate | None], ...] = tuple(
+            (i, p, getattr(p, "prepare_request_data_now", None)) for i, p in enumerate(pipeline.producers)
+        )
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -507,9 +511,7 @@ class Director:
         the first one that waits continues, with those after it, under the timer.  A timeout can
         only fire while a producer waits, so the producers that never wait lose nothing.
         """
-        immediate = self._immediate
-        for i, (producer, _) in enumerate(self._producers):
-            now = immediate[i]
+        for i, producer, now in self._steps:
             if now is not None:  # never waits: a plain call, no coroutine
                 try:
                     now(state, req, eps)
