@@ -114,7 +114,11 @@ class PrefillLoadScorer(PluginBase):
         if hi == lo:
             return [1.0] * len(estimates)
         span = float(hi - lo)
-        return [(hi - v) / span for v in estimates]
+        scores: list[float] = []  # a loop, not a comprehension: on 3.11 one costs a function and a frame
+        append_score = scores.append
+        for v in estimates:
+            append_score((hi - v) / span)
+        return scores
 
     # PreRequest: the chosen endpoint takes this prompt's uncached prefill -----------------
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
