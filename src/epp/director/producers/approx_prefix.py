@@ -283,8 +283,12 @@ class ApproxPrefixCacheProducer(PluginBase):
         self.lookups_hit += matched > 0
         self.blocks_looked_up += total
         self.blocks_hit += matched
-        chars_per_block = self.block_size(primary.target_endpoints) * AVERAGE_CHARS_PER_TOKEN
-        PREFIX_INDEXER_HIT_BYTES.observe(matched * chars_per_block)
+        block_size = self.block_size_tokens  # ``block_size(primary.target_endpoints)``, inlined
+        if self.auto_tune:
+            bs = target.metrics.cache_block_size
+            if bs > 0:
+                block_size = bs
+        PREFIX_INDEXER_HIT_BYTES.observe(matched * (block_size * AVERAGE_CHARS_PER_TOKEN))
         if total > 0:
             PREFIX_INDEXER_HIT_RATIO.observe(matched / total)
 
