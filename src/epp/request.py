@@ -89,6 +89,10 @@ class InferenceRequest:
     # and what flow control runs when the stream ends (set only for a request it tracks).
     edge: Evictable | None = None
     on_closed: Callable[[], None] | None = None
+    # ``prompt_tokens(self)``, kept by its first call once the body size is known (the director
+    # sets ``request_size_bytes`` once, before any plugin runs); -1 until then.  Three plugins
+    # of one request read it (~2.2k instructions to compute, ~50 to read).
+    prompt_token_count: int = -1
 
 
 @dataclass(slots=True)
@@ -172,10 +176,16 @@ def prompt_tokens(request: InferenceRequest) -> int:
 
     ``max(request_size_bytes // 4, 1)`` once the body size is known, else the token IDs of a
     pre-tokenized prompt, else ``max(1, round(prompt bytes / 4))`` (half away from zero, as Go's
-    ``math.Round``); 0 without a body.
+    ``math.Round``); 0 without a body.  The size-based estimate is final (the size is set once)
+    and kept on the request (``prompt_token_count``); hot callers read that field first.
     """
-    if request.request_size_bytes > 0:
-        return max(request.request_size_bytes // BYTES_PER_TOKEN, 1)
+    n = request.prompt_token_count
+    if n >= 0:
+        return n
+    size = request.request_size_bytes
+    if size > 0:
+        n = request.prompt_token_count = size // BYTES_PER_TOKEN or 1  # max(size // 4, 1)
+        return n
     body = request.body
     if body is None:
         return 0
@@ -187,5 +197,7 @@ def prompt_tokens(request: InferenceRequest) -> int:
 
 def estimate_tokens(request: InferenceRequest) -> int:
     """GIE's SimpleTokenEstimator: input as ``prompt_tokens``, output ≈ 1.5 * input."""
-    tokens_in = prompt_tokens(request)
+    tokens_in = request.prompt_token_count
+    if tokens_in < 0:
+        tokens_in = prompt_tokens(request)
     return tokens_in + (3 * tokens_in + 1) // 2  # + round(1.5 * in), half up

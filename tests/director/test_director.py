@@ -184,6 +184,34 @@ async def test_routes_to_scheduler_choice_and_counts_request() -> None:
     assert after == before + 1
 
 
+async def test_request_series_are_kept_per_labels_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request counts in its own (model, target, priority) series, also when the director's
+    kept children start again after ``_SERIES_MAX`` label sets (here 1)."""
+    monkeypatch.setattr("epp.director.director._SERIES_MAX", 1)
+    d, ds = director()
+    ds.set_objectives([Objective(name="gold", priority=2)])
+
+    def counts() -> tuple[float, float, float]:
+        gold = metric(
+            "inference_objective_request_total", model_name="m1", target_model_name="m1", priority="2"
+        )
+        plain = metric(
+            "inference_objective_request_total", model_name="m1", target_model_name="m1", priority="0"
+        )
+        sizes = metric("inference_objective_request_sizes_count", model_name="m1", target_model_name="m1")
+        return gold, plain, sizes
+
+    gold, plain, sizes = counts()
+    for headers in (
+        {"x-gateway-inference-objective": "gold"},
+        {},
+        {},
+        {"x-gateway-inference-objective": "gold"},
+    ):
+        await d.start(dict(headers), {}).route(body("m1"))
+    assert counts() == (gold + 2, plain + 2, sizes + 4)
+
+
 async def test_fallbacks_are_comma_joined_primary_first() -> None:
     """With several targets the destination lists them in order."""
     d, _ = director(scheduler=LowestQueue(n=3))

@@ -57,6 +57,9 @@ log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER: Final = "x-request-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
+# A producer's plain call (``ImmediateProducer.prepare_request_data_now``).
+_Immediate = Callable[[CycleState, InferenceRequest, Sequence[Endpoint]], None]
+_SERIES_MAX: Final = 4096  # (incoming, target, priority) label sets whose metric children are kept
 # Every name of the control headers ``start`` reads: a request with none of them (most) skips
 # the three alias lookups.
 _START_CONTROL_NAMES: Final = frozenset(
@@ -88,10 +91,12 @@ class Director:
         self._screener_timers = tuple((p, plugin_timer("Screener", p)) for p in pipeline.screeners)
         # Each producer with the timeout it declares (0: none, it runs on the shared budget).
         self._producers = tuple((p, producer_timeout(p, 0.0)) for p in pipeline.producers)
-        # Each producer's plain call when it offers one (``ImmediateProducer``), else None.
-        self._immediate: tuple[
-            Callable[[CycleState, InferenceRequest, Sequence[Endpoint]], None] | None, ...
-        ] = tuple(getattr(p, "prepare_request_data_now", None) for p in pipeline.producers)
+        # Each producer's position, the producer and its plain call when it offers one
+        # (``ImmediateProducer``), else None: what ``_prepare_data`` steps through, made once
+        # (an ``enumerate`` per request costs ~2k instructions).
+        self._steps: tuple[tuple[int, DataProducer, _Immediate | None], ...] = tuple(
+            (i, p, getattr(p, "prepare_request_data_now", None)) for i, p in enumerate(pipeline.producers)
+        )
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -101,6 +106,9 @@ class Director:
         self._explain_header = pipeline.explain_header.lower()
         # The director a swap put in place (new requests start there); None until one does.
         self._replaced_by: Director | None = None
+        # GIE's request count and size series per (incoming model, target model, priority), each
+        # bound when a request first observes it: a label lookup costs ~2-4k instructions.
+        self._request_series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     @property
     def pipeline(self) -> Pipeline:
@@ -389,12 +397,29 @@ class Director:
             plugin.pre_request(state, req, result)
             timer.observe(time.perf_counter() - started)
         out = ctx.parser.serialize_request(parsed) if changed and ctx.parser is not None else body
-        series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)).inc()
-        series.REQUEST_SIZES.labels(req.incoming_model, req.target_model).observe(len(body))
-        destination = targets[0].hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
+        count, sizes = self._request_series.get(
+            (req.incoming_model, req.target_model, req.priority)
+        ) or self._bind_request_series(req)
+        count.inc()
+        sizes.observe(len(body))
+        # ``metadata.hostport``: ``Endpoint.hostport`` is a property, a call
+        destination = (
+            targets[0].metadata.hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
+        )
         if observed:
             observer.picked(result, targets, destination)
         return self._decision(ctx, result, destination, out, out is not body)
+
+    def _bind_request_series(self, req: InferenceRequest) -> tuple[Any, Any]:
+        """The request total and request size children for ``req``'s labels, kept for the next request."""
+        kept = self._request_series
+        if len(kept) >= _SERIES_MAX:  # models are named by clients: a bound, then it starts again
+            kept.clear()
+        bound = kept[req.incoming_model, req.target_model, req.priority] = (
+            series.REQUEST_TOTAL.labels(req.incoming_model, req.target_model, str(req.priority)),
+            series.REQUEST_SIZES.labels(req.incoming_model, req.target_model),
+        )
+        return bound
 
     def _denied(
         self, observer: StageObserver, admitter: Admitter, reason: str, req: InferenceRequest
@@ -409,7 +434,7 @@ class Director:
         self, ctx: RequestContext, result: SchedulingResult, destination: str, out: bytes, changed: bool
     ) -> RoutingDecision:
         """What the edge tells Envoy; an explained request also gets its scores and breakdown."""
-        headers = self._extra_headers(ctx)
+        headers = ((REQUEST_ID_HEADER, ctx.request.request_id),) if ctx.generated_request_id else ()
         remove: tuple[str, ...] = ()
         mutation = ctx.request.header_mutation  # None unless a pre-request plugin (P/D) asked for one
         if mutation is not None:
@@ -486,9 +511,7 @@ class Director:
         the first one that waits continues, with those after it, under the timer.  A timeout can
         only fire while a producer waits, so the producers that never wait lose nothing.
         """
-        immediate = self._immediate
-        for i, (producer, _) in enumerate(self._producers):
-            now = immediate[i]
+        for i, producer, now in self._steps:
             if now is not None:  # never waits: a plain call, no coroutine
                 try:
                     now(state, req, eps)

@@ -48,6 +48,12 @@ def combine(
     usual one to four lists instead of one pass per scorer.  Floats are added left to right
     exactly as ``((x*wa + y*wb) + z*wc)``, so a cached partial sum of the leading scorers
     gives bit-identical totals.
+
+    Every list (and ``partial``) has ``n`` items: callers check each scorer's list where it is
+    made ("scorer returned ... scores") and the cache's lists are made for ``n``.  The fused
+    passes index ``range(n)`` (a short list still raises) rather than ``zip(..., strict=True)``:
+    ``zip`` called with a keyword builds a kwargs dict, ~2.5k instructions a call, as much as
+    the arithmetic of four endpoints.
     """
     k = len(lists)
     if partial is None:
@@ -58,13 +64,13 @@ def combine(
             return [x * wa for x in a]
         if k == 2:
             (a, b), (wa, wb) = lists, weights
-            return [x * wa + y * wb for x, y in zip(a, b, strict=True)]
+            return [a[i] * wa + b[i] * wb for i in range(n)]
         if k == 3:
             (a, b, c), (wa, wb, wc) = lists, weights
-            return [x * wa + y * wb + z * wc for x, y, z in zip(a, b, c, strict=True)]
+            return [a[i] * wa + b[i] * wb + c[i] * wc for i in range(n)]
         if k == 4:
             (a, b, c, d), (wa, wb, wc, wd) = lists, weights
-            return [x * wa + y * wb + z * wc + u * wd for x, y, z, u in zip(a, b, c, d, strict=True)]
+            return [a[i] * wa + b[i] * wb + c[i] * wc + d[i] * wd for i in range(n)]
         totals = [x * weights[0] for x in lists[0]]
         lists, weights = lists[1:], weights[1:]
     else:
@@ -72,19 +78,16 @@ def combine(
             return list(partial)  # a copy: the picker must not see (or touch) the cached list
         if k == 1:
             (a,), (wa,) = lists, weights
-            return [p + x * wa for p, x in zip(partial, a, strict=True)]
+            return [partial[i] + a[i] * wa for i in range(n)]
         if k == 2:
             (a, b), (wa, wb) = lists, weights
-            return [p + x * wa + y * wb for p, x, y in zip(partial, a, b, strict=True)]
+            return [partial[i] + a[i] * wa + b[i] * wb for i in range(n)]
         if k == 3:
             (a, b, c), (wa, wb, wc) = lists, weights
-            return [p + x * wa + y * wb + z * wc for p, x, y, z in zip(partial, a, b, c, strict=True)]
+            return [partial[i] + a[i] * wa + b[i] * wb + c[i] * wc for i in range(n)]
         if k == 4:  # an affinity scorer first, then four (prefix-heavy): one pass, not four
             (a, b, c, d), (wa, wb, wc, wd) = lists, weights
-            return [
-                p + x * wa + y * wb + z * wc + u * wd
-                for p, x, y, z, u in zip(partial, a, b, c, d, strict=True)
-            ]
+            return [partial[i] + a[i] * wa + b[i] * wb + c[i] * wc + d[i] * wd for i in range(n)]
         totals = list(partial)
     for scores, w in zip(lists, weights, strict=True):
         totals = [t + x * w for t, x in zip(totals, scores, strict=True)]

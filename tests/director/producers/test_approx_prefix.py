@@ -409,6 +409,25 @@ async def test_prepare_request_data_async_and_metrics() -> None:
     assert REGISTRY.get_sample_value("inference_extension_prefix_indexer_size") == len(p.index) == 4
 
 
+async def test_auto_tuned_hit_bytes_count_the_picked_endpoints_block_size() -> None:
+    """Auto-tuned, the hit bytes use the engine block size of the endpoint the request went to
+    (the hashing used the first candidate's), as ``block_size(primary.target_endpoints)``."""
+    p = _producer()
+    eps = [endpoint(0, block_size=16), endpoint(1, block_size=32)]
+    req = request(body=completions_body("M" * (BLOCK * 4)))
+    state = CycleState()
+    await p.prepare_request_data(state, req, eps)
+    _schedule_to(p, state, req, eps[1])
+    sum_before = REGISTRY.get_sample_value("inference_extension_prefix_indexer_hit_bytes_sum") or 0.0
+    state2 = CycleState()
+    await p.prepare_request_data(state2, req, eps)
+    _schedule_to(p, state2, req, eps[1])
+    hit_bytes = (
+        REGISTRY.get_sample_value("inference_extension_prefix_indexer_hit_bytes_sum") or 0.0
+    ) - sum_before
+    assert hit_bytes == 4 * (32 * 4)  # 4 blocks of 16 tokens hashed, counted at 32 tokens of 4 chars
+
+
 def test_shared_info_objects() -> None:
     """Endpoints without a match share one PrefixMatchInfo object (no per-endpoint allocation)."""
     p = _producer(autoTune=False)

@@ -82,3 +82,27 @@ def test_zero_weight_needs_no_scale_and_producer_name_is_accepted() -> None:
     scorer = build(PrefixCacheScorer, matchLengthWeight=0.0, prefixMatchInfoProducerName="precise")
     assert scorer.match_length_scale_tokens == 8192
     assert scorer.producer_name == "precise"
+
+
+@pytest.mark.parametrize("shared_miss", [True, False], ids=["shared-miss-info", "distinct-infos"])
+def test_add_weighted_into_totals_is_score_times_weight_added(shared_miss: bool) -> None:
+    """Into running totals: ``t + score * weight`` bit for bit, whether an endpoint's info is the
+    producer's shared miss object (computed once) or its own; totals of another length raise."""
+    scorer = build(PrefixCacheScorer)
+    eps = [endpoint(i) for i in range(5)]
+    state = CycleState()
+    miss = PrefixMatchInfo(0, 7, 16)
+    for i, ep in enumerate(eps):
+        if i == 2:
+            continue  # no info at all: scores 0
+        info = PrefixMatchInfo(i, 7, 16) if i % 2 else (miss if shared_miss else PrefixMatchInfo(0, 7, 16))
+        state.put_attribute(PREFIX_MATCH, ep, info)
+    totals = [0.1, 0.7, 1.3, 0.2, 2.9]
+    scores = scorer.score(state, request(), eps)
+    got = scorer.add_weighted_scores(state, request(), eps, totals, 3.0)
+    assert got == [t + s * 3.0 for t, s in zip(totals, scores, strict=True)]  # exact, not approx
+    assert scorer.add_weighted_scores(state, request(), eps, None, 3.0) == [s * 3.0 for s in scores]
+    with pytest.raises((ValueError, IndexError)):
+        scorer.add_weighted_scores(state, request(), eps, totals[:4], 3.0)
+    with pytest.raises(ValueError, match="totals"):
+        scorer.add_weighted_scores(state, request(), eps, [*totals, 0.0], 3.0)

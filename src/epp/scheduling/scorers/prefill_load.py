@@ -94,7 +94,9 @@ class PrefillLoadScorer(PluginBase):
         floats are ``min_max_scores``'s: ``(hi - v) / float(hi - lo)``.
         """
         backlog = self._backlog.get
-        prompt = prompt_tokens(request)
+        prompt = request.prompt_token_count  # kept by the first ``prompt_tokens`` call
+        if prompt < 0:
+            prompt = prompt_tokens(request)
         get = prefix_matches(state).get
         estimates: list[int] = []
         append = estimates.append
@@ -112,7 +114,11 @@ class PrefillLoadScorer(PluginBase):
         if hi == lo:
             return [1.0] * len(estimates)
         span = float(hi - lo)
-        return [(hi - v) / span for v in estimates]
+        scores: list[float] = []  # a loop, not a comprehension: on 3.11 one costs a function and a frame
+        append_score = scores.append
+        for v in estimates:
+            append_score((hi - v) / span)
+        return scores
 
     # PreRequest: the chosen endpoint takes this prompt's uncached prefill -----------------
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
@@ -121,7 +127,9 @@ class PrefillLoadScorer(PluginBase):
             return
         target = primary.target_endpoints[0]
         info = prefix_matches(state).get(target)  # its uncached prefill: max(prompt - cached, 0)
-        tokens = prompt_tokens(request)
+        tokens = request.prompt_token_count  # the scorer's ``prompt_tokens`` call kept it
+        if tokens < 0:
+            tokens = prompt_tokens(request)
         if info is not None:
             tokens -= info.match_blocks * info.block_size_tokens
             if tokens < 0:
