@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tracemalloc
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from epp.director.prefix.index import PrefixIndex
 from epp.director.prefix.native import NATIVE, PYTHON, Loops
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.testing.plugins import build
+from tests.leaks import TOLERANCE, traced_growth
 
 SOURCE = Path(native.__file__).with_name("_native.c")
 U64 = 2**64 - 1
@@ -306,18 +306,8 @@ def test_a_hundred_thousand_calls_leak_nothing() -> None:
     gc.collect()
     probe_bit = 1 << 70
     refs = sys.getrefcount(probe_bit), sys.getrefcount(None)
-    tracemalloc.start()
-    try:
-        exercise(1000)
-        gc.collect()
-        before, _ = tracemalloc.get_traced_memory()
-        exercise(10_000)  # ~100k calls
-        gc.collect()
-        after, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    # one leaked int a call would be ~3 MB; the tolerance is for the allocator's own bookkeeping
-    assert after - before < 64 * 1024, f"traced memory grew by {after - before} bytes"
+    grown = traced_growth(exercise, settle=1000, measured=10_000)  # ~100k calls
+    assert grown < TOLERANCE, f"traced memory grew by {grown} bytes"
     assert sys.getrefcount(probe_bit) == refs[0]
     assert abs(sys.getrefcount(None) - refs[1]) < 100  # None is shared with everything else
 
