@@ -288,20 +288,21 @@ static PyObject *named(PyTypeObject *type, Py_ssize_t n, PyObject **items) {
     return out;
 }
 
-static PyObject *protocol_config(Reader *r, int *status) {
+/* The ProtocolConfig, or NULL: with an error set (ERROR), or without one (upb's to decode). */
+static PyObject *protocol_config(Reader *r) {
     uint64_t request_mode = 0, response_mode = 0;
     int send_without_waiting = 0;
     uint32_t field;
     int wire;
     while (r->p < r->end) {
-        if (read_tag(r, &field, &wire) != OK) goto fallback;
+        if (read_tag(r, &field, &wire) != OK) return NULL;
         if (field == 1 || field == 2) {
             if (wire != VARINT || read_varint(r, field == 1 ? &request_mode : &response_mode) != OK)
-                goto fallback;
+                return NULL;
         } else if (field == 3) {
-            if (read_bool(r, wire, &send_without_waiting) != OK) goto fallback;
+            if (read_bool(r, wire, &send_without_waiting) != OK) return NULL;
         } else if (skip(r, wire) != OK) {
-            goto fallback;
+            return NULL;
         }
     }
     /* open enums are int32: upb keeps the low 32 bits of the varint, signed */
@@ -315,9 +316,6 @@ static PyObject *protocol_config(Reader *r, int *status) {
         return NULL;
     }
     return named(config_type, 3, items);
-fallback:
-    *status = FALLBACK;
-    return NULL;
 }
 
 /* The Incoming for ``data``, or NULL with *status FALLBACK (upb's to decode) or ERROR. */
@@ -350,29 +348,20 @@ static PyObject *parse(const unsigned char *data, Py_ssize_t size, int *status) 
             return NULL;
         }
     }
-    int eos = 0, rc;
+    int eos = 0;
     PyObject *headers = NULL, *body = NULL, *cfg = NULL, *k = NULL, *metadata = NULL;
     if (kind == 2 || kind == 3) {
-        headers = PyDict_New();
-        if (headers == NULL) goto error;
-        rc = http_headers(&msg, headers, &eos);
-        if (rc != OK) goto failed;
+        if ((headers = PyDict_New()) == NULL || http_headers(&msg, headers, &eos) != OK) goto failed;
     } else if (kind == 4 || kind == 5) {
         Reader b = {NULL, NULL};
-        if (http_body(&msg, &b, &eos) != OK) goto failed; /* FALLBACK */
+        if (http_body(&msg, &b, &eos) != OK) goto failed;
         body = PyBytes_FromStringAndSize((const char *)b.p, b.p == NULL ? 0 : b.end - b.p);
-        if (body == NULL) goto error;
+        if (body == NULL) goto failed;
     }
-    if (config.p != NULL) {
-        cfg = protocol_config(&config, &rc);
-        if (cfg == NULL) {
-            if (PyErr_Occurred()) goto error;
-            goto failed; /* FALLBACK */
-        }
-    }
-    if (body == NULL && (body = PyBytes_FromStringAndSize(NULL, 0)) == NULL) goto error;
-    if ((k = PyLong_FromLong((long)kind)) == NULL) goto error;
-    if (empty_metadata && (metadata = PyDict_New()) == NULL) goto error;
+    if (config.p != NULL && (cfg = protocol_config(&config)) == NULL) goto failed;
+    if (body == NULL && (body = PyBytes_FromStringAndSize(NULL, 0)) == NULL) goto failed;
+    if ((k = PyLong_FromLong((long)kind)) == NULL) goto failed;
+    if (empty_metadata && (metadata = PyDict_New()) == NULL) goto failed;
     if (headers == NULL) headers = Py_NewRef(Py_None);
     if (cfg == NULL) cfg = Py_NewRef(Py_None);
     if (metadata == NULL) metadata = Py_NewRef(Py_None);
@@ -380,34 +369,33 @@ static PyObject *parse(const unsigned char *data, Py_ssize_t size, int *status) 
     PyObject *out = named(incoming_type, 6, items); /* steals the items, even when it fails */
     *status = out == NULL ? ERROR : OK;
     return out;
-failed:
-    rc = PyErr_Occurred() ? ERROR : FALLBACK;
-    Py_XDECREF(headers);
-    Py_XDECREF(body);
-    Py_XDECREF(cfg);
-    *status = rc;
-    return NULL;
-error:
+failed: /* a Python error set: ERROR; none: a shape left to upb */
+    *status = PyErr_Occurred() ? ERROR : FALLBACK;
     Py_XDECREF(headers);
     Py_XDECREF(body);
     Py_XDECREF(cfg);
     Py_XDECREF(k);
-    *status = ERROR;
     return NULL;
 }
 
-static int get_buffer(PyObject *data, Py_buffer *view) {
-    if (PyObject_GetBuffer(data, view, PyBUF_SIMPLE) < 0) return -1;
-    return 0;
+/* ``parse`` of any bytes-like object; bytes (every message the servers pass) without a buffer. */
+static PyObject *parse_object(PyObject *data, int *status) {
+    if (PyBytes_CheckExact(data))
+        return parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), status);
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        *status = ERROR;
+        return NULL;
+    }
+    PyObject *out = parse(view.buf, view.len, status);
+    PyBuffer_Release(&view);
+    return out;
 }
 
 static PyObject *try_parse(PyObject *self, PyObject *data) {
     (void)self;
-    Py_buffer view;
-    if (get_buffer(data, &view) < 0) return NULL;
     int status;
-    PyObject *out = parse(view.buf, view.len, &status);
-    PyBuffer_Release(&view);
+    PyObject *out = parse_object(data, &status);
     if (out == NULL && status == FALLBACK) Py_RETURN_NONE;
     return out;
 }
@@ -415,15 +403,7 @@ static PyObject *try_parse(PyObject *self, PyObject *data) {
 static PyObject *decode(PyObject *self, PyObject *data) {
     (void)self;
     int status;
-    PyObject *out;
-    if (PyBytes_CheckExact(data)) {
-        out = parse((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), &status);
-    } else {
-        Py_buffer view;
-        if (get_buffer(data, &view) < 0) return NULL;
-        out = parse(view.buf, view.len, &status);
-        PyBuffer_Release(&view);
-    }
+    PyObject *out = parse_object(data, &status);
     if (out != NULL || status == ERROR) return out;
     return PyObject_CallOneArg(fallback, data);
 }

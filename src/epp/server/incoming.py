@@ -84,9 +84,8 @@ NATIVE, _why = _load()
 _forced = os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 IMPLEMENTATION: Final = "python" if NATIVE is None or _forced else "c"
 REASON: Final = f"{PURE_PYTHON_ENV} is set" if _forced else _why
-BUILT_FROM: Final[str | None] = getattr(
-    NATIVE, "SOURCE_SHA256", None
-)  # the SHA-256 of the _incoming.c compiled
+# the SHA-256 of the _incoming.c compiled (a test tells a stale build by it)
+BUILT_FROM: Final[str | None] = getattr(NATIVE, "SOURCE_SHA256", None)
 
 
 def decoder(fallback: Decode) -> Decode:
