@@ -108,6 +108,7 @@ class Case:
     score: float = 1.0
 
 
+SLOW_THRICE = [*ttft(0.0, 0.5), *ttft(0.1, 0.5), *ttft(0.15, 0.5)]  # ten times the peers' first tokens
 HANG_LOAD = [ev for i in range(10) for ev in served(i * 0.02)]  # steady traffic before the fault
 
 CASES = {
@@ -235,7 +236,7 @@ CASES = {
         Status.HEALTHY,
     ),
     "ttft-outlier-is-penalised-not-ejected": Case(
-        [*healthy_peers(3, 0.5), *ttft(0.0, 0.5), *ttft(0.1, 0.5)],
+        [*healthy_peers(3, 0.5), *ttft(0.0, 0.5), *ttft(0.1, 0.5), *ttft(0.15, 0.5)],
         0.65,
         Status.DEGRADED,
         "latency-outlier",
@@ -243,16 +244,16 @@ CASES = {
         0.0,
     ),
     "penalty-expires-into-a-probe": Case(
-        [*healthy_peers(3, 0.5), *ttft(0.0, 0.5), *ttft(0.1, 0.5)], 1.7, Status.PROBING, "penalty-expired"
+        [*healthy_peers(3, 0.5), *SLOW_THRICE], 1.7, Status.PROBING, "penalty-expired"
     ),
     "a-fast-probe-lifts-the-penalty": Case(
-        [*healthy_peers(3, 2.0), *ttft(0.0, 0.5), *ttft(0.1, 0.5), *ttft(1.7, 0.05)],
+        [*healthy_peers(3, 2.0), *SLOW_THRICE, *ttft(1.7, 0.05)],
         1.8,
         Status.HEALTHY,
         "probe-succeeded",
     ),
     "a-slow-probe-penalises-again": Case(
-        [*healthy_peers(3, 2.0), *ttft(0.0, 0.5), *ttft(0.1, 0.5), *ttft(1.7, 0.5)],
+        [*healthy_peers(3, 2.0), *SLOW_THRICE, *ttft(1.7, 0.5)],
         2.3,
         Status.DEGRADED,
         "latency-outlier",
@@ -260,12 +261,12 @@ CASES = {
         0.0,
     ),
     "far-busier-than-its-peers-is-not-judged": Case(
-        [*healthy_peers(3, 0.5), *ttft(0.0, 0.5, running=120), *ttft(0.1, 0.5, running=120)],
+        [*healthy_peers(3, 0.5), *(ev for t in (0.0, 0.1, 0.15) for ev in ttft(t, 0.5, running=120))],
         0.65,
         Status.HEALTHY,
     ),
     "a-little-busier-and-10x-slower-is-judged": Case(
-        [*healthy_peers(3, 0.5), *ttft(0.0, 0.5, running=3), *ttft(0.1, 0.5, running=3)],
+        [*healthy_peers(3, 0.5), *(ev for t in (0.0, 0.1, 0.15) for ev in ttft(t, 0.5, running=3))],
         0.65,
         Status.DEGRADED,
         "latency-outlier",
@@ -273,7 +274,21 @@ CASES = {
         0.0,
     ),
     "slow-because-queued-is-not-an-outlier": Case(
-        [*healthy_peers(3, 0.5), *ttft(0.0, 0.5, queue=9), *ttft(0.1, 0.5, queue=9)], 0.65, Status.HEALTHY
+        [*healthy_peers(3, 0.5), *(ev for t in (0.0, 0.1, 0.15) for ev in ttft(t, 0.5, queue=9))],
+        0.65,
+        Status.HEALTHY,
+    ),
+    # A stalled moment of the replica's process: the requests in flight there are slow, ten times
+    # the peers' (the average triples at once), and the next one is not.
+    "a-stalled-moment-is-not-an-outlier": Case(
+        [*healthy_peers(3, 0.5), *ttft(0.0, 0.05), *ttft(0.05, 0.5), *ttft(0.06, 0.5), *ttft(0.6, 0.05)],
+        0.7,
+        Status.HEALTHY,
+    ),
+    "a-fast-sample-breaks-the-streak": Case(
+        [*healthy_peers(3, 0.7), *ttft(0.0, 0.5), *ttft(0.05, 0.5), *ttft(0.55, 0.05), *ttft(0.6, 0.5)],
+        1.15,
+        Status.HEALTHY,
     ),
 }
 

@@ -142,6 +142,7 @@ EXPECTED: dict[str, set[str]] = {
         "noHeadersFactor",
         "latencyOutlierFactor",
         "latencyMinSamples",
+        "latencyConsecutiveOutliers",
         "basePenaltyTime",
         "maxPenaltyTime",
     },

@@ -57,9 +57,11 @@ class HealthPolicy(PluginParams):
     no_headers_factor: float = Field(default=10.0, ge=1)
     # Time to first token (per unit of queue) against the peers' median: at ``latencyOutlierFactor``
     # times it the endpoint is penalised for ``basePenaltyTime`` (doubling while it stays slow, up
-    # to ``maxPenaltyTime``), then probed with one request.
+    # to ``maxPenaltyTime``), then probed with one request.  Only after ``latencyConsecutiveOutliers``
+    # slow samples in a row: one stalled moment of the replica's process is not a slow replica.
     latency_outlier_factor: float = Field(default=3.0, gt=1)
     latency_min_samples: int = Field(default=2, ge=1)
+    latency_consecutive_outliers: int = Field(default=3, ge=1)
     base_penalty_time: Seconds = 2.0  # each probe of a still-slow endpoint costs one slow request
     max_penalty_time: Seconds = 8.0
 

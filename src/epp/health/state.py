@@ -78,6 +78,7 @@ class EndpointHealth:
         "ejections",
         "headers_usual",
         "latency_samples",
+        "latency_streak",
         "latency_usual",
         "load_usual",
         "name",
@@ -125,6 +126,7 @@ class EndpointHealth:
         self.headers_usual = 0.0  # EWMA of seconds from a request's arrival to its response headers
         self.latency_usual = 0.0  # EWMA of time to first token per queued request ahead (+1)
         self.latency_samples = 0
+        self.latency_streak = 0  # judged samples in a row, up to now, over the outlier threshold
         self.load_usual = 0.0  # EWMA of waiting + running requests at its first bytes
         self.refs = (0.0, 0.0, 0.0)  # the peers' medians of latency_usual, headers_usual, load_usual
         self.refs_at = -math.inf
@@ -222,6 +224,12 @@ class EndpointHealth:
         one request's time), and only while the endpoint is not far busier than its peers
         (``SIMILAR_LOAD``): a saturated replica is slow because it is busy, which the load
         scorers already see.
+
+        One slow first token is not an outlier: a replica's process stalled for a moment (a
+        garbage collection, a noisy neighbour on its node) delays the one or two requests in
+        flight there, and against peers whose first tokens take a few milliseconds that alone
+        would triple the average.  A penalty needs ``latencyConsecutiveOutliers`` slow samples
+        in a row as well as a slow average, as Envoy's outlier detection counts failures in a row.
         """
         st = self.status
         if not streaming:
@@ -239,15 +247,18 @@ class EndpointHealth:
         ref, _, peer_load = self._refs(now)
         if load > SIMILAR_LOAD[0] * peer_load + SIMILAR_LOAD[1]:
             ref = 0.0  # far busier than its peers: its time says nothing about its health
-        if probe:
-            if ref and x > pol.latency_outlier_factor * ref:
+        slow = ref > 0.0 and x > pol.latency_outlier_factor * ref
+        self.latency_streak = self.latency_streak + 1 if slow else 0
+        if probe:  # the probe is one request, sent to decide: it is judged alone
+            if slow:
                 self._penalise(now)
             else:
                 self.penalties = 0
                 self._set(HEALTHY, PROBE_SUCCEEDED, now)
         elif (
             st is HEALTHY
-            and ref
+            and slow
+            and self.latency_streak >= pol.latency_consecutive_outliers
             and self.latency_samples >= pol.latency_min_samples
             and self.latency_usual > pol.latency_outlier_factor * ref
         ):
@@ -281,7 +292,7 @@ class EndpointHealth:
             self._probe(EJECTION_EXPIRED, now)
         elif st is DEGRADED and now >= self.penalty_until and self.probe_for == LATENCY_OUTLIER:
             self.latency_usual = 0.0
-            self.latency_samples = 0
+            self.latency_samples = self.latency_streak = 0
             self._probe(PENALTY_EXPIRED, now)
         elif st is DEGRADED and now >= self.penalty_until:
             self._set(HEALTHY, PENALTY_EXPIRED, now)
