@@ -137,6 +137,12 @@ async def _fault_under_load(
     return t_fault
 
 
+def _judged(h: dict[str, Any]) -> tuple[Any, ...]:
+    """An endpoint's verdict and the figures it was judged on (``/debug/plugins/state``)."""
+    keys = ("status", "reason", "ttftPerQueueMs", "peersTtftPerQueueMs", "load", "peersLoad")
+    return tuple(h.get(k) for k in keys)
+
+
 def failed(outcomes: list[Outcome]) -> list[Outcome]:
     return [o for o in outcomes if o.status != 200]
 
@@ -226,6 +232,7 @@ async def test_busy_replica_is_not_ejected() -> None:
         assert not failed(g.outcomes)
         assert in_flight >= 100, f"only {in_flight} hogs still running: the replica was not busy"
         health = await g.health()
-        assert all(h["status"] == "healthy" for h in health.values()), health
+        seen = {name: _judged(h) for name, h in health.items()}  # what a failure needs explained
+        assert all(h["status"] == "healthy" for h in health.values()), (g.port(0), seen)
         moves = await g.transitions()
-        assert not any(state in ("ejected", "degraded", "unreachable") for state, _ in moves), moves
+        assert not any(state in ("ejected", "degraded", "unreachable") for state, _ in moves), (moves, seen)

@@ -108,7 +108,9 @@ class Case:
     score: float = 1.0
 
 
-SLOW_THRICE = [*ttft(0.0, 0.5), *ttft(0.1, 0.5), *ttft(0.15, 0.5)]  # ten times the peers' first tokens
+# Ten times the peers' first tokens, three requests in a row, the last sent after the first came.
+SLOW_SENT = (0.0, 0.1, 0.55)
+SLOW_THRICE = [ev for t in SLOW_SENT for ev in ttft(t, 0.5)]
 HANG_LOAD = [ev for i in range(10) for ev in served(i * 0.02)]  # steady traffic before the fault
 
 CASES = {
@@ -236,46 +238,46 @@ CASES = {
         Status.HEALTHY,
     ),
     "ttft-outlier-is-penalised-not-ejected": Case(
-        [*healthy_peers(3, 0.5), *ttft(0.0, 0.5), *ttft(0.1, 0.5), *ttft(0.15, 0.5)],
-        0.65,
+        [*healthy_peers(3, 0.5), *SLOW_THRICE],
+        1.1,
         Status.DEGRADED,
         "latency-outlier",
         True,
         0.0,
     ),
     "penalty-expires-into-a-probe": Case(
-        [*healthy_peers(3, 0.5), *SLOW_THRICE], 1.7, Status.PROBING, "penalty-expired"
+        [*healthy_peers(3, 0.5), *SLOW_THRICE], 2.2, Status.PROBING, "penalty-expired"
     ),
     "a-fast-probe-lifts-the-penalty": Case(
-        [*healthy_peers(3, 2.0), *SLOW_THRICE, *ttft(1.7, 0.05)],
-        1.8,
+        [*healthy_peers(3, 2.5), *SLOW_THRICE, *ttft(2.2, 0.05)],
+        2.3,
         Status.HEALTHY,
         "probe-succeeded",
     ),
     "a-slow-probe-penalises-again": Case(
-        [*healthy_peers(3, 2.0), *SLOW_THRICE, *ttft(1.7, 0.5)],
-        2.3,
+        [*healthy_peers(3, 2.5), *SLOW_THRICE, *ttft(2.2, 0.5)],
+        2.8,
         Status.DEGRADED,
         "latency-outlier",
         True,
         0.0,
     ),
     "far-busier-than-its-peers-is-not-judged": Case(
-        [*healthy_peers(3, 0.5), *(ev for t in (0.0, 0.1, 0.15) for ev in ttft(t, 0.5, running=120))],
-        0.65,
+        [*healthy_peers(3, 0.5), *(ev for t in SLOW_SENT for ev in ttft(t, 0.5, running=120))],
+        1.1,
         Status.HEALTHY,
     ),
     "a-little-busier-and-10x-slower-is-judged": Case(
-        [*healthy_peers(3, 0.5), *(ev for t in (0.0, 0.1, 0.15) for ev in ttft(t, 0.5, running=3))],
-        0.65,
+        [*healthy_peers(3, 0.5), *(ev for t in SLOW_SENT for ev in ttft(t, 0.5, running=3))],
+        1.1,
         Status.DEGRADED,
         "latency-outlier",
         True,
         0.0,
     ),
     "slow-because-queued-is-not-an-outlier": Case(
-        [*healthy_peers(3, 0.5), *(ev for t in (0.0, 0.1, 0.15) for ev in ttft(t, 0.5, queue=9))],
-        0.65,
+        [*healthy_peers(3, 0.5), *(ev for t in SLOW_SENT for ev in ttft(t, 0.5, queue=9))],
+        1.1,
         Status.HEALTHY,
     ),
     # A stalled moment of the replica's process: the requests in flight there are slow, ten times
@@ -283,6 +285,13 @@ CASES = {
     "a-stalled-moment-is-not-an-outlier": Case(
         [*healthy_peers(3, 0.5), *ttft(0.0, 0.05), *ttft(0.05, 0.5), *ttft(0.06, 0.5), *ttft(0.6, 0.05)],
         0.7,
+        Status.HEALTHY,
+    ),
+    # A stall of a moment delays every request in flight there: they all come late together,
+    # three slow samples in a row, but none of them from a request sent after the first came.
+    "a-stall-that-delays-the-requests-in-flight-together": Case(
+        [*healthy_peers(3, 0.7), *ttft(0.0, 0.5), *ttft(0.02, 0.48), *ttft(0.04, 0.46), *ttft(0.55, 0.05)],
+        0.65,
         Status.HEALTHY,
     ),
     "a-fast-sample-breaks-the-streak": Case(
@@ -386,3 +395,15 @@ def test_explain_shows_the_candidates_health() -> None:
     assert [h.strip() for h in header.split("|")][:2] == ["endpoint", "health"]
     rows = {line.split("|")[0].strip(): [x.strip() for x in line.split("|")] for line in lines if "|" in line}
     assert rows[a.hostport][1] == "healthy" and rows[b.hostport][1] == "ejected"
+
+
+def test_the_latency_reference_of_two_peers_is_the_slower() -> None:
+    """A peer that routing left alone keeps the figure it had (here 6 ms, a busy replica's last);
+    the reference is not the mean of that and the live peer's (10 ms): 25 ms is 3x the mean, not
+    the live peer's, so it is no outlier."""
+    events = [*ttft(0.0, 0.006, ep=1)]
+    events += [ev for i in range(40) for ev in ttft(i * 0.05, 0.010, ep=2)]
+    events += [ev for i in range(20) for ev in ttft(i * 0.1, 0.025, ep=0)]
+    _, eps = run(events, peers=2)
+    assert eps[0].status is Status.HEALTHY, eps[0].reason
+    assert eps[0].refs[0] == pytest.approx(0.010)

@@ -58,7 +58,8 @@ class HealthPolicy(PluginParams):
     # Time to first token (per unit of queue) against the peers' median: at ``latencyOutlierFactor``
     # times it the endpoint is penalised for ``basePenaltyTime`` (doubling while it stays slow, up
     # to ``maxPenaltyTime``), then probed with one request.  Only after ``latencyConsecutiveOutliers``
-    # slow samples in a row: one stalled moment of the replica's process is not a slow replica.
+    # slow samples in a row, the last from a request sent after the first came: a stalled moment of
+    # the replica's process, which delays the requests in flight together, is not a slow replica.
     latency_outlier_factor: float = Field(default=3.0, gt=1)
     latency_min_samples: int = Field(default=2, ge=1)
     latency_consecutive_outliers: int = Field(default=3, ge=1)

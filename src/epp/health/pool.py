@@ -23,12 +23,13 @@ log = structlog.get_logger(__name__)
 REFS_TTL: Final = 0.1  # seconds an endpoint keeps its peers' medians before asking again
 
 
-def _median(values: list[float]) -> float:
+def _median(values: list[float], *, upper: bool = False) -> float:
+    """The median (0.0 of nothing); ``upper``: of an even count, the higher middle value."""
     if not values:
         return 0.0
     values.sort()
     mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return values[mid] if len(values) % 2 or upper else (values[mid - 1] + values[mid]) / 2
 
 
 class HealthPool:
@@ -98,7 +99,13 @@ class HealthPool:
 
     def peer_medians(self, health: EndpointHealth) -> tuple[float, float, float]:
         """The medians over the other endpoints of their time to first token per queued request,
-        time to response headers and load, each over those that have a sample (else 0.0)."""
+        time to response headers and load, each over those that have a sample (else 0.0).
+
+        The latency's is the upper median: with two peers, the slower of them.  A peer's figure
+        is its last samples', however old: one that routing has left alone since it got busy
+        keeps the figure it had then, and the mean of that and one live peer's would make the
+        reference what no peer takes now.
+        """
         latency: list[float] = []
         headers: list[float] = []
         load: list[float] = []
@@ -110,7 +117,7 @@ class HealthPool:
                 load.append(m.load_usual)
             if m.headers_usual:
                 headers.append(m.headers_usual)
-        return _median(latency), _median(headers), _median(load)
+        return _median(latency, upper=True), _median(headers), _median(load)
 
     # --- reporting -------------------------------------------------------------------------------
     def transition(self, health: EndpointHealth, old: Status, reason: str) -> None:

@@ -79,6 +79,7 @@ class EndpointHealth:
         "headers_usual",
         "latency_samples",
         "latency_streak",
+        "latency_streak_since",
         "latency_usual",
         "load_usual",
         "name",
@@ -127,6 +128,7 @@ class EndpointHealth:
         self.latency_usual = 0.0  # EWMA of time to first token per queued request ahead (+1)
         self.latency_samples = 0
         self.latency_streak = 0  # judged samples in a row, up to now, over the outlier threshold
+        self.latency_streak_since = 0.0  # when the first of them came
         self.load_usual = 0.0  # EWMA of waiting + running requests at its first bytes
         self.refs = (0.0, 0.0, 0.0)  # the peers' medians of latency_usual, headers_usual, load_usual
         self.refs_at = -math.inf
@@ -225,11 +227,13 @@ class EndpointHealth:
         (``SIMILAR_LOAD``): a saturated replica is slow because it is busy, which the load
         scorers already see.
 
-        One slow first token is not an outlier: a replica's process stalled for a moment (a
-        garbage collection, a noisy neighbour on its node) delays the one or two requests in
-        flight there, and against peers whose first tokens take a few milliseconds that alone
-        would triple the average.  A penalty needs ``latencyConsecutiveOutliers`` slow samples
-        in a row as well as a slow average, as Envoy's outlier detection counts failures in a row.
+        A slow moment is not a slow replica: a replica's process stalled for a moment (a
+        garbage collection, a noisy neighbour on its node) delays every request in flight
+        there, so they all come late together, and against peers whose first tokens take a few
+        milliseconds one of them alone would triple the average.  A penalty needs
+        ``latencyConsecutiveOutliers`` slow samples in a row, the last of them from a request
+        that arrived after the first of them came (slow for new requests too, not only those a
+        stall caught), as well as a slow average.
         """
         st = self.status
         if not streaming:
@@ -248,7 +252,12 @@ class EndpointHealth:
         if load > SIMILAR_LOAD[0] * peer_load + SIMILAR_LOAD[1]:
             ref = 0.0  # far busier than its peers: its time says nothing about its health
         slow = ref > 0.0 and x > pol.latency_outlier_factor * ref
-        self.latency_streak = self.latency_streak + 1 if slow else 0
+        if not slow:
+            self.latency_streak = 0
+        elif not self.latency_streak:
+            self.latency_streak, self.latency_streak_since = 1, now
+        else:
+            self.latency_streak += 1
         if probe:  # the probe is one request, sent to decide: it is judged alone
             if slow:
                 self._penalise(now)
@@ -259,6 +268,7 @@ class EndpointHealth:
             st is HEALTHY
             and slow
             and self.latency_streak >= pol.latency_consecutive_outliers
+            and now - ttft > self.latency_streak_since  # it arrived after the streak began
             and self.latency_samples >= pol.latency_min_samples
             and self.latency_usual > pol.latency_outlier_factor * ref
         ):
