@@ -60,6 +60,10 @@ message per peer per request, and each costs it a share of a wake of its loop (f
 routes: peers' messages are read in its requests' wakes, ``reads_routing``) and a wake of
 libzmq's I/O thread (docs/decisions.md, "What a sync peer costs").
 
+Part ``busy``: the uncrowded cells (N = 2, 4, 8) at ``BUSY_RATE`` (1,000 req/s per replica),
+against one replica alone at that rate: what peers cost a replica that routes enough to need
+them, where its requests share batches (the cost part's rates give every request its own).
+
 Part ``workers``: ``epp --workers 1`` and ``--workers 2`` (sync peers of each other, as by
 default), driven directly over ext_proc, closed loop (the same streams in flight), several
 rounds alternating; goal: capacity >= 1.8x at a p99 no worse.  Each round also runs two workers
@@ -698,6 +702,31 @@ async def cost(st: Settings) -> dict[str, Any]:
     return {**by_rate[f"{st.cost_rate:g}"], "rate": st.cost_rate, "by_rate": by_rate}
 
 
+BUSY_RATE: Final = 1000.0  # per replica (part busy): a busy replica's requests share batches
+
+
+async def busy(st: Settings) -> dict[str, Any]:
+    """Part ``busy``: what its peers cost a busy replica.  The cost part's goal rates (60 and 200
+    req/s per replica) put each request 5-17 ms from the next, so every request is its own batch
+    to every peer and a wake of two threads on each side; a replica that needs peers routes far
+    more.  Here replica 0 routes ``BUSY_RATE`` and is the only EPP on the machine (the uncrowded
+    cells: its N-1 peers replayed by bench/scaleout_peers at the same rate), against one replica
+    alone at that rate, rounds interleaved, medians; effective scaling as in the cost part."""
+    alone = [n for n in st.cost_ns if n > 1]
+    ones: list[dict[str, Any]] = []
+    replayed: dict[int, list[dict[str, Any]]] = {n: [] for n in alone}
+    for r in range(COST_ROUNDS):
+        one = await _again(partial(cost_cell, 1, False, st, BUSY_RATE), "1 replica, sync off")
+        ones.append(one)
+        log(f"scaleout busy (round {r + 1}/{COST_ROUNDS}, {BUSY_RATE:g} req/s): {one}")
+        for n in alone:
+            cell = await _again(partial(uncrowded_cell, n, st, BUSY_RATE), f"{n} replicas, uncrowded")
+            replayed[n].append(cell)
+            log(f"scaleout busy uncrowded (round {r + 1}/{COST_ROUNDS}): {cell}")
+    first = _medians(1, False, ones)
+    return {"rate": BUSY_RATE, "alone": first, **uncrowded_summary(first["cpu_us_per_request"], replayed)}
+
+
 async def _again(cell: Callable[[], Awaitable[dict[str, Any]]], what: str) -> dict[str, Any]:
     try:
         return await cell()
@@ -1183,7 +1212,7 @@ async def _served(epp: EppProcess) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-PARTS = {"quality": quality, "cost": cost, "workers": workers, "faults": faults}
+PARTS = {"quality": quality, "cost": cost, "busy": busy, "workers": workers, "faults": faults}
 
 
 async def run(parts: Sequence[str], st: Settings) -> dict[str, Any]:

@@ -134,7 +134,10 @@ def scaleout_section(doc: dict[str, Any]) -> list[str]:
             f"({met(fl['met']['rolling'])}).",
             "",
         ]
-    for part in ("quality", "cost", "workers", "faults"):
+    b = doc.get("busy")
+    if b and "cells" in b:
+        out += _busy(b, goals)
+    for part in ("quality", "cost", "busy", "workers", "faults"):
         if doc.get(part, {}).get("error"):
             out += [f"*Part {part} failed: {doc[part]['error']}*", ""]
     return out
@@ -182,6 +185,43 @@ def _uncrowded(c: dict[str, Any], goals: dict[str, Any]) -> list[str]:
         f"≥ {goals['scaling_8']} at 8: {met(u['met']['scaling_8'])}); "
         f"worst staleness p99 on replica 0 {f(u['staleness_p99_ms_worst'], 2)} ms "
         f"(goal ≤ {goals['staleness_p99_ms']} ms, {met(u['met']['staleness'])}).",
+        "",
+    ]
+
+
+def _busy(b: dict[str, Any], goals: dict[str, Any]) -> list[str]:
+    """Part busy: the uncrowded cells at a busy replica's rate, against one replica alone."""
+    rows = [
+        [
+            str(x["replicas"]),
+            f(x["cpu_us_per_request"]),
+            f(x.get("sent_per_request"), 2),
+            f(x.get("received_per_request"), 2),
+            f(x["p99_ms"], 2),
+            f(x["staleness_p99_ms"], 2),
+        ]
+        for x in [b["alone"], *b["cells"]]
+    ]
+    return [
+        f"**Cost of sharing to a busy replica** ({b['rate']:g} req/s per replica, uncrowded as above; "
+        "the first row is one replica alone)",
+        "",
+        table(
+            [
+                "replicas",
+                "CPU µs/request (replica 0)",
+                "batches sent / request",
+                "batches received / request",
+                "p99 ms",
+                "staleness p99 ms",
+            ],
+            rows,
+        ),
+        "",
+        "Effective scaling N × cost(1) / cost(N) at this rate: "
+        + _by_n(b["effective_scaling"])
+        + f" (goals ≥ {goals['scaling_4']} at 4, ≥ {goals['scaling_8']} at 8); worst staleness p99 "
+        f"{f(b['staleness_p99_ms_worst'], 2)} ms" + _overloaded(b) + ".",
         "",
     ]
 

@@ -208,3 +208,26 @@ def test_the_scale_out_section_shows_the_uncrowded_cells_beside_the_crowded_ones
     assert f"Effective scaling N {times} cost(1) / cost(N), uncrowded: 4: 3.33" in text
     assert f"Effective scaling N {times} cost(1) / cost(N): 4: 2.00" in text  # the crowded figure, as before
     assert "At 60 req/s, uncrowded (one EPP, peers replayed): effective scaling 4: 3.33" in text
+
+
+def test_the_scale_out_section_shows_the_busy_replica_part() -> None:
+    from bench.report.scaleout import scaleout_section
+    from bench.scaleout import GOALS, uncrowded_summary
+
+    def r(n: int, cpu: float, lag: float | None) -> dict[str, Any]:
+        return {"replicas": n, "sync": n > 1, "cpu_us_per_request": cpu, "p99_ms": 4.0, "staleness_p99_ms": lag,
+                "failed": 0, "sent_per_request": 0.3, "received_per_request": 0.9, "replayer_cpu_s": 3.0}  # fmt: skip
+
+    alone = {**r(1, 240, None), "sent_per_request": None, "received_per_request": None}  # sync off
+    busy = {
+        "rate": 1000.0,
+        "alone": alone,
+        **uncrowded_summary(240, {2: [r(2, 280, 6.0)], 4: [r(4, 320, 8.0)]}),
+    }
+    text = "\n".join(scaleout_section({"goals": GOALS, "busy": busy}))
+    assert "**Cost of sharing to a busy replica** (1000 req/s per replica" in text
+    dash = "\u2013"  # the report's mark for no figure
+    assert f"| 1 | 240.0 | {dash} | {dash} | 4.00 | {dash} |" in text
+    assert "| 4 | 320.0 | 0.30 | 0.90 | 4.00 | 8.00 |" in text
+    assert "at this rate: 2: 1.71, 4: 3.00 (goals" in text
+    assert "worst staleness p99 8.00 ms." in text
