@@ -60,9 +60,11 @@ message per peer per request, and each costs it a share of a wake of its loop (f
 routes: peers' messages are read in its requests' wakes, ``reads_routing``) and a wake of
 libzmq's I/O thread (docs/decisions.md, "What a sync peer costs").
 
-Part ``busy``: the uncrowded cells (N = 2, 4, 8) at ``BUSY_RATE`` (1,000 req/s per replica),
-against one replica alone at that rate: what peers cost a replica that routes enough to need
-them, where its requests share batches (the cost part's rates give every request its own).
+Part ``busy``: the uncrowded cells (N = 2, 4; 8 would saturate the replayer) at ``BUSY_RATE``
+(1,000 req/s per replica), against one replica alone at that rate: what peers cost a replica that
+routes enough to need them, where its requests share batches (the cost part's rates give every
+request its own).  An uncrowded cell whose replayer used ``REPLAYER_SATURATED`` of a core or more
+is listed as overloaded, in every part.
 
 Part ``workers``: ``epp --workers 1`` and ``--workers 2`` (sync peers of each other, as by
 default), driven directly over ext_proc, closed loop (the same streams in flight), several
@@ -584,6 +586,9 @@ async def uncrowded_cell(n: int, st: Settings, rate: float | None = None) -> dic
         "replayed_requests": replayed["requests"],
         "replayed_batches_sent": replayed["batches_sent"],
         "replayer_cpu_s": rnd(replayer_cpu, 2),
+        # a replayer near a whole core no longer keeps its peers' schedule: their batches come
+        # late and few, and replica 0's cost reads low (``REPLAYER_SATURATED``)
+        "replayer_cores": rnd(replayer_cpu / st.cost_seconds, 2),
     }
 
 
@@ -703,6 +708,9 @@ async def cost(st: Settings) -> dict[str, Any]:
 
 
 BUSY_RATE: Final = 1000.0  # per replica (part busy): a busy replica's requests share batches
+# 8 would need the replayer to route 7,000 requests a second in one process: it saturates a core
+# and sends a few hundred batches instead of ~19,000 (measured), so its cell would read low.
+BUSY_NS: Final = (2, 4)
 
 
 async def busy(st: Settings) -> dict[str, Any]:
@@ -712,7 +720,7 @@ async def busy(st: Settings) -> dict[str, Any]:
     more.  Here replica 0 routes ``BUSY_RATE`` and is the only EPP on the machine (the uncrowded
     cells: its N-1 peers replayed by bench/scaleout_peers at the same rate), against one replica
     alone at that rate, rounds interleaved, medians; effective scaling as in the cost part."""
-    alone = [n for n in st.cost_ns if n > 1]
+    alone = [n for n in BUSY_NS if n in st.cost_ns]
     ones: list[dict[str, Any]] = []
     replayed: dict[int, list[dict[str, Any]]] = {n: [] for n in alone}
     for r in range(COST_ROUNDS):
@@ -787,6 +795,9 @@ def summarise(
     return out
 
 
+REPLAYER_SATURATED: Final = 0.9  # cores: a replayer this busy no longer keeps its peers' schedule
+
+
 def uncrowded_summary(c1: float | None, replayed: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     """The cells with one EPP and N-1 replayed peers: effective scaling N x cost(1) / cost(N) with
     cost(N) read where no other EPP crowds the cores, and the staleness replica 0 saw (its lag
@@ -800,6 +811,8 @@ def uncrowded_summary(c1: float | None, replayed: dict[int, list[dict[str, Any]]
             scaling[str(c["replicas"])] = rnd(c["replicas"] * c1 / mine, 2)
             vs_alone[str(c["replicas"])] = rnd(mine / c1, 2)
         c["replayer_cpu_s"] = _median([r.get("replayer_cpu_s") for r in c["rounds"]], 2)
+        c["replayer_cores"] = _median([r.get("replayer_cores") for r in c["rounds"]], 2)
+        c["overloaded"] = c["overloaded"] or (c["replayer_cores"] or 0) >= REPLAYER_SATURATED
     lags = [c["staleness_p99_ms"] for c in cells if c["staleness_p99_ms"] is not None]
     worst = max(lags) if lags else None
     return {
