@@ -63,8 +63,9 @@ libzmq's I/O thread (docs/decisions.md, "What a sync peer costs").
 Part ``busy``: the uncrowded cells (N = 2, 4; 8 would saturate the replayer) at ``BUSY_RATE``
 (1,000 req/s per replica), against one replica alone at that rate: what peers cost a replica that
 routes enough to need them, where its requests share batches (the cost part's rates give every
-request its own).  An uncrowded cell whose replayer used ``REPLAYER_SATURATED`` of a core or more
-is listed as overloaded, in every part.
+request its own).  An uncrowded cell whose replayer fell behind (``_replayer_behind``: it used
+``REPLAYER_SATURATED`` of a core, or sent under half replica 0's batches per request) is listed as
+overloaded, in every part.
 
 Part ``workers``: ``epp --workers 1`` and ``--workers 2`` (sync peers of each other, as by
 default), driven directly over ext_proc, closed loop (the same streams in flight), several
@@ -589,6 +590,7 @@ async def uncrowded_cell(n: int, st: Settings, rate: float | None = None) -> dic
         # a replayer near a whole core no longer keeps its peers' schedule: their batches come
         # late and few, and replica 0's cost reads low (``REPLAYER_SATURATED``)
         "replayer_cores": rnd(replayer_cpu / st.cost_seconds, 2),
+        "replayed_sent_per_request": rnd(replayed["batches_sent"] / max(1, replayed["requests"]), 2),
     }
 
 
@@ -798,6 +800,17 @@ def summarise(
 REPLAYER_SATURATED: Final = 0.9  # cores: a replayer this busy no longer keeps its peers' schedule
 
 
+def _replayer_behind(c: dict[str, Any]) -> bool:
+    """Whether the replayed peers fell behind their schedule: their process near a core of its
+    own, or (a machine whose other tenants starve it) sending under half the batches per request
+    replica 0 sent, though they run the same hub on the same schedule: their timers ran late, so
+    their batches came few, big and late, and replica 0's cost reads low."""
+    if (c.get("replayer_cores") or 0) >= REPLAYER_SATURATED:
+        return True
+    mine, theirs = c.get("sent_per_request"), c.get("replayed_sent_per_request")
+    return bool(mine and theirs is not None and theirs < 0.5 * mine)
+
+
 def uncrowded_summary(c1: float | None, replayed: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     """The cells with one EPP and N-1 replayed peers: effective scaling N x cost(1) / cost(N) with
     cost(N) read where no other EPP crowds the cores, and the staleness replica 0 saw (its lag
@@ -812,7 +825,8 @@ def uncrowded_summary(c1: float | None, replayed: dict[int, list[dict[str, Any]]
             vs_alone[str(c["replicas"])] = rnd(mine / c1, 2)
         c["replayer_cpu_s"] = _median([r.get("replayer_cpu_s") for r in c["rounds"]], 2)
         c["replayer_cores"] = _median([r.get("replayer_cores") for r in c["rounds"]], 2)
-        c["overloaded"] = c["overloaded"] or (c["replayer_cores"] or 0) >= REPLAYER_SATURATED
+        c["replayed_sent_per_request"] = _median([r.get("replayed_sent_per_request") for r in c["rounds"]], 2)
+        c["overloaded"] = c["overloaded"] or _replayer_behind(c)
     lags = [c["staleness_p99_ms"] for c in cells if c["staleness_p99_ms"] is not None]
     worst = max(lags) if lags else None
     return {

@@ -18,6 +18,7 @@ from bench.scaleout import (
     sample_sum,
     summarise,
     uncrowded_cell,
+    uncrowded_summary,
 )
 from epp_sim.demo.procs import EppProcess, SimFleet
 from tests.e2e.conftest import QUICK_STOP
@@ -307,3 +308,17 @@ def test_the_dedicated_machine_ratio_charges_the_client_and_simulators_to_two_wo
 
 def test_a_lone_replica_lists_itself_so_its_hub_runs_with_no_peers() -> None:
     assert "--peers=127.0.0.1:9001" in peer_args(0, [9001])
+
+
+def test_an_uncrowded_cell_whose_replayer_fell_behind_is_overloaded() -> None:
+    """The replayed peers run the same hub on the same schedule as replica 0: sending under half
+    its batches per request (their timers ran late on a starved machine), or using nearly a core,
+    they no longer model N - 1 peers, and the cell says so."""
+
+    def cell(n: int, replayed_sent: float, cores: float) -> dict[str, Any]:
+        return {"replicas": n, "cpu_us_per_request": 250.0, "p99_ms": 4.0, "staleness_p99_ms": 6.0,
+                "failed": 0, "sent_per_request": 0.3, "replayed_sent_per_request": replayed_sent,
+                "replayer_cores": cores, "replayer_cpu_s": cores * 8}  # fmt: skip
+
+    s = uncrowded_summary(200.0, {2: [cell(2, 0.31, 0.2)], 4: [cell(4, 0.1, 0.4)], 8: [cell(8, 0.3, 0.95)]})
+    assert s["overloaded_cells"] == ["4", "8"]
