@@ -148,18 +148,15 @@ def _uncrowded(c: dict[str, Any], goals: dict[str, Any]) -> list[str]:
     u = c.get("uncrowded")
     if not u:
         return []
-    rows = [
-        [
-            str(x["replicas"]),
-            f(x["cpu_us_per_request"]),
-            f(x.get("loop_wakes_per_request"), 2),
-            f(x.get("received_per_request"), 2),
-            f(x["p99_ms"], 2),
-            f(x["staleness_p99_ms"], 2),
-            f(x.get("replayer_cpu_s"), 2),
-        ]
-        for x in u["cells"]
-    ]
+    rows = _rows(
+        u["cells"],
+        ("cpu_us_per_request", 1),
+        ("loop_wakes_per_request", 2),
+        ("received_per_request", 2),
+        ("p99_ms", 2),
+        ("staleness_p99_ms", 2),
+        ("replayer_cpu_s", 2),
+    )
     sc = u["effective_scaling"]
     return [
         "**Cost of sharing, uncrowded** (replica 0 the only EPP on the machine; its N − 1 peers replayed "
@@ -189,19 +186,21 @@ def _uncrowded(c: dict[str, Any], goals: dict[str, Any]) -> list[str]:
     ]
 
 
+def _rows(cells: list[dict[str, Any]], *columns: tuple[str, int]) -> list[list[str]]:
+    """A table's rows: each cell's replicas, then its ``columns`` (key, digits)."""
+    return [[str(x["replicas"]), *(f(x.get(key), digits) for key, digits in columns)] for x in cells]
+
+
 def _busy(b: dict[str, Any], goals: dict[str, Any]) -> list[str]:
     """Part busy: the uncrowded cells at a busy replica's rate, against one replica alone."""
-    rows = [
-        [
-            str(x["replicas"]),
-            f(x["cpu_us_per_request"]),
-            f(x.get("sent_per_request"), 2),
-            f(x.get("received_per_request"), 2),
-            f(x["p99_ms"], 2),
-            f(x["staleness_p99_ms"], 2),
-        ]
-        for x in [b["alone"], *b["cells"]]
-    ]
+    rows = _rows(
+        [b["alone"], *b["cells"]],
+        ("cpu_us_per_request", 1),
+        ("sent_per_request", 2),
+        ("received_per_request", 2),
+        ("p99_ms", 2),
+        ("staleness_p99_ms", 2),
+    )
     return [
         f"**Cost of sharing to a busy replica** ({b['rate']:g} req/s per replica, uncrowded as above; "
         "the first row is one replica alone)",
