@@ -165,7 +165,7 @@ class Director:
             director._start_explaining(ctx, headers)
         responses = director.responses
         responses.opened += 1
-        return RequestLifecycle(director, responses, ctx, can_hold_response=can_hold_response)
+        return RequestLifecycle(director, responses, ctx, can_hold_response)  # positional: see its __init__
 
     def _start_explaining(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
         """Decide whether the scheduler keeps traces for this request, and start its record."""
