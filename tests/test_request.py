@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from epp.request import ApiKind, InferenceRequest, RequestBody, estimate_tokens, prompt_tokens
+import dataclasses
+from typing import Any
+
+from epp.request import ApiKind, InferenceRequest, RequestBody, ResponseInfo, estimate_tokens, prompt_tokens
 
 
 def test_size_based_estimate_is_kept_on_the_request() -> None:
@@ -30,3 +33,36 @@ def test_estimate_without_a_size_is_not_kept() -> None:
     assert prompt_tokens(req) == 3
     assert estimate_tokens(req) == 3 + 5
     assert prompt_tokens(InferenceRequest(request_id="r", headers={})) == 0  # no body
+
+
+def test_received_equals_the_keyword_constructor() -> None:
+    """``InferenceRequest.received`` sets every field (an unset slot would raise here) to what the
+    keyword constructor gives for the same arguments."""
+    headers = {"x-request-id": "r"}
+    metadata: dict[str, Any] = {"envoy.lb": {}}
+    fast = InferenceRequest.received("r", headers, metadata, 1.5, "obj", "flow", "m")
+    slow = InferenceRequest(
+        request_id="r",
+        headers=headers,
+        metadata=metadata,
+        received_at=1.5,
+        objective="obj",
+        fairness_id="flow",
+        target_model="m",
+    )
+    assert [getattr(fast, f.name) for f in dataclasses.fields(InferenceRequest)] == [
+        getattr(slow, f.name) for f in dataclasses.fields(InferenceRequest)
+    ]
+    assert fast == slow
+
+
+def test_response_started_equals_the_keyword_constructor() -> None:
+    """``ResponseInfo.started`` sets every field, each as the keyword constructor does."""
+    headers = {":status": "200"}
+    fast = ResponseInfo.started("r", headers)
+    slow = ResponseInfo(request_id="r", headers=headers)
+    assert [getattr(fast, f.name) for f in dataclasses.fields(ResponseInfo)] == [
+        getattr(slow, f.name) for f in dataclasses.fields(ResponseInfo)
+    ]
+    assert fast == slow
+    assert fast.dynamic_metadata is not ResponseInfo.started("r", headers).dynamic_metadata  # one each

@@ -9,6 +9,9 @@ from typing import Any, Final, Protocol
 
 from epp.plugin.keys import StateKey
 
+# A bare instance for the hot constructors (``InferenceRequest.received``, ``ResponseInfo.started``).
+_new: Final = object.__new__
+
 
 class ApiKind(enum.StrEnum):
     """Which API a request body speaks; decides validation, prompt extraction and usage fields."""
@@ -94,6 +97,43 @@ class InferenceRequest:
     # of one request read it (~2.2k instructions to compute, ~50 to read).
     prompt_token_count: int = -1
 
+    @classmethod
+    def received(
+        cls,
+        request_id: str,
+        headers: dict[str, str],
+        metadata: Mapping[str, Any],
+        received_at: float,
+        objective: str,
+        fairness_id: str,
+        target_model: str,
+    ) -> InferenceRequest:
+        """The request as its headers arrive (``Director.start``), every other field at its default.
+
+        Each slot set once on a bare object: calling the class with keywords reaches the
+        dataclass ``__init__`` through the type's ``__init__`` slot, which passes them as a dict
+        (7.9k instructions a request, 2.8k this way).  tests/test_request.py holds it equal to
+        the keyword constructor, every field set.
+        """
+        r: InferenceRequest = _new(cls)
+        r.request_id = request_id
+        r.headers = headers
+        r.body = None
+        r.incoming_model = ""
+        r.target_model = target_model
+        r.objective = objective
+        r.priority = 0
+        r.fairness_id = fairness_id
+        r.request_size_bytes = 0
+        r.metadata = metadata
+        r.received_at = received_at
+        r.explain = False
+        r.header_mutation = None
+        r.edge = None
+        r.on_closed = None
+        r.prompt_token_count = -1
+        return r
+
 
 @dataclass(slots=True)
 class Usage:
@@ -120,6 +160,27 @@ class ResponseInfo:
     body_bytes: int = 0
     # Dynamic metadata to attach to the final ext_proc message, by namespace.
     dynamic_metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def started(cls, request_id: str, headers: dict[str, str]) -> ResponseInfo:
+        """A response as it starts (``ResponseSide``), every other field at its default.
+
+        Each slot set once on a bare object, as ``InferenceRequest.received`` (5.4k instructions
+        a request with keywords, ~2k this way); tests/test_request.py holds it equal to the
+        keyword constructor.
+        """
+        r: ResponseInfo = _new(cls)
+        r.request_id = request_id
+        r.headers = headers
+        r.status = 0
+        r.streaming = False
+        r.usage = None
+        r.end_of_stream = False
+        r.first_chunk_at = 0.0
+        r.completed_at = 0.0
+        r.body_bytes = 0
+        r.dynamic_metadata = {}
+        return r
 
 
 BYTES_PER_TOKEN: Final = 4  # GIE's SimpleTokenEstimator

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from epp.datalayer.api import Endpoint
 from epp.explain.record import Decision
@@ -19,6 +20,9 @@ from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from epp.scheduling.api import SchedulingResult
 from epp.tracing.stages import StageSpans
+
+# A bare instance for the hot constructors (``RoutingDecision.plain``, ``RequestContext.started``).
+_new: Final = object.__new__
 
 
 @dataclass(slots=True, eq=False)
@@ -37,6 +41,31 @@ class RoutingDecision:
     # ip:port -> {scorer name: weighted score}: the primary profile's per-scorer breakdown
     breakdown: Mapping[str, Mapping[str, float]] | None = None
     remove_headers: tuple[str, ...] = ()  # request headers to strip upstream (a client's P/D header)
+
+    @classmethod
+    def plain(
+        cls,
+        destination: str,
+        body: bytes | None,
+        body_changed: bool,
+        headers: tuple[tuple[str, str], ...],
+        remove_headers: tuple[str, ...],
+    ) -> RoutingDecision:
+        """A decision without scores or breakdown (a request not explained): every request's.
+
+        Each slot set once on a bare object: calling the class with keywords passes them to the
+        dataclass ``__init__`` as a dict (4.6k instructions, ~1.8k this way).
+        tests/director/test_context.py holds it equal to the keyword constructor.
+        """
+        d: RoutingDecision = _new(cls)
+        d.destination = destination
+        d.body = body
+        d.body_changed = body_changed
+        d.headers = headers
+        d.scores = None
+        d.breakdown = None
+        d.remove_headers = remove_headers
+        return d
 
 
 @dataclass(slots=True, eq=False)
@@ -63,3 +92,30 @@ class RequestContext:
     # The running-requests series that counted this request (ResponseSide.request_sent), so the
     # end of the request lowers that very series without looking it up again.
     running: GaugeChild | None = None
+
+    @classmethod
+    def started(cls, request: InferenceRequest, generated_request_id: bool) -> RequestContext:
+        """A request's context as ``Director.start`` makes it, every other field at its default.
+
+        Each slot set once on a bare object, as ``RoutingDecision.plain`` (6.2k instructions
+        with keywords and the default factory, ~4k this way, most of it the CycleState).
+        tests/director/test_context.py holds it equal to the keyword constructor.
+        """
+        c: RequestContext = _new(cls)
+        c.request = request
+        c.state = CycleState()
+        c.result = None
+        c.target = None
+        c.response = None
+        c.parser = None
+        c.usage_parser = None
+        c.rewrite_response_model = False
+        c.error_code = ""
+        c.error_reason = ""
+        c.generated_request_id = generated_request_id
+        c.stages = None
+        c.explain_asked = False
+        c.explain_header = ""
+        c.record = None
+        c.running = None
+        return c

@@ -156,22 +156,16 @@ class Director:
             objective = control_header(headers, OBJECTIVE_HEADER) or ""
             fairness_id = control_header(headers, FAIRNESS_HEADER) or DEFAULT_FAIRNESS_ID
             target_model = control_header(headers, MODEL_REWRITE_HEADER) or ""
-        req = InferenceRequest(
-            request_id=request_id,
-            headers=headers,
-            objective=objective,
-            fairness_id=fairness_id,
-            target_model=target_model,
-            metadata=metadata,
-            received_at=time.monotonic(),
+        req = InferenceRequest.received(
+            request_id, headers, metadata, time.monotonic(), objective, fairness_id, target_model
         )
-        ctx = RequestContext(request=req, generated_request_id=generated)
+        ctx = RequestContext.started(req, generated)
         director = self._replaced_by or self
         if director._explaining:  # the pipeline the request starts on decides
             director._start_explaining(ctx, headers)
         responses = director.responses
         responses.opened += 1
-        return RequestLifecycle(director, responses, ctx, can_hold_response=can_hold_response)
+        return RequestLifecycle(director, responses, ctx, can_hold_response)  # positional: see its __init__
 
     def _start_explaining(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
         """Decide whether the scheduler keeps traces for this request, and start its record."""
@@ -441,13 +435,7 @@ class Director:
             headers = (*headers, *mutation.set.items())
             remove = tuple(mutation.remove)
         if not (self._pipeline.emit_endpoint_scores or ctx.explain_asked):
-            return RoutingDecision(
-                destination=destination,
-                body=out,
-                body_changed=changed,
-                headers=headers,
-                remove_headers=remove,
-            )
+            return RoutingDecision.plain(destination, out, changed, headers, remove)
         scored = result.primary.scored
         traces = ctx.state.get(PROFILE_TRACES)
         trace = primary_trace(traces, result.primary_profile_name) if traces else None

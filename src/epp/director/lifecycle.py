@@ -61,8 +61,10 @@ class RequestLifecycle:
     __slots__ = ("_can_hold", "_director", "_held", "_responses", "ctx", "phase")
 
     def __init__(
-        self, director: Director, responses: ResponseSide, ctx: RequestContext, *, can_hold_response: bool
+        self, director: Director, responses: ResponseSide, ctx: RequestContext, can_hold_response: bool
     ) -> None:
+        """``can_hold_response`` positional: a class called with a keyword passes it to ``__init__``
+        in a dict (~1.5k instructions a request)."""
         self._director = director
         self._responses = responses
         self._can_hold = can_hold_response

@@ -109,7 +109,7 @@ class ResponseSide:
 
     def headers(self, ctx: RequestContext, headers: dict[str, str]) -> None:
         """Record the response headers; run header hooks (they may add to ``headers``)."""
-        resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id, headers=headers)
+        resp = ctx.response = ResponseInfo.started(ctx.request.request_id, headers)
         status = headers.get(":status", "")
         resp.status = int(status) if status.isdigit() else 0
         if resp.status and not 200 <= resp.status < 300 and not ctx.error_code:
