@@ -82,6 +82,21 @@ def test_unlabelled_metrics() -> None:
     assert reg.get_sample_value("d_count") == 1
 
 
+def test_gauge_set_function_is_read_at_each_scrape() -> None:
+    """After ``set_function`` an unlabelled gauge exports the function's value at each scrape,
+    as prometheus_client's does, and the value ``set`` before is no longer exported."""
+    reg = CollectorRegistry()
+    g = fast.Gauge("size", "h", registry=reg)
+    g.set(42)
+    sizes = [3]
+    g.set_function(lambda: sizes[-1])
+    assert reg.get_sample_value("size") == 3
+    sizes.append(7)
+    assert reg.get_sample_value("size") == 7
+    with pytest.raises(AssertionError, match="unlabelled only"):
+        fast.Gauge("labelled", "h", ("m",), registry=reg).set_function(lambda: 1)
+
+
 def test_nan_observation_goes_to_inf_bucket_as_in_go() -> None:
     """Go's client (GIE's) counts a NaN observation in +Inf only; the sum becomes NaN."""
     reg = CollectorRegistry()

@@ -271,12 +271,22 @@ class Counter(_Family[CounterChild]):
 class Gauge(_Family[GaugeChild]):
     kind = "gauge"
 
+    # Unlabelled only: the value read at each scrape (``set_function``), instead of the child's.
+    function: Callable[[], float] | None = None
+
     def _new_child(self) -> GaugeChild:
         return GaugeChild()
 
     def set(self, value: float) -> None:
         assert self._default is not None, f"{self.name} has labels: use labels(...).set()"
         self._default.set(value)
+
+    def set_function(self, fn: Callable[[], float]) -> None:
+        """Export ``fn()`` at every scrape from now on (prometheus_client's ``set_function``): for a
+        size the request path would otherwise set on every change.  ``fn`` runs on the scrape's
+        thread, so it must only read."""
+        assert self._default is not None, f"{self.name} has labels: set_function is unlabelled only"
+        self.function = fn
 
     def inc(self, amount: float = 1.0) -> None:
         assert self._default is not None, f"{self.name} has labels: use labels(...).inc()"
@@ -291,6 +301,9 @@ class Gauge(_Family[GaugeChild]):
 
     def _fill(self, family: Metric) -> Metric:
         assert isinstance(family, GaugeMetricFamily)
+        if self.function is not None:
+            family.add_metric([], float(self.function()))
+            return family
         for values, child in self._series():
             family.add_metric(list(values), child.value)
         return family

@@ -407,6 +407,8 @@ async def test_prepare_request_data_async_and_metrics() -> None:
     ) - sum_before
     assert hit_bytes == 4 * BLOCK
     assert REGISTRY.get_sample_value("inference_extension_prefix_indexer_size") == len(p.index) == 4
+    p.endpoint_removed(eps[0])  # read at the scrape: no request has to set it
+    assert REGISTRY.get_sample_value("inference_extension_prefix_indexer_size") == len(p.index) == 0
 
 
 async def test_auto_tuned_hit_bytes_count_the_picked_endpoints_block_size() -> None:
