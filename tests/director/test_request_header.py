@@ -52,20 +52,36 @@ def _datastore() -> Datastore:
 
 
 class RecordingAdmission(AlwaysAdmit):
-    """Admits everything, noting the fairness id each request arrives at admission with."""
+    """Admits everything at once (``admit_now``), noting the fairness id each request arrives
+    at admission with."""
 
     __slots__ = ("seen",)
 
     def __init__(self) -> None:
         self.seen: list[str] = []
 
+    def admit_now(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> bool:
+        self.seen.append(request.fairness_id)
+        return True
+
+
+class WaitingAdmission(RecordingAdmission):
+    """Answers nothing at once (``admit_now`` False): every request goes through ``admit``."""
+
+    __slots__ = ()
+
+    def admit_now(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> bool:
+        return False
+
     async def admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
         self.seen.append(request.fairness_id)
 
 
-async def test_fairness_id_is_settled_before_admission() -> None:
+@pytest.mark.parametrize("admission_type", [RecordingAdmission, WaitingAdmission])
+async def test_fairness_id_is_settled_before_admission(admission_type: type[RecordingAdmission]) -> None:
+    """At once or awaited, admission sees the settled fairness id."""
     components = build(load_config_file(AGENTIC), default_registry())
-    admission = RecordingAdmission()
+    admission = admission_type()
     pipeline = components.request_control.pipeline(scheduler=components.scheduler, admission=admission)
     director = Director(_datastore(), pipeline)
     for headers, _ in CASES:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from epp.datalayer.api import Endpoint
 from epp.request import InferenceRequest
@@ -22,3 +22,18 @@ class AdmissionController(Protocol):
         """An admitted request left admission's hands: scheduled (its endpoint's in-flight
         counters have it) or failed before.  Called once for every request ``admit`` let through."""
         ...
+
+
+class ImmediateAdmission(Protocol):
+    """An admission controller that never makes a request wait may answer with a plain call.
+
+    The director then calls ``admit_now`` instead of creating and awaiting ``admit``'s coroutine
+    (~1.5k instructions a request): it refuses by raising as ``admit`` does, and returns True
+    when the request is admitted; False sends it to ``await admit`` (a controller that waits
+    only sometimes).  ``NOTIFY`` False says ``notify`` does nothing, so the response side does
+    not call it.  Both optional: looked up once per pipeline.
+    """
+
+    NOTIFY: ClassVar[bool]
+
+    def admit_now(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> bool: ...

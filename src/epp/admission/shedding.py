@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import ClassVar, Final
 
 from epp.datalayer.api import Endpoint
 from epp.errors import ResourceExhausted
@@ -22,12 +22,18 @@ class LegacyAdmission:
 
     __slots__ = ("_detector",)
 
+    NOTIFY: ClassVar[bool] = False  # ``ImmediateAdmission``: nothing waits, nothing to wake
+
     def __init__(self, detector: SaturationDetector) -> None:
         self._detector = detector
 
     async def admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
+        self.admit_now(request, candidates)
+
+    def admit_now(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> bool:
         if request.priority < 0 and self._detector.saturation(candidates) >= 1.0:
             raise ResourceExhausted(SHED_MESSAGE)
+        return True
 
     def notify(self) -> None:
         return None
@@ -41,8 +47,13 @@ class AlwaysAdmit:
 
     __slots__ = ()
 
+    NOTIFY: ClassVar[bool] = False
+
     async def admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
         return None
+
+    def admit_now(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> bool:
+        return True
 
     def notify(self) -> None:
         return None

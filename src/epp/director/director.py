@@ -59,6 +59,7 @@ REQUEST_ID_HEADER: Final = "x-request-id"
 DEFAULT_FAIRNESS_ID: Final = "default-flow"
 # A producer's plain call (``ImmediateProducer.prepare_request_data_now``).
 _Immediate = Callable[[CycleState, InferenceRequest, Sequence[Endpoint]], None]
+_AdmitNow = Callable[[InferenceRequest, Sequence[Endpoint]], bool]
 _SERIES_MAX: Final = 4096  # (incoming, target, priority) label sets whose metric children are kept
 # Every name of the control headers ``start`` reads: a request with none of them (most) skips
 # the three alias lookups.
@@ -97,6 +98,8 @@ class Director:
         self._steps: tuple[tuple[int, DataProducer, _Immediate | None], ...] = tuple(
             (i, p, getattr(p, "prepare_request_data_now", None)) for i, p in enumerate(pipeline.producers)
         )
+        # ``ImmediateAdmission.admit_now`` when the admission controller offers it (no coroutine).
+        self._admit_now: _AdmitNow | None = getattr(pipeline.admission, "admit_now", None)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -248,7 +251,10 @@ class Director:
             candidates = locate(snapshot, req.metadata, subset_filter=pipeline.subset_filter)
             if observed:
                 observer.begin(spans.STAGE_ADMISSION)
-            await pipeline.admission.admit(req, candidates)  # before the empty check: flow control waits
+            # Before the empty check: flow control waits.  Most admit at once, without a coroutine.
+            admit_now = self._admit_now
+            if admit_now is None or not admit_now(req, candidates):
+                await pipeline.admission.admit(req, candidates)
             if observed:
                 observer.admitted(candidates)
             # Until its pre-request hooks count it on its endpoint, the admitted request is in

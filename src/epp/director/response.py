@@ -36,12 +36,12 @@ class ResponseSide:
     """Response hooks and metrics of one director's pipeline."""
 
     __slots__ = (
-        "_admission",
         "_body_timers",
         "_by_model",
         "_done_timers",
         "_ds",
         "_hdr_timers",
+        "_notify",
         "_p",
         "_running",
         "closed",
@@ -52,7 +52,9 @@ class ResponseSide:
     def __init__(self, datastore: Datastore, pipeline: Pipeline) -> None:
         self._ds = datastore
         self._p = pipeline
-        self._admission = pipeline.admission
+        # Admission's ``notify`` at each completion, unless it says it has none (``NOTIFY``).
+        admission = pipeline.admission
+        self._notify = admission.notify if getattr(admission, "NOTIFY", True) else None
         self._hdr_timers = tuple((p, plugin_timer("ResponseReceived", p)) for p in pipeline.response_header)
         self._body_timers = tuple((p, plugin_timer("ResponseStreaming", p)) for p in pipeline.response_body)
         self._done_timers = tuple(
@@ -186,7 +188,8 @@ class ResponseSide:
             timer.observe(time.perf_counter() - t0)
         if ctx.result is not None and resp.end_of_stream:
             _record_response_metrics(ctx, resp, now, self._by_model)
-        self._admission.notify()
+        if self._notify is not None:
+            self._notify()
 
     def finish(self, ctx: RequestContext, error: EppError | None, *, running: bool) -> None:
         """The request's last bookkeeping: the running gauge (if counted) and its error, once."""
