@@ -2,52 +2,62 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Hashable, Mapping
-from typing import Any, TypeVar
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from epp.plugin.keys import AttributeKey, StateKey
 
 T = TypeVar("T")
 
 _EMPTY: Mapping[Any, Any] = {}
+# What a key no producer wrote reads as: ``_EMPTY`` for any key, by C calls alone (the
+# factory is a ``repeat``'s ``__next__``); one entry per key ever missed (module constants).
+_MISSED: defaultdict[Any, Mapping[Any, Any]] = defaultdict(repeat(_EMPTY).__next__)
 
 
-class CycleState:
+class CycleState(dict[Any, Any]):
     """Typed per-request data: per-endpoint attributes and request-level values.
 
     Asyncio runs one request's hooks at a time, so no lock is needed; one CycleState
     lives exactly as long as its request.
+
+    The state is a dict keyed by the key objects themselves: an ``AttributeKey`` maps to the
+    endpoints' values, a ``StateKey`` to its value (keys are equal only to themselves, so the
+    two kinds never collide).  The reads and writes a request makes ~20 of are the dict's own
+    methods, C calls without a Python frame (``get`` ~330 instructions against ~720 as a
+    method), and a state is made as an empty dict is.  Use only the methods below.
     """
 
-    __slots__ = ("_attrs", "_values")
+    __slots__ = ()
 
-    def __init__(self) -> None:
-        self._attrs: dict[AttributeKey[Any], dict[Hashable, Any]] = {}
-        self._values: dict[StateKey[Any], Any] = {}
+    if TYPE_CHECKING:
 
-    # per-endpoint attributes ------------------------------------------------------
+        def get(self, key: StateKey[T]) -> T | None:  # type: ignore[override]
+            """The request-level value of ``key``, None if nothing put it."""
+
+        def put(self, key: StateKey[T], value: T) -> None: ...
+
+        def set_attributes(self, key: AttributeKey[T], values: dict[Hashable, T]) -> None:
+            """Replace every endpoint's value for ``key`` at once (the fast path for producers)."""
+
+        def attributes(self, key: AttributeKey[T]) -> Mapping[Hashable, T]:
+            """Every endpoint's value for ``key``; empty if no producer wrote it."""
+
+    else:
+        get = dict.get
+        put = dict.__setitem__
+        set_attributes = dict.__setitem__
+        attributes = dict.__getitem__  # a miss: ``__missing__``, the shared empty mapping
+        __missing__ = _MISSED.__getitem__
+
     def put_attribute(self, key: AttributeKey[T], endpoint: Hashable, value: T) -> None:
-        per = self._attrs.get(key)
+        per = dict.get(self, key)
         if per is None:
-            per = self._attrs[key] = {}
+            per = self[key] = {}
         per[endpoint] = value
 
-    def set_attributes(self, key: AttributeKey[T], values: dict[Hashable, T]) -> None:
-        """Replace every endpoint's value for ``key`` at once (the fast path for producers)."""
-        self._attrs[key] = values
-
     def attribute(self, key: AttributeKey[T], endpoint: Hashable) -> T | None:
-        per = self._attrs.get(key)
+        per: dict[Hashable, T] | None = dict.get(self, key)
         return None if per is None else per.get(endpoint)
-
-    def attributes(self, key: AttributeKey[T]) -> Mapping[Hashable, T]:
-        """Every endpoint's value for ``key``; empty if no producer wrote it."""
-        per = self._attrs.get(key)
-        return _EMPTY if per is None else per
-
-    # request-level values ---------------------------------------------------------
-    def put(self, key: StateKey[T], value: T) -> None:
-        self._values[key] = value
-
-    def get(self, key: StateKey[T]) -> T | None:
-        return self._values.get(key)
