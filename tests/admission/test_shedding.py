@@ -33,8 +33,8 @@ async def test_legacy_admit_now_agrees_with_admit(priority: int, saturation: flo
         await admission.admit(req(priority=priority), eps)
 
 
-def test_immediate_admissions_say_notify_does_nothing() -> None:
-    """Neither makes a request wait, so neither needs a call when a request completes."""
-    assert LegacyAdmission.NOTIFY is False
-    assert AlwaysAdmit.NOTIFY is False
+def test_immediate_admissions_say_they_track_nothing() -> None:
+    """Neither makes a request wait, so neither needs a call when a request is placed or completes."""
+    assert LegacyAdmission.TRACKS is False
+    assert AlwaysAdmit.TRACKS is False
     assert AlwaysAdmit().admit_now(req(), []) is True

@@ -301,6 +301,8 @@ class RecordingAdmission(AlwaysAdmit):
 
     __slots__ = ("reports",)
 
+    TRACKS: ClassVar[bool] = True  # it keeps reports: the director calls ``placed``
+
     def __init__(self) -> None:
         self.reports: list[tuple[str, bool, list[str]]] = []
 

@@ -30,10 +30,11 @@ class ImmediateAdmission(Protocol):
     The director then calls ``admit_now`` instead of creating and awaiting ``admit``'s coroutine
     (~1.5k instructions a request): it refuses by raising as ``admit`` does, and returns True
     when the request is admitted; False sends it to ``await admit`` (a controller that waits
-    only sometimes).  ``NOTIFY`` False says ``notify`` does nothing, so the response side does
-    not call it.  Both optional: looked up once per pipeline.
+    only sometimes).  ``TRACKS`` False says ``notify`` and ``placed`` do nothing (the controller
+    keeps nothing between admission and completion), so the director and the response side do
+    not call them.  Both optional: looked up once per pipeline.
     """
 
-    NOTIFY: ClassVar[bool]
+    TRACKS: ClassVar[bool]
 
     def admit_now(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> bool: ...

@@ -22,7 +22,7 @@ class LegacyAdmission:
 
     __slots__ = ("_detector",)
 
-    NOTIFY: ClassVar[bool] = False  # ``ImmediateAdmission``: nothing waits, nothing to wake
+    TRACKS: ClassVar[bool] = False  # ``ImmediateAdmission``: nothing waits, nothing to wake
 
     def __init__(self, detector: SaturationDetector) -> None:
         self._detector = detector
@@ -43,11 +43,14 @@ class LegacyAdmission:
 
 
 class AlwaysAdmit:
-    """Admission for tests and for configurations without a detector."""
+    """Admission for tests and for configurations without a detector.
+
+    ``TRACKS`` False: ``notify`` and ``placed`` are not called; a subclass that overrides
+    either sets it True."""
 
     __slots__ = ()
 
-    NOTIFY: ClassVar[bool] = False
+    TRACKS: ClassVar[bool] = False
 
     async def admit(self, request: InferenceRequest, candidates: Sequence[Endpoint]) -> None:
         return None

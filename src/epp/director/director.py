@@ -100,6 +100,7 @@ class Director:
         )
         # ``ImmediateAdmission.admit_now`` when the admission controller offers it (no coroutine).
         self._admit_now: _AdmitNow | None = getattr(pipeline.admission, "admit_now", None)
+        self._admission_tracks: bool = getattr(pipeline.admission, "TRACKS", True)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
         self.responses = ResponseSide(datastore, pipeline)
         # Whether any request may be explained: the one test a request that is not pays.
@@ -253,14 +254,18 @@ class Director:
                 observer.begin(spans.STAGE_ADMISSION)
             # Before the empty check: flow control waits.  Most admit at once, without a coroutine.
             admit_now = self._admit_now
+            waited: Sequence[Endpoint] | None = None  # the pool as read before a wait, if any
             if admit_now is None or not admit_now(req, candidates):
                 await pipeline.admission.admit(req, candidates)
+                waited = snapshot
             if observed:
                 observer.admitted(candidates)
+            if not self._admission_tracks:
+                return await self._route_admitted(ctx, observer, body, parsed, changed, candidates, waited)
             # Until its pre-request hooks count it on its endpoint, the admitted request is in
             # transit: flow control counts it against the pool, so a burst does not pass whole.
             try:
-                return await self._route_admitted(ctx, observer, body, parsed, changed, candidates, snapshot)
+                return await self._route_admitted(ctx, observer, body, parsed, changed, candidates, waited)
             finally:
                 pipeline.admission.placed(req, scheduled=ctx.result is not None)
         except BaseException as e:
@@ -329,14 +334,15 @@ class Director:
         parsed: RequestBody,
         changed: bool,
         candidates: Sequence[Endpoint],
-        snapshot: Sequence[Endpoint],
+        waited: Sequence[Endpoint] | None,
     ) -> RoutingDecision:
         """After admission: candidates, data producers, admit plugins, scheduler, pre-request hooks."""
         pipeline = self._pipeline
         req = ctx.request
         state = ctx.state
         observed = observer.active
-        if self._datastore.endpoints() is not snapshot:  # the pool changed while the request waited
+        # The pool changed while the request waited in admission (None: it did not wait).
+        if waited is not None and self._datastore.endpoints() is not waited:
             candidates = locate(
                 self._datastore.endpoints(), req.metadata, subset_filter=pipeline.subset_filter
             )

@@ -52,9 +52,9 @@ class ResponseSide:
     def __init__(self, datastore: Datastore, pipeline: Pipeline) -> None:
         self._ds = datastore
         self._p = pipeline
-        # Admission's ``notify`` at each completion, unless it says it has none (``NOTIFY``).
+        # Admission's ``notify`` at each completion, unless it tracks nothing (``TRACKS``).
         admission = pipeline.admission
-        self._notify = admission.notify if getattr(admission, "NOTIFY", True) else None
+        self._notify = admission.notify if getattr(admission, "TRACKS", True) else None
         self._hdr_timers = tuple((p, plugin_timer("ResponseReceived", p)) for p in pipeline.response_header)
         self._body_timers = tuple((p, plugin_timer("ResponseStreaming", p)) for p in pipeline.response_body)
         self._done_timers = tuple(
