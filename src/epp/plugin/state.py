@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Hashable, Mapping
+from functools import partial
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from epp.plugin.keys import AttributeKey, StateKey
 
 T = TypeVar("T")
 
 _EMPTY: Mapping[Any, Any] = {}
-# What a key no producer wrote reads as: ``_EMPTY`` for any key, by C calls alone (the
-# factory is a ``repeat``'s ``__next__``); one entry per key ever missed (module constants).
-_MISSED: defaultdict[Any, Mapping[Any, Any]] = defaultdict(repeat(_EMPTY).__next__)
+# What a key no producer wrote reads as: ``_EMPTY`` for any key, by C calls alone and storing
+# nothing (``next(repeat(_EMPTY), key)`` is ``_EMPTY``; a partial is no descriptor, so the dict
+# calls it with the key alone).
+_MISSING: Final = partial(next, repeat(_EMPTY))
 
 
 class CycleState(dict[Any, Any]):
@@ -43,7 +44,7 @@ class CycleState(dict[Any, Any]):
     else:
         get = dict.get
         attributes = dict.__getitem__  # a miss: ``__missing__``, the shared empty mapping
-        __missing__ = _MISSED.__getitem__
+        __missing__ = _MISSING
 
     # Writes are plain methods: ``dict.__setitem__`` is a slot wrapper, ~1.1k instructions a
     # call against ~0.7k for a method storing an item.

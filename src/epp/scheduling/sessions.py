@@ -99,7 +99,10 @@ def header_value(
     """The first value among the sources ``names``, in order, that is not blank once trimmed
     (upstream's ``resolveSessionID``; an attribute that is not a string is skipped)."""
     for name in names:
-        value = request.headers.get(name) if isinstance(name, str) else state.get(name) if state else None
+        if isinstance(name, str):
+            value = request.headers.get(name)
+        else:  # a CycleState is a dict: an empty one is falsy, so test for None
+            value = state.get(name) if state is not None else None
         if isinstance(value, str) and (value := value.strip()):
             return value
     return ""
