@@ -11,7 +11,6 @@ import contextlib
 import gc
 import hashlib
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,7 +25,7 @@ from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.server import incoming, messages
 from epp.server.incoming import Incoming, ProtocolConfig
-from tests.leaks import TOLERANCE, traced_growth
+from tests.native_ext import TOLERANCE, printed_with, traced_growth
 
 SOURCE = Path(incoming.__file__).with_name("_incoming.c")
 NATIVE = incoming.NATIVE
@@ -343,9 +342,9 @@ def test_epp_pure_python_selects_upb() -> None:
         "from epp.server import incoming, messages; "
         "print(incoming.IMPLEMENTATION, messages.decode is messages._from_bytes, incoming.REASON)"
     )
-    env = {**os.environ, incoming.PURE_PYTHON_ENV: "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["python", "True", *f"{incoming.PURE_PYTHON_ENV} is set".split()]
-    env[incoming.PURE_PYTHON_ENV] = "0"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split()[:2] == ["c", "False"]
+    assert printed_with(code, incoming.PURE_PYTHON_ENV, "1") == [
+        "python",
+        "True",
+        *f"{incoming.PURE_PYTHON_ENV} is set".split(),
+    ]
+    assert printed_with(code, incoming.PURE_PYTHON_ENV, "0")[:2] == ["c", "False"]

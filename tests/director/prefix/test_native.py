@@ -13,7 +13,6 @@ import gc
 import hashlib
 import os
 import re
-import subprocess
 import sys
 from collections import OrderedDict
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from epp.director.prefix.index import PrefixIndex
 from epp.director.prefix.native import NATIVE, PYTHON, Loops
 from epp.director.producers.approx_prefix import ApproxPrefixCacheProducer
 from epp.testing.plugins import build
-from tests.leaks import TOLERANCE, traced_growth
+from tests.native_ext import TOLERANCE, printed_with, traced_growth
 
 SOURCE = Path(native.__file__).with_name("_native.c")
 U64 = 2**64 - 1
@@ -352,9 +351,10 @@ def test_epp_pure_python_selects_the_python_loops() -> None:
         "from epp.director.prefix import native; from epp.director.prefix.index import PrefixIndex; "
         "print(native.IMPLEMENTATION, PrefixIndex().implementation, native.NATIVE is not None, native.REASON)"
     )
-    env = {**os.environ, native.PURE_PYTHON_ENV: "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["python", "python", "True", *f"{native.PURE_PYTHON_ENV} is set".split()]
-    env[native.PURE_PYTHON_ENV] = "0"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split()[:3] == ["c", "c", "True"]
+    assert printed_with(code, native.PURE_PYTHON_ENV, "1") == [
+        "python",
+        "python",
+        "True",
+        *f"{native.PURE_PYTHON_ENV} is set".split(),
+    ]
+    assert printed_with(code, native.PURE_PYTHON_ENV, "0")[:3] == ["c", "c", "True"]

@@ -1,8 +1,12 @@
-"""What a C extension's calls leave behind: traced memory grown over many calls (their tests' helper)."""
+"""What the C extensions' tests share: the traced memory their calls leave behind, and what a
+fresh interpreter reports with the pure-Python switch set."""
 
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import tracemalloc
 from collections.abc import Callable
 
@@ -25,3 +29,11 @@ def traced_growth(exercise: Callable[[int], None], *, settle: int, measured: int
     finally:
         tracemalloc.stop()
     return after - before
+
+
+def printed_with(code: str, variable: str, value: str) -> list[str]:
+    """The words ``code`` prints in a fresh interpreter with the environment ``variable`` set to
+    ``value`` (an extension's choice of implementation is made at import)."""
+    env = {**os.environ, variable: value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
