@@ -525,9 +525,16 @@ async def cost_cell(n: int, sync: bool, st: Settings, rate: float | None = None)
     return {"replicas": n, "sync": sync, "rate": rate, **cell}
 
 
-async def uncrowded_cell(n: int, st: Settings, rate: float | None = None) -> dict[str, Any]:
+async def uncrowded_cell(
+    n: int, st: Settings, rate: float | None = None, *, sync: bool = True
+) -> dict[str, Any]:
     """Replica 0 the only EPP on the machine, its N-1 peers replayed by one light process
-    (bench/scaleout_peers: real hubs and plugins, the same decisions on the same schedule)."""
+    (bench/scaleout_peers: real hubs and plugins, the same decisions on the same schedule).
+
+    ``sync=False`` is the control: the replayer runs beside replica 0 as before (routing and
+    publishing on the same schedule) but replica 0 has sync off and hears none of it, so the
+    cell reads what the replayer's CPU alone costs replica 0 on this 2-core machine (crowding
+    that separate nodes would not have), which the sync cell's figure also carries."""
     rate = st.cost_rate if rate is None else rate
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
         pool = Ports()
@@ -553,7 +560,7 @@ async def uncrowded_cell(n: int, st: Settings, rate: float | None = None) -> dic
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
             f"--config-file={CONFIG}",
-            *peer_args(0, ports),
+            *(peer_args(0, ports) if sync else ()),
         )
         try:
             line = await asyncio.wait_for(peers.stdout.readline(), 120)
@@ -581,7 +588,7 @@ async def uncrowded_cell(n: int, st: Settings, rate: float | None = None) -> dic
             await peers.wait()
     return {
         "replicas": n,
-        "sync": True,
+        "sync": sync,
         "rate": rate,
         **cell,
         "replayed_requests": replayed["requests"],
@@ -725,6 +732,7 @@ async def busy(st: Settings) -> dict[str, Any]:
     alone = [n for n in BUSY_NS if n in st.cost_ns]
     ones: list[dict[str, Any]] = []
     replayed: dict[int, list[dict[str, Any]]] = {n: [] for n in alone}
+    beside: dict[int, list[dict[str, Any]]] = {n: [] for n in alone}
     for r in range(COST_ROUNDS):
         one = await _again(partial(cost_cell, 1, False, st, BUSY_RATE), "1 replica, sync off")
         ones.append(one)
@@ -733,8 +741,57 @@ async def busy(st: Settings) -> dict[str, Any]:
             cell = await _again(partial(uncrowded_cell, n, st, BUSY_RATE), f"{n} replicas, uncrowded")
             replayed[n].append(cell)
             log(f"scaleout busy uncrowded (round {r + 1}/{COST_ROUNDS}): {cell}")
+            control = await _again(
+                partial(uncrowded_cell, n, st, BUSY_RATE, sync=False), f"{n} replicas' replayer, sync off"
+            )
+            beside[n].append(control)
+            log(f"scaleout busy control (round {r + 1}/{COST_ROUNDS}): {control}")
     first = _medians(1, False, ones)
-    return {"rate": BUSY_RATE, "alone": first, **uncrowded_summary(first["cpu_us_per_request"], replayed)}
+    c1 = first["cpu_us_per_request"]
+    return {
+        "rate": BUSY_RATE,
+        "alone": first,
+        **uncrowded_summary(c1, replayed),
+        **crowding_summary(c1, replayed, beside),
+    }
+
+
+def crowding_summary(
+    c1: float | None, replayed: dict[int, list[dict[str, Any]]], beside: dict[int, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """What of the busy cells' cost is the replayer's crowding, and what is the sync's own.
+
+    The control cells (``uncrowded_cell(sync=False)``) run the same replayer beside a replica 0
+    with sync off.  Per round, the sync's own cost is the synced cell's CPU per request less its
+    control's (the two cells minutes apart at most), medians over the rounds; the scaling it
+    implies, N x cost(1) / (cost(1) + sync's own), is what N replicas on cores of their own would
+    reach if the sync cost there what it costs here (an estimate, reported beside the measured
+    figure, not in its place)."""
+    controls = [_medians(n, False, rounds) for n, rounds in beside.items()]
+    own: dict[str, float | None] = {}
+    implied: dict[str, float | None] = {}
+    for n, rounds in beside.items():
+        pairs = [
+            (s.get("cpu_us_per_request"), c.get("cpu_us_per_request"))
+            for s, c in zip(replayed.get(n, []), rounds, strict=False)
+        ]
+        diffs = [s - c for s, c in pairs if s is not None and c is not None]
+        sync_us = _median(diffs, 1) if diffs else None
+        own[str(n)] = sync_us
+        implied[str(n)] = rnd(n * c1 / (c1 + sync_us), 2) if c1 and sync_us is not None else None
+    return {
+        "controls": {
+            "what": "the same replayer beside replica 0, sync off on replica 0: its crowding alone",
+            "cells": controls,
+            "vs_alone": {
+                str(c["replicas"]): rnd(c["cpu_us_per_request"] / c1, 2)
+                for c in controls
+                if c1 and c["cpu_us_per_request"]
+            },
+        },
+        "sync_own_us_per_request": own,
+        "scaling_without_crowding_estimate": implied,
+    }
 
 
 async def _again(cell: Callable[[], Awaitable[dict[str, Any]]], what: str) -> dict[str, Any]:

@@ -222,6 +222,26 @@ def _busy(b: dict[str, Any], goals: dict[str, Any]) -> list[str]:
         + f" (goals ≥ {goals['scaling_4']} at 4, ≥ {goals['scaling_8']} at 8); worst staleness p99 "
         f"{f(b['staleness_p99_ms_worst'], 2)} ms" + _overloaded(b) + ".",
         "",
+        *_crowding(b),
+    ]
+
+
+def _crowding(b: dict[str, Any]) -> list[str]:
+    """The busy part's control cells (the replayer beside replica 0, sync off), when run."""
+    control = b.get("controls")
+    if not control:
+        return []
+    return [
+        "Control: the same replayer beside replica 0 with sync off costs it "
+        + _by_n(control["vs_alone"])
+        + " × one replica alone (CPU µs/request "
+        + ", ".join(f"{c['replicas']}: {f(c['cpu_us_per_request'], 1)}" for c in control["cells"])
+        + "); the sync's own cost, each round's synced cell less its control: "
+        + ", ".join(f"{n}: {f(v, 1)} µs" for n, v in b["sync_own_us_per_request"].items())
+        + " a request, so on cores of their own (an estimate) N × cost(1) / (cost(1) + that) = "
+        + _by_n(b["scaling_without_crowding_estimate"])
+        + ".",
+        "",
     ]
 
 

@@ -212,7 +212,7 @@ def test_the_scale_out_section_shows_the_uncrowded_cells_beside_the_crowded_ones
 
 def test_the_scale_out_section_shows_the_busy_replica_part() -> None:
     from bench.report.scaleout import scaleout_section
-    from bench.scaleout import GOALS, uncrowded_summary
+    from bench.scaleout import GOALS, crowding_summary, uncrowded_summary
 
     def r(n: int, cpu: float, lag: float | None) -> dict[str, Any]:
         return {"replicas": n, "sync": n > 1, "cpu_us_per_request": cpu, "p99_ms": 4.0, "staleness_p99_ms": lag,
@@ -231,3 +231,12 @@ def test_the_scale_out_section_shows_the_busy_replica_part() -> None:
     assert "| 4 | 320.0 | 0.30 | 0.90 | 4.00 | 8.00 |" in text
     assert "at this rate: 2: 1.71, 4: 3.00 (goals" in text
     assert "worst staleness p99 8.00 ms." in text
+    assert "Control:" not in text  # a run without the control cells
+
+    busy.update(crowding_summary(240, {2: [r(2, 280, 6.0)]}, {2: [{**r(2, 260, None), "sync": False}]}))
+    text = "\n".join(scaleout_section({"goals": GOALS, "busy": busy}))
+    assert (
+        "Control: the same replayer beside replica 0 with sync off costs it 2: 1.08 \u00d7 one replica alone "
+        "(CPU µs/request 2: 260.0); the sync's own cost, each round's synced cell less its control: 2: 20.0 µs "
+        "a request, so on cores of their own (an estimate) N \u00d7 cost(1) / (cost(1) + that) = 2: 1.85."
+    ) in text

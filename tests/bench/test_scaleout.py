@@ -11,6 +11,7 @@ from bench import extproc_client as xc
 from bench.scaleout import (
     QUICK,
     QueueSampler,
+    crowding_summary,
     dedicated_ratio,
     histogram_quantile,
     median_cell,
@@ -182,6 +183,38 @@ async def test_an_uncrowded_cell_replays_the_peers_one_replica_hears() -> None:
     assert cell["replayed_requests"] == 60 and cell["replayed_batches_sent"] >= 50
     assert cell["received_per_request"] is not None and cell["received_per_request"] >= 0.8
     assert cell["staleness_p99_ms"] is not None and cell["replayer_cpu_s"] > 0
+
+
+def test_the_sync_s_own_cost_is_each_round_s_synced_cell_less_its_control() -> None:
+    """The control runs the same replayer beside replica 0 with sync off: per round, the sync's own
+    cost is the difference of the two cells (medians over rounds of the differences, not the
+    difference of medians), and the scaling it implies is N x cost(1) / (cost(1) + that)."""
+    replayed = {2: [cost_round(2, True, c) for c in (280, 300, 290)], 4: [cost_round(4, True, 330)] * 3}
+    beside = {2: [cost_round(2, False, c) for c in (250, 230, 270)], 4: [cost_round(4, False, 260)] * 3}
+    out = crowding_summary(200.0, replayed, beside)
+    assert out["sync_own_us_per_request"] == {"2": 30.0, "4": 70.0}  # differences 30, 70, 20
+    assert out["scaling_without_crowding_estimate"] == {
+        "2": round(2 * 200 / 230, 2),
+        "4": round(4 * 200 / 270, 2),
+    }
+    assert out["controls"]["vs_alone"] == {"2": 1.25, "4": 1.3}
+    assert [c["replicas"] for c in out["controls"]["cells"]] == [2, 4]
+    assert crowding_summary(None, replayed, beside)["scaling_without_crowding_estimate"] == {
+        "2": None,
+        "4": None,
+    }
+
+
+@pytest.mark.e2e
+async def test_the_control_cell_runs_the_replayer_beside_a_replica_that_hears_none_of_it() -> None:
+    """``uncrowded_cell(sync=False)``: the replayer routes and publishes on its schedule, but
+    replica 0 has sync off: it receives no batch and sends none."""
+    st = dataclasses.replace(QUICK, cost_seconds=1.5)
+    cell = await uncrowded_cell(2, st, rate=40.0, sync=False)
+    assert cell["sync"] is False and cell["routed"] == 60 and cell["failed"] == 0
+    assert cell["replayed_requests"] == 60 and cell["replayed_batches_sent"] >= 50
+    assert cell["batches_received"] == 0 and cell["batches_sent"] == 0
+    assert cell["received_per_request"] is None and cell["replayer_cpu_s"] > 0
 
 
 @pytest.mark.e2e
