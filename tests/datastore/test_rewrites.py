@@ -60,3 +60,22 @@ def test_all_zero_weights_are_uniform() -> None:
     rng = random.Random(2)
     counts = Counter(table.decide("m", rng).target_model for _ in range(2000))  # type: ignore[union-attr]
     assert 0.4 < counts["a"] / 2000 < 0.6
+
+
+def test_applies_follows_the_rules_with_targets() -> None:
+    """``applies`` (the director's one test a request) is True exactly while a rule has targets,
+    through every change of the table."""
+    table = RewriteTable()
+    seen = [table.applies]
+    table.set_all([ModelRewrite(name="empty", rules=(RewriteRule(matches=("m",), targets=()),), created=0)])
+    seen.append(table.applies)  # a rule without targets rewrites nothing
+    assert table.decide("m", random.Random(0)) is None
+    table.upsert(rw("e", ("m",), (("x", 1),), 1))
+    seen.append(table.applies)
+    table.remove("e")
+    seen.append(table.applies)
+    table.upsert(rw("g", (), (("generic", 1),), 2))
+    seen.append(table.applies)
+    table.clear()
+    seen.append(table.applies)
+    assert seen == [False, False, True, False, True, False]

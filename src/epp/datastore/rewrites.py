@@ -45,11 +45,14 @@ class _Indexed:
 class RewriteTable:
     """Rules indexed by model; an exact match beats a generic rule, then the oldest object wins."""
 
-    __slots__ = ("_index", "_rewrites")
+    __slots__ = ("_index", "_rewrites", "applies")
 
     def __init__(self) -> None:
         self._rewrites: dict[str, ModelRewrite] = {}
         self._index = _Indexed()
+        # Whether some rule has targets, so ``decide`` may rewrite: a slot the director reads
+        # every request (``len()`` of the table was a Python ``__len__`` call).
+        self.applies = False
 
     def set_all(self, rewrites: Sequence[ModelRewrite]) -> None:
         self._rewrites = {r.name: r for r in rewrites}
@@ -82,6 +85,7 @@ class RewriteTable:
                 for model in rule.matches:
                     index.exact.setdefault(model, (rw, rule))
         self._index = index
+        self.applies = index.generic is not None or bool(index.exact)
 
     def decide(self, model: str, rng: random.Random) -> RewriteDecision | None:
         """Pick a target for ``model`` by weight (all-zero weights → uniform); None if no rule applies."""

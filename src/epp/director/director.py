@@ -361,7 +361,9 @@ class Director:
         if pipeline.producers:
             if observed:
                 observer.begin(spans.STAGE_PRODUCERS)
-            await self._prepare_data(state, req, candidates)
+            waiting = self._prepare_data(state, req, candidates)
+            if waiting is not None:  # a producer waits: it and those after it run under the timer
+                await waiting
             if observed:
                 observer.produced(pipeline.producers, candidates)
         if pipeline.admitters:
@@ -474,24 +476,22 @@ class Director:
         req.body = parsed
         changed = False
         rewrite = ""
-        if parsed.json is not None:
-            incoming = parsed.model
-            if not incoming:
+        doc = parsed.json
+        if doc is not None:
+            incoming = doc.get("model")  # ``parsed.model`` written out: a property, a call
+            if not incoming or not isinstance(incoming, str):
                 raise BadRequest("model not found in request body")
             req.incoming_model = incoming
             target = req.target_model or incoming
-            decision = (
-                self._datastore.rewrites.decide(incoming, self._rng)
-                if len(self._datastore.rewrites)
-                else None
-            )
+            rewrites = self._datastore.rewrites
+            decision = rewrites.decide(incoming, self._rng) if rewrites.applies else None
             if decision is not None:
                 target = decision.target_model
                 rewrite = decision.rewrite_name
                 series.MODEL_REWRITE_DECISIONS_TOTAL.labels(decision.rewrite_name, incoming, target).inc()
             req.target_model = target
             if target != incoming:
-                parsed.json["model"] = target
+                doc["model"] = target
                 changed = True
                 ctx.rewrite_response_model = True
         else:
@@ -502,14 +502,18 @@ class Director:
                 req.priority = obj.priority
         return parsed, changed, rewrite
 
-    async def _prepare_data(self, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]) -> None:
+    def _prepare_data(
+        self, state: CycleState, req: InferenceRequest, eps: Sequence[Endpoint]
+    ) -> Coroutine[Any, Any, None] | None:
         """Run producers in DAG order (``_prepare_timed``), arming the timer only once one waits.
 
         Producers almost never wait (they read the cycle state, the datastore, an in-process
         index), and an ``asyncio.timeout`` costs a Timeout and a loop timer armed and cancelled
         per request (~6 µs, more than most producers).  So each producer is stepped at once;
-        the first one that waits continues, with those after it, under the timer.  A timeout can
-        only fire while a producer waits, so the producers that never wait lose nothing.
+        the first one that waits continues, with those after it, under the timer: the coroutine
+        returned, which the caller awaits at once.  None: every producer finished here (a plain
+        call, not a coroutine of its own: one less a request).  A timeout can only fire while a
+        producer waits, so the producers that never wait lose nothing.
         """
         for i, producer, now in self._steps:
             if now is not None:  # never waits: a plain call, no coroutine
@@ -526,8 +530,8 @@ class Director:
             except Exception:
                 _producer_failed(producer, req)
                 continue
-            await self._prepare_timed(state, req, eps, i, _resume(coro, yielded))
-            return
+            return self._prepare_timed(state, req, eps, i, _resume(coro, yielded))
+        return None
 
     async def _prepare_timed(
         self,

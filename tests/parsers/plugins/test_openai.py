@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from epp.errors import BadRequest
 from epp.parsers.api import Parser
-from epp.parsers.plugins.openai import OpenAIParser, api_kind, request_path
+from epp.parsers.plugins.openai import JsonRequestBody, OpenAIParser, api_kind, request_path
 from epp.parsers.sse import SseUsageParser
 from epp.parsers.usage import JsonUsageParser
 from epp.plugin.base import Handle, NoParams
@@ -804,3 +805,26 @@ def test_render_paths_take_their_parents_body(path: str, body: dict[str, object]
         orjson.dumps(body), {":path": path}
     )
     assert parsed.api is (ApiKind.CHAT_COMPLETIONS if api == "chat" else ApiKind.COMPLETIONS)
+
+
+def test_parsed_body_equals_the_keyword_constructor() -> None:
+    """``JsonRequestBody.parsed`` sets every field (an unset slot would raise here) to what the
+    keyword constructor gives for the same arguments."""
+    obj: dict[str, Any] = {"model": "m", "prompt": "hi"}
+    fast = JsonRequestBody.parsed(ApiKind.COMPLETIONS, b"{}", obj, "hi", [1, 2], True, "salt", "m")
+    slow = JsonRequestBody(
+        api=ApiKind.COMPLETIONS,
+        raw=b"{}",
+        json=obj,
+        prompt_text="hi",
+        token_ids=[1, 2],
+        stream=True,
+        cache_salt="salt",
+        parsed_json=obj,
+        parsed_model="m",
+    )
+    assert [getattr(fast, f.name) for f in dataclasses.fields(JsonRequestBody)] == [
+        getattr(slow, f.name) for f in dataclasses.fields(JsonRequestBody)
+    ]
+    assert fast == slow
+    assert fast.json is fast.parsed_json

@@ -78,12 +78,5 @@ class AnthropicParser(OpenAIParser):
         if salt is not None and not isinstance(salt, str):
             raise BadRequest(_PARSING + "cache_salt must be a string")
         model = obj.get("model")
-        return JsonRequestBody(
-            api=ApiKind.MESSAGES,
-            raw=body,
-            json=obj,
-            stream=obj.get("stream") is True,
-            cache_salt=salt or "",
-            parsed_json=obj,
-            parsed_model=model,
-        )
+        stream = obj.get("stream") is True
+        return JsonRequestBody.parsed(ApiKind.MESSAGES, body, obj, None, None, stream, salt or "", model)

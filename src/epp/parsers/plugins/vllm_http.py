@@ -67,13 +67,7 @@ class VllmHttpParser(OpenAIParser):
         salt = obj.get("cache_salt")
         if salt is not None and not isinstance(salt, str):
             raise BadRequest(_INVALID + "cache_salt must be a string")
-        return JsonRequestBody(
-            api=ApiKind.GENERATE,
-            raw=body,
-            json=obj,
-            token_ids=token_ids,
-            stream=obj.get("stream") is True,
-            cache_salt=salt or "",
-            parsed_json=obj,
-            parsed_model=obj.get("model"),
+        stream = obj.get("stream") is True
+        return JsonRequestBody.parsed(
+            ApiKind.GENERATE, body, obj, None, token_ids, stream, salt or "", obj.get("model")
         )
