@@ -167,6 +167,17 @@ def test_body_reply_bytes_are_upbs(chunk: bytes, eos: bool, request: bool) -> No
     assert ours == ref.SerializeToString()
 
 
+def test_body_reply_heads_start_again_past_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept wrapper bytes are bounded per (direction, end_of_stream); replies stay upb's."""
+    monkeypatch.setattr(wire, "HEADS_MAX", 3)
+    heads = wire.BODY_HEADS[True][False]
+    heads.clear()
+    for n in range(7):
+        chunk = b"y" * n
+        assert wire.body_reply(chunk, False, True) == ref_body_reply(chunk, False, True).SerializeToString()
+        assert len(heads) <= 3 and n in heads
+
+
 # ---------------------------------------------------------------------------------------------
 # responses: the replies the EPP sends, assembled from wire's pieces
 
