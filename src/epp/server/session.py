@@ -160,11 +160,12 @@ class ExtProcSession:
     def __init__(
         self,
         director: Director,
-        *,
         max_body_bytes: int = 0,
         tracing: Tracing | None = None,
         on_close: Callable[[], None] | None = None,
     ) -> None:
+        """Positional from the servicer: a class called with keywords packs them into a dict for
+        ``__init__`` (~2k instructions a request)."""
         self._director = director
         self._max_body = max_body_bytes
         self._tracing = tracing or _NO_TRACING
