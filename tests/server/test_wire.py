@@ -352,3 +352,10 @@ def test_routing_reply_is_headers_reply_at_every_length_around_the_one_byte_limi
         assert wire.routing_reply(options, md) == wire.headers_reply(
             options, request=True, clear_route_cache=True, metadata=md
         )
+        for length in (0, 7, 1234):  # its Content-Length option within the same join
+            assert wire.routing_reply(options, md, length) == wire.headers_reply(
+                options + wire.content_length_option(length),
+                request=True,
+                clear_route_cache=True,
+                metadata=md,
+            )

@@ -209,7 +209,7 @@ class ExtProcSession:
                     if metadata is None and n <= responses.BODY_CHUNK_LIMIT:  # the usual chunk: one mutation
                         head = _RESPONSE_HEADS[eos].get(n)  # ``wire.body_reply`` inlined: a call less
                         if head is not None:
-                            return [head + out + wire.EOS if eos else head + out]
+                            return [b"".join((head, out, wire.EOS)) if eos else head + out]
                         return [wire.body_reply(out, eos, False)]
                     return responses.streamed_response_body(out, eos, metadata)
                 return [responses.replaced_response_body(out if out is not chunk else None, metadata)]

@@ -65,15 +65,39 @@ def headers_reply(options: bytes, *, request: bool, clear_route_cache: bool, met
     return field(b"\x0a" if request else b"\x12", field(b"\x0a", common)) + metadata
 
 
-def routing_reply(options: bytes, metadata: bytes) -> bytes:
+def routing_reply(options: bytes, metadata: bytes, content_length: int = -1) -> bytes:
     """``headers_reply(options, request=True, clear_route_cache=True, metadata=metadata)`` with the
-    lengths computed instead of three nested ``field`` calls: the reply that routes every request."""
-    n = len(options)
+    lengths computed instead of three nested ``field`` calls: the reply that routes every request.
+
+    ``content_length`` >= 0 appends its header option (``content_length_option``) within the same
+    join: the reply in one allocation, where the option's own call and three concatenations cost
+    ~4k instructions a request more.
+    """
+    if content_length >= 0:
+        digits = str(content_length).encode()
+        length_head = _CONTENT_LENGTH_HEADS[len(digits)]
+        n = len(options) + len(length_head) + len(digits)
+    else:
+        digits = length_head = b""
+        n = len(options)
     if n < 0x7A:  # every length below fits one byte (the usual reply, ~100 bytes): no varint calls
         small = _SMALL_VARINTS
-        return b"".join((b"\x0a", small[n + 6], b"\x0a", small[n + 4], b"\x12", small[n], options)) + (
-            b"\x28\x01" + metadata
+        return b"".join(
+            (
+                b"\x0a",
+                small[n + 6],
+                b"\x0a",
+                small[n + 4],
+                b"\x12",
+                small[n],
+                options,
+                length_head,
+                digits,
+                b"\x28\x01",
+                metadata,
+            )
         )
+    options += length_head + digits
     common = 1 + len(varint(n)) + n + 2  # header_mutation, then clear_route_cache
     return b"".join(
         (
@@ -142,7 +166,7 @@ def body_reply(chunk: bytes, eos: bool, request: bool) -> bytes:
         if len(heads) >= HEADS_MAX:
             heads.clear()
         head = heads[n] = _body_head(n, eos, request)
-    return head + chunk + EOS if eos else head + chunk
+    return b"".join((head, chunk, EOS)) if eos else head + chunk  # a join: one allocation, not two
 
 
 def _body_head(n: int, eos: bool, request: bool) -> bytes:
