@@ -35,7 +35,7 @@ from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.type.v3 import http_status_pb2
 from epp.director.context import RoutingDecision
 from epp.director.director import Director
-from epp.director.lifecycle import Phase, RequestLifecycle
+from epp.director.lifecycle import ROUTED, Phase, RequestLifecycle
 from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, ResourceExhausted
 from epp.server import responses, wire
 from epp.server.incoming import (
@@ -139,12 +139,12 @@ class ExtProcSession:
     __slots__ = (
         "_body",
         "_body_size",
+        "_config",
         "_director",
         "_ended_by_trailers",
         "_evicted",
         "_max_body",
         "_on_close",
-        "_overridable",
         "_tracing",
         "closed",
         "error",
@@ -185,7 +185,9 @@ class ExtProcSession:
         self.writer: UnaskedWriter | None = None
         self.request_mode: int = FULL_DUPLEX
         self.response_mode: int = FULL_DUPLEX
-        self._overridable = False  # whether Envoy honours mode_override here (protocol_config)
+        self._config: ProtocolConfig | None = (
+            None  # the stream's protocol_config (``_skip_response_override``)
+        )
 
     # the transport's two calls ----------------------------------------------------
     def handle(self, msg: Incoming) -> list[responses.Reply]:
@@ -285,7 +287,7 @@ class ExtProcSession:
         if config is not None:
             self.request_mode = config.request_body_mode
             self.response_mode = config.response_body_mode
-            self._overridable = overridable(config)
+            self._config = config
         headers = msg.headers
         assert headers is not None  # a headers message always has its map
         if self._tracing.enabled:
@@ -314,9 +316,11 @@ class ExtProcSession:
 
         Only when nothing in the EPP needs it, and only where Envoy honours it (``overridable``):
         an override Envoy would ignore is bytes for nothing.  Protobuf fields concatenate, so the
-        precomputed field is appended to the reply's bytes.
+        precomputed field is appended to the reply's bytes.  Asked here, not when the config
+        arrives: a FULL_DUPLEX_STREAMED request body (GIE's mode) never gets here.
         """
-        if not self._overridable or lc.response_body_needed:
+        config = self._config
+        if config is None or not overridable(config) or lc.response_body_needed:
             return b""
         return lean_override(self.request_mode, headers=lc.response_headers_needed)
 
@@ -324,7 +328,7 @@ class ExtProcSession:
         lc = self.lifecycle
         if lc is None:
             raise BadRequest("request body received before request headers")
-        if lc.phase >= Phase.ROUTED:  # routed from headers (STREAMED mode): echo
+        if lc.phase >= ROUTED:  # routed from headers (STREAMED mode): echo
             return _echo(msg.body, msg.end_of_stream, self.request_mode, request=True)
         chunk = msg.body
         if chunk:
@@ -362,21 +366,21 @@ class ExtProcSession:
                 self._tracing.end_orchestration(span, target_model=req.target_model, priority=req.priority)
         else:
             decision = await lc.route(body)
-        headers = self._upstream_headers(decision)
+        headers = decision.headers if self.trace is None else self._upstream_headers(decision)
         out_body = decision.body if decision.body is not None else body
         if self.request_mode == FULL_DUPLEX:
-            out: list[responses.Reply] = [
-                responses.routing_headers_response(
-                    decision.destination,
-                    len(out_body),
-                    headers,
-                    decision.scores,
-                    decision.remove_headers,
-                    decision.breakdown,
-                )
-            ]
-            out.extend(responses.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
-            return out
+            n = len(out_body)
+            reply = responses.routing_headers_response(
+                decision.destination,
+                n,
+                headers,
+                decision.scores,
+                decision.remove_headers,
+                decision.breakdown,
+            )
+            if n <= responses.BODY_CHUNK_LIMIT:  # the usual body: one mutation, no list to extend
+                return [reply, wire.body_reply(out_body, end_of_stream, True)]
+            return [reply, *responses.streamed_body(out_body, request=True, end_of_stream=end_of_stream)]
         changed = decision.body_changed
         return [
             responses.routing_body_response(
