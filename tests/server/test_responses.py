@@ -212,3 +212,12 @@ def test_routing_replies_remove_headers_as_upb_encodes_them() -> None:
     assert r.routing_headers_response("10.0.0.1:8000", 5, extra, None, remove) == expected.SerializeToString()
     body = r.routing_body_response("10.0.0.1:8000", None, None, (), None, remove)
     assert list(body.request_body.response.header_mutation.remove_headers) == list(remove)
+
+
+def test_destination_pieces_start_again_past_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-destination pieces are bounded; a reply from a kept piece and a new one are the same."""
+    monkeypatch.setattr(r, "_DESTINATIONS_MAX", 2)
+    r._DESTINATION_PIECES.clear()
+    first = [r.routing_headers_response(f"10.0.0.{i}:8000", 12, ()) for i in range(5)]
+    assert len(r._DESTINATION_PIECES) <= 2
+    assert [r.routing_headers_response(f"10.0.0.{i}:8000", 12, ()) for i in range(5)] == first

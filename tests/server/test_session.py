@@ -8,6 +8,7 @@ from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.director.lifecycle import Phase, RequestLifecycle
 from epp.server import responses as r
+from epp.server import wire
 from epp.server.session import ExtProcSession
 from tests.server.harness import (
     Harness,
@@ -79,6 +80,26 @@ async def test_only_the_body_completing_message_needs_routing() -> None:
     assert closed == ["closed"] and lc.phase is Phase.CLOSED
     # closed: the session lets go of the request (no reference cycle left for the cyclic GC)
     assert released(s, lc)
+
+
+async def test_a_chunk_reply_is_body_replys_bytes_whether_its_length_was_seen_or_not() -> None:
+    """The per-chunk path reads ``wire.BODY_HEADS`` itself: the same bytes as ``wire.body_reply``
+    (held to upb's by test_wire), for a length seen before and one that was not."""
+    s, _ = session()
+    s.handle(as_received(req_headers({":path": "/v1/completions"})))
+    s.handle(as_received(req_body(BODY, eos=True)))
+    await s.route()
+    s.handle(as_received(resp_headers({":status": "200", "content-type": "text/event-stream"})))
+    wire.BODY_HEADS[False][False].clear()
+    wire.BODY_HEADS[False][True].clear()
+    for chunk, eos in (
+        (b"data: 1\n\n", False),
+        (b"data: 2\n\n", False),
+        (b"x" * 300, False),
+        (b"x" * 300, True),
+    ):
+        assert s.handle(as_received(resp_body(chunk, eos=eos))) == [wire.body_reply(chunk, eos, False)]
+    s.close()
 
 
 async def test_request_trailers_end_the_body() -> None:

@@ -167,6 +167,17 @@ def test_body_reply_bytes_are_upbs(chunk: bytes, eos: bool, request: bool) -> No
     assert ours == ref.SerializeToString()
 
 
+def test_body_reply_heads_start_again_past_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept wrapper bytes are bounded per (direction, end_of_stream); replies stay upb's."""
+    monkeypatch.setattr(wire, "HEADS_MAX", 3)
+    heads = wire.BODY_HEADS[True][False]
+    heads.clear()
+    for n in range(7):
+        chunk = b"y" * n
+        assert wire.body_reply(chunk, False, True) == ref_body_reply(chunk, False, True).SerializeToString()
+        assert len(heads) <= 3 and n in heads
+
+
 # ---------------------------------------------------------------------------------------------
 # responses: the replies the EPP sends, assembled from wire's pieces
 
@@ -341,3 +352,10 @@ def test_routing_reply_is_headers_reply_at_every_length_around_the_one_byte_limi
         assert wire.routing_reply(options, md) == wire.headers_reply(
             options, request=True, clear_route_cache=True, metadata=md
         )
+        for length in (0, 7, 1234):  # its Content-Length option within the same join
+            assert wire.routing_reply(options, md, length) == wire.headers_reply(
+                options + wire.content_length_option(length),
+                request=True,
+                clear_route_cache=True,
+                metadata=md,
+            )

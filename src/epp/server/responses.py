@@ -6,7 +6,6 @@ upb messages.  Both travel through ``serialize``, the servicer's response serial
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -98,20 +97,30 @@ def routing_headers_response(
     ``envoy.lb`` metadata."""
     if content_length is not None and not extra and not remove and not scores and not breakdown:
         # The usual reply (no extra headers, not explained): from pieces kept per destination.
-        option, md = _destination_pieces(destination)
-        return wire.routing_reply(option + wire.content_length_option(content_length), md)
+        pieces = _DESTINATION_PIECES.get(destination)  # a dict read: an lru_cache hit is ~0.7k
+        if pieces is None:
+            pieces = _destination_pieces(destination)
+        return wire.routing_reply(pieces[0], pieces[1], content_length)
     md = _routing_metadata(destination, scores, breakdown)
     opts = _routing_options(destination, content_length, extra, remove)
     return wire.headers_reply(opts, request=True, clear_route_cache=True, metadata=md)
 
 
-@functools.lru_cache(maxsize=1024)  # pure; destinations repeat (one per endpoint or fallback list)
+# destination -> its header option and ``envoy.lb`` metadata, encoded once (destinations repeat:
+# one per endpoint or fallback list); starts again past ``_DESTINATIONS_MAX``.
+_DESTINATION_PIECES: Final[dict[str, tuple[bytes, bytes]]] = {}
+_DESTINATIONS_MAX: Final = 1024
+
+
 def _destination_pieces(destination: str) -> tuple[bytes, bytes]:
-    """The destination header option and the ``envoy.lb`` metadata for ``destination``, encoded once."""
-    return (
+    """The destination header option and the ``envoy.lb`` metadata for ``destination``, kept."""
+    if len(_DESTINATION_PIECES) >= _DESTINATIONS_MAX:
+        _DESTINATION_PIECES.clear()
+    pieces = _DESTINATION_PIECES[destination] = (
         wire.header_option(DESTINATION_HEADER, destination),
         wire.string_metadata(DESTINATION_NAMESPACE, DESTINATION_HEADER, destination),
     )
+    return pieces
 
 
 def routing_body_response(

@@ -35,7 +35,7 @@ from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.type.v3 import http_status_pb2
 from epp.director.context import RoutingDecision
 from epp.director.director import Director
-from epp.director.lifecycle import Phase, RequestLifecycle
+from epp.director.lifecycle import ROUTED, Phase, RequestLifecycle
 from epp.errors import BadRequest, EppError, Internal, PayloadTooLarge, ResourceExhausted
 from epp.server import responses, wire
 from epp.server.incoming import (
@@ -72,6 +72,9 @@ _EVICTED_REPLY: Final = pb.ProcessingResponse(
         ),
     )
 ).SerializeToString()
+
+# A response chunk's reply bytes before the chunk, by end_of_stream then length (kept by ``wire``).
+_RESPONSE_HEADS: Final = wire.BODY_HEADS[False]
 
 FULL_DUPLEX: Final = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED: Final = mode_pb.ProcessingMode.BUFFERED
@@ -136,12 +139,12 @@ class ExtProcSession:
     __slots__ = (
         "_body",
         "_body_size",
+        "_config",
         "_director",
         "_ended_by_trailers",
         "_evicted",
         "_max_body",
         "_on_close",
-        "_overridable",
         "_tracing",
         "closed",
         "error",
@@ -157,11 +160,12 @@ class ExtProcSession:
     def __init__(
         self,
         director: Director,
-        *,
         max_body_bytes: int = 0,
         tracing: Tracing | None = None,
         on_close: Callable[[], None] | None = None,
     ) -> None:
+        """Positional from the servicer: a class called with keywords packs them into a dict for
+        ``__init__`` (~2k instructions a request)."""
         self._director = director
         self._max_body = max_body_bytes
         self._tracing = tracing or _NO_TRACING
@@ -181,7 +185,9 @@ class ExtProcSession:
         self.writer: UnaskedWriter | None = None
         self.request_mode: int = FULL_DUPLEX
         self.response_mode: int = FULL_DUPLEX
-        self._overridable = False  # whether Envoy honours mode_override here (protocol_config)
+        self._config: ProtocolConfig | None = (
+            None  # the stream's protocol_config (``_skip_response_override``)
+        )
 
     # the transport's two calls ----------------------------------------------------
     def handle(self, msg: Incoming) -> list[responses.Reply]:
@@ -201,8 +207,12 @@ class ExtProcSession:
                     return []
                 metadata = lc.response_metadata if eos else None
                 if self.response_mode == FULL_DUPLEX:
-                    if metadata is None and len(out) <= responses.BODY_CHUNK_LIMIT:
-                        return [wire.body_reply(out, eos, False)]  # the usual chunk: one mutation
+                    n = len(out)
+                    if metadata is None and n <= responses.BODY_CHUNK_LIMIT:  # the usual chunk: one mutation
+                        head = _RESPONSE_HEADS[eos].get(n)  # ``wire.body_reply`` inlined: a call less
+                        if head is not None:
+                            return [b"".join((head, out, wire.EOS)) if eos else head + out]
+                        return [wire.body_reply(out, eos, False)]
                     return responses.streamed_response_body(out, eos, metadata)
                 return [responses.replaced_response_body(out if out is not chunk else None, metadata)]
             if kind == REQUEST_BODY:
@@ -277,7 +287,7 @@ class ExtProcSession:
         if config is not None:
             self.request_mode = config.request_body_mode
             self.response_mode = config.response_body_mode
-            self._overridable = overridable(config)
+            self._config = config
         headers = msg.headers
         assert headers is not None  # a headers message always has its map
         if self._tracing.enabled:
@@ -306,9 +316,11 @@ class ExtProcSession:
 
         Only when nothing in the EPP needs it, and only where Envoy honours it (``overridable``):
         an override Envoy would ignore is bytes for nothing.  Protobuf fields concatenate, so the
-        precomputed field is appended to the reply's bytes.
+        precomputed field is appended to the reply's bytes.  Asked here, not when the config
+        arrives: a FULL_DUPLEX_STREAMED request body (GIE's mode) never gets here.
         """
-        if not self._overridable or lc.response_body_needed:
+        config = self._config
+        if config is None or not overridable(config) or lc.response_body_needed:
             return b""
         return lean_override(self.request_mode, headers=lc.response_headers_needed)
 
@@ -316,7 +328,7 @@ class ExtProcSession:
         lc = self.lifecycle
         if lc is None:
             raise BadRequest("request body received before request headers")
-        if lc.phase >= Phase.ROUTED:  # routed from headers (STREAMED mode): echo
+        if lc.phase >= ROUTED:  # routed from headers (STREAMED mode): echo
             return _echo(msg.body, msg.end_of_stream, self.request_mode, request=True)
         chunk = msg.body
         if chunk:
@@ -354,21 +366,21 @@ class ExtProcSession:
                 self._tracing.end_orchestration(span, target_model=req.target_model, priority=req.priority)
         else:
             decision = await lc.route(body)
-        headers = self._upstream_headers(decision)
+        headers = decision.headers if self.trace is None else self._upstream_headers(decision)
         out_body = decision.body if decision.body is not None else body
         if self.request_mode == FULL_DUPLEX:
-            out: list[responses.Reply] = [
-                responses.routing_headers_response(
-                    decision.destination,
-                    len(out_body),
-                    headers,
-                    decision.scores,
-                    decision.remove_headers,
-                    decision.breakdown,
-                )
-            ]
-            out.extend(responses.streamed_body(out_body, request=True, end_of_stream=end_of_stream))
-            return out
+            n = len(out_body)
+            reply = responses.routing_headers_response(
+                decision.destination,
+                n,
+                headers,
+                decision.scores,
+                decision.remove_headers,
+                decision.breakdown,
+            )
+            if n <= responses.BODY_CHUNK_LIMIT:  # the usual body: one mutation, no list to extend
+                return [reply, wire.body_reply(out_body, end_of_stream, True)]
+            return [reply, *responses.streamed_body(out_body, request=True, end_of_stream=end_of_stream)]
         changed = decision.body_changed
         return [
             responses.routing_body_response(

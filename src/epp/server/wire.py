@@ -65,15 +65,39 @@ def headers_reply(options: bytes, *, request: bool, clear_route_cache: bool, met
     return field(b"\x0a" if request else b"\x12", field(b"\x0a", common)) + metadata
 
 
-def routing_reply(options: bytes, metadata: bytes) -> bytes:
+def routing_reply(options: bytes, metadata: bytes, content_length: int = -1) -> bytes:
     """``headers_reply(options, request=True, clear_route_cache=True, metadata=metadata)`` with the
-    lengths computed instead of three nested ``field`` calls: the reply that routes every request."""
-    n = len(options)
+    lengths computed instead of three nested ``field`` calls: the reply that routes every request.
+
+    ``content_length`` >= 0 appends its header option (``content_length_option``) within the same
+    join: the reply in one allocation, where the option's own call and three concatenations cost
+    ~4k instructions a request more.
+    """
+    if content_length >= 0:
+        digits = str(content_length).encode()
+        length_head = _CONTENT_LENGTH_HEADS[len(digits)]
+        n = len(options) + len(length_head) + len(digits)
+    else:
+        digits = length_head = b""
+        n = len(options)
     if n < 0x7A:  # every length below fits one byte (the usual reply, ~100 bytes): no varint calls
         small = _SMALL_VARINTS
-        return b"".join((b"\x0a", small[n + 6], b"\x0a", small[n + 4], b"\x12", small[n], options)) + (
-            b"\x28\x01" + metadata
+        return b"".join(
+            (
+                b"\x0a",
+                small[n + 6],
+                b"\x0a",
+                small[n + 4],
+                b"\x12",
+                small[n],
+                options,
+                length_head,
+                digits,
+                b"\x28\x01",
+                metadata,
+            )
         )
+    options += length_head + digits
     common = 1 + len(varint(n)) + n + 2  # header_mutation, then clear_route_cache
     return b"".join(
         (
@@ -118,7 +142,13 @@ def remove_options(keys: Iterable[str]) -> bytes:
     return b"".join(field(b"\x12", k.encode()) for k in keys)
 
 
-_EOS: Final = b"\x10\x01"  # StreamedBodyResponse.end_of_stream = true
+EOS: Final = b"\x10\x01"  # StreamedBodyResponse.end_of_stream = true
+# The wrapper bytes before a body reply's chunk, by direction (request) and end_of_stream, then by
+# the chunk's length: a plain dict read, so the session's per-chunk path takes them without a call
+# (``body_reply`` inlined; an ``lru_cache`` hit alone is ~1.2k instructions, the call ~0.5k).
+# Filled by ``body_reply``; each dict starts again past ``HEADS_MAX`` lengths.
+BODY_HEADS: Final[tuple[tuple[dict[int, bytes], dict[int, bytes]], ...]] = (({}, {}), ({}, {}))
+HEADS_MAX: Final = 4096
 
 
 def body_reply(chunk: bytes, eos: bool, request: bool) -> bytes:
@@ -126,15 +156,22 @@ def body_reply(chunk: bytes, eos: bool, request: bool) -> bytes:
     body_mutation: BodyMutation{streamed_response: {body, end_of_stream}}}}}.
 
     The hottest message of a streamed response: the wrapper bytes depend only on
-    (length, eos, direction) and are cached, so a reply is a lookup and a concatenation.
+    (length, eos, direction) and are kept (``BODY_HEADS``), so a reply is a lookup and a
+    concatenation.
     """
-    prefix = _body_prefix(len(chunk), eos, request)
-    return prefix + chunk + _EOS if eos else prefix + chunk
+    n = len(chunk)
+    heads = BODY_HEADS[request][eos]
+    head = heads.get(n)
+    if head is None:
+        if len(heads) >= HEADS_MAX:
+            heads.clear()
+        head = heads[n] = _body_head(n, eos, request)
+    return b"".join((head, chunk, EOS)) if eos else head + chunk  # a join: one allocation, not two
 
 
-@functools.lru_cache(maxsize=4096)  # pure: the wrapper bytes of a (length, eos, direction)
-def _body_prefix(n: int, eos: bool, request: bool) -> bytes:
-    sbr_len = (1 + len(varint(n)) + n if n else 0) + (len(_EOS) if eos else 0)
+def _body_head(n: int, eos: bool, request: bool) -> bytes:
+    """The wrapper bytes of a body reply whose chunk has ``n`` bytes (``body_reply``)."""
+    sbr_len = (1 + len(varint(n)) + n if n else 0) + (len(EOS) if eos else 0)
     bm_len = 1 + len(varint(sbr_len)) + sbr_len  # BodyMutation.streamed_response
     cr_len = 1 + len(varint(bm_len)) + bm_len  # CommonResponse.body_mutation
     br_len = 1 + len(varint(cr_len)) + cr_len  # BodyResponse.response
