@@ -93,6 +93,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -101,6 +102,7 @@ import signal
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -148,6 +150,9 @@ class Settings:
     workers_connections: int
     faults_rate: float
     quality_repeats: int = 3  # runs of each quality cell (the medians' sample)
+    # crossReplicaSyncInterval of the uncrowded cells (replica 0 and its replayed peers), seconds;
+    # 0: the hub's default coalescing (``--sync-interval``: the staleness a longer gap costs)
+    sync_interval: float = 0.0
 
 
 # The quality part runs llm-d's sizing (bench/prefix_routing's judged profile) in both modes.
@@ -536,6 +541,11 @@ async def uncrowded_cell(
     cell reads what the replayer's CPU alone costs replica 0 on this 2-core machine (crowding
     that separate nodes would not have), which the sync cell's figure also carries."""
     rate = st.cost_rate if rate is None else rate
+    with tempfile.TemporaryDirectory(prefix="bench-scaleout-") as tmp:
+        return await _uncrowded_cell(n, st, rate, sync, tmp)
+
+
+async def _uncrowded_cell(n: int, st: Settings, rate: float, sync: bool, tmp: str) -> dict[str, Any]:
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
         pool = Ports()
         ports = [pool.one(pair=True) for _ in range(n)]
@@ -550,16 +560,19 @@ async def uncrowded_cell(
             f"--model={MODEL}",
             f"--rate={rate}",
             f"--seconds={st.cost_seconds}",
+            f"--interval={st.sync_interval}",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
         assert peers.stdin is not None
         assert peers.stdout is not None
+        # with an interval the control (sync off) reads the same llm-d config: the pair differs in the sync
+        config = CONFIG if st.sync_interval <= 0 else interval_config(Path(tmp), st.sync_interval)
         e0 = epp(
             pool,
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
-            f"--config-file={CONFIG}",
+            f"--config-file={config}",
             *(peer_args(0, ports) if sync else ()),
         )
         try:
@@ -599,6 +612,17 @@ async def uncrowded_cell(
         "replayer_cores": rnd(replayer_cpu / st.cost_seconds, 2),
         "replayed_sent_per_request": rnd(replayed["batches_sent"] / max(1, replayed["requests"]), 2),
     }
+
+
+def interval_config(directory: Path, interval: float) -> Path:
+    """``CONFIG`` as llm-d-router's config (its apiVersion: ``dataLayer`` needs no sources there)
+    with ``dataLayer.crossReplicaSyncInterval``, written in ``directory``."""
+    text = CONFIG.read_text().replace(
+        "apiVersion: inference.networking.x-k8s.io/v1alpha1", "apiVersion: llm-d.ai/v1alpha1"
+    )
+    path = directory / "interval.yaml"
+    path.write_text(text + f"dataLayer:\n  crossReplicaSyncInterval: {interval * 1000:g}ms\n")
+    return path
 
 
 async def measured(e0: EppProcess, load: Callable[[], Awaitable[list[xc.Stats]]]) -> dict[str, Any]:
@@ -750,6 +774,7 @@ async def busy(st: Settings) -> dict[str, Any]:
     c1 = first["cpu_us_per_request"]
     return {
         "rate": BUSY_RATE,
+        "sync_interval_s": st.sync_interval,
         "alone": first,
         **uncrowded_summary(c1, replayed),
         **crowding_summary(c1, replayed, beside),
@@ -1327,12 +1352,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scaleout", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--part", default=",".join(PARTS))
+    ap.add_argument(
+        "--sync-interval",
+        type=float,
+        default=0.0,
+        help="crossReplicaSyncInterval (seconds) of the uncrowded cells; 0: the hub's default coalescing",
+    )
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
     if unknown:
         ap.error(f"unknown parts: {', '.join(sorted(unknown))}")
-    st = QUICK if args.quick else FULL
+    st = dataclasses.replace(QUICK if args.quick else FULL, sync_interval=args.sync_interval)
     doc = uvloop.run(run(parts, st))
     doc = keep_other_parts(doc, parts)
     path = write_result("scaleout", doc, mode="quick" if args.quick else "full", seeds=SEEDS)

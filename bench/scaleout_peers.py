@@ -108,7 +108,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     hubs: list[SyncHub] = []
     for i, (port, app) in enumerate(zip(ports, apps, strict=True), start=1):
         hub = SyncHub(
-            f"bench-{i}", ZmqTransport("127.0.0.1", port, context=ctx), warm_start_timeout=WARM_START
+            f"bench-{i}",
+            ZmqTransport("127.0.0.1", port, context=ctx),
+            interval=args.interval,
+            warm_start_timeout=WARM_START,
         )
         hub.bind(app.components.plugins.values())
         hub.transport.bind()
@@ -162,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="mock-model")
     ap.add_argument("--rate", type=float, required=True, help="requests a second per replayed peer")
     ap.add_argument("--seconds", type=float, required=True)
+    ap.add_argument(
+        "--interval",
+        type=float,
+        default=0.0,
+        help="crossReplicaSyncInterval in seconds (0: the hub's default gap)",
+    )
     args = ap.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout is the protocol
     print(json.dumps(uvloop.run(run(args))), flush=True)

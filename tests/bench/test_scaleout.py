@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import extproc_client as xc
 from bench.scaleout import (
+    CONFIG,
     QUICK,
     QueueSampler,
     crowding_summary,
     dedicated_ratio,
     histogram_quantile,
+    interval_config,
     median_cell,
     peer_args,
     sample_sum,
@@ -21,6 +24,7 @@ from bench.scaleout import (
     uncrowded_cell,
     uncrowded_summary,
 )
+from epp.config.load import load_config
 from epp_sim.demo.procs import EppProcess, SimFleet
 from tests.e2e.conftest import QUICK_STOP
 
@@ -203,6 +207,30 @@ def test_the_sync_s_own_cost_is_each_round_s_synced_cell_less_its_control() -> N
         "2": None,
         "4": None,
     }
+
+
+def test_an_interval_cell_reads_the_same_plugins_with_llm_d_s_sync_interval(tmp_path: Path) -> None:
+    """``--sync-interval``: replica 0's config is CONFIG in llm-d-router's layout (whose
+    ``dataLayer`` needs no sources) with ``crossReplicaSyncInterval`` set, the same plugins and
+    profiles."""
+    config = load_config(interval_config(tmp_path, 0.006).read_text())
+    base = load_config(CONFIG.read_text())
+    assert config.data_layer is not None and config.data_layer.cross_replica_sync_interval == 0.006
+    assert [p.type for p in base.plugins] == [p.type for p in config.plugins][: len(base.plugins)]
+    assert config.scheduling_profiles == base.scheduling_profiles
+
+
+@pytest.mark.e2e
+async def test_an_interval_cell_caps_both_sides_batches_at_one_an_interval() -> None:
+    """With ``sync_interval`` 20 ms at 200 requests a second, replica 0 and its replayed peer each
+    send at most one batch per interval (a quarter of a batch a request; without it a request
+    this far from the next is a batch of its own), and replica 0 still applies the peer's."""
+    st = dataclasses.replace(QUICK, cost_seconds=1.5, sync_interval=0.02)
+    cell = await uncrowded_cell(2, st, rate=200.0)
+    assert cell["routed"] == 300 and cell["failed"] == 0
+    assert cell["sent_per_request"] is not None and 0.1 <= cell["sent_per_request"] <= 0.3
+    assert cell["replayed_sent_per_request"] is not None and cell["replayed_sent_per_request"] <= 0.3
+    assert cell["received_per_request"] is not None and cell["received_per_request"] >= 0.1
 
 
 @pytest.mark.e2e
