@@ -33,14 +33,20 @@ def log(msg: str) -> None:
     print(f"[{int(el // 60):02d}:{el % 60:04.1f}] {msg}", flush=True)
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), in seconds; 0 when it is gone."""
+def cpu_split(pid: int) -> tuple[float, float]:
+    """utime and stime of a process (all its threads), in seconds; zeros when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14 and 15 of stat(5)
+        return 0.0, 0.0
+    return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS  # fields 14 and 15 of stat(5)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds; 0 when it is gone."""
+    user, system = cpu_split(pid)
+    return user + system
 
 
 class CpuMeter:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,8 +32,9 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from bench import extproc_client as xc
-from bench.common import Child, log, python_module, rnd, write_result
-from epp_sim.demo.procs import SimFleet, free_ports
+from bench.common import Child, cpu_split, log, python_module, rnd, write_result
+from bench.instructions import total_ir
+from epp_sim.demo.procs import EppProcess, SimFleet
 
 CONFIGS: Final = {
     "default": None,
@@ -44,24 +44,12 @@ FLOOR: Final = "floor"
 CONCURRENCY: Final = 16  # streams open at once, over two connections
 WARMUP_S: Final = 3.0
 IDLE_S: Final = 5.0  # part --callgrind: the idle window's length
-_TICK: Final = os.sysconf("SC_CLK_TCK")
 T = TypeVar("T")
 
 
-def cpu_split(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of every thread of ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
-
-
 def callgrind_total(paths: Sequence[Path]) -> int:
-    """The instructions of one dump: the sum of its threads' files' ``totals:`` lines."""
-    total = 0
-    for path in paths:
-        for line in path.read_text().splitlines():
-            if line.startswith("totals:"):
-                total += int(line.split()[1])
-    return total
+    """The instructions of one dump: the sum of its threads' files (``--separate-threads``)."""
+    return sum(map(total_ir, paths))
 
 
 class Server:
@@ -87,22 +75,14 @@ class Server:
                 "bench.noop_extproc", "--upstreams", ",".join(upstreams), "--transport", "h2"
             )
         else:
-            self.port, health, metrics = free_ports(3)
-            argv = python_module(
-                "epp",
-                f"--grpc-port={self.port}",
-                f"--grpc-health-port={health}",
-                f"--metrics-port={metrics}",
-                "--secure-serving=false",
-                "--tracing=false",
-                "--metrics-endpoint-auth=false",
-                "--workers=1",
-                f"--endpoints={','.join(upstreams)}",
-                "--bind-address=127.0.0.1",
-            )
             config = CONFIGS[name]
-            if config is not None:
-                argv.append(f"--config-file={config}")
+            extra = [f"--config-file={config}"] if config is not None else []
+            # the tests' and benches' EPP (its ports and flags), run here as ``python -m epp`` so
+            # that valgrind can be put in front of the interpreter
+            epp = EppProcess(f"--endpoints={','.join(upstreams)}", "--bind-address=127.0.0.1", *extra)
+            epp.cleanup()  # its log directory: this process logs through ``Child``
+            self.port = epp.grpc_port
+            argv = [*python_module("epp"), *epp.argv()[1:]]
         self.child = Child(f"live-{name}", [*prefix, *argv])
 
     async def __aenter__(self) -> Server:
