@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import pytest
 
 from epp.datalayer.api import Endpoint
 from epp.director.lifecycle import Phase, RequestLifecycle
+from epp.director.response import ResponseSide
 from epp.errors import Internal, ServiceUnavailable
+from epp.plugin.base import TypedName
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo
 from tests.director.test_director import Hooks, body, director, metric
@@ -252,3 +257,85 @@ async def test_headers_a_hook_leaves_as_they_were_are_not_reported_as_added() ->
     lc = await routed("lc-readonly", _ReadOnlyHooks())
     assert lc.response_headers(dict(SSE), end_of_stream=False) == []
     lc.close()
+
+
+class EveryChunk:
+    """A response body hook that records each call: (its name, the chunk, end of stream)."""
+
+    TYPE: ClassVar[str] = "every-chunk"
+
+    def __init__(self, name: str, calls: list[tuple[str, bytes, bool]]) -> None:
+        self.typed_name = TypedName(self.TYPE, name)
+        self.calls = calls
+
+    def response_body(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        resp: ResponseInfo,
+        chunk: bytes,
+        t: Endpoint | None,
+    ) -> None:
+        self.calls.append((self.typed_name.name, chunk, resp.end_of_stream))
+
+
+class FirstByte(EveryChunk):
+    """The same, declaring that it acts on the first body byte only."""
+
+    TYPE: ClassVar[str] = "first-byte"
+    FIRST_BYTE_ONLY: ClassVar[bool] = True
+
+
+async def body_hooks(
+    calls: list[tuple[str, bytes, bool]],
+) -> RequestLifecycle:
+    """A routed request whose pipeline has a first-byte hook between two every-chunk hooks."""
+    d, ds = director()
+    pipe = dataclasses.replace(
+        d._pipeline,
+        response_body=(EveryChunk("a", calls), FirstByte("first", calls), EveryChunk("b", calls)),  # type: ignore[arg-type]
+    )
+    d._pipeline = pipe
+    d.responses = ResponseSide(ds, pipe)
+    lc = d.start({}, {})
+    await lc.route(body("lc-first-byte"))
+    lc.response_headers(dict(SSE), end_of_stream=False)
+    return lc
+
+
+async def test_a_first_byte_hook_sees_chunks_up_to_the_first_byte_in_its_place() -> None:
+    """FIRST_BYTE_ONLY: called for empty chunks and the first non-empty one, in its configured
+    place, then no more; the others see every chunk."""
+    calls: list[tuple[str, bytes, bool]] = []
+    lc = await body_hooks(calls)
+    for chunk, eos in ((b"", False), (b"x", False), (b"y", False), (b"z", True)):
+        lc.response_chunk(chunk, eos)
+    assert calls == [
+        ("a", b"", False),
+        ("first", b"", False),
+        ("b", b"", False),
+        ("a", b"x", False),
+        ("first", b"x", False),
+        ("b", b"x", False),
+        ("a", b"y", False),
+        ("b", b"y", False),
+        ("a", b"z", True),
+        ("b", b"z", True),
+    ]
+    lc.close()
+
+
+async def test_a_first_byte_hook_sees_the_end_of_a_bodiless_response() -> None:
+    calls: list[tuple[str, bytes, bool]] = []
+    lc = await body_hooks(calls)
+    lc.response_chunk(b"", True)
+    assert calls == [("a", b"", True), ("first", b"", True), ("b", b"", True)]
+    lc.close()
+
+
+def test_the_first_byte_plugins_declare_it() -> None:
+    """The two built-in hooks that only release work at the first byte skip the chunks after it."""
+    from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
+    from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
+
+    assert PrefillLoadScorer.FIRST_BYTE_ONLY and PrecisePrefixCacheScorer.FIRST_BYTE_ONLY

@@ -136,7 +136,14 @@ class ResponseHeaderProcessor(Plugin, Protocol):
 @runtime_checkable
 class ResponseBodyProcessor(Plugin, Protocol):
     """Sees every response body chunk.  Only plugins that need the bytes should be one:
-    when no configured plugin is, the EPP may skip response bodies altogether."""
+    when no configured plugin is, the EPP may skip response bodies altogether.
+
+    A plugin whose class sets ``FIRST_BYTE_ONLY = True`` acts on the first body byte only (a
+    prefill is done): it is called, in its place among the others, until the first non-empty
+    chunk (or the end of a bodiless response) has been handed to it, and not for the chunks
+    after, which would each cost it a call and two clock reads for nothing (the response side
+    reads the flag once, when the pipeline is built; it is not part of the protocol).
+    """
 
     def response_body(
         self,

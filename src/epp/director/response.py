@@ -41,6 +41,7 @@ class ResponseSide:
         "_done_timers",
         "_ds",
         "_hdr_timers",
+        "_later_body_timers",
         "_notify",
         "_p",
         "_running",
@@ -63,6 +64,11 @@ class ResponseSide:
         )
         self._body_timers = tuple(
             (p, plugin_timer("ResponseStreaming", p).observe) for p in pipeline.response_body
+        )
+        # After the first body byte: the same hooks less those that act on it only
+        # (``FIRST_BYTE_ONLY``, api.ResponseBodyProcessor), in the same order.
+        self._later_body_timers = tuple(
+            t for t in self._body_timers if not getattr(t[0], "FIRST_BYTE_ONLY", False)
         )
         self._done_timers = tuple(
             (p, plugin_timer("ResponseStreaming", p).observe) for p in pipeline.response_complete
@@ -146,6 +152,8 @@ class ResponseSide:
         resp = ctx.response
         if resp is None:  # a body without headers: be lenient
             resp = ctx.response = ResponseInfo(request_id=ctx.request.request_id)
+        # until the first byte has been handed to the hooks, all of them; then not the first-byte ones
+        timers = self._later_body_timers if resp.first_chunk_at else self._body_timers
         if chunk:
             if not resp.first_chunk_at:
                 now = resp.first_chunk_at = monotonic()
@@ -171,7 +179,7 @@ class ResponseSide:
                 resp.usage = usage
         if end_of_stream:
             resp.end_of_stream = True
-        for plugin, observe in self._body_timers:
+        for plugin, observe in timers:
             t0 = perf_counter()
             plugin.response_body(ctx.state, ctx.request, resp, chunk, ctx.target)
             observe(perf_counter() - t0)

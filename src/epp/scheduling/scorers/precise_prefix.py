@@ -180,6 +180,8 @@ class PrecisePrefixCacheScorer(PluginBase):
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
     # after a token-producer, if one is configured: its ids are on the body and used as they are
     READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({TOKENIZED_PROMPT})
+    # its response hook marks the prefill done at the first body byte and does nothing after
+    FIRST_BYTE_ONLY: ClassVar[bool] = True
 
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name, params, handle)

@@ -59,6 +59,8 @@ class PrefillLoadScorer(PluginBase):
     BOUNDED: ClassVar[bool] = True
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
     READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
+    # its response hook releases the backlog at the first body byte and does nothing after
+    FIRST_BYTE_ONLY: ClassVar[bool] = True
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
         super().__init__(name, params, handle)
