@@ -435,3 +435,54 @@ def test_nan_scores_and_partials_keep_their_bits() -> None:
     got = plan.totals(eps, [math.nan, -0.0], [[0.5, -0.0]], {}, {}, {}, {}, 0)
     assert got is not None
     assert bits(got) == bits([math.nan + 0.5 * 2.0, -0.0 + -0.0 * 2.0])
+
+
+class Info:
+    """A slots class like PrefixMatchInfo, to change under the kernel (its slot reads are cached)."""
+
+    __slots__ = ("block_size_tokens", "match_blocks", "total_blocks")
+
+    def __init__(self, match: int, total: int, size: int) -> None:
+        self.match_blocks, self.total_blocks, self.block_size_tokens = match, total, size
+
+
+def test_a_class_changed_under_the_kernel_is_read_as_python_reads_it() -> None:
+    """Slot reads are cached per type and version tag: a class changed after the kernel read it
+    (a slot replaced by a property, a ``__getattr__`` added, a subclass) is read anew."""
+    eps = [endpoint(0), endpoint(1)]
+    infos: dict[Hashable, Any] = {eps[0]: Info(1, 4, 16), eps[1]: Info(2, 4, 16)}
+    plan = native().Plan([(kernel.PREFIX, 0, 1.0, 0.0), (kernel.PREFILL, 0, 1.0, 0.0)])
+
+    def python() -> list[float]:
+        case = Case(eps, CycleState(), request(), [], None, [], {})
+        case.state.set_attributes(PREFIX_MATCH, infos)
+        case.req.prompt_token_count = 64
+        case.ops = [(kernel.PREFIX, 0, 1.0, 0.0), (kernel.PREFILL, 0, 1.0, 0.0)]
+        return case.python()
+
+    def c() -> list[float] | None:
+        totals: list[float] | None = plan.totals(eps, None, [], infos, {}, infos, {}, 64)
+        return totals
+
+    assert c() == python() == [0.25 + 0.0, 0.5 + 1.0]  # prefix, then prefill: 48 and 32 uncached
+    slot = Info.__dict__["match_blocks"]
+    try:
+        setattr(Info, "match_blocks", property(lambda self: 3))  # noqa: B010 - mypy: a slot's name
+        assert c() == python() == [0.75 + 1.0, 0.75 + 1.0]  # all equal estimates
+    finally:
+        setattr(Info, "match_blocks", slot)  # noqa: B010
+    assert c() == python() == [0.25 + 0.0, 0.5 + 1.0]
+
+    class Sub(Info):
+        __slots__ = ()
+
+        def __getattribute__(self, name: str) -> Any:
+            return 8 if name == "total_blocks" else super().__getattribute__(name)
+
+    infos[eps[1]] = Sub(2, 4, 16)
+    assert c() == python() == [0.25 + 0.0, 0.25 + 1.0]
+    del infos[eps[1]].match_blocks
+    with pytest.raises(AttributeError):
+        c()
+    with pytest.raises(AttributeError):
+        python()

@@ -41,6 +41,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <structmember.h> /* T_OBJECT_EX, PY_AUDIT_READ */
 
 enum { OP_CACHED = 0, OP_PREFIX = 1, OP_TOKEN = 2, OP_PREFILL = 3, OP_KINDS = 4 };
 
@@ -60,15 +61,66 @@ typedef struct {
     Op *ops;
 } Plan;
 
-/* Interned attribute names. */
-static PyObject *s_match_blocks, *s_total_blocks, *s_block_size_tokens, *s_tokens, *s_metadata, *s_name;
+/* An attribute read by name (interned), and where the last type it was read from keeps it.
+ *
+ * ``obj.name`` is a generic attribute lookup: the type's MRO (``_PyType_Lookup``, through the
+ * method cache), then the data descriptor found there called.  For a ``__slots__`` member (the
+ * frozen slots dataclasses PrefixMatchInfo, InFlightLoad and EndpointMetadata, the Endpoint
+ * class) that descriptor reads a pointer at a fixed offset of the instance (``member_get``, a
+ * ``T_OBJECT_EX`` member: AttributeError when unset).  So once a type's lookup found such a
+ * member, its reads are that pointer read, as long as the lookup would find the same thing:
+ *
+ *   - the instance's type is the one looked up (``Py_TYPE(obj) == type``), whose attribute
+ *     lookup is the generic one (``tp_getattro == PyObject_GenericGetAttr``: no
+ *     ``__getattribute__`` or ``__getattr__``), and
+ *   - neither it nor a base changed since: its version tag is the one taken at the lookup and
+ *     still valid (CPython invalidates a type's tag, and its subclasses', whenever an attribute
+ *     of it is set or deleted, or its bases change; tags are never reused), and
+ *   - a data descriptor wins over the instance ``__dict__`` (and slots types have none).
+ *
+ * Otherwise (or for an unset slot, to raise the same AttributeError) the generic lookup runs,
+ * and the cache follows the new type.  tests/scheduling/test_kernel.py changes a class under
+ * the kernel. */
+typedef struct {
+    PyObject *name;     /* interned */
+    PyTypeObject *type; /* borrowed: only compared, with its tag (a new type never gets an old tag) */
+    unsigned int tag;
+    Py_ssize_t offset;
+} Attr;
+
+static Attr a_match_blocks, a_total_blocks, a_block_size_tokens, a_tokens, a_metadata, a_name;
+
+static void attr_learn(PyTypeObject *tp, Attr *a) {
+    a->type = NULL;
+    if (tp->tp_getattro != PyObject_GenericGetAttr) return;
+    PyObject *descr = _PyType_Lookup(tp, a->name); /* borrowed; gives the type a valid tag */
+    if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) return;
+    PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & PY_AUDIT_READ)) return;
+    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return;
+    a->type = tp;
+    a->tag = tp->tp_version_tag;
+    a->offset = m->offset;
+}
+
+/* ``obj.<a->name>``, a new reference (NULL: raised). */
+static inline PyObject *attr_get(PyObject *obj, Attr *a) {
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp == a->type && tp->tp_version_tag == a->tag && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        PyObject *v = *(PyObject **)((char *)obj + a->offset);
+        if (v != NULL) return Py_NewRef(v);
+    } else {
+        attr_learn(tp, a);
+    }
+    return PyObject_GetAttr(obj, a->name);
+}
 
 /* The outcome of reading one value: OK, NOFIT (the Python path must decide), ERR (raised). */
 enum { OK = 0, NOFIT = 1, ERR = -1 };
 
 /* ``obj.name`` as a long long; NOFIT when it is not an exact int or does not fit. */
-static int get_ll(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+static int get_ll(PyObject *obj, Attr *name, long long *out) {
+    PyObject *v = attr_get(obj, name);
     if (v == NULL) return ERR;
     if (!PyLong_CheckExact(v)) {
         Py_DECREF(v);
@@ -131,10 +183,10 @@ static int prefix_scores(PyObject **eps, Py_ssize_t n, PyObject *infos, double *
         }
         Py_INCREF(info);
         long long total, match;
-        int rc = get_ll(info, s_total_blocks, &total);
+        int rc = get_ll(info, &a_total_blocks, &total);
         double s = 0.0;
         if (rc == OK && total > 0) {
-            rc = get_ll(info, s_match_blocks, &match);
+            rc = get_ll(info, &a_match_blocks, &match);
             if (rc == OK) {
                 if (!exact_double(total) || !exact_double(match)) {
                     rc = NOFIT;
@@ -175,7 +227,7 @@ static int token_scores(PyObject **eps, Py_ssize_t n, PyObject *loads, double ca
         }
         Py_INCREF(load);
         long long t;
-        int rc = get_ll(load, s_tokens, &t);
+        int rc = get_ll(load, &a_tokens, &t);
         Py_DECREF(load);
         if (rc != OK) return rc;
         if (t <= 0) {
@@ -199,17 +251,17 @@ static int prefill_estimate(PyObject *ep, PyObject *infos, PyObject *backlog, in
     } else {
         Py_INCREF(info);
         long long match, size, cached;
-        int rc = get_ll(info, s_match_blocks, &match);
-        if (rc == OK) rc = get_ll(info, s_block_size_tokens, &size);
+        int rc = get_ll(info, &a_match_blocks, &match);
+        if (rc == OK) rc = get_ll(info, &a_block_size_tokens, &size);
         Py_DECREF(info);
         if (rc != OK) return rc;
         if (__builtin_mul_overflow(match, size, &cached) || __builtin_sub_overflow(prompt, cached, &u)) return NOFIT;
     }
     long long e = u > 0 ? u : 0;
     if (pending) { /* ``backlog.get(ep.metadata.name, 0)`` */
-        PyObject *meta = PyObject_GetAttr(ep, s_metadata);
+        PyObject *meta = attr_get(ep, &a_metadata);
         if (meta == NULL) return ERR;
-        PyObject *name = PyObject_GetAttr(meta, s_name);
+        PyObject *name = attr_get(meta, &a_name);
         Py_DECREF(meta);
         if (name == NULL) return ERR;
         PyObject *b = PyDict_GetItemWithError(backlog, name);
@@ -456,17 +508,17 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__kernel(void) {
     struct {
-        PyObject **slot;
+        Attr *attr;
         const char *text;
     } names[] = {
-        {&s_match_blocks, "match_blocks"}, {&s_total_blocks, "total_blocks"},
-        {&s_block_size_tokens, "block_size_tokens"}, {&s_tokens, "tokens"},
-        {&s_metadata, "metadata"}, {&s_name, "name"},
+        {&a_match_blocks, "match_blocks"}, {&a_total_blocks, "total_blocks"},
+        {&a_block_size_tokens, "block_size_tokens"}, {&a_tokens, "tokens"},
+        {&a_metadata, "metadata"}, {&a_name, "name"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (*names[i].slot == NULL) {
-            *names[i].slot = PyUnicode_InternFromString(names[i].text);
-            if (*names[i].slot == NULL) return NULL;
+        if (names[i].attr->name == NULL) {
+            names[i].attr->name = PyUnicode_InternFromString(names[i].text);
+            if (names[i].attr->name == NULL) return NULL;
         }
     }
     if (PyType_Ready(&PlanType) < 0) return NULL;
