@@ -128,7 +128,6 @@ class Case:
     def c(self, eps: Sequence[Endpoint] | None = None) -> list[float] | None:
         prompt = self.req.prompt_token_count
         state = self.state
-        matches = state.attributes(PRECISE_PREFIX_MATCH) or state.attributes(PREFIX_MATCH)
         totals: list[float] | None = (
             native()
             .Plan(self.ops)
@@ -138,7 +137,7 @@ class Case:
                 self.cached,
                 state.attributes(PREFIX_MATCH),
                 state.attributes(INFLIGHT_LOAD),
-                matches,
+                state.attributes(PRECISE_PREFIX_MATCH),  # taken over PREFIX_MATCH when not empty
                 self.backlog,
                 prompt,
             )

@@ -313,7 +313,9 @@ static int prefill_scores(PyObject **eps, Py_ssize_t n, PyObject *infos, PyObjec
     return OK;
 }
 
-/* Plan.totals(eps, partial, cached, prefix_infos, loads, prefill_infos, backlog, prompt) */
+/* Plan.totals(eps, partial, cached, prefix_infos, loads, precise_infos, backlog, prompt): the
+ * prefill scorer reads ``precise_infos`` when it is not empty, else ``prefix_infos`` (its
+ * ``attributes(PRECISE_PREFIX_MATCH) or attributes(PREFIX_MATCH)``). */
 static PyObject *plan_totals(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_Format(PyExc_TypeError, "totals() takes 8 arguments (%zd given)", nargs);
@@ -337,8 +339,10 @@ static PyObject *plan_totals(Plan *self, PyObject *const *args, Py_ssize_t nargs
     if (needs[OP_PREFIX] && !PyDict_CheckExact(prefix)) Py_RETURN_NONE;
     if (needs[OP_TOKEN] && !PyDict_CheckExact(loads)) Py_RETURN_NONE;
     if (needs[OP_PREFILL]) {
-        if (!PyDict_CheckExact(prefill) || !PyDict_CheckExact(backlog) || !PyLong_CheckExact(prompt_obj))
+        if (!PyDict_CheckExact(prefill) || !PyDict_CheckExact(prefix) || !PyDict_CheckExact(backlog) ||
+            !PyLong_CheckExact(prompt_obj))
             Py_RETURN_NONE;
+        if (PyDict_GET_SIZE(prefill) == 0) prefill = prefix; /* ``precise or approximate`` */
         int overflow = 0;
         prompt = PyLong_AsLongLongAndOverflow(prompt_obj, &overflow);
         if (overflow) Py_RETURN_NONE;
@@ -484,7 +488,7 @@ static PyObject *plan_len(Plan *self, PyObject *Py_UNUSED(ignored)) { return PyL
 
 static PyMethodDef plan_methods[] = {
     {"totals", (PyCFunction)(void (*)(void))plan_totals, METH_FASTCALL,
-     "totals(eps, partial, cached, prefix_infos, loads, prefill_infos, backlog, prompt) -> list[float] | None:\n"
+     "totals(eps, partial, cached, prefix_infos, loads, precise_infos, backlog, prompt) -> list[float] | None:\n"
      "every endpoint's weighted total, or None when the Python path must decide."},
     {"ops", (PyCFunction)plan_len, METH_NOARGS, "ops() -> int: how many ops the plan runs."},
     {NULL, NULL, 0, NULL},

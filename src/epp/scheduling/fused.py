@@ -255,28 +255,36 @@ class FusedPlan:
             cached = cache.scores
         plan = self._kernel
         if plan is not None:
+            # The scorers' inputs, read as they read them (``state.attributes`` called, not bound:
+            # a bound method is an allocation); the kernel takes the precise matches over the
+            # approximate ones when there are any, as ``prefill-load-scorer`` does.
             t0 = perf_counter()
-            attributes = state.attributes
             prefill = self._kernel_prefill
             if prefill is None:
-                matches = backlog = None
-                prompt = 0
+                totals: list[float] | None = plan.totals(
+                    eps,
+                    partial,
+                    cached,
+                    state.attributes(PREFIX_MATCH),
+                    state.attributes(INFLIGHT_LOAD) if self._kernel_loads else None,
+                    None,
+                    None,
+                    0,
+                )
             else:
-                matches = attributes(PRECISE_PREFIX_MATCH) or attributes(PREFIX_MATCH)
-                backlog = prefill._backlog
                 prompt = request.prompt_token_count
                 if prompt < 0:
                     prompt = prompt_tokens(request)
-            totals: list[float] | None = plan.totals(
-                eps,
-                partial,
-                cached,
-                attributes(PREFIX_MATCH),
-                attributes(INFLIGHT_LOAD) if self._kernel_loads else None,
-                matches,
-                backlog,
-                prompt,
-            )
+                totals = plan.totals(
+                    eps,
+                    partial,
+                    cached,
+                    state.attributes(PREFIX_MATCH),
+                    state.attributes(INFLIGHT_LOAD) if self._kernel_loads else None,
+                    state.attributes(PRECISE_PREFIX_MATCH),
+                    prefill._backlog,
+                    prompt,
+                )
             if totals is not None:
                 hists = self._kernel_hists
                 if hists:  # one observation per scorer run, each its share of the kernel's time
