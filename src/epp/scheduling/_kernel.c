@@ -118,21 +118,37 @@ static inline PyObject *attr_get(PyObject *obj, Attr *a) {
 /* The outcome of reading one value: OK, NOFIT (the Python path must decide), ERR (raised). */
 enum { OK = 0, NOFIT = 1, ERR = -1 };
 
-/* ``obj.name`` as a long long; NOFIT when it is not an exact int or does not fit. */
-static int get_ll(PyObject *obj, Attr *name, long long *out) {
-    PyObject *v = attr_get(obj, name);
-    if (v == NULL) return ERR;
-    if (!PyLong_CheckExact(v)) {
-        Py_DECREF(v);
-        return NOFIT;
+/* An exact int as a long long; NOFIT for anything else or an int that does not fit.  The ints
+ * here are small: one or no digit is read directly (the layout of the interpreter compiled for). */
+static inline int as_ll(PyObject *v, long long *out) {
+    if (!PyLong_CheckExact(v)) return NOFIT;
+#if PY_VERSION_HEX < 0x030C0000
+    Py_ssize_t size = Py_SIZE(v);
+    if (size == 0 || size == 1 || size == -1) {
+        *out = size * (long long)((PyLongObject *)v)->ob_digit[0];
+        return OK;
     }
+#else
+    if (PyUnstable_Long_IsCompact((PyLongObject *)v)) {
+        *out = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
+        return OK;
+    }
+#endif
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    Py_DECREF(v);
     if (overflow) return NOFIT;
     if (x == -1 && PyErr_Occurred()) return ERR;
     *out = x;
     return OK;
+}
+
+/* ``obj.name`` as a long long; NOFIT when it is not an exact int or does not fit. */
+static inline int get_ll(PyObject *obj, Attr *name, long long *out) {
+    PyObject *v = attr_get(obj, name);
+    if (v == NULL) return ERR;
+    int rc = as_ll(v, out);
+    Py_DECREF(v);
+    return rc;
 }
 
 static inline int exact_double(long long x) { return x <= EXACT_INT_MAX && x >= -EXACT_INT_MAX; }
@@ -160,7 +176,7 @@ static int check_floats(PyObject *seq, Py_ssize_t n, PyObject ***items) {
 }
 
 /* prefix-cache-scorer's score of each endpoint (matchLengthWeight 0). */
-static int prefix_scores(PyObject **eps, Py_ssize_t n, PyObject *infos, double *out) {
+static int prefix_scores(PyObject **eps, const Py_hash_t *hashes, Py_ssize_t n, PyObject *infos, double *out) {
     if (PyDict_GET_SIZE(infos) == 0) {
         for (Py_ssize_t i = 0; i < n; i++) out[i] = 0.0;
         return OK;
@@ -170,7 +186,7 @@ static int prefix_scores(PyObject **eps, Py_ssize_t n, PyObject *infos, double *
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ep = eps[i];
         Py_INCREF(ep);
-        PyObject *info = PyDict_GetItemWithError(infos, ep);
+        PyObject *info = _PyDict_GetItem_KnownHash(infos, ep, hashes[i]);
         Py_DECREF(ep);
         if (info == NULL) {
             if (PyErr_Occurred()) return ERR;
@@ -210,7 +226,8 @@ static int prefix_scores(PyObject **eps, Py_ssize_t n, PyObject *infos, double *
 }
 
 /* token-load-scorer's score of each endpoint. */
-static int token_scores(PyObject **eps, Py_ssize_t n, PyObject *loads, double cap, double *out) {
+static int token_scores(PyObject **eps, const Py_hash_t *hashes, Py_ssize_t n, PyObject *loads, double cap,
+                        double *out) {
     if (PyDict_GET_SIZE(loads) == 0) {
         for (Py_ssize_t i = 0; i < n; i++) out[i] = 1.0;
         return OK;
@@ -218,7 +235,7 @@ static int token_scores(PyObject **eps, Py_ssize_t n, PyObject *loads, double ca
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ep = eps[i];
         Py_INCREF(ep);
-        PyObject *load = PyDict_GetItemWithError(loads, ep);
+        PyObject *load = _PyDict_GetItem_KnownHash(loads, ep, hashes[i]);
         Py_DECREF(ep);
         if (load == NULL) {
             if (PyErr_Occurred()) return ERR;
@@ -242,9 +259,9 @@ static int token_scores(PyObject **eps, Py_ssize_t n, PyObject *loads, double ca
 }
 
 /* One endpoint's prefill estimate, ``max(prompt - cached, 0) + backlog``; the caller holds ``ep``. */
-static int prefill_estimate(PyObject *ep, PyObject *infos, PyObject *backlog, int pending, long long prompt,
-                            long long *out) {
-    PyObject *info = PyDict_GET_SIZE(infos) ? PyDict_GetItemWithError(infos, ep) : NULL;
+static int prefill_estimate(PyObject *ep, Py_hash_t hash, PyObject *infos, PyObject *backlog, int pending,
+                            long long prompt, long long *out) {
+    PyObject *info = PyDict_GET_SIZE(infos) ? _PyDict_GetItem_KnownHash(infos, ep, hash) : NULL;
     long long u = prompt;
     if (info == NULL) {
         if (PyErr_Occurred()) return ERR;
@@ -269,11 +286,10 @@ static int prefill_estimate(PyObject *ep, PyObject *infos, PyObject *backlog, in
         if (b == NULL) {
             if (PyErr_Occurred()) return ERR;
         } else {
-            if (!PyLong_CheckExact(b)) return NOFIT;
-            int overflow = 0;
-            long long x = PyLong_AsLongLongAndOverflow(b, &overflow);
-            if (x == -1 && PyErr_Occurred()) return ERR;
-            if (overflow || __builtin_add_overflow(e, x, &e)) return NOFIT;
+            long long x;
+            int rc = as_ll(b, &x); /* ``b`` is the dict's: no Python code runs until it is read */
+            if (rc != OK) return rc;
+            if (__builtin_add_overflow(e, x, &e)) return NOFIT;
         }
     }
     *out = e;
@@ -281,15 +297,15 @@ static int prefill_estimate(PyObject *ep, PyObject *infos, PyObject *backlog, in
 }
 
 /* prefill-load-scorer's score of each endpoint. */
-static int prefill_scores(PyObject **eps, Py_ssize_t n, PyObject *infos, PyObject *backlog, long long prompt,
-                          long long *est, double *out) {
+static int prefill_scores(PyObject **eps, const Py_hash_t *hashes, Py_ssize_t n, PyObject *infos,
+                          PyObject *backlog, long long prompt, long long *est, double *out) {
     int pending = PyDict_GET_SIZE(backlog) != 0;
     long long lo = -1, hi = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ep = eps[i];
         long long e;
         Py_INCREF(ep);
-        int rc = prefill_estimate(ep, infos, backlog, pending, prompt, &e);
+        int rc = prefill_estimate(ep, hashes[i], infos, backlog, pending, prompt, &e);
         Py_DECREF(ep);
         if (rc != OK) return rc;
         est[i] = e;
@@ -343,37 +359,51 @@ static PyObject *plan_totals(Plan *self, PyObject *const *args, Py_ssize_t nargs
             !PyLong_CheckExact(prompt_obj))
             Py_RETURN_NONE;
         if (PyDict_GET_SIZE(prefill) == 0) prefill = prefix; /* ``precise or approximate`` */
-        int overflow = 0;
-        prompt = PyLong_AsLongLongAndOverflow(prompt_obj, &overflow);
-        if (overflow) Py_RETURN_NONE;
-        if (prompt == -1 && PyErr_Occurred()) return NULL;
+        int rc = as_ll(prompt_obj, &prompt);
+        if (rc == ERR) return NULL;
+        if (rc == NOFIT) Py_RETURN_NONE;
     }
 
-    /* A list of endpoints is copied (a tuple is held): an attribute read or a lookup that ran
-     * Python code could change a list under the loop. */
-    seq = PyList_CheckExact(seq) ? PyList_AsTuple(seq) : Py_NewRef(seq);
-    if (seq == NULL) return NULL;
-    PyObject **eps = ((PyTupleObject *)seq)->ob_item;
     double stack_acc[STACK_N], stack_s[STACK_N];
     long long stack_est[STACK_N];
+    Py_hash_t stack_hashes[STACK_N];
     double *acc = stack_acc, *s = stack_s;
     long long *est = stack_est;
+    Py_hash_t *hashes = stack_hashes;
     void *heap = NULL;
     PyObject *result = NULL;
     int status = OK;
     if (n > STACK_N) {
-        heap = PyMem_Malloc((size_t)n * (2 * sizeof(double) + sizeof(long long)));
-        if (heap == NULL) {
-            Py_DECREF(seq);
-            return PyErr_NoMemory();
-        }
+        heap = PyMem_Malloc((size_t)n * (2 * sizeof(double) + sizeof(long long) + sizeof(Py_hash_t)));
+        if (heap == NULL) return PyErr_NoMemory();
         acc = (double *)heap;
         s = acc + n;
         est = (long long *)(s + n);
+        hashes = (Py_hash_t *)(est + n);
     }
+    /* ``partial`` read first: from here on Python code may run (an allocation's collection) */
     int have = partial_items != NULL;
     if (have) {
         for (Py_ssize_t i = 0; i < n; i++) acc[i] = PyFloat_AS_DOUBLE(partial_items[i]);
+    }
+    /* A list of endpoints is copied (a tuple is held): an attribute read or a lookup that ran
+     * Python code could change a list under the loop. */
+    seq = PyList_CheckExact(seq) ? PyList_AsTuple(seq) : Py_NewRef(seq);
+    if (seq == NULL) {
+        PyMem_Free(heap);
+        return NULL;
+    }
+    PyObject **eps = ((PyTupleObject *)seq)->ob_item;
+    /* Each endpoint hashed once for the three dicts keyed by it (``dict.get`` hashes per call:
+     * the same value, an identity hash for ``Endpoint``). */
+    if (needs[OP_PREFIX] || needs[OP_TOKEN] || needs[OP_PREFILL]) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            hashes[i] = PyObject_Hash(eps[i]);
+            if (hashes[i] == -1) {
+                status = ERR;
+                break;
+            }
+        }
     }
     for (Py_ssize_t k = 0; k < self->nops && status == OK; k++) {
         const Op *op = &self->ops[k];
@@ -394,13 +424,13 @@ static PyObject *plan_totals(Plan *self, PyObject *const *args, Py_ssize_t nargs
             break;
         }
         case OP_PREFIX:
-            status = prefix_scores(eps, n, prefix, s);
+            status = prefix_scores(eps, hashes, n, prefix, s);
             break;
         case OP_TOKEN:
-            status = token_scores(eps, n, loads, op->cap, s);
+            status = token_scores(eps, hashes, n, loads, op->cap, s);
             break;
         case OP_PREFILL:
-            status = prefill_scores(eps, n, prefill, backlog, prompt, est, s);
+            status = prefill_scores(eps, hashes, n, prefill, backlog, prompt, est, s);
             break;
         }
         if (status != OK) break;
