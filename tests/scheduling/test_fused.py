@@ -21,6 +21,7 @@ from epp.app.build import build as build_components
 from epp.app.registry import default_registry
 from epp.config.load import load_config
 from epp.datalayer.api import Endpoint
+from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.director.traced import traced_scheduler
 from epp.plugin.state import CycleState
 from epp.scheduling import fused as fused_module
@@ -346,3 +347,33 @@ def test_each_scorer_the_kernel_runs_is_observed_once_a_request_with_its_share()
             h.observe = observe
     assert [len(s) for s in seen] == [1, 1, 1]
     assert seen[0] == seen[1] == seen[2]  # one clock reading shared out
+
+
+def test_an_input_the_kernel_cannot_compute_exactly_takes_the_python_path_for_that_request() -> None:
+    """Prefix blocks beyond 2**53: the kernel declines (None) and the plan's Python path scores
+    the request, with the general path's floats."""
+    scorers = _prefix_heavy_scorers()
+    plan = FusedPlan.compile(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=scorers, picker=build(MaxScorePicker))],
+    )
+    explained = SchedulerProfile("p", filters=[], scorers=scorers, picker=Recording(build(MaxScorePicker)))
+    assert plan is not None
+    fleet = tuple(_endpoint(random.Random(9), i, 3) for i in range(3))
+    for blocks in (4, 2**60 + 1):
+        state = CycleState()
+        state.set_attributes(PREFIX_MATCH, {fleet[1]: PrefixMatchInfo(blocks - 1, blocks, 16)})
+        req = request()
+        req.prompt_token_count = 100
+        if plan._kernel is not None:  # the kernel declines the huge match only
+            cached = [None, [0.5] * 3, [0.5] * 3]
+            kernel_says = plan._kernel.totals(
+                fleet, None, cached, state.attributes(PREFIX_MATCH), {}, {}, {}, 100
+            )
+            assert (kernel_says is None) == (blocks > 2**53)
+        totals = plan.totals(state, req, fleet)
+        ask = request()
+        ask.prompt_token_count = 100
+        ask.explain = True
+        scored = explained.run(state, ask, fleet).scored
+        assert [t.hex() for t in totals] == [t.hex() for _, t in scored]
