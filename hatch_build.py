@@ -6,7 +6,9 @@ fails, a warning is printed, the install succeeds and the module that loads it u
 path (each says which at start):
 
 * ``src/epp/director/prefix/_native.c``: the prefix loops (``epp.director.prefix.native``);
-* ``src/epp/server/_incoming.c``: ext_proc requests decoded (``epp.server.incoming``).
+* ``src/epp/server/_incoming.c``: ext_proc requests decoded (``epp.server.incoming``);
+* ``src/epp/scheduling/_kernel.c``: the fused plan's scoring (``epp.scheduling.kernel``), built
+  with ``-ffp-contract=off`` (no fused multiply-adds: its floats must be Python's, bit for bit).
 """
 
 from __future__ import annotations
@@ -24,8 +26,15 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 NATIVE_SOURCE = Path("src/epp/director/prefix/_native.c")
 INCOMING_SOURCE = Path("src/epp/server/_incoming.c")
-NATIVE_SOURCES = (NATIVE_SOURCE, INCOMING_SOURCE)
-FALLBACKS = {NATIVE_SOURCE: "the pure-Python prefix loops", INCOMING_SOURCE: "upb for every ext_proc message"}
+KERNEL_SOURCE = Path("src/epp/scheduling/_kernel.c")
+NATIVE_SOURCES = (NATIVE_SOURCE, INCOMING_SOURCE, KERNEL_SOURCE)
+FALLBACKS = {
+    NATIVE_SOURCE: "the pure-Python prefix loops",
+    INCOMING_SOURCE: "upb for every ext_proc message",
+    KERNEL_SOURCE: "the fused plan's Python scorers",
+}
+# Flags a source needs beyond this Python's own (its floats must round as Python's do).
+EXTRA_FLAGS = {KERNEL_SOURCE: ("-ffp-contract=off",)}
 
 
 def native_target(root: Path, source: Path = NATIVE_SOURCE) -> Path:
@@ -50,6 +59,7 @@ def compile_native(root: Path, source_path: Path = NATIVE_SOURCE) -> Path:
         *shlex.split(var("CFLAGS") or ""),
         *shlex.split(var("CCSHARED") or "-fPIC"),
         f"-I{sysconfig.get_paths()['include']}",
+        *EXTRA_FLAGS.get(source_path, ()),
         f'-DEPP_NATIVE_SOURCE_SHA256="{digest}"',
         str(source),
         *ldshared,

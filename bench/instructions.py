@@ -66,8 +66,10 @@ STAGES: dict[str, tuple[str, str, str]] = {
     ),
     "scheduler": ("epp.scheduling.scheduler", "Scheduler", "schedule"),
     "- fused plan (scorers, picker, verdict)": ("epp.scheduling.fused", "FusedPlan", "schedule"),
-    "- token-load scorer": ("epp.scheduling.scorers.token_load", "TokenLoadScorer", "score"),
-    "- prefill-load scorer": ("epp.scheduling.scorers.prefill_load", "PrefillLoadScorer", "score"),
+    # The scoring alone: the score cache's refresh and the C kernel (epp.scheduling.kernel; with
+    # EPP_PURE_PYTHON=1 the Python scorers), which now computes token-load and prefill-load.
+    "  - scoring (cache refresh, kernel)": ("epp.scheduling.fused", "FusedPlan", "totals"),
+    "  - score cache refresh": ("epp.scheduling.score_cache", "MetricsScoreCache", "refresh"),
     "in-flight pre-request": ("epp.director.producers.inflight_load", "InFlightLoadProducer", "pre_request"),
     "prefill-load pre-request": ("epp.scheduling.scorers.prefill_load", "PrefillLoadScorer", "pre_request"),
     "prefix pre-request": (
@@ -95,8 +97,6 @@ STAGES: dict[str, tuple[str, str, str]] = {
 PLUGIN_STAGES: frozenset[str] = frozenset(
     {
         "in-flight producer",
-        "- token-load scorer",
-        "- prefill-load scorer",
         "in-flight pre-request",
         "prefill-load pre-request",
         "- in-flight header hook",

@@ -21,9 +21,11 @@ from epp.app.build import build as build_components
 from epp.app.registry import default_registry
 from epp.config.load import load_config
 from epp.datalayer.api import Endpoint
+from epp.datalayer.attributes import PREFIX_MATCH, PrefixMatchInfo
 from epp.director.traced import traced_scheduler
 from epp.plugin.state import CycleState
 from epp.scheduling import fused as fused_module
+from epp.scheduling import kernel
 from epp.scheduling.api import PROFILE_TRACES, Picker
 from epp.scheduling.fused import FusedPlan
 from epp.scheduling.pickers.max_score import MaxScorePicker
@@ -31,6 +33,7 @@ from epp.scheduling.pickers.weighted_random import WeightedRandomPicker
 from epp.scheduling.profiles.single import SingleProfileHandler
 from epp.scheduling.scheduler import Scheduler, SchedulerProfile, SchedulingError
 from epp.scheduling.scorers.kv_cache import KVCacheUtilizationScorer
+from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
@@ -237,3 +240,140 @@ def test_the_verdict_for_an_endpoint_is_made_once_and_equals_the_handlers(
     assert seen[1] is seen[0]  # kept, not made again
     assert seen[4] is not seen[0]  # three endpoints picked, two kept: the table started again
     assert seen[4] == seen[0]
+
+
+# --- the scoring in C (epp.scheduling.kernel) ---------------------------------------------------
+
+
+def _prefix_heavy_scorers() -> list[tuple[Any, float]]:
+    """bench/configs/prefix-heavy.yaml's profile, with a backlog on some endpoints."""
+    prefill = build(PrefillLoadScorer)
+    prefill._backlog.update({"ns/pod-1": 300, "ns/pod-3": 40})
+    return [
+        (build(PrefixCacheScorer), 4.0),
+        (build(QueueScorer), 1.0),
+        (build(KVCacheUtilizationScorer), 1.0),
+        (build(TokenLoadScorer, queueThresholdTokens=60000), 2.0),
+        (prefill, 2.0),
+    ]
+
+
+def test_the_prefix_heavy_profile_takes_the_kernel() -> None:
+    c = build_components(
+        load_config((ROOT / "bench/configs/prefix-heavy.yaml").read_text()), default_registry()
+    )
+    assert isinstance(c.scheduler, Scheduler)
+    assert c.scheduler.fused is not None
+    assert c.scheduler.fused.implementation == kernel.IMPLEMENTATION  # "c" unless EPP_PURE_PYTHON=1
+    plan = FusedPlan.compile(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=_prefix_heavy_scorers(), picker=build(MaxScorePicker))],
+    )
+    assert plan is not None
+    assert plan.implementation == kernel.IMPLEMENTATION
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_kernel_plan_picks_and_scores_exactly_like_the_general_path(seed: int) -> None:
+    """The prefix-heavy profile (prefill-load included, which the generated shapes above leave
+    out): the kernel's plan against the general path, picks and bits of the totals."""
+    rng = random.Random(seed)
+    fleet = [_endpoint(rng, i, rng.choice((0, 3, 50))) for i in range(rng.choice((1, 2, 4, 10)))]
+    scorers = _prefix_heavy_scorers()
+    general = Scheduler(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=scorers, picker=_picker(0, 1, seed))],
+        fused=False,
+    )
+    fused = Scheduler(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=scorers, picker=_picker(0, 1, seed))],
+    )
+    explained = SchedulerProfile("p", filters=[], scorers=scorers, picker=Recording(_picker(0, 1, seed)))
+    plan = fused.fused
+    assert plan is not None
+    assert plan.implementation == kernel.IMPLEMENTATION
+    candidates: Sequence[Endpoint] = tuple(fleet)
+    for r in range(REQUESTS):
+        candidates = churn(rng, fleet, candidates, 3)
+        state = _state(rng, candidates)
+        req = request(request_id=f"k{seed}-{r}")
+        req.prompt_token_count = rng.choice((0, 16, 64, 500))
+        assert _outcome(fused, state, req, candidates) == _outcome(general, state, req, candidates)
+        totals = plan.totals(state, req, candidates)
+        ask = request(request_id=f"k{seed}-{r}")
+        ask.prompt_token_count = req.prompt_token_count
+        ask.explain = True
+        scored = explained.run(state, ask, candidates).scored
+        assert [t.hex() for t in totals] == [t.hex() for _, t in scored], f"seed {seed}, request {r}"
+
+
+def test_a_scorer_the_kernel_does_not_compute_keeps_the_python_path() -> None:
+    def implementation(scorers: list[tuple[Any, float]]) -> str:
+        plan = FusedPlan.compile(
+            build(SingleProfileHandler),
+            [SchedulerProfile("p", filters=[], scorers=scorers, picker=build(MaxScorePicker))],
+        )
+        assert plan is not None
+        return plan.implementation
+
+    assert implementation(_prefix_heavy_scorers()) == kernel.IMPLEMENTATION
+    assert implementation([*_prefix_heavy_scorers(), (WildScorer(), 1.0)]) == "python"
+    assert implementation([(build(PrefixCacheScorer, matchLengthWeight=0.5), 1.0)]) == "python"
+    assert (
+        implementation([(build(QueueScorer), 1.0), (build(PrefixCacheScorer), 2.0)]) == kernel.IMPLEMENTATION
+    )
+
+
+def test_each_scorer_the_kernel_runs_is_observed_once_a_request_with_its_share() -> None:
+    if kernel.Plan is None:
+        pytest.skip(f"the C kernel is not in use: {kernel.REASON}")
+    plan = FusedPlan.compile(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=_prefix_heavy_scorers(), picker=build(MaxScorePicker))],
+    )
+    assert plan is not None
+    hists = plan._kernel_hists
+    assert len(hists) == 3  # prefix, token-load, prefill-load: the cached two are the cache's
+    seen: list[list[float]] = [[] for _ in hists]
+    saved = [h.observe for h in hists]
+    try:
+        for h, got in zip(hists, seen, strict=True):
+            h.observe = got.append
+        fleet = tuple(_endpoint(random.Random(7), i, 3) for i in range(4))
+        plan.totals(_state(random.Random(8), fleet), request(), fleet)
+    finally:
+        for h, observe in zip(hists, saved, strict=True):
+            h.observe = observe
+    assert [len(s) for s in seen] == [1, 1, 1]
+    assert seen[0] == seen[1] == seen[2]  # one clock reading shared out
+
+
+def test_an_input_the_kernel_cannot_compute_exactly_takes_the_python_path_for_that_request() -> None:
+    """Prefix blocks beyond 2**53: the kernel declines (None) and the plan's Python path scores
+    the request, with the general path's floats."""
+    scorers = _prefix_heavy_scorers()
+    plan = FusedPlan.compile(
+        build(SingleProfileHandler),
+        [SchedulerProfile("p", filters=[], scorers=scorers, picker=build(MaxScorePicker))],
+    )
+    explained = SchedulerProfile("p", filters=[], scorers=scorers, picker=Recording(build(MaxScorePicker)))
+    assert plan is not None
+    fleet = tuple(_endpoint(random.Random(9), i, 3) for i in range(3))
+    for blocks in (4, 2**60 + 1):
+        state = CycleState()
+        state.set_attributes(PREFIX_MATCH, {fleet[1]: PrefixMatchInfo(blocks - 1, blocks, 16)})
+        req = request()
+        req.prompt_token_count = 100
+        if plan._kernel is not None:  # the kernel declines the huge match only
+            cached = [None, [0.5] * 3, [0.5] * 3]
+            kernel_says = plan._kernel.totals(
+                fleet, None, cached, state.attributes(PREFIX_MATCH), {}, {}, {}, 100
+            )
+            assert (kernel_says is None) == (blocks > 2**53)
+        totals = plan.totals(state, req, fleet)
+        ask = request()
+        ask.prompt_token_count = 100
+        ask.explain = True
+        scored = explained.run(state, ask, fleet).scored
+        assert [t.hex() for t in totals] == [t.hex() for _, t in scored]

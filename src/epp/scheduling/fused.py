@@ -25,6 +25,19 @@ and the same picker RNG breaks ties the same way (tests/scheduling/test_fused.py
 generated traffic and compares picks and totals; tests/scheduling/test_vectors.py holds the
 recorded outcomes).  Per-plugin durations are observed as on the general path: one
 observation per scorer run, per picker run and per metrics-cache refresh.
+
+The scoring in C (``epp.scheduling.kernel``): when every scorer after the cache's leading ones
+is a cached metrics scorer, ``prefix-cache-scorer`` with ``matchLengthWeight`` 0,
+``token-load-scorer`` or ``prefill-load-scorer`` (decided here, once), ``totals`` hands the
+cache's lists, the cycle state's attribute dicts, the prefill backlog and the prompt's tokens to
+one C call that computes the same floats (the same operations in the same order, no fused
+multiply-add: tests/scheduling/test_kernel.py).  Any other scorer, ``EPP_PURE_PYTHON=1`` or an
+extension not built: the Python path below, unchanged; an input the kernel cannot compute
+exactly (an int above 2**53, say) makes that one request take it too.  The metrics compromise:
+one C pass cannot time its scorers apart, so each scorer the kernel ran per request (the cached
+ones are only read, as on the Python path) gets one observation of the kernel's duration divided
+by the number of such scorers: the same count of observations and the same sum, not each
+scorer's own share.
 """
 
 from __future__ import annotations
@@ -34,11 +47,16 @@ from time import perf_counter
 from typing import Any, Final
 
 from epp.datalayer.api import Endpoint
+from epp.datalayer.attributes import INFLIGHT_LOAD, PRECISE_PREFIX_MATCH, PREFIX_MATCH
 from epp.plugin.state import CycleState
-from epp.request import InferenceRequest
+from epp.request import InferenceRequest, prompt_tokens
+from epp.scheduling import kernel
 from epp.scheduling.api import ProfileHandler, ProfileRunResult, SchedulingResult
 from epp.scheduling.pickers.max_score import MaxScorePicker
 from epp.scheduling.profiles.single import SingleProfileHandler
+from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
+from epp.scheduling.scorers.token_load import TokenLoadScorer
 from epp.scheduling.weighting import WeightedScorer, clamped, combine, timer
 
 VERDICTS_MAX: Final = 4096  # endpoints whose verdict is kept (more than any pool: then it starts again)
@@ -66,6 +84,10 @@ class FusedPlan:
     __slots__ = (
         "_cache",
         "_groups",
+        "_kernel",
+        "_kernel_hists",
+        "_kernel_loads",
+        "_kernel_prefill",
         "_max_score",
         "_pick",
         "_pick_hist",
@@ -104,6 +126,43 @@ class FusedPlan:
         self._max_score: MaxScorePicker | None = (
             profile.picker if type(profile.picker) is MaxScorePicker else None
         )
+        self._kernel: Any = None  # the C kernel's plan (epp.scheduling.kernel), when it covers the profile
+        self._kernel_hists: tuple[Any, ...] = ()  # the histograms of the scorers it runs per request
+        self._kernel_loads = False  # whether it reads INFLIGHT_LOAD (a token-load-scorer)
+        self._kernel_prefill: PrefillLoadScorer | None = None  # whose backlog it reads
+        if kernel.Plan is not None:
+            self._compile_kernel(profile, lead)
+
+    def _compile_kernel(self, profile: Any, lead: int) -> None:
+        """Hand the scoring to the C kernel when every scorer after the cache's leading ones is
+        one it computes (cached, prefix with ``matchLengthWeight`` 0, token load, prefill load)."""
+        ops: list[tuple[int, int, float, float]] = []
+        hists: list[Any] = []
+        for j, sc in enumerate(profile._scorers[lead:], start=lead):
+            plugin = profile.scorers[j][0]
+            if sc.score_metrics is not None:
+                ops.append((kernel.CACHED, j, sc.weight, 0.0))
+                continue
+            kind = type(plugin)
+            if kind is PrefixCacheScorer and plugin.match_length_weight <= 0.0:
+                ops.append((kernel.PREFIX, 0, sc.weight, 0.0))
+            elif kind is TokenLoadScorer:
+                ops.append((kernel.TOKEN, 0, sc.weight, plugin.queue_threshold_tokens))
+                self._kernel_loads = True
+            elif kind is PrefillLoadScorer and self._kernel_prefill in (None, plugin):
+                ops.append((kernel.PREFILL, 0, sc.weight, 0.0))
+                self._kernel_prefill = plugin
+            else:  # a scorer the kernel does not compute: the Python path, always
+                self._kernel_loads, self._kernel_prefill = False, None
+                return
+            hists.append(sc.hist)
+        self._kernel = kernel.Plan(ops)
+        self._kernel_hists = tuple(hists)
+
+    @property
+    def implementation(self) -> str:
+        """Which computes the totals: "c" (the kernel) or "python"."""
+        return "python" if self._kernel is None else "c"
 
     @staticmethod
     def compile(
@@ -194,6 +253,46 @@ class FusedPlan:
             cache.refresh(eps, n)
             partial = cache.partial
             cached = cache.scores
+        plan = self._kernel
+        if plan is not None:
+            # The scorers' inputs, read as they read them (``state.attributes`` called, not bound:
+            # a bound method is an allocation); the kernel takes the precise matches over the
+            # approximate ones when there are any, as ``prefill-load-scorer`` does.
+            t0 = perf_counter()
+            prefill = self._kernel_prefill
+            if prefill is None:
+                totals: list[float] | None = plan.totals(
+                    eps,
+                    partial,
+                    cached,
+                    state.attributes(PREFIX_MATCH),
+                    state.attributes(INFLIGHT_LOAD) if self._kernel_loads else None,
+                    None,
+                    None,
+                    0,
+                )
+            else:
+                prompt = request.prompt_token_count
+                if prompt < 0:
+                    prompt = prompt_tokens(request)
+                totals = plan.totals(
+                    eps,
+                    partial,
+                    cached,
+                    state.attributes(PREFIX_MATCH),
+                    state.attributes(INFLIGHT_LOAD) if self._kernel_loads else None,
+                    state.attributes(PRECISE_PREFIX_MATCH),
+                    prefill._backlog,
+                    prompt,
+                )
+            if totals is not None:
+                hists = self._kernel_hists
+                if hists:  # one observation per scorer run, each its share of the kernel's time
+                    share = (perf_counter() - t0) / len(hists)
+                    for hist in hists:
+                        hist.observe(share)
+                return totals
+            # an input the kernel does not compute exactly (an int above 2**53, ...): Python's path
         for g in self._groups:
             if g.lists:
                 partial = combine(_lists(g, cached, state, request, eps, n), g.weights, n, partial)
