@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from epp.app.build import build as build_components
 from epp.app.registry import default_registry
@@ -377,3 +378,23 @@ def test_an_input_the_kernel_cannot_compute_exactly_takes_the_python_path_for_th
         ask.explain = True
         scored = explained.run(state, ask, fleet).scored
         assert [t.hex() for t in totals] == [t.hex() for _, t in scored]
+
+
+def test_compiling_a_plan_says_which_computes_its_scoring() -> None:
+    """One log line per compiled plan: the kernel, or Python and why (a warning when not built)."""
+    profiles = {
+        "covered": _prefix_heavy_scorers(),
+        "uncovered": [*_prefix_heavy_scorers(), (WildScorer(), 1.0)],
+    }
+    with capture_logs() as logs:
+        for name, scorers in profiles.items():
+            FusedPlan.compile(
+                build(SingleProfileHandler),
+                [SchedulerProfile(name, filters=[], scorers=scorers, picker=build(MaxScorePicker))],
+            )
+    said = {e["profile"]: e for e in logs if e["event"] == "scheduling_kernel"}
+    assert said["covered"]["implementation"] == kernel.IMPLEMENTATION
+    assert said["uncovered"]["implementation"] == "python"
+    assert said["uncovered"]["reason"]
+    if kernel.NATIVE is None:
+        assert said["covered"]["log_level"] == "warning"

@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from time import perf_counter
 from typing import Any, Final
 
+import structlog
+
 from epp.datalayer.api import Endpoint
 from epp.datalayer.attributes import INFLIGHT_LOAD, PRECISE_PREFIX_MATCH, PREFIX_MATCH
 from epp.plugin.state import CycleState
@@ -58,6 +60,8 @@ from epp.scheduling.scorers.prefill_load import PrefillLoadScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.token_load import TokenLoadScorer
 from epp.scheduling.weighting import WeightedScorer, clamped, combine, timer
+
+log = structlog.get_logger(__name__)
 
 VERDICTS_MAX: Final = 4096  # endpoints whose verdict is kept (more than any pool: then it starts again)
 
@@ -132,6 +136,7 @@ class FusedPlan:
         self._kernel_prefill: PrefillLoadScorer | None = None  # whose backlog it reads
         if kernel.Plan is not None:
             self._compile_kernel(profile, lead)
+        _log_scoring(self.name, self._kernel is not None)
 
     def _compile_kernel(self, profile: Any, lead: int) -> None:
         """Hand the scoring to the C kernel when every scorer after the cache's leading ones is
@@ -332,3 +337,19 @@ def _lists(
             raise ValueError(f"scorer returned {len(scores)} scores for {n} endpoints")
         out.append(scores if sc.bounded else clamped(scores))
     return out
+
+
+def _log_scoring(profile: str, in_c: bool) -> None:
+    """Say, when a plan is compiled (at start and on a reload), which computes its scoring: a
+    kernel that was not built is worth a warning (``EPP_PURE_PYTHON`` is a choice)."""
+    if kernel.NATIVE is None:
+        log.warning("scheduling_kernel", profile=profile, implementation="python", reason=kernel.REASON)
+    elif in_c:
+        log.info("scheduling_kernel", profile=profile, implementation="c")
+    else:
+        log.info(
+            "scheduling_kernel",
+            profile=profile,
+            implementation="python",
+            reason=kernel.REASON or "a scorer of the profile the kernel does not compute",
+        )
