@@ -265,31 +265,24 @@ class FusedPlan:
             # approximate ones when there are any, as ``prefill-load-scorer`` does.
             t0 = perf_counter()
             prefill = self._kernel_prefill
-            if prefill is None:
-                totals: list[float] | None = plan.totals(
-                    eps,
-                    partial,
-                    cached,
-                    state.attributes(PREFIX_MATCH),
-                    state.attributes(INFLIGHT_LOAD) if self._kernel_loads else None,
-                    None,
-                    None,
-                    0,
-                )
-            else:
+            precise = backlog = None
+            prompt = 0
+            if prefill is not None:
+                precise = state.attributes(PRECISE_PREFIX_MATCH)
+                backlog = prefill._backlog
                 prompt = request.prompt_token_count
                 if prompt < 0:
                     prompt = prompt_tokens(request)
-                totals = plan.totals(
-                    eps,
-                    partial,
-                    cached,
-                    state.attributes(PREFIX_MATCH),
-                    state.attributes(INFLIGHT_LOAD) if self._kernel_loads else None,
-                    state.attributes(PRECISE_PREFIX_MATCH),
-                    prefill._backlog,
-                    prompt,
-                )
+            totals: list[float] | None = plan.totals(
+                eps,
+                partial,
+                cached,
+                state.attributes(PREFIX_MATCH),
+                state.attributes(INFLIGHT_LOAD) if self._kernel_loads else None,
+                precise,
+                backlog,
+                prompt,
+            )
             if totals is not None:
                 hists = self._kernel_hists
                 if hists:  # one observation per scorer run, each its share of the kernel's time
