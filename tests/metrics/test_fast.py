@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from epp.metrics import fast
+from epp.testing import waiting
 
 
 def test_histogram_buckets_are_le_and_cumulative() -> None:
@@ -244,6 +246,40 @@ def test_pending_observations_fold_on_every_read_and_in_the_background() -> None
     while c2._pending and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not c2._pending and c2._counts == [2, 1]
+
+
+async def test_a_serving_loop_folds_and_the_fold_thread_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fold_on``: the loop folds every ``FOLD_INTERVAL`` (here each histogram in a callback of
+    its own), the thread returns at its next wake instead of competing for the GIL, and the
+    function it returns hands folding back to a thread."""
+    monkeypatch.setattr(fast, "FOLD_INTERVAL", 0.01)
+    monkeypatch.setattr(fast, "FOLD_SLICE", 0.0)
+    reg = CollectorRegistry()
+    children = []
+    for i in range(3):
+        h = fast.Histogram(f"h{i}", "help", buckets=(1.0,), registry=reg)
+        assert h._default is not None
+        children.append(h._default)
+    loop = asyncio.get_running_loop()
+    stop = fast.fold_on(loop)
+    try:
+        thread = fast._folder
+        assert thread is not None
+        await waiting.until(lambda: not thread.is_alive(), what="the fold thread to return")
+        for round_ in range(1, 3):
+            for c in children:
+                c.observe(0.5)
+                c.observe(2.0)
+            await waiting.until(lambda: not any(c._pending for c in children), what="the loop's folds")
+            assert all(c._counts == [round_, round_] and c._sum == 2.5 * round_ for c in children)
+    finally:
+        stop()
+    assert fast._fold_loop is None
+    restarted = fast._folder
+    assert restarted is not None and restarted is not thread and restarted.is_alive()
+    children[0].observe(0.25)
+    await waiting.until(lambda: not children[0]._pending, what="the new thread's fold")
+    assert children[0]._counts == [3, 2]
 
 
 def test_equal_label_values_share_a_series() -> None:

@@ -22,7 +22,7 @@ from epp.health.shared import EXCHANGE
 from epp.k8s.cluster import Cluster
 from epp.k8s.leader import Timings
 from epp.k8s.peers import K8sPeerDiscovery
-from epp.metrics import series
+from epp.metrics import fast, series
 from epp.metrics.exporter import MetricsServer
 from epp.metrics.llmd import parse_families
 from epp.server import extproc, health
@@ -119,6 +119,8 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         leader=cluster.is_leader if cluster is not None else lambda: True,
     )
     async with contextlib.AsyncExitStack() as stack:
+        # histograms fold on the loop, not in a thread that would wake at each GIL release
+        stack.callback(fast.fold_on(asyncio.get_running_loop()))
         for plugin in app.components.lifecycle:
             await plugin.start()
             stack.push_async_callback(plugin.stop)
