@@ -151,3 +151,51 @@ async def test_the_poll_loop_applies_a_change(tmp_path: Path) -> None:
     finally:
         await w.stop()
     assert seen.calls[0][1:] == (digest(b"a: 2\n"), "file")
+
+
+class CountingWatcher(ConfigWatcher):
+    """Counts the reads (each one a worker thread's job) a poll makes."""
+
+    reads = 0
+
+    def _read(self) -> bytes | None:
+        self.reads += 1
+        return super()._read()
+
+
+async def test_a_poll_reads_only_when_the_stat_says_the_file_may_have_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A settled file costs a poll one stat, no read in a thread; any write, rename or touch
+    (ctime moves even when ``cp -p`` puts the mtime back) makes the next poll read."""
+    monkeypatch.setattr("epp.app.watcher.RECENT", 0.0)  # the files here were all written just now
+    path = tmp_path / "c.yaml"
+    path.write_text("a: 1\n")
+    seen = Seen()
+    w = CountingWatcher(str(path), seen, interval=0.0)
+    w.seen(digest(path.read_bytes()))
+    assert not await w.check() and w.reads == 1  # the first poll reads
+    assert not await w.check() and not await w.check()
+    assert w.reads == 1
+    before = path.stat()
+    path.write_text("a: 2\n")  # same size; the mtime put back as cp -p would
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    while path.stat().st_ctime_ns == before.st_ctime_ns:  # the same coarse tick: touch again
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
+    assert not await w.check() and w.reads == 2  # seen once: debounce
+    assert await w.check() and w.reads == 3  # a digest waiting for its second sighting reads
+    assert seen.calls == [(b"a: 2\n", digest(b"a: 2\n"), "file")]
+    assert not await w.check() and w.reads == 3
+
+
+async def test_a_file_changed_recently_is_read_whatever_its_stat(tmp_path: Path) -> None:
+    """A write in the same timestamp tick as the poll's stat leaves the stat as it was: a file
+    whose change time is within ``RECENT`` is read on every poll."""
+    path = tmp_path / "c.yaml"
+    path.write_text("a: 1\n")
+    w = CountingWatcher(str(path), Seen(), interval=0.0)
+    w.seen(digest(path.read_bytes()))
+    for n in range(1, 4):
+        assert not await w.check()
+        assert w.reads == n
