@@ -282,6 +282,28 @@ async def test_a_serving_loop_folds_and_the_fold_thread_exits(monkeypatch: pytes
     assert children[0]._counts == [3, 2]
 
 
+async def test_a_value_that_is_no_number_loses_its_batch_and_the_folds_go_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bad observation (a caller's bug) must not stop the loop's folds: the lists would grow."""
+    monkeypatch.setattr(fast, "FOLD_INTERVAL", 0.01)
+    h = fast.Histogram("bad", "help", buckets=(1.0,), registry=CollectorRegistry())
+    child = h._default
+    assert child is not None
+    stop = fast.fold_on(asyncio.get_running_loop())
+    try:
+        child.observe("not a number")  # type: ignore[arg-type]
+        child.observe(0.5)
+        await waiting.until(lambda: not child._pending, what="the failed fold")
+        assert child._counts == [0, 0]  # that batch is dropped
+        child.observe(0.25)
+        await waiting.until(lambda: not child._pending, what="the next fold")
+        assert child._counts == [1, 0] and child._sum == 0.25
+    finally:
+        stop()
+    assert "histogram fold failed" in caplog.text
+
+
 def test_equal_label_values_share_a_series() -> None:
     """Documented deviation: values equal by ``==`` (1, 1.0, True) share the first one's series."""
     reg = CollectorRegistry()

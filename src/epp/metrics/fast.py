@@ -29,6 +29,7 @@ prometheus_client's classes (the reference), must export the same text.  Where t
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import threading
@@ -48,6 +49,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 C = TypeVar("C")
+log = logging.getLogger(__name__)
 
 FOLD_INTERVAL: Final = 1.0  # seconds between two folds of every histogram's pending observations
 FOLD_SLICE: Final = 0.0005  # a loop's fold yields to other callbacks after this long (seconds)
@@ -60,7 +62,17 @@ _fold_loop: asyncio.AbstractEventLoop | None = None  # set: the folds run there,
 def fold_all() -> None:
     """Fold every histogram's pending observations (``HistogramChild.fold``)."""
     for child in list(_CHILDREN):
+        _fold_logged(child)
+
+
+def _fold_logged(child: HistogramChild) -> None:
+    """``child.fold()``; a failure (a value that is no number: a caller's bug) loses that batch and
+    is logged, and the folds go on: an exception must not end the thread or the loop's chain,
+    after which every pending list would grow without bound."""
+    try:
         child.fold()
+    except Exception:
+        log.exception("histogram fold failed: its pending observations were dropped")
 
 
 def fold_on(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
@@ -84,7 +96,7 @@ def fold_on(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
     def step(children: Iterator[HistogramChild]) -> None:
         deadline = time.perf_counter() + FOLD_SLICE
         for child in children:
-            child.fold()
+            _fold_logged(child)
             if time.perf_counter() > deadline:
                 handle[:] = [loop.call_soon(step, children)]
                 return
