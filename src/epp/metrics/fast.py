@@ -182,9 +182,9 @@ class HistogramChild:
     keep no float object but parses its argument with a format string, ~400 instructions more
     each); the values are folded into the buckets and the sum whenever they are read
     (``counts``, ``sum``, a scrape) and at least every ``FOLD_INTERVAL`` seconds, by a daemon
-    thread or, in a serving EPP, on its event loop (``fold_on``), which bounds the list.  A fold adds the
-    values to the sum one by one in observation order, so the floats are those of adding each
-    value as it came (tests/metrics/test_fast.py holds it to prometheus_client's)."""
+    thread or, in a serving EPP, on its event loop (``fold_on``), which bounds the list.  A
+    fold adds the values to the sum in observation order, so the floats are those of adding
+    each value as it came (tests/metrics/test_fast.py holds it to prometheus_client's)."""
 
     __slots__ = ("__weakref__", "_bounds", "_bounds_array", "_counts", "_pending", "_sum", "observe")
 
@@ -218,9 +218,9 @@ class HistogramChild:
         first ``n`` values and deleting them are each one list operation under the GIL and a
         value appended between the two lands after ``n``.
 
-        The values are copied once into a numpy array and the work is numpy's: at capacity the
-        request path observes ~25 values a request, and the fold thread took ~4% of the EPP
-        process's CPU sorting them and adding them one by one in Python.
+        The values are copied once into a numpy array and the work is numpy's (9,000 values in
+        0.27 ms, against 0.89 ms sorting and adding them one by one in Python; at capacity the
+        request path observes ~25 values a request).
         ``searchsorted(side="left")`` is ``bisect_left`` (the first bound >= the value:
         Prometheus ``le``), and places a NaN after every bound, which lands in +Inf as Go counts
         it; ``add.accumulate`` adds left to right as ``observe``'s own additions would (no
