@@ -231,6 +231,8 @@ class HistogramChild:
             return
         with _FOLD_LOCK:
             n = len(pending)
+            if not n:  # another folder took them between the test above and the lock
+                return
             values = pending[:n]
             del pending[:n]
             a = np.array(values, dtype=np.float64)
