@@ -186,13 +186,12 @@ class HistogramChild:
     fold adds the values to the sum in observation order, so the floats are those of adding
     each value as it came (tests/metrics/test_fast.py holds it to prometheus_client's)."""
 
-    __slots__ = ("__weakref__", "_bounds", "_bounds_array", "_counts", "_pending", "_sum", "observe")
+    __slots__ = ("__weakref__", "_bounds", "_counts", "_pending", "_sum", "observe")
 
     observe: Callable[[float], None]
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self._bounds = bounds  # sorted upper bounds, the last one +Inf
-        self._bounds_array = np.asarray(bounds, dtype=np.float64)
+    def __init__(self, bounds: np.ndarray[Any, np.dtype[np.float64]]) -> None:
+        self._bounds = bounds  # sorted upper bounds, the last one +Inf (its family's one array)
         self._counts = [0] * len(bounds)  # per bucket, not cumulative
         self._sum = 0.0
         self._pending: list[float] = []
@@ -238,7 +237,7 @@ class HistogramChild:
             a = np.array(values, dtype=np.float64)
             counts = self._counts
             last = len(counts) - 1
-            per_bucket = np.bincount(np.searchsorted(self._bounds_array, a), minlength=last + 2)
+            per_bucket = np.bincount(np.searchsorted(self._bounds, a), minlength=last + 2)
             for i, k in enumerate(per_bucket.tolist()):  # index last + 1: a NaN, after +Inf
                 if k:
                     counts[i if i < last else last] += k
@@ -388,7 +387,7 @@ class Histogram(_Family[HistogramChild]):
         bounds = sorted(float(b) for b in buckets)
         if not bounds or bounds[-1] != math.inf:
             bounds.append(math.inf)
-        self._bounds = tuple(bounds)
+        self._bounds = np.asarray(bounds, dtype=np.float64)  # shared by the children's folds
         self._les = tuple(_le(b) for b in bounds)
         super().__init__(name, documentation, labelnames, registry=registry)
         # Unlabelled: the family's observe is its one series' (a list append, no Python frame).
