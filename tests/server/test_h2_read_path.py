@@ -10,12 +10,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
+
+import pytest
 
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.datalayer.api import Endpoint
 from epp.director.director import Director
+from epp.plugin.base import TypedName
+from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
+from epp.scheduling.api import SchedulingResult
 from epp.server.extproc import ExtProcServicer
 from epp.server.h2 import H2GrpcServer
 from epp.server.h2 import connection as h2connection
@@ -132,4 +138,54 @@ async def test_a_request_whose_routing_waits_is_answered_by_the_task_that_took_o
         await asyncio.sleep(0)
     replies = _routing_replies(bytes(t.out), 1)
     assert replies and replies[0].WhichOneof("response") == "request_headers"
+    conn.connection_lost(None)
+
+
+class _WritesSeen:
+    """A pre-request hook noting how many writes the transport had made when it ran."""
+
+    typed_name = TypedName("writes-seen", "writes-seen")
+    AFTER_REPLY: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.transport: _Writes | None = None
+        self.seen: list[int] = []
+
+    def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
+        assert self.transport is not None
+        self.seen.append(self.transport.writes)
+
+
+class _WritesSeenAfterReply(_WritesSeen):
+    AFTER_REPLY: ClassVar[bool] = True  # it only records: it may run once the reply is written
+
+
+@pytest.mark.parametrize(("hook_kind", "writes_when_run"), [(_WritesSeenAfterReply, 1), (_WritesSeen, 0)])
+async def test_a_recording_hook_runs_after_the_routing_reply_is_written(
+    hook_kind: type[_WritesSeen], writes_when_run: int
+) -> None:
+    """Within the read that routed the request: after its one write for ``AFTER_REPLY`` hooks,
+    before it for the others (they may change the reply)."""
+    h = Harness()
+    h.set_pods(pods((0, 0, 0.1), (1, 3, 0.2)))
+    hook = hook_kind()
+    h.director = Director(h.datastore, dataclasses.replace(h.director.pipeline, pre_request=(hook,)))  # type: ignore[arg-type]
+    conn, t = _connect(h)
+    hook.transport = t
+    await asyncio.sleep(0)  # the SETTINGS and their ACK leave
+    t.writes = 0
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def read() -> None:  # as the loop calls it: a callback, no task current
+        try:
+            conn.data_received(_request(1))
+        except Exception as e:
+            done.set_exception(e)
+        else:
+            done.set_result(t.writes)
+
+    loop.call_soon(read)
+    assert await asyncio.wait_for(done, 5.0) == 1
+    assert hook.seen == [writes_when_run]  # it ran within the read either way, once
     conn.connection_lost(None)

@@ -117,9 +117,20 @@ class Admitter(Plugin, Protocol):
     ) -> str | None: ...
 
 
+# A plugin class may set ``AFTER_REPLY = True`` (a class attribute, read once when the pipeline
+# is built; not part of the protocols below): its PreRequest, ResponseHeaderProcessor,
+# ResponseBodyProcessor and ResponseCompleteProcessor hooks never change what the EPP answers
+# Envoy (no header added, no header mutation asked for, no dynamic metadata, no body change):
+# they only record (counters, indexes, metrics).  When every hook of a kind in the pipeline
+# declares it, the EPP may run them just after the reply they follow is written, off the
+# request's critical path (director.after_reply): in order, before the next request is routed,
+# and a failure is logged instead of failing a request whose reply is already gone.
+
+
 @runtime_checkable
 class PreRequest(Plugin, Protocol):
-    """Runs once the target is chosen, before the request is sent on."""
+    """Runs once the target is chosen, before the request is sent on (or, for ``AFTER_REPLY``
+    plugins, just after the routing reply is written; always before the next request is routed)."""
 
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None: ...
 

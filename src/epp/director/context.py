@@ -92,6 +92,9 @@ class RequestContext:
     # The running-requests series that counted this request (ResponseSide.request_sent), so the
     # end of the request lowers that very series without looking it up again.
     running: GaugeChild | None = None
+    # The pre-request hooks (and the request's metrics) wait for the routing reply to be written:
+    # ``RequestLifecycle.route`` queues them with the request's own bookkeeping (director.after_reply).
+    hooks_later: bool = False
 
     @classmethod
     def started(cls, request: InferenceRequest, generated_request_id: bool) -> RequestContext:
@@ -118,4 +121,5 @@ class RequestContext:
         c.explain_header = ""
         c.record = None
         c.running = None
+        c.hooks_later = False
         return c

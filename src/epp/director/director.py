@@ -24,6 +24,7 @@ import structlog
 
 from epp.datalayer.api import Endpoint
 from epp.datastore.store import Datastore
+from epp.director.after_reply import AfterReply, after_reply_only
 from epp.director.api import AGENT_IDENTITY, Admitter, DataProducer
 from epp.director.candidates import locate, usable
 from epp.director.context import RequestContext, RoutingDecision
@@ -79,13 +80,27 @@ class Director:
     ``swap`` puts a new pipeline in place between requests: new requests start on it, and
     each ``RequestLifecycle`` keeps the director (pipeline and response side) it started with
     until it closes.
+
+    ``after_reply`` (shared by the directors a swap makes) holds the work that may run after a
+    reply is written (director.after_reply): the edge that serves ext_proc enables it.
     """
 
-    def __init__(self, datastore: Datastore, pipeline: Pipeline, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        datastore: Datastore,
+        pipeline: Pipeline,
+        *,
+        rng: random.Random | None = None,
+        after_reply: AfterReply | None = None,
+    ) -> None:
         self._datastore = datastore
         self._pipeline = pipeline
         self._rng = rng or random.Random()
+        self.after_reply = after_reply if after_reply is not None else AfterReply()
         self._pre_request_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
+        # Every pre-request hook only records (``AFTER_REPLY``): they and the request's metrics may
+        # run once the routing reply is written.
+        self._pre_request_later = after_reply_only(pipeline.pre_request)
         self._request_header_timers = tuple(
             (p, plugin_timer("RequestHeader", p)) for p in pipeline.request_header
         )
@@ -102,7 +117,7 @@ class Director:
         self._admit_now: _AdmitNow | None = getattr(pipeline.admission, "admit_now", None)
         self._admission_tracks: bool = getattr(pipeline.admission, "TRACKS", True)
         self._traced_scheduler = traced_scheduler(pipeline.scheduler)  # sampled requests: span per profile
-        self.responses = ResponseSide(datastore, pipeline)
+        self.responses = ResponseSide(datastore, pipeline, self.after_reply)
         # Whether any request may be explained: the one test a request that is not pays.
         self._explaining = bool(
             pipeline.emit_endpoint_scores or pipeline.explain_header or pipeline.decisions is not None
@@ -131,7 +146,7 @@ class Director:
         pipeline it started with) or after it.  ``in_flight`` of the returned director of
         the previous swap tells when the old pipeline is no longer used.
         """
-        replacement = Director(self._datastore, pipeline, rng=self._rng)
+        replacement = Director(self._datastore, pipeline, rng=self._rng, after_reply=self.after_reply)
         self._replaced_by = replacement
         return replacement
 
@@ -234,6 +249,9 @@ class Director:
         the rest runs in ``_route_admitted``.  ``observer`` notes each stage of a sampled or
         recorded request; any other request is not ``observed`` and nothing is noted.
         """
+        after = self.after_reply
+        if after.queue:  # what earlier requests' replies left to do counts before this one routes
+            after.run()
         pipeline = self._pipeline
         req = ctx.request
         observer = NOT_OBSERVED if ctx.stages is None and ctx.record is None else self._observe(ctx)
@@ -341,11 +359,15 @@ class Director:
         req = ctx.request
         state = ctx.state
         observed = observer.active
-        # The pool changed while the request waited in admission (None: it did not wait).
-        if waited is not None and self._datastore.endpoints() is not waited:
-            candidates = locate(
-                self._datastore.endpoints(), req.metadata, subset_filter=pipeline.subset_filter
-            )
+        if waited is not None:  # it waited in admission: what ran meanwhile may have left work
+            after = self.after_reply
+            if after.queue:
+                after.run()
+            # The pool changed while the request waited.
+            if self._datastore.endpoints() is not waited:
+                candidates = locate(
+                    self._datastore.endpoints(), req.metadata, subset_filter=pipeline.subset_filter
+                )
         # Fresh metrics (when a staleness threshold is set), then not a crashed or failing replica.
         candidates = usable(candidates, time.monotonic(), pipeline.staleness_threshold)
         if observed:
@@ -400,23 +422,44 @@ class Director:
 
         if observed:
             observer.begin(spans.STAGE_PICK)
+        # Hooks that only record wait for the routing reply (the lifecycle queues them once
+        # routing succeeded); the others run here, before it, as they may change it.
+        later = self._pre_request_later and self.after_reply.enabled and not observed
+        if not later:
+            self.pre_request(state, req, result, len(body))
+        try:
+            out = ctx.parser.serialize_request(parsed) if changed and ctx.parser is not None else body
+            # ``metadata.hostport``: ``Endpoint.hostport`` is a property, a call
+            destination = (
+                targets[0].metadata.hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
+            )
+            if observed:
+                observer.picked(result, targets, destination)
+            decision = self._decision(ctx, result, destination, out, out is not body)
+        except BaseException:
+            if later:  # as inline: the hooks counted it, and closing the request releases it
+                self.pre_request(state, req, result, len(body))
+            raise
+        ctx.hooks_later = later
+        return decision
+
+    def pre_request(
+        self, state: CycleState, req: InferenceRequest, result: SchedulingResult, size: int
+    ) -> None:
+        """The pre-request hooks in config order, then the request's count and size metrics.
+
+        Run while routing, or (``ctx.hooks_later``: every hook only records) by the request's
+        lifecycle once the routing reply is written (``RequestLifecycle.run_later``).
+        """
         for plugin, timer in self._pre_request_timers:
             started = time.perf_counter()
             plugin.pre_request(state, req, result)
             timer.observe(time.perf_counter() - started)
-        out = ctx.parser.serialize_request(parsed) if changed and ctx.parser is not None else body
         count, sizes = self._request_series.get(
             (req.incoming_model, req.target_model, req.priority)
         ) or self._bind_request_series(req)
         count.inc()
-        sizes.observe(len(body))
-        # ``metadata.hostport``: ``Endpoint.hostport`` is a property, a call
-        destination = (
-            targets[0].metadata.hostport if len(targets) == 1 else ",".join(t.hostport for t in targets)
-        )
-        if observed:
-            observer.picked(result, targets, destination)
-        return self._decision(ctx, result, destination, out, out is not body)
+        sizes.observe(size)
 
     def _bind_request_series(self, req: InferenceRequest) -> tuple[Any, Any]:
         """The request total and request size children for ``req``'s labels, kept for the next request."""

@@ -18,6 +18,12 @@ ext_proc messages and modes into calls on it:
 
 Every method is synchronous except ``route`` (admission and data producers may wait), which
 is what lets the edge answer response chunks from the transport's read callback.
+
+When the edge writes replies before running what does not shape them (director.after_reply),
+a step whose hooks only record is kept on the lifecycle (``_later``) and the lifecycle queued
+once; ``run_later`` then does the steps in order, after the reply is written: the routed
+request's pre-request hooks and bookkeeping, the response headers', each chunk's, the last
+chunk's with the completion.  Any step done at once first runs everything queued before it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
+
+import structlog
 
 from epp.director.context import RequestContext, RoutingDecision
 from epp.director.response import ResponseSide
@@ -34,6 +42,8 @@ from epp.request import InferenceRequest
 
 if TYPE_CHECKING:
     from epp.director.director import Director
+
+log = structlog.get_logger(__name__)
 
 
 class Phase(enum.IntEnum):
@@ -52,13 +62,20 @@ RECEIVING: Final = Phase.RECEIVING
 ROUTED: Final = Phase.ROUTED
 RESPONDING: Final = Phase.RESPONDING
 COMPLETE: Final = Phase.COMPLETE
+
+# The steps ``run_later`` does, each kept as (step, argument, argument): identity-compared ints.
+_ROUTED: Final = 0  # (the routed request's bookkeeping; pre-request hooks too if ``hooks_later``)
+_HEADERS: Final = 1  # (headers, None)
+_CHUNK: Final = 2  # (chunk, None): a chunk in mid-response
+_END: Final = 3  # (the last chunk, whether the completion runs too)
+_STEP_NAMES: Final = ("routed", "response headers", "response chunk", "response end")
 CLOSED: Final = Phase.CLOSED
 
 
 class RequestLifecycle:
     """One request from its headers to the end of its ext_proc stream.  Made by ``Director.start``."""
 
-    __slots__ = ("_can_hold", "_director", "_held", "_responses", "ctx", "phase")
+    __slots__ = ("_can_hold", "_director", "_held", "_later", "_responses", "ctx", "phase")
 
     def __init__(
         self, director: Director, responses: ResponseSide, ctx: RequestContext, can_hold_response: bool
@@ -69,6 +86,7 @@ class RequestLifecycle:
         self._responses = responses
         self._can_hold = can_hold_response
         self._held: list[bytes] | None = None  # a response held to its end (see response_headers)
+        self._later: list[tuple[int, Any, Any]] | None = None  # steps after their replies; None: not queued
         self.ctx = ctx
         self.phase: Phase = RECEIVING
 
@@ -115,7 +133,10 @@ class RequestLifecycle:
                 raise
             self._director.commit(ctx, None)
         self.phase = ROUTED  # _routed
-        self._responses.request_sent(ctx)
+        if self._responses.after.enabled:  # counted once the reply is written
+            self._step_later((_ROUTED, None, None))
+        else:
+            self._responses.request_sent(ctx)
         return decision
 
     def route_headers_only(self) -> RoutingDecision:
@@ -134,6 +155,50 @@ class RequestLifecycle:
         self.phase = ROUTED
         self._responses.request_sent(self.ctx)
 
+    # the steps that wait for their replies (director.after_reply) -------------------
+    def _step_later(self, step: tuple[int, Any, Any]) -> None:
+        later = self._later
+        if later is not None:  # queued already: the step joins the others
+            later.append(step)
+            return
+        self._later = [step]  # the first step since the queue last ran: queue the lifecycle
+        after = self._responses.after
+        if after.reading:  # ``after.defer(self)`` inlined: a call less on most steps
+            after.queue.append(self)
+        else:
+            after.defer(self)
+
+    def run_later(self) -> None:
+        """Do the steps kept for after their replies, in order; a failing step is logged, the rest run."""
+        steps, self._later = self._later, None
+        if not steps:
+            return
+        ctx = self.ctx
+        responses = self._responses
+        # Each step's calls written out here, not behind helpers: a Python call is ~1k
+        # instructions, and these run for every request.
+        for step, a, b in steps:
+            try:
+                if step is _CHUNK:
+                    responses.chunk(ctx, a, False)
+                elif step is _HEADERS:
+                    responses.headers(ctx, a)
+                elif step is _ROUTED:
+                    if ctx.hooks_later:  # the pre-request hooks and metrics the director left
+                        req = ctx.request
+                        result = ctx.result
+                        assert result is not None  # hooks are left only for a scheduled request
+                        self._director.pre_request(ctx.state, req, result, req.request_size_bytes)
+                    responses.request_sent(ctx)
+                else:  # _END: the completion runs even if the accounting fails (it releases)
+                    try:
+                        responses.chunk(ctx, a, True)
+                    finally:
+                        if b:
+                            responses.complete(ctx)
+            except Exception:
+                log.exception("after_reply_failed", step=_STEP_NAMES[step], request_id=ctx.request.request_id)
+
     def _expect(self, phase: Phase, what: str) -> None:
         if self.phase is not phase:
             raise RuntimeError(f"{what} in phase {self.phase.name}")
@@ -142,14 +207,26 @@ class RequestLifecycle:
     def response_headers(self, headers: dict[str, str], *, end_of_stream: bool) -> list[tuple[str, str]]:
         """The response headers; returns the headers that hooks added or changed."""
         ctx = self.ctx
-        # Only hooks change ``headers`` (header hooks; body and completion hooks too when the
-        # response ends here): without them there is nothing to compare, so no copy.
-        hooked = self._responses.headers_needed or end_of_stream
-        before = headers.copy() if hooked else None  # a method call: ``dict(...)`` costs twice as much
-        self._responses.headers(ctx, headers)
+        responses = self._responses
+        after = responses.after
+        before: dict[str, str] | None = None
+        if (
+            after.enabled
+            and responses.headers_later
+            and not (end_of_stream or ctx.rewrite_response_model or ctx.explain_header)
+        ):
+            self._step_later((_HEADERS, headers, None))  # nothing here changes the reply
+        else:
+            if after.queue:  # the steps deferred before this one first
+                after.run()
+            # Only hooks change ``headers`` (header hooks; body and completion hooks too when the
+            # response ends here): without them there is nothing to compare, so no copy.
+            if responses.headers_needed or end_of_stream:
+                before = headers.copy()  # a method call: ``dict(...)`` costs twice as much
+            responses.headers(ctx, headers)
         added: list[tuple[str, str]] = []
         if ctx.explain_header:  # the trusted explain header asked: the per-scorer breakdown
-            if not hooked and headers.get(SCORES_HEADER) != ctx.explain_header:
+            if before is None and headers.get(SCORES_HEADER) != ctx.explain_header:
                 added.append((SCORES_HEADER, ctx.explain_header))
             headers[SCORES_HEADER] = ctx.explain_header
         if self.phase < RESPONDING:
@@ -173,7 +250,19 @@ class RequestLifecycle:
         response) is the first branch: this runs once per streamed token.
         """
         if self._held is None and not end_of_stream and self.phase is RESPONDING:
-            return self._responses.chunk(self.ctx, chunk, False)
+            responses = self._responses
+            after = responses.after
+            ctx = self.ctx
+            if after.enabled and responses.chunks_later and not ctx.rewrite_response_model:
+                later = self._later  # ``_step_later`` inlined: once per streamed token
+                if later is not None:
+                    later.append((_CHUNK, chunk, None))
+                else:
+                    self._step_later((_CHUNK, chunk, None))
+                return chunk  # forwarded as it came: accounted after the reply is written
+            if after.queue:
+                after.run()
+            return responses.chunk(ctx, chunk, False)
         held = self._held
         if held is not None:
             if chunk:
@@ -186,6 +275,9 @@ class RequestLifecycle:
             return self._final_chunk(chunk)
         if self.phase < RESPONDING:  # a body without headers
             self.phase = RESPONDING
+        after = self._responses.after
+        if after.queue:
+            after.run()
         return self._responses.chunk(self.ctx, chunk, False)
 
     def response_end(self) -> bytes | None:
@@ -202,10 +294,25 @@ class RequestLifecycle:
         return None
 
     def _final_chunk(self, chunk: bytes) -> bytes:
-        out = self._responses.chunk(self.ctx, chunk, True)
+        responses = self._responses
+        after = responses.after
+        ctx = self.ctx
+        if after.enabled and responses.ends_later and not ctx.rewrite_response_model:
+            # No hook can add metadata to this reply: the accounting and completion come after it.
+            step = (_END, chunk, self.phase < COMPLETE)
+            self.phase = COMPLETE
+            later = self._later
+            if later is not None:  # ``_step_later`` inlined: the response's chunks queued it
+                later.append(step)
+            else:
+                self._step_later(step)
+            return chunk
+        if after.queue:
+            after.run()
+        out = responses.chunk(ctx, chunk, True)
         if self.phase < COMPLETE:
             self.phase = COMPLETE
-            self._responses.complete(self.ctx)
+            responses.complete(ctx)
         return out
 
     @property
@@ -224,6 +331,9 @@ class RequestLifecycle:
         phase = self.phase
         if phase is CLOSED:
             return
+        after = self._responses.after
+        if after.queue:  # this request's deferred steps (and any before them) first
+            after.run()
         self.phase = CLOSED
         self._held = None
         ctx = self.ctx

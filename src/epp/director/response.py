@@ -16,6 +16,7 @@ from typing import Any, Final
 import structlog
 
 from epp.datastore.store import Datastore
+from epp.director.after_reply import AfterReply, after_reply_only
 from epp.director.context import RequestContext
 from epp.director.pipeline import Pipeline
 from epp.errors import EppError
@@ -45,14 +46,26 @@ class ResponseSide:
         "_notify",
         "_p",
         "_running",
+        "after",
+        "chunks_later",
         "closed",
+        "ends_later",
+        "headers_later",
         "headers_needed",
         "opened",
     )
 
-    def __init__(self, datastore: Datastore, pipeline: Pipeline) -> None:
+    def __init__(self, datastore: Datastore, pipeline: Pipeline, after: AfterReply | None = None) -> None:
         self._ds = datastore
         self._p = pipeline
+        # Work that may wait until the reply it follows is written (director.after_reply): the
+        # lifecycle defers a step when ``after`` is enabled and every hook the step runs only
+        # records (``AFTER_REPLY``): the header step (``headers_later``), a chunk in mid-response
+        # (``chunks_later``), the last chunk with the completion (``ends_later``).
+        self.after = after if after is not None else AfterReply()
+        self.headers_later = after_reply_only(pipeline.response_header)
+        self.chunks_later = after_reply_only(pipeline.response_body)
+        self.ends_later = self.chunks_later and after_reply_only(pipeline.response_complete)
         # Admission's ``notify`` at each completion, unless it tracks nothing (``TRACKS``).
         admission = pipeline.admission
         self._notify = admission.notify if getattr(admission, "TRACKS", True) else None

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from epp.director.after_reply import AfterReply
 from epp.director.director import Director
 from epp.server import messages, responses
 from epp.server.incoming import Incoming
@@ -37,6 +38,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         # Set when the last session closes, made only while someone waits for that (the drain):
         # clearing and setting an Event for every request cost two Python calls (~1.4k instructions).
         self._idle: asyncio.Event | None = None
+
+    @property
+    def after_reply(self) -> AfterReply:
+        """The director's queue of work that may run after a reply is written (the h2 edge runs it)."""
+        return self._director.after_reply
 
     async def wait_idle(self) -> None:
         """Return once no session is in flight (used to drain on shutdown)."""

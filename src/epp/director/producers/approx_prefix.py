@@ -100,6 +100,9 @@ class ApproxPrefixCacheProducer(PluginBase):
     PARAMS: ClassVar[type[PluginParams]] = ApproxPrefixCacheParams
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset()
+    # pre_request only records the routed prefix (director.api): it may run after the routing
+    # reply is written, and always runs before the next request is routed
+    AFTER_REPLY: ClassVar[bool] = True
 
     def __init__(self, name: str, params: ApproxPrefixCacheParams, handle: Handle) -> None:
         super().__init__(name, params, handle)

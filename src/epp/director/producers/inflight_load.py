@@ -139,6 +139,8 @@ class InFlightLoadProducer(PluginBase):
     PARAMS: ClassVar[type[PluginParams]] = InFlightLoadParams
     PRODUCES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({INFLIGHT_LOAD})
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset()
+    # its hooks only count (director.api): they may run after the reply they follow is written
+    AFTER_REPLY: ClassVar[bool] = True
     # the counts are a snapshot: taken last, right before scheduling (director/dag.py)
     RUN_LAST: ClassVar[bool] = True
 

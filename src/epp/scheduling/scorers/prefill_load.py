@@ -59,6 +59,8 @@ class PrefillLoadScorer(PluginBase):
     BOUNDED: ClassVar[bool] = True
     CONSUMES: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PREFIX_MATCH})
     READS: ClassVar[frozenset[AttributeKey[Any]]] = frozenset({PRECISE_PREFIX_MATCH})
+    # its hooks only count (director.api): they may run after the reply they follow is written
+    AFTER_REPLY: ClassVar[bool] = True
     # its response hook releases the backlog at the first body byte and does nothing after
     FIRST_BYTE_ONLY: ClassVar[bool] = True
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -78,12 +78,28 @@ WRITE_LOW_WATER = 1 << 20
 KEEPALIVE_PING = b"epp-kapg"
 
 
+class AfterReplyQueue(Protocol):
+    """The work a read's replies do not wait for (``epp.director.after_reply.AfterReply``)."""
+
+    reading: bool
+
+    @property
+    def queue(self) -> Sized: ...
+
+    def run(self) -> None: ...
+
+
 class StreamServer(Protocol):
     """What a connection needs of its server (``H2GrpcServer``): limits, and a taker per stream."""
 
     limits: H2Limits
     connections: set[Connection]
     awake: Callable[[], None] | None  # called after every read (the app wires the sync's ``ride``)
+
+    @property
+    def after_reply(self) -> AfterReplyQueue | None:
+        """Run after every read, once its replies are written (None: nothing is deferred)."""
+        ...
 
     def open_stream(
         self, conn: Connection, stream_id: int, headers: HeaderList, size: int
@@ -102,6 +118,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: StreamServer) -> None:
         self._server = server
         self._awake = server.awake
+        self._after_reply = server.after_reply
         limits: H2Limits = server.limits
         self.limits = limits
         self._transport: asyncio.Transport | None = None
@@ -198,14 +215,23 @@ class Connection(asyncio.Protocol):
         Most replies are written from here (``SessionDriver`` answers in the read callback, and
         routes eagerly), so flushing now spares a loop callback per read and sends the reply
         an iteration earlier; writes from tasks still leave together at the iteration's end.
+        Then the work the read's replies did not wait for runs (``after_reply``, the server's:
+        director.after_reply), the replies already on their way.
         """
+        after = self._after_reply
+        if after is not None:
+            after.reading = True
         self._reading = True
         try:
             self._receive(data)
         finally:
             self._reading = False
-            if self._outbox and not self._flush_scheduled:
+            if self._outbox:  # also when a task's flush is pending: the replies go before the work
                 self._flush()
+            if after is not None:  # ``after.finished_reading()`` inlined: a call less per read
+                after.reading = False
+                if after.queue:
+                    after.run()
         if self._awake is not None:  # the loop is awake: peers' sync messages are read in this wake
             self._awake()
 

@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 from grpc_health.v1 import health_pb2
 
+from epp.director.after_reply import AfterReply
 from epp.server import responses
 from epp.server.extproc import SERVICE_NAME, ExtProcServicer
 from epp.server.h2.calls import Call, Driver, Route, open_call
@@ -40,6 +41,11 @@ class H2GrpcServer:
         self._servicer = servicer
         self.limits = limits
         self.awake = awake
+        # The director's queue of work that may follow a reply: this transport runs it after
+        # each read's replies are written, so it turns it on (a no-op servicer has none).
+        self.after_reply: AfterReply | None = getattr(servicer, "after_reply", None)
+        if self.after_reply is not None:
+            self.after_reply.enabled = True
         self.routes: dict[bytes, Route] = {  # by :path
             f"/{SERVICE_NAME}/Process".encode(): (servicer.decode, self._ext_proc_driver),
         }
