@@ -168,7 +168,7 @@ async def test_a_poll_reads_only_when_the_stat_says_the_file_may_have_changed(
 ) -> None:
     """A settled file costs a poll one stat, no read in a thread; any write, rename or touch
     (ctime moves even when ``cp -p`` puts the mtime back) makes the next poll read."""
-    monkeypatch.setattr("epp.app.watcher.RECENT", 0.0)  # the files here were all written just now
+    monkeypatch.setattr("epp.datalayer.watch.RECENT", 0.0)  # the files here were all written just now
     path = tmp_path / "c.yaml"
     path.write_text("a: 1\n")
     seen = Seen()

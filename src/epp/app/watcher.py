@@ -10,10 +10,9 @@ stopped half-way is handed over, rejected by validation, and followed by the who
 A file that cannot be read (the moment between unlink and rename) counts as no change.
 
 A poll reads only when a ``stat`` of the path (on the loop: ~2 µs) says the file may have
-changed: another file behind the path (device, inode: a rename, a swapped symlink), another
-size, mtime or ctime, or a change time within ``RECENT`` of now (a write can land in the same
-coarse timestamp tick as the stat before it, and ctime cannot be set back by ``cp -p``), or a
-digest waiting for its second sighting.  Reading in a thread every poll cost the serving loop
+changed (``epp.datalayer.watch.FileStamp``, the rule every watched file follows: another file
+behind the path, another size, mtime or ctime, or a change time within ``RECENT`` of now), or a
+digest waits for its second sighting.  Reading in a thread every poll cost the serving loop
 more than the read: a thread that wants the GIL while the busy loop holds it is woken at each
 of the loop's releases, ~1,600 times a second at capacity for these four reads a second.
 """
@@ -23,18 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
 import structlog
 
+from epp.datalayer.watch import FileStamp
+
 log = structlog.get_logger(__name__)
 
 DEFAULT_INTERVAL: Final = 0.25
-RECENT: Final = 2.0  # seconds: a file changed this recently is read whatever its stat says
 
 OnChange = Callable[[bytes, str, str], Awaitable[object]]  # (content, digest, trigger)
 
@@ -62,7 +60,7 @@ class ConfigWatcher:
         self._hup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._unreadable = False
-        self._stat: tuple[int, int, int, int, int] | None = None  # at the last read
+        self._stamp = FileStamp(path)
 
     def seen(self, value: str) -> None:
         """The digest of the content already in use (no change to report for it)."""
@@ -108,15 +106,7 @@ class ConfigWatcher:
         return data
 
     def _may_have_changed(self) -> bool:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return True  # the read says why (logged once)
-        stat = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if stat != self._stat:
-            self._stat = stat
-            return True
-        return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RECENT * 1e9
+        return self._stamp.changed() is not False  # None (no stat): the read says why, logged once
 
     async def check(self, *, force: bool = False) -> bool:
         """One poll; returns True when ``on_change`` was called."""
