@@ -208,11 +208,17 @@ async def test_recording_steps_wait_for_the_reply_and_run_in_order() -> None:
 
     after.reading = True
     assert lc.response_headers(dict(SSE), end_of_stream=False) == []
+    assert calls == ["rec:pre_request"]
+    after.finished_reading()
+    assert calls == ["rec:pre_request", "rec:header"]
+
+    after.reading = True
     x = b"x"
-    assert lc.response_chunk(x, False) is x  # forwarded as it came
+    assert lc.response_chunk(x, False) is x  # a chunk in mid-response: accounted at once
+    assert calls == ["rec:pre_request", "rec:header", "rec:body x"]
     assert lc.response_chunk(b"y", True) == b"y"
     assert lc.response_metadata is None
-    assert calls == ["rec:pre_request"]
+    assert calls == ["rec:pre_request", "rec:header", "rec:body x"]  # the last one waits
     after.finished_reading()
     assert calls == ["rec:pre_request", "rec:header", "rec:body x", "rec:body y eos", "rec:complete"]
     assert lc.ctx.response is not None and lc.ctx.response.body_bytes == 2

@@ -47,7 +47,6 @@ class ResponseSide:
         "_p",
         "_running",
         "after",
-        "chunks_later",
         "closed",
         "ends_later",
         "headers_later",
@@ -60,12 +59,13 @@ class ResponseSide:
         self._p = pipeline
         # Work that may wait until the reply it follows is written (director.after_reply): the
         # lifecycle defers a step when ``after`` is enabled and every hook the step runs only
-        # records (``AFTER_REPLY``): the header step (``headers_later``), a chunk in mid-response
-        # (``chunks_later``), the last chunk with the completion (``ends_later``).
+        # records (``AFTER_REPLY``): the header step (``headers_later``), the last chunk with the
+        # completion (``ends_later``).
         self.after = after if after is not None else AfterReply()
         self.headers_later = after_reply_only(pipeline.response_header)
-        self.chunks_later = after_reply_only(pipeline.response_body)
-        self.ends_later = self.chunks_later and after_reply_only(pipeline.response_complete)
+        self.ends_later = after_reply_only(pipeline.response_body) and after_reply_only(
+            pipeline.response_complete
+        )
         # Admission's ``notify`` at each completion, unless it tracks nothing (``TRACKS``).
         admission = pipeline.admission
         self._notify = admission.notify if getattr(admission, "TRACKS", True) else None
