@@ -226,6 +226,24 @@ async def test_recording_steps_wait_for_the_reply_and_run_in_order() -> None:
     assert calls.count("rec:complete") == 1
 
 
+async def test_a_chunk_read_with_its_headers_waits_with_them() -> None:
+    """A non-streamed body read with its headers: the chunk and the end wait for the replies too."""
+    calls: list[str] = []
+    rec = Recorder(calls)
+    d = deferring((rec,), (rec,), (rec,), (rec,))
+    lc = await routed_in_a_read(d, "ar-one-read")
+    d.after_reply.finished_reading()
+    d.after_reply.reading = True
+    lc.response_headers(dict(SSE), end_of_stream=False)
+    x = b"x"
+    assert lc.response_chunk(x, False) is x
+    assert lc.response_chunk(b"", True) == b""
+    assert calls == ["rec:pre_request"]
+    d.after_reply.finished_reading()
+    assert calls == ["rec:pre_request", "rec:header", "rec:body x", "rec:body  eos", "rec:complete"]
+    lc.close()
+
+
 async def test_a_hook_that_may_shape_the_reply_runs_before_it_after_what_was_deferred() -> None:
     calls: list[str] = []
     d = deferring(pre=(Recorder(calls),), header=(Shaping(calls, "shape"),))

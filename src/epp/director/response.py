@@ -47,6 +47,7 @@ class ResponseSide:
         "_p",
         "_running",
         "after",
+        "chunks_later",
         "closed",
         "ends_later",
         "headers_later",
@@ -59,13 +60,12 @@ class ResponseSide:
         self._p = pipeline
         # Work that may wait until the reply it follows is written (director.after_reply): the
         # lifecycle defers a step when ``after`` is enabled and every hook the step runs only
-        # records (``AFTER_REPLY``): the header step (``headers_later``), the last chunk with the
-        # completion (``ends_later``).
+        # records (``AFTER_REPLY``): the header step (``headers_later``), a chunk read with it
+        # (``chunks_later``), the last chunk with the completion (``ends_later``).
         self.after = after if after is not None else AfterReply()
         self.headers_later = after_reply_only(pipeline.response_header)
-        self.ends_later = after_reply_only(pipeline.response_body) and after_reply_only(
-            pipeline.response_complete
-        )
+        self.chunks_later = after_reply_only(pipeline.response_body)
+        self.ends_later = self.chunks_later and after_reply_only(pipeline.response_complete)
         # Admission's ``notify`` at each completion, unless it tracks nothing (``TRACKS``).
         admission = pipeline.admission
         self._notify = admission.notify if getattr(admission, "TRACKS", True) else None
