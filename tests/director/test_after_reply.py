@@ -126,9 +126,10 @@ class Recorder:
     TYPE: ClassVar[str] = "recorder"
     AFTER_REPLY: ClassVar[bool] = True
 
-    def __init__(self, calls: list[str], name: str = "rec") -> None:
+    def __init__(self, calls: list[str], name: str = "rec", *, failing_body: bool = False) -> None:
         self.typed_name = TypedName(self.TYPE, name)
         self.calls = calls
+        self.failing_body = failing_body  # its body hook raises (a bug in a plugin)
 
     def pre_request(self, state: CycleState, request: InferenceRequest, result: SchedulingResult) -> None:
         self.calls.append(f"{self.typed_name.name}:pre_request")
@@ -146,6 +147,8 @@ class Recorder:
         chunk: bytes,
         t: Endpoint | None,
     ) -> None:
+        if self.failing_body:
+            raise RuntimeError("body hook bug")
         self.calls.append(
             f"{self.typed_name.name}:body {chunk.decode()}{' eos' if resp.end_of_stream else ''}"
         )
@@ -295,19 +298,8 @@ async def test_the_next_request_routes_after_the_previous_ones_deferred_work() -
 async def test_a_deferred_completion_runs_even_when_the_last_chunk_fails() -> None:
     calls: list[str] = []
 
-    class Failing(Recorder):
-        def response_body(
-            self,
-            state: CycleState,
-            request: InferenceRequest,
-            resp: ResponseInfo,
-            chunk: bytes,
-            t: Endpoint | None,
-        ) -> None:
-            raise RuntimeError("body hook bug")
-
     rec = Recorder(calls)
-    d = deferring(body_hooks=(Failing(calls, "bad"),), complete=(rec,))
+    d = deferring(body_hooks=(Recorder(calls, "bad", failing_body=True),), complete=(rec,))
     lc = await routed_in_a_read(d, "ar-fail")
     lc.response_headers(dict(SSE), end_of_stream=False)
     lc.response_chunk(b"x", True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from typing import ClassVar, TypeVar
 
 import pytest
 
@@ -31,6 +31,7 @@ from tests.server.harness import Harness, header_map, pods
 from tests.server.test_h2_fuzz import MemoryTransport, block, parse
 
 FULL_DUPLEX = mode_pb.ProcessingMode.FULL_DUPLEX_STREAMED
+T = TypeVar("T")
 BODY = b'{"model":"my-model","prompt":"hi there, route me","max_tokens":3}'
 
 
@@ -64,6 +65,24 @@ def _routing_replies(out: bytes, sid: int) -> list[pb.ProcessingResponse]:
     return replies
 
 
+async def _read_as_the_loop_does(conn: h2connection.Connection, data: bytes, seen: Callable[[], T]) -> T:
+    """``conn.data_received(data)`` from a loop callback (no task current), as the loop calls it;
+    what ``seen()`` returns right after the read returned, before anything else runs."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def read() -> None:
+        try:
+            conn.data_received(data)
+        except Exception as e:
+            done.set_exception(e)
+        else:
+            done.set_result(seen())
+
+    loop.call_soon(read)
+    return await asyncio.wait_for(done, 5.0)
+
+
 def _connect(h: Harness) -> tuple[h2connection.Connection, _Writes]:
     conn = h2connection.Connection(H2GrpcServer(ExtProcServicer(h.director)))
     t = _Writes()
@@ -79,19 +98,7 @@ async def test_a_request_is_routed_and_answered_in_one_write_within_its_read() -
     await asyncio.sleep(0)  # the SETTINGS and their ACK leave
     t.out.clear()
     t.writes = 0
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def read() -> None:  # as the loop calls it: a callback, no task current
-        try:
-            conn.data_received(_request(1))
-        except Exception as e:
-            done.set_exception(e)
-        else:
-            done.set_result((t.writes, bytes(t.out)))
-
-    loop.call_soon(read)
-    writes, out = await asyncio.wait_for(done, 5.0)
+    writes, out = await _read_as_the_loop_does(conn, _request(1), lambda: (t.writes, bytes(t.out)))
     assert writes == 1  # HEADERS, the routing reply and the body, together, before the read returned
     replies = _routing_replies(out, 1)
     assert replies[0].WhichOneof("response") == "request_headers"
@@ -174,18 +181,6 @@ async def test_a_recording_hook_runs_after_the_routing_reply_is_written(
     hook.transport = t
     await asyncio.sleep(0)  # the SETTINGS and their ACK leave
     t.writes = 0
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def read() -> None:  # as the loop calls it: a callback, no task current
-        try:
-            conn.data_received(_request(1))
-        except Exception as e:
-            done.set_exception(e)
-        else:
-            done.set_result(t.writes)
-
-    loop.call_soon(read)
-    assert await asyncio.wait_for(done, 5.0) == 1
+    assert await _read_as_the_loop_does(conn, _request(1), lambda: t.writes) == 1
     assert hook.seen == [writes_when_run]  # it ran within the read either way, once
     conn.connection_lost(None)
