@@ -5,8 +5,8 @@ per message does not change that reply: counting a routed request on its endpoin
 its prefix, the response's health signals, usage and metrics, completion hooks that release
 counters.  At a low rate every one of these runs cold, so it is tens of microseconds a request
 that Envoy, and the client behind it, waited for.  Measured through Envoy at 200 req/s (syscall
-traces of the EPP, docs/decisions.md, thirteenth pass): the response messages cost 28-39 µs
-more than the no-op floor's with this work inline, and none with it after the write.
+traces of the EPP, docs/decisions.md, thirteenth pass): the response messages waited 26-44 µs
+longer than the no-op floor's with this work inline, and none longer with it after the write.
 
 ``AfterReply`` is that queue.  The transport that serves ext_proc enables it (the EPP's own
 HTTP/2 server) and, after each read, writes the replies the read produced and then runs what

@@ -64,6 +64,7 @@ RECEIVING: Final = Phase.RECEIVING
 ROUTED: Final = Phase.ROUTED
 RESPONDING: Final = Phase.RESPONDING
 COMPLETE: Final = Phase.COMPLETE
+CLOSED: Final = Phase.CLOSED
 
 # The steps ``run_later`` does, each kept as (step, argument, argument): identity-compared ints.
 _ROUTED: Final = 0  # (the routed request's bookkeeping; pre-request hooks too if ``hooks_later``)
@@ -71,7 +72,6 @@ _HEADERS: Final = 1  # (headers, None)
 _CHUNK: Final = 2  # (chunk, None): a chunk in mid-response read with the headers
 _END: Final = 3  # (the last chunk, whether the completion runs too)
 _STEP_NAMES: Final = ("routed", "response headers", "response chunk", "response end")
-CLOSED: Final = Phase.CLOSED
 
 
 class RequestLifecycle:

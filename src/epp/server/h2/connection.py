@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -83,10 +83,7 @@ class AfterReplyQueue(Protocol):
 
     reading: bool
 
-    @property
-    def queue(self) -> Sized: ...
-
-    def run(self) -> None: ...
+    def finished_reading(self) -> None: ...
 
 
 class StreamServer(Protocol):
@@ -228,10 +225,8 @@ class Connection(asyncio.Protocol):
             self._reading = False
             if self._outbox:  # also when a task's flush is pending: the replies go before the work
                 self._flush()
-            if after is not None:  # ``after.finished_reading()`` inlined: a call less per read
-                after.reading = False
-                if after.queue:
-                    after.run()
+            if after is not None:
+                after.finished_reading()
         if self._awake is not None:  # the loop is awake: peers' sync messages are read in this wake
             self._awake()
 
