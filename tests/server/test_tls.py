@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -19,6 +19,7 @@ from epp.server import tls
 from epp.server.tls import (
     CERT_FILE,
     KEY_FILE,
+    SELF_SIGNED_BACKDATE,
     CertReloader,
     generate_self_signed,
     load_key_pair,
@@ -176,12 +177,24 @@ def test_self_signed_matches_gie() -> None:
     assert [a.value for a in orgs] == ["Inference Ext"]
     assert cert.issuer == cert.subject
     lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
-    assert lifetime == timedelta(days=3650)
+    assert lifetime == timedelta(days=3650) + SELF_SIGNED_BACKDATE
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
     with pytest.raises(x509.ExtensionNotFound):
         cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
     assert b"PRIVATE KEY" in key_pem
+
+
+def test_self_signed_is_valid_for_a_peer_whose_clock_is_behind() -> None:
+    """A verifier whose clock is up to the backdate behind ours still finds the cert valid.
+
+    CI saw "certificate is not yet valid" on a cert made valid from the second it was made.
+    """
+    before = datetime.now(UTC)
+    cert_pem, _ = generate_self_signed(key_bits=2048)
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    assert cert.not_valid_before_utc <= before - timedelta(minutes=59)
+    assert cert.not_valid_after_utc >= before + timedelta(days=3650) - timedelta(seconds=1)
 
 
 async def test_empty_cert_path_serves_a_generated_cert(monkeypatch: pytest.MonkeyPatch, serve: Serve) -> None:

@@ -31,6 +31,11 @@ RELOAD_DEBOUNCE: Final = 0.25  # seconds the files must sit unchanged before a r
 SELF_SIGNED_ORG: Final = "Inference Ext"
 SELF_SIGNED_KEY_BITS: Final = 4096
 SELF_SIGNED_VALIDITY: Final = timedelta(days=3650)
+# How far before "now" a generated certificate becomes valid. A peer whose clock is a little
+# behind ours (or a clock stepped back by NTP between generation and handshake) would otherwise
+# reject the certificate as "not yet valid"; client-go's self-signed certificates backdate the
+# same hour.
+SELF_SIGNED_BACKDATE: Final = timedelta(hours=1)
 
 _Signature = tuple[tuple[int, int, int], tuple[int, int, int]]  # (mtime_ns, size, inode) of crt and key
 
@@ -61,6 +66,8 @@ def generate_self_signed(
 ) -> tuple[bytes, bytes]:
     """A self-signed server certificate and its key, PEM: GIE's (org, 10 years, no SAN by default).
 
+    It is valid from ``SELF_SIGNED_BACKDATE`` before now, so clock skew cannot make it "not yet valid".
+
     ``hosts`` adds subjectAltName entries (IP literals or DNS names), for clients that verify.
     """
     key = rsa.generate_private_key(public_exponent=65537, key_size=key_bits)
@@ -72,7 +79,7 @@ def generate_self_signed(
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(secrets.randbits(127) + 1)
-        .not_valid_before(now)
+        .not_valid_before(now - SELF_SIGNED_BACKDATE)
         .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
