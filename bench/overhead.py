@@ -10,11 +10,12 @@ under deploy/envoy/lean.yaml (only the phases the plugins need), each with its f
 no-op server under the same Envoy config asking for the same phases (c''), (e) vllm-router and
 sglang-router (cache_aware) when installed.  1 KB chat
 requests, non-streamed answers from 4 upstreams.  Open-loop Poisson windows over a rate ladder,
-paths interleaved within each round and their order rotated between rounds; latency from the
-scheduled send time.  A path that cannot keep up with a rate (achieved < 90% of offered, or
-errors) is not offered the higher rates.  Capacity: closed loop with 32 concurrent requests.
-CPU: utime+stime of the routing processes only, per successful request, split by process (Envoy,
-the ext_proc server); the hop goals (issue 31) are medians over rounds of ratios within a round.
+paths interleaved within each round and their order rotated between rounds (at the hop rate in
+HOP_SLICES slices each, taken in turn); latency from the scheduled send time.  A path that cannot
+keep up with a rate (achieved < 90% of offered, or errors) is not offered the higher rates.
+Capacity: closed loop with 32 concurrent requests.  CPU: utime+stime of the routing processes
+only, per successful request, split by process (Envoy, the ext_proc server); the hop goals
+(issue 31) are medians over rounds of ratios (and of p50 differences) within a round.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ PROFILE_RATE = 600  # req/s while py-spy samples the EPP: busy, below saturation
 # and added p50 at HOP_RATE, each an EPP path over the no-op path under the same Envoy config.
 HOP_GOALS = {"cpu_ratio": 1.25, "capacity_ratio": 0.85, "added_p50_ms": 0.15}
 HOP_RATE = 200
+# Slices of a path's window at HOP_RATE, interleaved with the other paths' (see ``run``).
+HOP_SLICES = 4
 # (GIE's Envoy config, lean Envoy config) pairs of the same EPP config: what the lean config saves Envoy.
 LEAN_PAIRS = {"default": ("epp", "epp-lean"), "prefix-heavy": ("epp-prefix", "epp-prefix-lean")}
 SPECS = (
@@ -207,20 +210,30 @@ async def run(mode: str, *, profile: bool = True, rounds: int | None = None) -> 
         for rnd in range(st.rounds):
             order = paths[rnd % len(paths) :] + paths[: rnd % len(paths)]
             for rate in st.rates:
-                for p in order:
-                    if gave_up.get(p.name, 10**9) < rate:
-                        continue
-                    w = await measure(
-                        p, requests, rate=rate, window=st.window_s, seed=SEED + rnd * 1000 + rate
-                    )
-                    cells[p.name].setdefault(rate, []).append(w)
-                    log(
-                        f"overhead: round {rnd + 1}/{st.rounds} {rate:>5} req/s {p.name:<14} "
-                        f"p50 {w['p50_ms']} ms p99 {w['p99_ms']} ms ok {w['ok']}/{w['offered']} "
-                        f"cpu {w['cpu_us_per_req']['total']} us/req"
-                    )
-                    if w["ok"] < 0.9 * w["offered"] or w["errors"]:
-                        gave_up[p.name] = min(gave_up.get(p.name, 10**9), rate)
+                # At the hop rate each path's window is cut into slices taken in turn with every
+                # other path's, so the paths share the machine's drift within the round.
+                slices = HOP_SLICES if rate == HOP_RATE else 1
+                for k in range(slices):
+                    for p in order:
+                        if gave_up.get(p.name, 10**9) < rate:
+                            continue
+                        w = await measure(
+                            p,
+                            requests,
+                            rate=rate,
+                            window=st.window_s / slices,
+                            seed=SEED + rnd * 1000 + rate + k * 100_000,
+                        )
+                        w["round"] = rnd
+                        cells[p.name].setdefault(rate, []).append(w)
+                        log(
+                            f"overhead: round {rnd + 1}/{st.rounds} {rate:>5} req/s {p.name:<14} "
+                            f"{'' if slices == 1 else f'slice {k + 1}/{slices} '}"
+                            f"p50 {w['p50_ms']} ms p99 {w['p99_ms']} ms ok {w['ok']}/{w['offered']} "
+                            f"cpu {w['cpu_us_per_req']['total']} us/req"
+                        )
+                        if w["ok"] < 0.9 * w["offered"] or w["errors"]:
+                            gave_up[p.name] = min(gave_up.get(p.name, 10**9), rate)
             for p in order:
                 meter = p.meter()
                 meter.start()
@@ -260,6 +273,9 @@ async def run(mode: str, *, profile: bool = True, rounds: int | None = None) -> 
         "notes": notes,
         "ladder": ladder,
         "capacity": {name: _best(cs) for name, cs in capacity.items()},
+        "hop_p50_rounds": {
+            name: p50_by_round(by_rate.get(HOP_RATE, []), st.rounds) for name, by_rate in cells.items()
+        },
         "capacity_rounds": {
             name: [{"achieved_rps": c["achieved_rps"], "cpu_us_per_req": c["cpu_us_per_req"]} for c in cs]
             for name, cs in capacity.items()
@@ -273,6 +289,17 @@ async def run(mode: str, *, profile: bool = True, rounds: int | None = None) -> 
     }
     result["derived"] = derive(result)
     return result
+
+
+def p50_by_round(windows: list[dict[str, Any]], rounds: int) -> list[float | None]:
+    """Each round's p50 (ms) over its slices at the hop rate; None for a round without one."""
+    from bench.httpload import percentile
+
+    out: list[float | None] = []
+    for rnd in range(rounds):
+        lat = [x for w in windows if w.get("round") == rnd for x in w["_lat_ms"]]
+        out.append(round(percentile(lat, 50), 3) if lat else None)
+    return out
 
 
 def _best(cs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -354,7 +381,8 @@ def derive_hop(result: dict[str, Any]) -> dict[str, Any]:
     """Each EPP path over its fair floor (issue 31), and what the lean Envoy config saves Envoy.
 
     Ratios are taken within a round (both paths measured minutes apart at most, in the same machine
-    state) and the median over rounds is reported.  CPU is split by process: "envoy" and "extproc".
+    state) and the median over rounds is reported; so is the added p50, from each round's slices.
+    CPU is split by process: "envoy" and "extproc".
     """
     rounds: dict[str, list[dict[str, Any]]] = result.get("capacity_rounds", {})
     ladder = result["ladder"]
@@ -370,9 +398,14 @@ def derive_hop(result: dict[str, Any]) -> dict[str, Any]:
         )
         cap = _median([_q(a["achieved_rps"], b["achieved_rps"]) for a, b in pairs])
         at = str(HOP_RATE)
-        p50 = _diff(
+        pooled = _diff(
             ladder.get(name, {}).get(at, {}).get("p50_ms"), ladder.get(floor, {}).get(at, {}).get("p50_ms")
         )
+        by_round = result.get("hop_p50_rounds", {})
+        p50_pairs = list(zip(by_round.get(name, []), by_round.get(floor, []), strict=False))
+        # the median over rounds of the difference within a round, as the ratios; a result
+        # recorded before rounds were kept has only the pooled cells
+        p50 = _round(_median([_diff(a, b) for a, b in p50_pairs]), 3) if p50_pairs else pooled
         paths[name] = {
             "floor": floor,
             "rounds": len(pairs),
@@ -383,6 +416,8 @@ def derive_hop(result: dict[str, Any]) -> dict[str, Any]:
             "cpu_ratio": _round(cpu, 3),
             "capacity_ratio": _round(cap, 3),
             "added_p50_ms": p50,
+            "added_p50_ms_rounds": [_diff(a, b) for a, b in p50_pairs],
+            "added_p50_ms_pooled": pooled,
             "cpu_ratio_vs_gie_floor": _round(
                 _median(
                     [

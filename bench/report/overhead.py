@@ -205,7 +205,8 @@ def hop_section(o: dict[str, Any]) -> list[str]:
         "Each EPP path over the no-op ext_proc path under the same Envoy config, asking Envoy for the "
         "same phases (GIE's FULL_DUPLEX_STREAMED config, or deploy/envoy/lean.yaml, where the EPP skips "
         "the response phases no plugin reads). At capacity, median over rounds; ratios are taken within "
-        f"a round. Added p50 at {hop['rate']} req/s over the same floor.",
+        f"a round. Added p50 at {hop['rate']} req/s over the same floor: the median over rounds of "
+        "the difference within a round, the paths' windows cut into slices taken in turn.",
         "",
         table(
             [

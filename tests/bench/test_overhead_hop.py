@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.overhead import HOP_RATE, SPECS, derive_hop
+from bench.overhead import HOP_RATE, SPECS, derive_hop, p50_by_round
 from bench.paths import LEAN
 from bench.report.overhead import hop_section
 
@@ -55,6 +55,32 @@ def test_hop_ratios_are_medians_of_ratios_within_a_round() -> None:
         ("epp-lean", "capacity_ratio"): False,
         ("epp-lean", "added_p50_ms"): False,
     }
+
+
+def test_added_p50_is_the_median_of_differences_within_a_round() -> None:
+    """A round slow for both paths moves neither; one slow for the EPP alone is outvoted."""
+    r = result()
+    r["hop_p50_rounds"] = {
+        "floor-h2": [1.0, 3.0, 1.0],  # round 2: the machine was busy for both
+        "epp": [1.1, 3.12, 1.5],  # round 3: the EPP's windows alone were disturbed
+        "floor-h2-lean": [0.8, 0.8, 0.8],
+        "epp-lean": [0.9, 0.95, None],  # a round the path did not run
+    }
+    epp = derive_hop(r)["paths"]["epp"]
+    assert epp["added_p50_ms"] == 0.12  # rounds: 0.1, 0.12, 0.5
+    assert epp["added_p50_ms_rounds"] == [0.1, 0.12, 0.5]
+    assert epp["added_p50_ms_pooled"] == 0.1  # the ladder's pooled cells, kept beside it
+    lean = derive_hop(r)["paths"]["epp-lean"]
+    assert lean["added_p50_ms"] == 0.125  # the median of the two rounds both ran
+
+
+def testp50_by_round_pools_a_rounds_slices() -> None:
+    windows = [
+        {"round": 0, "_lat_ms": [1.0, 2.0]},
+        {"round": 1, "_lat_ms": [5.0]},
+        {"round": 0, "_lat_ms": [3.0]},  # round 0's second slice
+    ]
+    assert p50_by_round(windows, 3) == [2.0, 5.0, None]
 
 
 def test_lean_saves_envoys_share_per_config() -> None:
