@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.overhead import HOP_RATE, SPECS, derive_hop, p50_by_round
+from bench.overhead import HOP_RATE, SPECS, _pool, derive_hop, p50_by_round
 from bench.paths import LEAN
 from bench.report.overhead import hop_section
 
@@ -81,6 +81,31 @@ def testp50_by_round_pools_a_rounds_slices() -> None:
         {"round": 0, "_lat_ms": [3.0]},  # round 0's second slice
     ]
     assert p50_by_round(windows, 3) == [2.0, 5.0, None]
+
+
+def window(rnd: int, lat_ms: list[float]) -> dict[str, Any]:
+    n = len(lat_ms)
+    return {
+        "round": rnd,
+        "_lat_ms": lat_ms,
+        "ok": n,
+        "offered": n,
+        "errors": 0,
+        "wall_s": 0.5,
+        "client_late_p99_ms": 0.0,
+        "p99_ms": sorted(lat_ms)[-1],
+        "cpu_s": {"envoy": 0.01},
+    }
+
+
+def test_a_cell_is_sustained_by_rounds_not_by_slices() -> None:
+    """One slow request in a 100-request slice is its p99, not its round's: the round sustains."""
+    slow_slice = window(0, [1.0] * 99 + [30.0])
+    round0 = [slow_slice] + [window(0, [1.0] * 100) for _ in range(3)]
+    cell = _pool([*round0, window(1, [1.0] * 100)])
+    assert cell["rounds"] == 2 and cell["sustained"]
+    slow_round = [window(2, [1.0] * 90 + [30.0] * 10)]
+    assert not _pool([*round0, *slow_round])["sustained"]
 
 
 def test_lean_saves_envoys_share_per_config() -> None:
