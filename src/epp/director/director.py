@@ -16,7 +16,6 @@ import asyncio
 import random
 import time
 import types
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, Final, NoReturn
 
@@ -32,6 +31,7 @@ from epp.director.dag import producer_timeout
 from epp.director.lifecycle import RequestLifecycle
 from epp.director.observer import NOT_OBSERVED, ActiveObserver, StageObserver, commit
 from epp.director.pipeline import Pipeline
+from epp.director.request_ids import RequestIds
 from epp.director.response import ResponseSide, plugin_timer
 from epp.director.traced import traced_scheduler
 from epp.errors import BadRequest, EppError, Internal, ResourceExhausted, ServiceUnavailable
@@ -96,6 +96,7 @@ class Director:
         self._datastore = datastore
         self._pipeline = pipeline
         self._rng = rng or random.Random()
+        self._ids = RequestIds()
         self.after_reply = after_reply if after_reply is not None else AfterReply()
         self._pre_request_timers = tuple((p, plugin_timer("PreRequest", p)) for p in pipeline.pre_request)
         # Every pre-request hook only records (``AFTER_REPLY``): they and the request's metrics may
@@ -167,7 +168,7 @@ class Director:
         request_id = headers.get(REQUEST_ID_HEADER, "")
         generated = not request_id
         if generated:
-            request_id = str(uuid.uuid4())
+            request_id = self._ids.new()
             headers[REQUEST_ID_HEADER] = request_id
         if headers.keys().isdisjoint(_START_CONTROL_NAMES):  # the usual request: one C-level test
             objective, fairness_id, target_model = "", DEFAULT_FAIRNESS_ID, ""
