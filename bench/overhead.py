@@ -8,12 +8,12 @@ server on the EPP's own transport (src/epp/server/h2: the floor under the EPP), 
 with the default and the prefix-heavy config, under GIE's Envoy config (FULL_DUPLEX_STREAMED) and
 under deploy/envoy/lean.yaml (only the phases the plugins need), each with its fair floor: the
 no-op server under the same Envoy config asking for the same phases (c''), (e) vllm-router and
-sglang-router (cache_aware) when installed.  1 KB chat
-requests, non-streamed answers from 4 upstreams.  Open-loop Poisson windows over a rate ladder,
-paths interleaved within each round and their order rotated between rounds (at the hop rate in
-HOP_SLICES slices each, taken in turn); latency from the scheduled send time.  A path that cannot
-keep up with a rate (achieved < 90% of offered, or errors) is not offered the higher rates.
-Capacity: closed loop with 32 concurrent requests.  CPU: utime+stime of the routing processes
+sglang-router (cache_aware) when installed.  1 KB chat requests, non-streamed answers from 4
+upstreams.  Open-loop Poisson windows over a rate ladder, paths interleaved within each round and
+their order rotated between rounds (at the hop rate in HOP_SLICES slices each, taken in turn);
+latency from the scheduled send time.  A path that cannot keep up with a rate (achieved < 90% of
+offered, or errors) is not offered the higher rates.  Capacity: closed loop with 32 concurrent
+requests, in HOP_SLICES slices taken in turn.  CPU: utime+stime of the routing processes
 only, per successful request, split by process (Envoy, the ext_proc server); the hop goals
 (issue 31) are medians over rounds of ratios (and of p50 differences) within a round.
 """
@@ -64,7 +64,8 @@ PROFILE_RATE = 600  # req/s while py-spy samples the EPP: busy, below saturation
 # and added p50 at HOP_RATE, each an EPP path over the no-op path under the same Envoy config.
 HOP_GOALS = {"cpu_ratio": 1.25, "capacity_ratio": 0.85, "added_p50_ms": 0.15}
 HOP_RATE = 200
-# Slices of a path's window at HOP_RATE, interleaved with the other paths' (see ``run``).
+# Slices of a path's window at HOP_RATE and of its capacity window, interleaved with the other
+# paths' (see ``run``).
 HOP_SLICES = 4
 # (GIE's Envoy config, lean Envoy config) pairs of the same EPP config: what the lean config saves Envoy.
 LEAN_PAIRS = {"default": ("epp", "epp-lean"), "prefix-heavy": ("epp-prefix", "epp-prefix-lean")}
@@ -242,14 +243,19 @@ async def run(mode: str, *, profile: bool = True, rounds: int | None = None) -> 
                         )
                         if w["ok"] < 0.9 * w["offered"] or w["errors"]:
                             gave_up[p.name] = min(gave_up.get(p.name, 10**9), rate)
+            # Capacity in slices taken in turn too: each round's ratios compare paths measured
+            # within seconds of each other, not a whole round apart.
+            slices_of: dict[str, list[dict[str, Any]]] = {p.name: [] for p in order}
+            for _ in range(HOP_SLICES):
+                for p in order:
+                    meter = p.meter()
+                    meter.start()
+                    cl = await closed_loop(
+                        p.client(), requests, concurrency=st.concurrency, duration=st.capacity_s / HOP_SLICES
+                    )
+                    slices_of[p.name].append(_record(cl, meter.stop()))
             for p in order:
-                meter = p.meter()
-                meter.start()
-                cl = await closed_loop(
-                    p.client(), requests, concurrency=st.concurrency, duration=st.capacity_s
-                )
-                c = _record(cl, meter.stop())
-                c.pop("_lat_ms")
+                c = capacity_cell(slices_of[p.name])
                 capacity[p.name].append(c)
                 log(
                     f"overhead: round {rnd + 1}/{st.rounds} capacity {p.name:<14} {c['achieved_rps']} req/s, "
@@ -308,6 +314,12 @@ def p50_by_round(windows: list[dict[str, Any]], rounds: int) -> list[float | Non
         lat = [x for w in windows if w.get("round") == rnd for x in w["_lat_ms"]]
         out.append(round(percentile(lat, 50), 3) if lat else None)
     return out
+
+
+def capacity_cell(slices: list[dict[str, Any]]) -> dict[str, Any]:
+    """One path's capacity in one round from its slices: requests over their summed wall time,
+    CPU over their summed requests (``_pool``), without the latencies."""
+    return {k: v for k, v in _pool(slices).items() if k not in ("rounds", "sustained")}
 
 
 def _best(cs: list[dict[str, Any]]) -> dict[str, Any]:

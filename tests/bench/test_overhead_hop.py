@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.overhead import HOP_RATE, SPECS, _pool, derive_hop, p50_by_round
+from bench.overhead import HOP_RATE, SPECS, _pool, capacity_cell, derive_hop, p50_by_round
 from bench.paths import LEAN
 from bench.report.overhead import hop_section
 
@@ -106,6 +106,15 @@ def test_a_cell_is_sustained_by_rounds_not_by_slices() -> None:
     assert cell["rounds"] == 2 and cell["sustained"]
     slow_round = [window(2, [1.0] * 90 + [30.0] * 10)]
     assert not _pool([*round0, *slow_round])["sustained"]
+
+
+def test_capacity_of_a_round_is_its_slices_requests_over_their_time() -> None:
+    fast, slow = window(0, [1.0] * 300), window(0, [1.0] * 100)  # 0.5 s each
+    fast["cpu_s"], slow["cpu_s"] = {"envoy": 0.03, "extproc": 0.03}, {"envoy": 0.01, "extproc": 0.03}
+    c = capacity_cell([fast, slow])
+    assert c["achieved_rps"] == 400.0  # 400 requests in 1 s, not the mean of 600 and 200 per second
+    assert c["cpu_us_per_req"] == {"envoy": 100.0, "extproc": 150.0, "total": 250.0}
+    assert "_lat_ms" not in c and "sustained" not in c
 
 
 def test_lean_saves_envoys_share_per_config() -> None:
