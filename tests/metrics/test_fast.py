@@ -20,6 +20,14 @@ from epp.metrics import fast
 from epp.testing import waiting
 
 
+def folded(child: fast.HistogramChild) -> tuple[list[int], float]:
+    """The buckets and the sum as the folds have left them, without folding: read under the fold
+    lock, so a fold another thread is in the middle of (its values already out of ``_pending``,
+    not yet in the buckets) has ended."""
+    with fast._FOLD_LOCK:
+        return list(child._counts), child._sum
+
+
 def test_histogram_buckets_are_le_and_cumulative() -> None:
     """A value on a bound counts in that bucket (le); buckets are cumulative; sum and count add up."""
     reg = CollectorRegistry()
@@ -248,7 +256,38 @@ def test_pending_observations_fold_on_every_read_and_in_the_background() -> None
     deadline = time.monotonic() + 10 * fast.FOLD_INTERVAL
     while c2._pending and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not c2._pending and c2._counts == [2, 1]
+    assert not c2._pending and folded(c2)[0] == [2, 1]
+
+
+class CountingLock:
+    """A lock that counts how often it was taken."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.taken = 0
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self.taken += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_reads_take_the_fold_lock_even_with_nothing_pending(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read with an empty pending list must still wait for a fold running on another thread:
+    that fold has taken its values out of the list and not yet added them, so a read that skipped
+    the lock would see the buckets without them, or the buckets with them and the sum without."""
+    lock = CountingLock()
+    monkeypatch.setattr(fast, "_FOLD_LOCK", lock)
+    reg = CollectorRegistry()
+    h = fast.Histogram("r", "help", buckets=(1.0,), registry=reg)
+    child = h._default
+    assert child is not None and not child._pending
+    assert child.snapshot() == ([0, 0], 0.0)
+    assert lock.taken == 1
+    assert reg.get_sample_value("r_count") == 0  # a scrape
+    assert lock.taken == 2
 
 
 async def test_a_serving_loop_folds_and_the_fold_thread_exits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,7 +313,7 @@ async def test_a_serving_loop_folds_and_the_fold_thread_exits(monkeypatch: pytes
                 c.observe(0.5)
                 c.observe(2.0)
             await waiting.until(lambda: not any(c._pending for c in children), what="the loop's folds")
-            assert all(c._counts == [round_, round_] and c._sum == 2.5 * round_ for c in children)
+            assert all(folded(c) == ([round_, round_], 2.5 * round_) for c in children)
     finally:
         stop()
     assert fast._fold_loop is None
@@ -282,7 +321,7 @@ async def test_a_serving_loop_folds_and_the_fold_thread_exits(monkeypatch: pytes
     assert restarted is not None and restarted is not thread and restarted.is_alive()
     children[0].observe(0.25)
     await waiting.until(lambda: not children[0]._pending, what="the new thread's fold")
-    assert children[0]._counts == [3, 2]
+    assert folded(children[0])[0] == [3, 2]
 
 
 async def test_a_value_that_is_no_number_loses_its_batch_and_the_folds_go_on(
@@ -298,10 +337,10 @@ async def test_a_value_that_is_no_number_loses_its_batch_and_the_folds_go_on(
         child.observe("not a number")  # type: ignore[arg-type]
         child.observe(0.5)
         await waiting.until(lambda: not child._pending, what="the failed fold")
-        assert child._counts == [0, 0]  # that batch is dropped
+        assert folded(child)[0] == [0, 0]  # that batch is dropped
         child.observe(0.25)
         await waiting.until(lambda: not child._pending, what="the next fold")
-        assert child._counts == [1, 0] and child._sum == 0.25
+        assert folded(child) == ([1, 0], 0.25)
     finally:
         stop()
     assert "histogram fold failed" in caplog.text

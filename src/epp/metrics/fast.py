@@ -201,13 +201,22 @@ class HistogramChild:
     @property
     def counts(self) -> list[int]:
         """Per-bucket counts (not cumulative), every observation so far included."""
-        self.fold()
-        return self._counts
+        return self.snapshot()[0]
 
     @property
     def sum(self) -> float:
-        self.fold()
-        return self._sum
+        return self.snapshot()[1]
+
+    def snapshot(self) -> tuple[list[int], float]:
+        """The counts (a copy) and the sum, every observation so far folded in, read together.
+
+        Under the fold lock: a fold running on another thread has already taken the pending
+        values out of the list, and until it ends its values are in neither the list nor the
+        buckets (a scrape then would see the buckets and the sum disagree).
+        """
+        with _FOLD_LOCK:
+            self._fold_held()
+            return list(self._counts), self._sum
 
     def fold(self) -> None:
         """Move the pending observations into the buckets and the sum.
@@ -225,25 +234,29 @@ class HistogramChild:
         it; ``add.accumulate`` adds left to right as ``observe``'s own additions would (no
         pairwise summation), so the sum's float is the same.
         """
-        pending = self._pending
-        if not pending:
+        if not self._pending:
             return
         with _FOLD_LOCK:
-            n = len(pending)
-            if not n:  # another folder took them between the test above and the lock
-                return
-            values = pending[:n]
-            del pending[:n]
-            a = np.array(values, dtype=np.float64)
-            counts = self._counts
-            last = len(counts) - 1
-            per_bucket = np.bincount(np.searchsorted(self._bounds, a), minlength=last + 2)
-            for i, k in enumerate(per_bucket.tolist()):  # index last + 1: a NaN, after +Inf
-                if k:
-                    counts[i if i < last else last] += k
-            a[0] += self._sum  # the first addition (commutative), then the rest in order
-            with np.errstate(all="ignore"):  # inf - inf is NaN here as in Python, without a warning
-                self._sum = float(np.add.accumulate(a, out=a)[-1])
+            self._fold_held()
+
+    def _fold_held(self) -> None:
+        """``fold`` with ``_FOLD_LOCK`` held."""
+        pending = self._pending
+        n = len(pending)
+        if not n:  # another folder took them between ``fold``'s test and the lock
+            return
+        values = pending[:n]
+        del pending[:n]
+        a = np.array(values, dtype=np.float64)
+        counts = self._counts
+        last = len(counts) - 1
+        per_bucket = np.bincount(np.searchsorted(self._bounds, a), minlength=last + 2)
+        for i, k in enumerate(per_bucket.tolist()):  # index last + 1: a NaN, after +Inf
+            if k:
+                counts[i if i < last else last] += k
+        a[0] += self._sum  # the first addition (commutative), then the rest in order
+        with np.errstate(all="ignore"):  # inf - inf is NaN here as in Python, without a warning
+            self._sum = float(np.add.accumulate(a, out=a)[-1])
 
 
 class _Family(Generic[C]):
@@ -407,14 +420,13 @@ class Histogram(_Family[HistogramChild]):
     def _fill(self, family: Metric) -> Metric:
         assert isinstance(family, HistogramMetricFamily)
         for values, child in self._series():
-            child.fold()
-            counts = list(child._counts)
+            counts, total = child.snapshot()
             running = 0
             buckets = []
             for le, n in zip(self._les, counts, strict=True):
                 running += n
                 buckets.append((le, running))
-            family.add_metric(list(values), buckets, child._sum)
+            family.add_metric(list(values), buckets, total)
         return family
 
 
