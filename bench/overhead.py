@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from bench.common import log, sum_cpu, versions, write_result
-from bench.httpload import RunResult, closed_loop, open_loop, post, summarize
+from bench.httpload import RunResult, closed_loop, open_loop, percentile, post, summarize
 from bench.paths import (
     DIRECT,
     ENVOY,
@@ -157,16 +157,12 @@ def _record(run: RunResult, cpu: dict[str, float]) -> dict[str, Any]:
 
 def _pool(windows: list[dict[str, Any]]) -> dict[str, Any]:
     """Merge the windows of one (path, rate) cell across rounds."""
-    from bench.httpload import percentile
-
     lat = sorted(x for w in windows for x in w["_lat_ms"])
     ok = sum(w["ok"] for w in windows)
     offered = sum(w["offered"] for w in windows)
     cpu = sum_cpu(windows)
     wall = sum(w["wall_s"] for w in windows)
-    by_round: dict[int, list[dict[str, Any]]] = {}
-    for i, w in enumerate(windows):
-        by_round.setdefault(w.get("round", i), []).append(w)
+    by_round = _rounds_of(windows)
     return {
         "rounds": len(by_round),
         "offered": offered,
@@ -182,10 +178,16 @@ def _pool(windows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _rounds_of(windows: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """The windows by round (its slices at the hop rate); a window without one is a round of its own."""
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for i, w in enumerate(windows):
+        by_round.setdefault(w.get("round", i), []).append(w)
+    return by_round
+
+
 def _sustained(windows: list[dict[str, Any]]) -> bool:
     """The sustain rule over one round's windows of a cell (its slices at the hop rate, pooled)."""
-    from bench.httpload import percentile
-
     offered = sum(w["offered"] for w in windows)
     ok = sum(w["ok"] for w in windows)
     lat = [x for w in windows for x in w["_lat_ms"]]
@@ -307,11 +309,10 @@ async def run(mode: str, *, profile: bool = True, rounds: int | None = None) -> 
 
 def p50_by_round(windows: list[dict[str, Any]], rounds: int) -> list[float | None]:
     """Each round's p50 (ms) over its slices at the hop rate; None for a round without one."""
-    from bench.httpload import percentile
-
+    by_round = _rounds_of(windows)
     out: list[float | None] = []
     for rnd in range(rounds):
-        lat = [x for w in windows if w.get("round") == rnd for x in w["_lat_ms"]]
+        lat = [x for w in by_round.get(rnd, ()) for x in w["_lat_ms"]]
         out.append(round(percentile(lat, 50), 3) if lat else None)
     return out
 
