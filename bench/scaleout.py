@@ -153,6 +153,8 @@ class Settings:
     # crossReplicaSyncInterval of the uncrowded cells (replica 0 and its replayed peers), seconds;
     # 0: the hub's default coalescing (``--sync-interval``: the staleness a longer gap costs)
     sync_interval: float = 0.0
+    # what carries the deltas (``--peer-transport``): every replica and the replayed peers alike
+    peer_transport: str = "h2"
 
 
 # The quality part runs llm-d's sizing (bench/prefix_routing's judged profile) in both modes.
@@ -206,19 +208,22 @@ def epp(ports: Ports, *args: str) -> EppProcess:
     return e
 
 
-def peer_args(i: int, peer_ports: Sequence[int]) -> list[str]:
+def peer_args(i: int, peer_ports: Sequence[int], transport: str = "h2") -> list[str]:
     """The flags that make replica ``i`` of ``peer_ports`` an active-active peer of the others
     (a lone replica lists itself, which the EPP drops: its hub runs with no peers)."""
     others = [f"127.0.0.1:{p}" for j, p in enumerate(peer_ports) if j != i] or [f"127.0.0.1:{peer_ports[i]}"]
     return [
         f"--peer-port={peer_ports[i]}",
+        f"--peer-transport={transport}",
         f"--replica-id=bench-{i}",
         "--ha-enable-leader-election=false",
         f"--peers={','.join(others)}",
     ]
 
 
-def replicas(n: int, endpoints: Sequence[str], *, sync: bool, config: Path | None = None) -> list[EppProcess]:
+def replicas(
+    n: int, endpoints: Sequence[str], *, sync: bool, config: Path | None = None, transport: str = "h2"
+) -> list[EppProcess]:
     pool = Ports()
     ports = [pool.one(pair=True) for _ in range(n)]
     out = []
@@ -227,7 +232,7 @@ def replicas(n: int, endpoints: Sequence[str], *, sync: bool, config: Path | Non
         if config is not None:
             args.append(f"--config-file={config}")
         if sync:
-            args += peer_args(i, ports)
+            args += peer_args(i, ports, transport)
         out.append(epp(pool, *args))
     return out
 
@@ -337,7 +342,7 @@ def _sim_names(text: str) -> str:
 async def quality_cell(n: int, sync: bool, st: Settings) -> dict[str, Any]:
     wl = st.quality_workload
     async with SimFleet(wl.replicas, *sim_args(wl)) as fleet:
-        epps = replicas(n, fleet.hostports, sync=sync, config=CONFIG)
+        epps = replicas(n, fleet.hostports, sync=sync, config=CONFIG, transport=st.peer_transport)
         await start_all(epps)
         try:
             cfg = EnvoyConfig(
@@ -511,7 +516,7 @@ async def cost_cell(n: int, sync: bool, st: Settings, rate: float | None = None)
     """N real replicas, each driven by this process at ``rate``: the crowded cell."""
     rate = st.cost_rate if rate is None else rate
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
-        epps = replicas(n, fleet.hostports, sync=sync, config=CONFIG)
+        epps = replicas(n, fleet.hostports, sync=sync, config=CONFIG, transport=st.peer_transport)
         await start_all(epps)
         try:
             vs = [xc.variants(prompts(256, i), MODEL) for i in range(n)]
@@ -561,6 +566,7 @@ async def _uncrowded_cell(n: int, st: Settings, rate: float, sync: bool, tmp: st
             f"--rate={rate}",
             f"--seconds={st.cost_seconds}",
             f"--interval={st.sync_interval}",
+            f"--transport={st.peer_transport}",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -573,7 +579,7 @@ async def _uncrowded_cell(n: int, st: Settings, rate: float, sync: bool, tmp: st
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
             f"--config-file={config}",
-            *(peer_args(0, ports) if sync else ()),
+            *(peer_args(0, ports, st.peer_transport) if sync else ()),
         )
         try:
             line = await asyncio.wait_for(peers.stdout.readline(), 120)
@@ -1237,7 +1243,7 @@ async def faults(st: Settings) -> dict[str, Any]:
                 "--bind-address=127.0.0.1",
                 f"--config-file={CONFIG}",
             ]
-            args += peer_args(i, ports)
+            args += peer_args(i, ports, st.peer_transport)
             epps.append(epp(pool, *args))
         await start_all(epps[:3])
         cfg = EnvoyConfig(
@@ -1358,12 +1364,20 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="crossReplicaSyncInterval (seconds) of the uncrowded cells; 0: the hub's default coalescing",
     )
+    ap.add_argument(
+        "--peer-transport",
+        default="h2",
+        choices=("h2", "zmq"),
+        help="what carries the replicas' deltas (every replica's --peer-transport and the replayed peers')",
+    )
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
     if unknown:
         ap.error(f"unknown parts: {', '.join(sorted(unknown))}")
-    st = dataclasses.replace(QUICK if args.quick else FULL, sync_interval=args.sync_interval)
+    st = dataclasses.replace(
+        QUICK if args.quick else FULL, sync_interval=args.sync_interval, peer_transport=args.peer_transport
+    )
     doc = uvloop.run(run(parts, st))
     doc = keep_other_parts(doc, parts)
     path = write_result("scaleout", doc, mode="quick" if args.quick else "full", seeds=SEEDS)

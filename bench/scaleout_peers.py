@@ -41,6 +41,8 @@ from bench.common import CONFIGS
 from epp.app.compose import App, build_app
 from epp.cli.flags import parse_flags
 from epp.director.director import Director
+from epp.server.peering import H2Transport
+from epp.sync.api import Transport
 from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer, StaticPeers
 from epp.sync.transport import ZmqTransport
@@ -107,9 +109,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             app.datastore.add_observer(observer)
     hubs: list[SyncHub] = []
     for i, (port, app) in enumerate(zip(ports, apps, strict=True), start=1):
+        transport: Transport = (
+            H2Transport("127.0.0.1", port)
+            if args.transport == "h2"
+            else ZmqTransport("127.0.0.1", port, context=ctx)
+        )
         hub = SyncHub(
             f"bench-{i}",
-            ZmqTransport("127.0.0.1", port, context=ctx),
+            transport,
             interval=args.interval,
             warm_start_timeout=WARM_START,
         )
@@ -171,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="crossReplicaSyncInterval in seconds (0: the hub's default gap)",
     )
+    ap.add_argument("--transport", default="h2", choices=("h2", "zmq"), help="replica 0's --peer-transport")
     args = ap.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout is the protocol
     print(json.dumps(uvloop.run(run(args))), flush=True)

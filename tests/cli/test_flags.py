@@ -88,6 +88,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "peers-file": "",
     "peer-port": 9004,
     "peer-timeout": 1.0,
+    "peer-transport": "h2",
     "replica-id": "",
 }
 

@@ -7,6 +7,10 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+import pytest
+
+from epp.server.peering import H2Transport
+from epp.sync.api import Transport
 from epp.sync.hub import DEFAULT_HOLD, DEFAULT_READ_GAP, SyncHub
 from epp.sync.peers import Peer
 from epp.sync.service import PeerList
@@ -40,9 +44,14 @@ def make_node(
     interval: float = 0.0,
     hold: float = DEFAULT_HOLD,
     read_gap: float = DEFAULT_READ_GAP,
+    kind: str = "zmq",
 ) -> Node:
-    """A hub bound on 127.0.0.1 (``port`` 0: a free pair), not started."""
-    transport = ZmqTransport("127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
+    """A hub bound on 127.0.0.1 (``port`` 0: a free pair), not started; ``kind``: its transport."""
+    transport: Transport = (
+        H2Transport("127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
+        if kind == "h2"
+        else ZmqTransport("127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
+    )
     hub = SyncHub(
         replica_id,
         transport,
@@ -59,9 +68,9 @@ def make_node(
 
 
 @contextlib.asynccontextmanager
-async def mesh(names: Sequence[str], **kw: float) -> AsyncIterator[list[Node]]:
+async def mesh(names: Sequence[str], kind: str = "zmq", **kw: float) -> AsyncIterator[list[Node]]:
     """Every node peers with every other (all listed, itself too: dropped by id), started together."""
-    nodes = [make_node(n, **kw) for n in names]  # type: ignore[arg-type]
+    nodes = [make_node(n, kind=kind, **kw) for n in names]  # type: ignore[arg-type]
     everyone = [n.peer for n in nodes]
     for n in nodes:
         n.peers.set(everyone)
@@ -69,4 +78,10 @@ async def mesh(names: Sequence[str], **kw: float) -> AsyncIterator[list[Node]]:
         await asyncio.gather(*(n.hub.start(n.peers) for n in nodes))
         yield nodes
     finally:
-        await asyncio.gather(*(n.hub.stop() for n in nodes if n.hub.transport._pub is not None))
+        await asyncio.gather(*(n.hub.stop() for n in nodes if n.hub.serving))
+
+
+@pytest.fixture(params=["h2", "zmq"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """The transport a test's hubs use: the behaviour the hub promises holds on both."""
+    return str(request.param)

@@ -19,6 +19,7 @@ from epp.cli.flags import parse_flags
 from epp.errors import ConfigError
 from epp.plugin.registry import Registry
 from epp.sync.peers import Peer
+from epp.sync.transport import ZmqTransport
 from epp.testing.replicated import SNAPSHOT_ORIGIN, PolledCounter, RoutedCounter
 from epp.testing.waiting import until
 from epp_sim.demo.procs import free_port, free_port_pair
@@ -77,7 +78,12 @@ def test_a_bad_peers_file_fails_startup_and_a_good_one_is_watched(tmp_path: path
 
 
 def new_replica(
-    warm_port: int, port: int, *config: str, metrics_port: int = 0, grpc_port: int = 0
+    warm_port: int,
+    port: int,
+    *config: str,
+    metrics_port: int = 0,
+    grpc_port: int = 0,
+    transport: str = "h2",
 ) -> Options:
     """Flags of a replica "new" whose one peer is the warm replica; ``config`` defaults to CONFIG."""
     return parse_flags(
@@ -91,13 +97,14 @@ def new_replica(
             f"--peers=127.0.0.1:{warm_port}",
             f"--peer-port={port}",
             "--replica-id=new",
+            f"--peer-transport={transport}",
         ],
         {},
     )
 
 
 async def test_ready_only_after_restoring_a_serving_peers_view() -> None:
-    async with mesh(["warm"]) as (warm,):
+    async with mesh(["warm"], kind="h2") as (warm,):
         warm.counter.count("e1", 5)
         port = free_port_pair()
         opts = new_replica(warm.hub.transport.port, port)
@@ -123,7 +130,7 @@ async def test_ready_only_after_restoring_a_serving_peers_view() -> None:
 
 
 async def test_a_live_reload_rebinds_the_hub_to_the_new_plugins(tmp_path: pathlib.Path) -> None:
-    async with mesh(["warm"]) as (warm,):
+    async with mesh(["warm"], kind="h2") as (warm,):
         polled = PolledCounter("polled")
         warm.hub.bind([warm.counter, polled])
         port = free_port_pair()
@@ -161,10 +168,11 @@ async def test_a_live_reload_rebinds_the_hub_to_the_new_plugins(tmp_path: pathli
 
 async def test_peers_deltas_ride_on_the_ext_proc_reads_of_a_routing_replica() -> None:
     """The app wires the hub's ``ride`` into the h2 server: while the replica routes, peers'
-    deltas are read in the wakes its ext_proc reads give the loop (``reads.routing``)."""
+    deltas are read in the wakes its ext_proc reads give the loop (``reads.routing``): ZMQ's, whose
+    reads cost a wake of their own (HTTP/2's are read as they arrive)."""
     async with mesh(["warm"]) as (warm,):
         port, grpc = free_port_pair(), free_port()
-        app = build_app(new_replica(warm.hub.transport.port, port, grpc_port=grpc), {})
+        app = build_app(new_replica(warm.hub.transport.port, port, grpc_port=grpc, transport="zmq"), {})
         stop = asyncio.Event()
         task = asyncio.create_task(serve(app, stop=stop))
         try:
@@ -173,6 +181,7 @@ async def test_peers_deltas_ride_on_the_ext_proc_reads_of_a_routing_replica() ->
             assert hub is not None and not task.done()
             # One loop runs the peer, the EPP and the load here: a wide read gap keeps whether the
             # rides are "steady" (two within a gap) from depending on how loaded the machine is.
+            assert isinstance(hub.transport, ZmqTransport)
             hub.transport._gap = 0.2
             sending = asyncio.Event()
             sending.set()
@@ -220,7 +229,7 @@ dataLayer:
 async def test_debug_state_shows_the_sync_and_a_clean_stop_says_goodbye() -> None:
     """``/debug/plugins/state`` on the metrics port has the hub's state under ``sync``; stopping
     the EPP tells its peer, which forgets it at once (its own liveness timeout is 60 s)."""
-    async with mesh(["warm"], timeout=60.0) as (warm,):
+    async with mesh(["warm"], kind="h2", timeout=60.0) as (warm,):
         port, metrics = free_port_pair(), free_port()
         opts = new_replica(warm.hub.transport.port, port, metrics_port=metrics)
         app = build_app(opts, {})

@@ -25,8 +25,8 @@ from tests.scheduling.scorers.test_precise_prefix import PARAMS as PRECISE
 from tests.sync.conftest import Node, make_node, mesh
 
 
-async def test_deltas_reach_every_peer_kept_apart_by_sender() -> None:
-    async with mesh(["a", "b", "c"]) as (a, b, c):
+async def test_deltas_reach_every_peer_kept_apart_by_sender(kind: str) -> None:
+    async with mesh(["a", "b", "c"], kind=kind) as (a, b, c):
         a.counter.count("e1", 3)
         b.counter.count("e1", 2)
         b.counter.count("e2")
@@ -37,8 +37,8 @@ async def test_deltas_reach_every_peer_kept_apart_by_sender() -> None:
         assert a.hub.stats.sent >= 1 and c.hub.stats.received >= 2
 
 
-async def test_changes_in_one_tick_go_out_as_one_batch() -> None:
-    async with mesh(["a", "b"]) as (a, b):
+async def test_changes_in_one_tick_go_out_as_one_batch(kind: str) -> None:
+    async with mesh(["a", "b"], kind=kind) as (a, b):
         sent = a.hub.stats.sent
         for i in range(50):
             a.counter.count(f"e{i % 5}")
@@ -46,10 +46,10 @@ async def test_changes_in_one_tick_go_out_as_one_batch() -> None:
         assert a.hub.stats.sent == sent + 1
 
 
-async def test_a_change_waits_hold_for_the_next_and_carries_the_first_ones_time() -> None:
+async def test_a_change_waits_hold_for_the_next_and_carries_the_first_ones_time(kind: str) -> None:
     """Coalescing: changes made within ``hold`` of the first leave as one batch, stamped with the
     first change's wall clock, so the lag peers measure includes the wait (the issue's staleness)."""
-    async with mesh(["a", "b"], hold=0.2) as (a, b):
+    async with mesh(["a", "b"], kind=kind, hold=0.2) as (a, b):
         clock = [1000.0]
         a.hub._wall = lambda: clock[0]
         frames: list[bytes] = []
@@ -72,10 +72,10 @@ async def test_a_change_waits_hold_for_the_next_and_carries_the_first_ones_time(
         assert [(t, sorted(d)) for _, _, t, d in batches if d] == [(1000.0, ["test-routed-counter/counter"])]
 
 
-async def test_a_change_from_a_later_wake_sends_the_held_batch_at_once() -> None:
+async def test_a_change_from_a_later_wake_sends_the_held_batch_at_once(kind: str) -> None:
     """Holding waits for the next wake's changes, not for the timer: the second change (a
     request's release, the next request) rides along and the batch leaves in that wake."""
-    async with mesh(["a", "b"], hold=0.4) as (a, b):
+    async with mesh(["a", "b"], kind=kind, hold=0.4) as (a, b):
         a.hub._last_flush = -1e9  # the gap since the last batch has passed: only hold delays
         a.counter.count("e1")
         assert isinstance(a.hub._scheduled, asyncio.TimerHandle)
@@ -90,12 +90,12 @@ async def test_a_change_from_a_later_wake_sends_the_held_batch_at_once() -> None
         assert b.counter.total("e1") == 2
 
 
-async def test_holding_stops_while_the_hold_timer_buys_nothing_and_resumes_when_it_would() -> None:
+async def test_holding_stops_while_the_hold_timer_buys_nothing_and_resumes_when_it_would(kind: str) -> None:
     """Responses slower than ``hold`` (LLM streams are seconds long): every held batch leaves on
     its timer, a wake of its own.  After ``HOLD_CREDIT`` of those the hub sends in the change's
     own wake; a change that then follows a batch within ``hold`` from a later wake (a hold
     would have merged them) brings holding back."""
-    async with mesh(["a", "b"], hold=0.2) as (a, b):
+    async with mesh(["a", "b"], kind=kind, hold=0.2) as (a, b):
         loop = asyncio.get_running_loop()
         timers = a.hub.stats.timer_flushes
         for i in range(HOLD_CREDIT):
@@ -116,10 +116,10 @@ async def test_holding_stops_while_the_hold_timer_buys_nothing_and_resumes_when_
         assert a.hub._holding
 
 
-async def test_with_no_peers_changes_wait_for_the_tick() -> None:
+async def test_with_no_peers_changes_wait_for_the_tick(kind: str) -> None:
     """A lone replica (peers configured, none but itself) pays no timer or send per change;
     the heartbeat tick drains, so what a peer that lists us hears is at most a tick old."""
-    async with mesh(["a"]) as (a,):
+    async with mesh(["a"], kind=kind) as (a,):
         assert not a.hub.transport.has_peers
         a.counter.count("e1")
         assert a.hub._scheduled is None
@@ -146,8 +146,8 @@ def test_every_shipped_replicated_plugin_says_when_it_changed() -> None:
         hub.transport.close()
 
 
-async def test_plugins_without_a_dirty_hook_are_drained_on_the_poll_cadence() -> None:
-    async with mesh(["a", "b"]) as (a, b):
+async def test_plugins_without_a_dirty_hook_are_drained_on_the_poll_cadence(kind: str) -> None:
+    async with mesh(["a", "b"], kind=kind) as (a, b):
         pa, pb = PolledCounter("polled"), PolledCounter("polled")
         a.hub.bind([a.counter, pa])
         b.hub.bind([b.counter, pb])
@@ -158,8 +158,8 @@ async def test_plugins_without_a_dirty_hook_are_drained_on_the_poll_cadence() ->
         assert a.hub.ticks > ticks  # drained by a tick, not by a dirty() call
 
 
-async def test_interval_caps_the_batch_rate() -> None:
-    async with mesh(["a", "b"], interval=0.2) as (a, b):
+async def test_interval_caps_the_batch_rate(kind: str) -> None:
+    async with mesh(["a", "b"], kind=kind, interval=0.2) as (a, b):
         sent = a.hub.stats.sent
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -170,8 +170,8 @@ async def test_interval_caps_the_batch_rate() -> None:
         assert a.hub.stats.sent - sent <= 4  # ~0.5 s / 0.2 s, plus the one that caught up
 
 
-async def test_silent_peer_is_forgotten_then_reapplied_when_back() -> None:
-    async with mesh(["a", "b"]) as (a, b):
+async def test_silent_peer_is_forgotten_then_reapplied_when_back(kind: str) -> None:
+    async with mesh(["a", "b"], kind=kind) as (a, b):
         a.counter.count("e1", 4)
         await until(lambda: b.counter.total("e1") == 4, 5, what="b learns a")
         port = a.hub.transport.port
@@ -184,7 +184,9 @@ async def test_silent_peer_is_forgotten_then_reapplied_when_back() -> None:
             ticks = b.hub.ticks
             # several liveness checks while partitioned (the tick is 75-100 ms): still logged once
             await until(lambda: b.hub.ticks > ticks + 5, 10, what="more ticks while partitioned")
-            again = make_node("a", port=port)  # restarted under the same id: its sequence starts over
+            again = make_node(
+                "a", port=port, kind=kind
+            )  # restarted under the same id: its sequence starts over
             again.peers.set([b.peer])
             await again.hub.start(again.peers)
             try:
@@ -198,10 +200,10 @@ async def test_silent_peer_is_forgotten_then_reapplied_when_back() -> None:
         assert events.count("sync_partition_healed") == 1
 
 
-async def test_a_replica_that_stops_cleanly_is_forgotten_at_once() -> None:
+async def test_a_replica_that_stops_cleanly_is_forgotten_at_once(kind: str) -> None:
     """A goodbye on stop: peers drop its in-flight contributions now, not after their liveness
     timeout (60 s here, so only the goodbye can explain it), and no longer list it as a peer."""
-    async with mesh(["a", "b", "c"], timeout=60.0) as (a, b, c):
+    async with mesh(["a", "b", "c"], kind=kind, timeout=60.0) as (a, b, c):
         a.counter.count("e1", 4)
         await until(lambda: b.counter.total("e1") == 4 and c.counter.total("e1") == 4, 5, what="b, c learn a")
         await until(lambda: set(b.hub.debug_state()["peers"]) == {"a", "c"}, 5, what="b hears a and c")
@@ -272,12 +274,12 @@ async def test_a_routing_receiver_applies_peers_deltas_without_its_read_timer_fi
         assert b.hub.debug_state()["reads"]["timerWakes"] >= 1
 
 
-async def test_warm_start_restores_a_serving_peers_view_before_serving() -> None:
-    async with mesh(["a", "b"]) as (a, b):
+async def test_warm_start_restores_a_serving_peers_view_before_serving(kind: str) -> None:
+    async with mesh(["a", "b"], kind=kind) as (a, b):
         a.counter.count("e1", 2)
         b.counter.count("e2", 5)
         await until(lambda: a.counter.total("e2") == 5, 5, what="a learns b")
-        c = make_node("c", warm_start_timeout=5)
+        c = make_node("c", warm_start_timeout=5, kind=kind)
         c.peers.set([a.peer])
         assert not c.counter.learned
         try:
@@ -290,8 +292,8 @@ async def test_warm_start_restores_a_serving_peers_view_before_serving() -> None
             await c.hub.stop()
 
 
-async def test_no_peer_reachable_starts_cold_within_the_bound() -> None:
-    lonely = make_node("x", warm_start_timeout=0.3)
+async def test_no_peer_reachable_starts_cold_within_the_bound(kind: str) -> None:
+    lonely = make_node("x", warm_start_timeout=0.3, kind=kind)
     lonely.peers.set([lonely.peer.__class__(id="gone", host="127.0.0.1", port=1)])
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -317,6 +319,7 @@ async def test_full_queue_drops_are_counted_and_never_block_the_sender() -> None
             tx.counter.count(f"{payload}{i % 3}")
             tx.hub.flush()
         last = tx.hub._seq
+        assert isinstance(rx.hub.transport, ZmqTransport)
         sub = rx.hub.transport._sub
         assert sub is not None
         while rx.hub._last_seq.get("tx", 0) <= last:  # rx catches up; tx's next message shows the gap
@@ -340,6 +343,7 @@ async def test_full_queue_drops_are_counted_and_never_block_the_sender() -> None
 
 async def _until_subscribed(tx: Node, rx: Node) -> None:
     """Heartbeats until rx receives one (a PUB drops everything until the SUB has connected)."""
+    assert isinstance(rx.hub.transport, ZmqTransport)
     sub = rx.hub.transport._sub
     assert sub is not None
     for _ in range(100):
@@ -394,14 +398,15 @@ async def test_hostile_peer_frames_are_counted_and_ignored() -> None:
                 await good(9)  # still serving: a good batch applies after the garbage
                 await asyncio.sleep(0.02)
             assert b.counter.learned["evil"] == {"e": 9}
+            assert isinstance(b.hub.transport, ZmqTransport)
             assert b.hub.transport.redials >= 1  # the oversized frame cut the connection; re-dialled
         finally:
             evil.close(0)
             ctx.term()
 
 
-async def test_hostile_snapshot_requests_are_ignored() -> None:
-    async with mesh(["b"]) as (b,):
+async def test_hostile_snapshot_requests_are_ignored(kind: str) -> None:
+    async with mesh(["b"], kind=kind) as (b,):
         ctx = zmq.asyncio.Context()
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -417,8 +422,8 @@ async def test_hostile_snapshot_requests_are_ignored() -> None:
             ctx.term()
 
 
-async def test_rebind_on_reload_keeps_a_surviving_keys_view() -> None:
-    async with mesh(["a", "b"]) as (a, b):
+async def test_rebind_on_reload_keeps_a_surviving_keys_view(kind: str) -> None:
+    async with mesh(["a", "b"], kind=kind) as (a, b):
         a.counter.count("e1", 3)
         await until(lambda: b.counter.total("e1") == 3, 5, what="b learns a")
         fresh = make_counter()  # the reload built a new instance under the same key

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Callable
 import zmq
 import zmq.asyncio
 
+from epp.sync.api import Frames
 from epp.sync.peers import Peer
-from epp.sync.transport import Frames, ZmqTransport
+from epp.sync.transport import ZmqTransport
 from epp.testing.waiting import until
 
 

@@ -128,6 +128,7 @@ def _sync(
         peers_file=options.peers_file,
         timeout=options.peer_timeout,
         bind_host=options.bind_address,
+        transport=options.peer_transport,
     )
     plan = sync_assembly.plan(components.config.data_layer, components.plugins, flags)
     if plan is None:

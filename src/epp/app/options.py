@@ -587,10 +587,19 @@ class Options:
         9004,
         "int",
         _SYNC,
-        "Port this replica publishes routing-state deltas on (ZMQ PUB; snapshots for a peer's warm start on "
+        "Port this replica receives peers' routing-state deltas on (snapshots for a peer's warm start on "
         "the next port). 0 disables sync.",
         new=True,
         check=_in_range(0, 65534),
+    )
+    peer_transport: str = _flag(
+        "h2",
+        "str",
+        _SYNC,
+        "What carries the deltas: h2 (gRPC on the EPP's own HTTP/2 server, written from the event loop) "
+        "or zmq (ZMQ PUB/SUB, written by libzmq's I/O thread). Every replica must use the same.",
+        new=True,
+        check=_one_of("h2", "zmq"),
     )
     peer_timeout: float = _flag(
         1.0,

@@ -27,6 +27,7 @@ from epp.metrics.exporter import MetricsServer
 from epp.metrics.llmd import parse_families
 from epp.server import extproc, health
 from epp.server.h2.limits import H2Limits
+from epp.server.peering import H2Transport
 from epp.server.transport import Tls, make_server
 from epp.sync.peers import PeerSource, PodWorkers, UnionPeers
 from epp.sync.service import SyncService
@@ -136,7 +137,13 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             peers = await _peer_source(app, cluster, role, stack)
             sibling_ports = role.sibling_peer_ports(app.sync.port) if role is not None else frozenset()
             app.sync_hub = await stack.enter_async_context(
-                SyncService(app.sync, peers, [*app.components.plugins.values(), EXCHANGE], sibling_ports)
+                SyncService(
+                    app.sync,
+                    peers,
+                    [*app.components.plugins.values(), EXCHANGE],
+                    sibling_ports,
+                    H2Transport(app.sync.bind_host, app.sync.port) if app.sync.transport == "h2" else None,
+                )
             )
         await stack.enter_async_context(ConfigReloader(app))  # --config-file changes apply live
         if cluster is not None:
@@ -197,13 +204,14 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             keepalive_timeout=opts.grpc_keepalive_timeout,
             idle_timeout=opts.grpc_max_connection_idle,
         )
+        hub = app.sync_hub
         server = make_server(
             opts.ext_proc_transport,
             servicer,
             health_servicer if opts.health_checking else None,
             limits,
             # peers' sync messages read in the wakes requests give the loop, not in wakes of their own
-            awake=app.sync_hub.transport.ride if app.sync_hub is not None else None,
+            awake=hub.transport.ride if hub is not None and hub.transport.wants_rides else None,
         )
         tls = Tls(opts.cert_path, opts.enable_cert_reload) if opts.secure_serving else None
         grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls, reuse_port=role is not None)

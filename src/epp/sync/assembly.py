@@ -1,9 +1,9 @@
 """What to sync and with whom: the config's ``dataLayer`` refs and the ``--peers`` flags → ``SyncPlan``.
 
 Precedence, most specific first: a static peer-discovery plugin's peers, then the syncer's
-``peers``/``peersFile``, then ``--peers``/``--peers-file``; the syncer's ``port`` and
-``timeout`` over ``--peer-port``/``--peer-timeout``.  A platform discovery plugin
-(``k8s-peer-discovery``) adds the peers it watches to the others (a pod's own workers come
+``peers``/``peersFile``, then ``--peers``/``--peers-file``; the syncer's ``port``, ``timeout``
+and ``transport`` over ``--peer-port``/``--peer-timeout``/``--peer-transport``.  A platform
+discovery plugin (``k8s-peer-discovery``) adds the peers it watches to the others (a pod's own workers come
 from the command line).  Sync runs when a ``zmq-syncer`` is
 configured (it then also serves peers that list it) or peers are given on the command line,
 and the port is not 0.  ``local-syncer`` (llm-d's in-tree mock) means no sharing at all.
@@ -34,6 +34,7 @@ class SyncFlags:
     peers_file: str = ""
     timeout: float = 1.0
     bind_host: str = ""
+    transport: str = "h2"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +48,7 @@ class SyncPlan:
     timeout: float
     interval: float
     bind_host: str
+    transport: str = "h2"  # "h2" (epp.server.peering) or "zmq" (epp.sync.transport)
     # A discovery plugin that watches the platform (``k8s-peer-discovery``): the app, which
     # holds the Kubernetes client, turns it into a PeerSource; its peers join ``peers``.
     discovery: object | None = None
@@ -78,9 +80,10 @@ def plan(
             )
         return None
     peers, peers_file = flags.peers, flags.peers_file
-    port, timeout = flags.port, flags.timeout
+    port, timeout, transport = flags.port, flags.timeout, flags.transport
     if isinstance(syncer, ZmqSyncer):
         p = syncer.params
+        transport = p.transport or transport
         if p.peers or p.peers_file:
             peers = tuple(parse_peer(s, f"{syncer_ref}.peers[{i}]") for i, s in enumerate(p.peers))
             peers_file = p.peers_file
@@ -120,5 +123,6 @@ def plan(
         timeout=timeout,
         interval=interval,
         bind_host=flags.bind_host,
+        transport=transport,
         discovery=dynamic,
     )

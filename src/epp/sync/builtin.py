@@ -7,7 +7,7 @@ command line's ``--peers`` family) into a ``SyncPlan`` the app starts.
 
 from __future__ import annotations
 
-from typing import ClassVar, Final
+from typing import ClassVar, Final, Literal
 
 from pydantic import Field, field_validator
 
@@ -31,12 +31,15 @@ class ZmqSyncerParams(PluginParams):
     peers: tuple[str, ...] = ()
     peers_file: str = ""
     timeout: Duration | None = None  # None: --peer-timeout
+    transport: Literal["h2", "zmq"] | None = None  # None: --peer-transport
 
     _peers = field_validator("peers")(_peer_list)
 
 
 class ZmqSyncer(PluginBase):
-    """This EPP's cross-replica syncer: deltas over ZMQ PUB/SUB, snapshots over ROUTER/DEALER."""
+    """This EPP's cross-replica syncer: deltas over gRPC on the EPP's own HTTP/2 (``transport: h2``,
+    the default) or ZMQ PUB/SUB (``zmq``), snapshots over ZMQ ROUTER/DEALER.  The type keeps its
+    first name: configs name it."""
 
     TYPE: ClassVar[str] = "zmq-syncer"
     PARAMS: ClassVar[type[PluginParams]] = ZmqSyncerParams

@@ -43,8 +43,9 @@ import structlog
 
 from epp.plugin.replicated import Replicated
 from epp.sync import metrics
+from epp.sync.api import Frames, Transport
 from epp.sync.peers import Peer, PeerSource
-from epp.sync.transport import REQUEST_MAX_BYTES, SNAPSHOT_MAX_BYTES, Frames, ZmqTransport
+from epp.sync.transport import REQUEST_MAX_BYTES, SNAPSHOT_MAX_BYTES
 from epp.sync.wire import GOODBYE, WireError, decode_batch, decode_reply, decode_request, encode, encode_batch
 
 log = structlog.get_logger(__name__)
@@ -101,7 +102,7 @@ class SyncHub:
     def __init__(
         self,
         replica_id: str,
-        transport: ZmqTransport,
+        transport: Transport,
         *,
         interval: float = 0.0,
         timeout: float = DEFAULT_TIMEOUT,

@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from epp.sync.api import Transport
 from epp.sync.assembly import SyncPlan
 from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer, PeerSource, StaticPeers, own_hosts, without_self
@@ -52,13 +53,15 @@ class SyncService:
         peers: PeerSource,
         plugins: Iterable[Any],
         sibling_ports: frozenset[int] = frozenset(),
+        transport: Transport | None = None,
     ) -> None:
-        """``sibling_ports``: the sync ports of this pod's other workers (``--workers``)."""
+        """``sibling_ports``: the sync ports of this pod's other workers (``--workers``);
+        ``transport``: the app's pick for ``plan.transport`` (None: ZMQ, which this layer owns)."""
         self.plan = plan
         self.peers = peers
         self.hub = SyncHub(
             plan.replica_id,
-            ZmqTransport(plan.bind_host, plan.port),
+            transport if transport is not None else ZmqTransport(plan.bind_host, plan.port),
             interval=plan.interval,
             sibling=siblings(sibling_ports),
             timeout=plan.timeout,
@@ -79,6 +82,7 @@ class SyncService:
             peers=[p.id for p in self.peers.peers] if isinstance(self.peers, StaticPeers) else "discovered",
             shared=sorted(self.hub.plugins),
             interval=self.plan.interval or "per tick",
+            transport=self.plan.transport,
             timeout=self.plan.timeout,
         )
         return self.hub

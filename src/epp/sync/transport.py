@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from epp.sync.api import Frames
 from epp.sync.peers import Peer
 
 log = structlog.get_logger(__name__)
@@ -40,11 +41,11 @@ SNAPSHOT_OFFSET: Final = 1  # the ROUTER listens on --peer-port + 1
 # the check is a clock compare, the read a ``ZMQ_EVENTS`` syscall when nothing is queued.
 RIDE_EVERY: Final = 0.0005
 
-Frames = list[bytes]
-
 
 class ZmqTransport:
     """One replica's sockets; ``bind`` before use, ``close`` at the end."""
+
+    wants_rides = True  # a read riding on an ext_proc read saves the loop a wake (``ride``)
 
     def __init__(
         self,
@@ -99,10 +100,7 @@ class ZmqTransport:
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.SNDHWM, self.hwm)
         pub.setsockopt(zmq.LINGER, 0)
-        router = ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.MAXMSGSIZE, REQUEST_MAX_BYTES)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        router = snapshot_router(ctx)
         try:
             if self.port:
                 pub.bind(self._address(self.port))
@@ -395,39 +393,13 @@ class ZmqTransport:
     # --- warm start --------------------------------------------------------------------
     async def serve_snapshots(self, answer: Callable[[Frames], bytes | None]) -> None:
         """Answer snapshot requests on the ROUTER until cancelled (``answer`` None: no reply)."""
-        router = self._require(self._router)
-        while True:
-            identity, *frames = await router.recv_multipart()
-            reply = answer(frames)
-            if reply is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    await router.send_multipart([identity, reply], zmq.NOBLOCK)
+        await serve_snapshots(self._require(self._router), answer)
 
     async def request_snapshot(
         self, peers: Iterable[Peer], request: bytes, accept: Callable[[Frames], bool], *, deadline: float
     ) -> bool:
         """Ask peers in turn until ``accept`` takes a reply or the loop clock passes ``deadline``."""
-        loop = asyncio.get_running_loop()
-        dealer = self._context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.IMMEDIATE, 1)  # queue requests only to peers that are up
-        dealer.setsockopt(zmq.MAXMSGSIZE, SNAPSHOT_MAX_BYTES)
-        try:
-            for peer in peers:
-                dealer.connect(peer.endpoint(SNAPSHOT_OFFSET))
-            while (left := deadline - loop.time()) > 0:
-                with contextlib.suppress(zmq.Again):
-                    await dealer.send(request, zmq.NOBLOCK)
-                try:
-                    while True:
-                        frames = await asyncio.wait_for(dealer.recv_multipart(), min(left, 0.2))
-                        if accept(frames):
-                            return True
-                except TimeoutError:
-                    continue
-            return False
-        finally:
-            dealer.close(0)
+        return await request_snapshot(self._context, peers, request, accept, deadline=deadline)
 
     @staticmethod
     def _require(sock: zmq.asyncio.Socket | None) -> zmq.asyncio.Socket:
@@ -443,3 +415,55 @@ _POLLIN: Final = int(zmq.POLLIN)  # plain ints: the enums' operators cost ~1 us 
 def _events(sock: zmq.Socket[bytes] | None) -> int:
     """``ZMQ_EVENTS`` (reading it also re-arms the socket's descriptor)."""
     return 0 if sock is None else int(sock.getsockopt(_EVENTS))
+
+
+# --- warm start: a snapshot over ROUTER/DEALER, whichever transport carries the deltas ---------
+def snapshot_router(context: zmq.asyncio.Context) -> zmq.asyncio.Socket:
+    """The ROUTER that answers peers' snapshot requests (bound on the sync port + 1 by the caller)."""
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.MAXMSGSIZE, REQUEST_MAX_BYTES)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    return router
+
+
+async def serve_snapshots(router: zmq.asyncio.Socket, answer: Callable[[Frames], bytes | None]) -> None:
+    """Answer snapshot requests on ``router`` until cancelled (``answer`` None: no reply)."""
+    while True:
+        identity, *frames = await router.recv_multipart()
+        reply = answer(frames)
+        if reply is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                await router.send_multipart([identity, reply], zmq.NOBLOCK)
+
+
+async def request_snapshot(
+    context: zmq.asyncio.Context,
+    peers: Iterable[Peer],
+    request: bytes,
+    accept: Callable[[Frames], bool],
+    *,
+    deadline: float,
+) -> bool:
+    """Ask peers in turn until ``accept`` takes a reply or the loop clock passes ``deadline``."""
+    loop = asyncio.get_running_loop()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.IMMEDIATE, 1)  # queue requests only to peers that are up
+    dealer.setsockopt(zmq.MAXMSGSIZE, SNAPSHOT_MAX_BYTES)
+    try:
+        for peer in peers:
+            dealer.connect(peer.endpoint(SNAPSHOT_OFFSET))
+        while (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(zmq.Again):
+                await dealer.send(request, zmq.NOBLOCK)
+            try:
+                while True:
+                    frames = await asyncio.wait_for(dealer.recv_multipart(), min(left, 0.2))
+                    if accept(frames):
+                        return True
+            except TimeoutError:
+                continue
+        return False
+    finally:
+        dealer.close(0)

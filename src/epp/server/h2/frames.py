@@ -52,6 +52,11 @@ def _literal(name: bytes, value: bytes) -> bytes:
     return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
 
 
+def hpack_literal(value: bytes) -> bytes:
+    """An HPACK string literal, no Huffman: its length (7-bit prefix) and its bytes."""
+    return _hpack_int(len(value), 7) + value
+
+
 def _hpack_int(n: int, prefix: int) -> bytes:
     limit = (1 << prefix) - 1
     if n < limit:

@@ -1,0 +1,308 @@
+"""The sync transport over the EPP's own HTTP/2: peers' batches as gRPC messages, on the loop.
+
+Each replica serves ``/epp.sync.v1.Sync/Publish`` (a client-streaming call of raw batch frames)
+on its ``--peer-port`` with the same HTTP/2 server as ext_proc, so a peer meets the same limits
+as Envoy does; and it holds one connection to every peer's port (``StreamClient``), on which
+each batch is one DATA frame written straight from the loop.  No thread sits between the loop
+and the sockets: ZMQ's I/O thread cost a wake of a second thread on both sides of every message,
+which on the bench machine cost more than the work (docs/decisions.md, "Sync over the EPP's own
+HTTP/2").  A peer's message is handed to the hub in the read that brings it, so there is no read
+gap to wait for.
+
+A warm start's snapshot still goes over ZMQ ROUTER/DEALER on the port after the sync port
+(``epp.sync.transport``): it is rare and large, and ZMQ's framing of a message of hundreds of MiB
+costs nothing per request.
+
+Connections: a link per peer dials, and re-dials with backoff when the connection drops or the
+peer refuses it; a message for a peer not connected is dropped (as a ZMQ PUB does for a
+subscriber not yet connected), and the peer's sequence numbers show the gap.  A peer whose
+queue is full (it does not read) refuses the message; ``send`` says so and the hub counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any, Final
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from epp.server.h2.calls import Call, Driver, Route, open_call
+from epp.server.h2.client import StreamClient
+from epp.server.h2.connection import Connection
+from epp.server.h2.headers import HeaderList
+from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
+from epp.sync.api import Frames
+from epp.sync.peers import Peer
+from epp.sync.transport import (
+    DEFAULT_HWM,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    SNAPSHOT_OFFSET,
+    request_snapshot,
+    serve_snapshots,
+    snapshot_router,
+)
+
+log = structlog.get_logger(__name__)
+
+PUBLISH_PATH: Final = b"/epp.sync.v1.Sync/Publish"
+CONNECT_TIMEOUT: Final = 1.0
+REDIAL_MIN: Final = 0.05  # first wait before dialling a peer again; doubles up to REDIAL_MAX
+REDIAL_MAX: Final = 1.0
+
+
+class _PublishDriver:
+    """A peer's Publish call: every message goes to the transport's handler as it is read."""
+
+    __slots__ = ("_call", "_deliver")
+
+    def __init__(self, call: Call, deliver: Callable[[bytes], None]) -> None:
+        self._call = call
+        self._deliver = deliver
+
+    def on_message(self, msg: Any) -> bool:
+        self._deliver(msg)
+        return False  # consumed: credited to the peer's window
+
+    def on_end_stream(self) -> None:
+        self._call.end()
+
+    def cancel(self) -> None:
+        pass
+
+
+class _PublishServer:
+    """The ``StreamServer`` of the sync port: one route, no deferred work, no awake hook."""
+
+    after_reply = None
+
+    def __init__(self, limits: H2Limits, deliver: Callable[[bytes], None]) -> None:
+        self.awake: Callable[[], None] | None = None
+        self.limits = limits
+        self.connections: set[Connection] = set()
+        self.stopping = False
+        self._routes: dict[bytes, Route] = {PUBLISH_PATH: (bytes, self._driver)}
+        self._deliver = deliver
+
+    def _driver(self, call: Call) -> Driver:
+        return _PublishDriver(call, self._deliver)
+
+    def open_stream(self, conn: Connection, stream_id: int, headers: HeaderList, size: int) -> Call | None:
+        return open_call(conn, stream_id, headers, size, self._routes, self.limits, stopping=self.stopping)
+
+    def forget(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+
+class _Link:
+    """This replica's connection to one peer's sync port, re-dialled while the peer is wanted."""
+
+    def __init__(self, peer: Peer, max_queued: int) -> None:
+        self.peer = peer
+        self.client: StreamClient | None = None
+        self.dials = 0
+        self._max_queued = max_queued
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"sync-link-{peer.id}")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        authority = f"{self.peer.host}:{self.peer.port}".encode()
+        delay = REDIAL_MIN
+        while True:
+            self.dials += 1
+            try:
+                _, client = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: StreamClient(PUBLISH_PATH, authority, max_queued=self._max_queued),
+                        self.peer.host,
+                        self.peer.port,
+                    ),
+                    CONNECT_TIMEOUT,
+                )
+            except (OSError, TimeoutError):
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, REDIAL_MAX)
+                continue
+            self.client = client
+            since = loop.time()
+            try:
+                await client.closed
+            finally:
+                self.client = None
+            # a connection that lasted starts the backoff over; one dropped at once doubles it, so
+            # a peer that accepts and hangs up is not dialled in a loop
+            delay = REDIAL_MIN if loop.time() - since > REDIAL_MAX else min(2 * delay, REDIAL_MAX)
+            await asyncio.sleep(delay)
+
+    def close(self) -> None:
+        self._task.cancel()
+        if self.client is not None:
+            self.client.close()
+
+
+class H2Transport:
+    """The hub's ``Transport`` over HTTP/2 (module docstring); ``bind`` before use, ``close`` at the end."""
+
+    def __init__(
+        self,
+        bind_host: str,
+        port: int,
+        *,
+        hwm: int = DEFAULT_HWM,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        limits: H2Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self.bind_host = bind_host.strip("[]")
+        self.port = port
+        self.hwm = hwm
+        self.max_message_bytes = max_message_bytes
+        # the hub drops a batch over max_message_bytes; the server refuses one over twice that unread
+        self.limits = replace(limits, max_message_bytes=2 * max_message_bytes)
+        self._server = _PublishServer(self.limits, self._deliver)
+        self._sock: socket.socket | None = None
+        self._listening: asyncio.Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._context = zmq.asyncio.Context()
+        self._router: zmq.asyncio.Socket | None = None
+        self._links: dict[Peer, _Link] = {}
+        self._handler: Callable[[list[Frames]], None] | None = None
+        self.reads_woken = self.reads_timer = self.reads_riding = self.reads_routing = 0
+        self.timer_wakes = 0
+        self.messages_read = 0
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def bind(self) -> int:
+        """Bind the sync port and the snapshot ROUTER on the next one (``port`` 0: any free pair)."""
+        for _ in range(50):
+            sock = self._listen_socket(self.port)
+            port = int(sock.getsockname()[1])
+            router = snapshot_router(self._context)
+            try:
+                router.bind(f"tcp://{self._zmq_host()}:{port + SNAPSHOT_OFFSET}")
+            except zmq.ZMQError:
+                router.close(0)
+                sock.close()
+                if self.port:
+                    raise
+                continue
+            self._sock, self._router, self.port = sock, router, port
+            return port
+        raise OSError("no free consecutive port pair for sync")
+
+    def _listen_socket(self, port: int) -> socket.socket:
+        host = self.bind_host or "0.0.0.0"  # every interface, as ZMQ's "*"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family, backlog=128)
+        sock.setblocking(False)
+        return sock
+
+    def _zmq_host(self) -> str:
+        host = self.bind_host or "*"
+        return f"[{host}]" if ":" in host else host
+
+    def close(self, linger: float = 0.0) -> None:
+        """Close the links (what they wrote still leaves), the server and the snapshot socket."""
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+        self._handler = None
+        self._server.stopping = True
+        if self._serving is not None:
+            self._serving.cancel()
+        if self._listening is not None:
+            self._listening.close()  # the listening socket with it
+        elif self._sock is not None:
+            self._sock.close()
+        self._sock = None
+        for conn in list(self._server.connections):
+            conn.abort()
+        if self._router is not None:
+            self._router.close(0)
+            self._router = None
+        self._context.term()
+
+    # --- peers ---------------------------------------------------------------------------
+    def set_peers(self, peers: Iterable[Peer]) -> None:
+        wanted = {p: None for p in peers}
+        for peer in [p for p in self._links if p not in wanted]:
+            self._links.pop(peer).close()
+        for peer in wanted:
+            if peer not in self._links:
+                self._links[peer] = _Link(peer, self.hwm)
+
+    @property
+    def has_peers(self) -> bool:
+        return bool(self._links)
+
+    @property
+    def peers(self) -> tuple[Peer, ...]:
+        return tuple(self._links)
+
+    @property
+    def connected(self) -> int:
+        """Peers whose sync port this replica holds a connection to."""
+        return sum(1 for link in self._links.values() if link.client is not None and link.client.connected)
+
+    async def redial(self) -> None:
+        """Each link re-dials by itself; this only waits to be cancelled (the hub's task list)."""
+        await asyncio.get_running_loop().create_future()
+
+    # --- deltas ---------------------------------------------------------------------------
+    def send(self, frame: bytes) -> bool:
+        """Write ``frame`` to every connected peer now; False when a peer's queue refused it."""
+        ok = True
+        for link in self._links.values():
+            client = link.client
+            if client is not None and client.connected and not client.send(frame):
+                ok = False
+        return ok
+
+    def listen(self, handler: Callable[[list[Frames]], None], gap: float = 0.0) -> None:
+        """Serve the sync port and hand every message to ``handler`` in the read that brings it
+        (``gap`` is ZMQ's: a read here costs no wake of its own)."""
+        if self._sock is None:
+            raise RuntimeError("sync transport is not bound (or already closed)")
+        if self._handler is not None:
+            raise RuntimeError("sync transport: already listening")
+        self._handler = handler
+        self._serving = asyncio.get_running_loop().create_task(self._serve(self._sock), name="sync-server")
+
+    async def _serve(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        server = self._server
+        self._listening = await loop.create_server(lambda: Connection(server), sock=sock)
+
+    def _deliver(self, msg: bytes) -> None:
+        handler = self._handler
+        if handler is not None:
+            self.messages_read += 1
+            self.reads_woken += 1
+            handler([[msg]])
+
+    # Reads happen as messages arrive: nothing is queued for a later read, and the ext_proc
+    # edge need not call ``ride`` on its reads.
+    wants_rides = False
+
+    def prompt(self) -> None:
+        pass
+
+    def read_now(self) -> None:
+        pass
+
+    def ride(self) -> None:
+        pass
+
+    # --- warm start ----------------------------------------------------------------------
+    async def serve_snapshots(self, answer: Callable[[Frames], bytes | None]) -> None:
+        if self._router is None:
+            raise RuntimeError("sync transport is not bound (or already closed)")
+        await serve_snapshots(self._router, answer)
+
+    async def request_snapshot(
+        self, peers: Iterable[Peer], request: bytes, accept: Callable[[Frames], bool], *, deadline: float
+    ) -> bool:
+        return await request_snapshot(self._context, peers, request, accept, deadline=deadline)

@@ -1,0 +1,138 @@
+"""The sync transport over HTTP/2 (``epp.server.peering.H2Transport``): what ZMQ did for the hub.
+
+The hub's own behaviour on this transport (deltas, silence, goodbye, warm start, reloads) is
+tests/sync/test_hub.py, run on both transports; here: what only this transport does — a
+hostile peer on the sync port, a peer that stops reading, re-dialling, and dropped peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from epp.server.h2.client import StreamClient
+from epp.server.peering import PUBLISH_PATH, H2Transport
+from epp.sync.peers import Peer
+from epp.sync.wire import encode, encode_batch
+from epp.testing.waiting import until
+from tests.sync.conftest import Node, make_node, mesh
+
+KEY = "test-routed-counter/counter"
+
+
+@contextlib.asynccontextmanager
+async def publisher(port: int) -> AsyncIterator[StreamClient]:
+    """A raw client of a node's sync port: what a hostile (or broken) peer can send."""
+    loop = asyncio.get_running_loop()
+    _, client = await loop.create_connection(lambda: StreamClient(PUBLISH_PATH, b"evil"), "127.0.0.1", port)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def transport(node: Node) -> H2Transport:
+    t = node.hub.transport
+    assert isinstance(t, H2Transport)
+    return t
+
+
+async def test_hostile_peer_messages_are_counted_and_a_good_one_still_applies() -> None:
+    async with (
+        mesh(["b"], kind="h2", max_message_bytes=4096) as (b,),
+        publisher(b.hub.transport.port) as evil,
+    ):
+        assert evil.send(encode_batch("evil", 1, 0.0, {KEY: [["e", 1]]}))
+        await until(lambda: b.counter.learned.get("evil") == {"e": 1}, 5, what="a good batch applied")
+        rejected = dict(b.hub.stats.rejected)
+        for garbage in (
+            b"\xc1 not msgpack",
+            encode([1, 2, 3]),
+            encode(["evil", "seq", 0.0, {}]),
+            encode(["evil", 2, 0.0, {"nope": [1]}]),
+            encode(["evil", 3, 0.0, {KEY: [["e", "NaN"]]}]),
+            b"\x00" * 6000,  # over max_message_bytes: the hub counts it
+        ):
+            assert evil.send(garbage)
+        await until(
+            lambda: sum(b.hub.stats.rejected.values()) - sum(rejected.values()) >= 6, 5, what="counted"
+        )
+        got = b.hub.stats.rejected
+        for reason in ("decode", "type", "unknown_key", "apply", "too_large"):
+            assert got.get(reason, 0) > rejected.get(reason, 0), reason
+        # Over twice max_message_bytes: the server ends the call unread (RESOURCE_EXHAUSTED); the
+        # peer's next message opens a new call on the same connection and is applied.
+        assert evil.send(b"\x00" * 9000)
+        await until(lambda: not evil.in_call, 5, what="the server ended the call")
+        assert evil.send(encode_batch("evil", 4, 0.0, {KEY: [["e", 9]]}))
+        await until(lambda: b.counter.learned.get("evil") == {"e": 9}, 5, what="applied after the refusal")
+        assert evil.calls == 2 and evil.connected
+
+
+async def test_a_peer_that_stops_reading_never_blocks_the_sender_and_its_losses_are_counted() -> None:
+    """A server that accepts and never reads: the socket's buffer fills, then the client's queue,
+    then ``send`` refuses and the hub counts the drops; nothing blocks and memory stays bounded."""
+    stalled: list[asyncio.Transport] = []
+
+    class Mute(asyncio.Protocol):
+        def connection_made(self, t: asyncio.BaseTransport) -> None:
+            assert isinstance(t, asyncio.Transport)
+            t.pause_reading()
+            stalled.append(t)
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    tx = make_node("tx", kind="h2", hwm=4)
+    tx.hub._tasks.append(loop.create_task(asyncio.sleep(3600)))  # "running": flush publishes
+    tx.hub.transport.set_peers([Peer("mute", "127.0.0.1", port)])
+    try:
+        await until(lambda: transport(tx).connected == 1, 5, what="dialled")
+        payload = "x" * 50_000
+        i = 0
+        while tx.hub.stats.dropped == 0 and i < 2000:
+            tx.counter.count(f"{payload}{i}")
+            tx.hub.flush()
+            i += 1
+        assert tx.hub.stats.dropped > 0, "a peer that never reads must make sends refuse"
+        link = transport(tx)._links[Peer("mute", "127.0.0.1", port)]
+        assert link.client is not None and link.client.refused > 0
+        assert len(link.client._queue) <= 4  # the queue is bounded by hwm
+    finally:
+        for task in tx.hub._tasks:
+            task.cancel()
+        tx.hub._tasks.clear()
+        await tx.hub.stop(goodbye=False)
+        server.close()
+        for t in stalled:
+            t.close()
+
+
+async def test_a_dropped_peer_is_hung_up_on_and_a_returning_one_redialled() -> None:
+    async with mesh(["a", "b"], kind="h2") as (a, b):
+        ta = transport(a)
+        await until(lambda: ta.connected == 1, 5, what="a dialled b")
+        a.hub.transport.set_peers([])
+        assert not ta.has_peers and ta.connected == 0
+        await until(lambda: not transport(b)._server.connections, 5, what="b sees a hang up")
+        a.hub.transport.set_peers([b.peer])
+        await until(lambda: ta.connected == 1, 5, what="a dialled b again")
+        a.counter.count("e1", 2)
+        await until(lambda: b.counter.learned.get("a") == {"e1": 2}, 5, what="deltas flow again")
+
+
+async def test_a_message_to_a_peer_not_yet_up_is_dropped_not_queued() -> None:
+    """As a ZMQ PUB: nothing waits for a peer that is not connected (its sequence shows the gap)."""
+    tx = make_node("tx", kind="h2")
+    loop = asyncio.get_running_loop()
+    tx.hub._tasks.append(loop.create_task(asyncio.sleep(3600)))
+    tx.hub.transport.set_peers([Peer("down", "127.0.0.1", 9)])  # discard port: nobody listens
+    try:
+        assert tx.hub.transport.send(b"anything")  # not refused: there is no connection to queue on
+        assert transport(tx).connected == 0
+    finally:
+        for task in tx.hub._tasks:
+            task.cancel()
+        tx.hub._tasks.clear()
+        await tx.hub.stop(goodbye=False)
