@@ -141,7 +141,9 @@ class StreamClient(asyncio.Protocol):
     # -- sending -----------------------------------------------------------------------------
     @property
     def connected(self) -> bool:
-        return self._transport is not None and not self._goaway
+        """Open and taking messages (not after GOAWAY, nor once ``close`` began)."""
+        transport = self._transport
+        return transport is not None and not self._goaway and not transport.is_closing()
 
     @property
     def in_call(self) -> bool:
@@ -151,7 +153,7 @@ class StreamClient(asyncio.Protocol):
     def send(self, message: bytes) -> bool:
         """Write one request message now if the windows take it, else queue it; False: refused."""
         transport = self._transport
-        if transport is None or self._goaway:
+        if transport is None or self._goaway or transport.is_closing():  # closing: it would be lost
             self.refused += 1
             return False
         n = len(message) + 5
