@@ -30,7 +30,7 @@ class Peer:
     port: int
 
     def endpoint(self, offset: int = 0) -> str:
-        """The ZMQ address of its PUB socket (``offset`` 1: its snapshot socket)."""
+        """Its ZMQ address: ``offset`` 0, its PUB (``--peer-transport=zmq``); 1, its snapshot socket."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"tcp://{host}:{self.port + offset}"
 
