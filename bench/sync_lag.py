@@ -2,7 +2,8 @@
 
 Run ``python -m bench.sync_lag [--quick]``; prints a table and writes bench/results/sync_lag.json.
 
-Two processes on loopback, each a ``SyncHub`` over the real ZMQ transport sharing one
+Two processes on loopback, each a ``SyncHub`` over a real transport (ZMQ, or the EPP's own
+HTTP/2, the default since the fifteenth pass: the ``transport`` column) sharing one
 plugin that counts routing decisions per endpoint (as in-flight load does).  The sender
 makes decisions at a steady rate (open loop, in 1 ms slices); each delta carries the wall
 time of the first decision it reports, and the receiver records, per delta, the time from
@@ -43,6 +44,8 @@ from typing import Any
 
 from bench.common import log, rnd, write_result
 from epp.plugin.base import NoParams
+from epp.server.peering import H2Transport
+from epp.sync.api import Transport
 from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer, StaticPeers
 from epp.sync.transport import ZmqTransport
@@ -84,8 +87,9 @@ class TimedCounter(RoutedCounter):
             self.lags.append(now - t)
 
 
-def _hub(name: str, port: int, dirty: bool) -> tuple[SyncHub, TimedCounter]:
-    hub = SyncHub(name, ZmqTransport("127.0.0.1", port), warm_start_timeout=0.3)
+def _hub(name: str, port: int, dirty: bool, transport: str) -> tuple[SyncHub, TimedCounter]:
+    t: Transport = H2Transport("127.0.0.1", port) if transport == "h2" else ZmqTransport("127.0.0.1", port)
+    hub = SyncHub(name, t, warm_start_timeout=0.3)
     counter = TimedCounter(dirty)  # poll mode: count() leaves the hub's sync_dirty uncalled
     hub.bind([counter])
     return hub, counter
@@ -105,9 +109,9 @@ async def _decide(counter: TimedCounter, rate: float, seconds: float) -> int:
 
 
 async def _sender(
-    port: int, peer: int, rate: float, seconds: float, dirty: bool, sync: bool, ready: Any
+    port: int, peer: int, rate: float, seconds: float, dirty: bool, sync: bool, transport: str, ready: Any
 ) -> dict[str, float]:
-    hub, counter = _hub("sender", port, dirty)
+    hub, counter = _hub("sender", port, dirty, transport)
     if sync:
         hub.transport.bind()
         await hub.start(StaticPeers([Peer("receiver", "127.0.0.1", peer)]))
@@ -138,9 +142,9 @@ async def _routing(rate: float, ride: Callable[[], None] | None) -> None:
 
 
 async def _receiver(
-    port: int, peer: int, seconds: float, routing: float, ride: bool, ready: Any, done: Any
+    port: int, peer: int, seconds: float, routing: float, ride: bool, transport: str, ready: Any, done: Any
 ) -> dict[str, Any]:
-    hub, counter = _hub("receiver", port, False)
+    hub, counter = _hub("receiver", port, False, transport)
     hub.transport.bind()
     await hub.start(StaticPeers([Peer("sender", "127.0.0.1", peer)]))
     await until(lambda: hub.connected >= 1, 30, what="the sender heard")
@@ -188,17 +192,19 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else float("nan")
 
 
-def one(rate: float, seconds: float, dirty: bool, routing: float = 0.0, ride: bool = False) -> dict[str, Any]:
+def one(
+    rate: float, seconds: float, dirty: bool, routing: float = 0.0, ride: bool = False, transport: str = "zmq"
+) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     q: Any = ctx.Queue()
     ready, done = ctx.Event(), ctx.Event()
     ps, pr = free_port_pair(), free_port_pair()
-    off = ctx.Process(target=_run_sender, args=(ps, pr, rate, seconds, dirty, False, ready, q))
+    off = ctx.Process(target=_run_sender, args=(ps, pr, rate, seconds, dirty, False, transport, ready, q))
     off.start()
     _, baseline = q.get(timeout=seconds + 30)
     off.join()
-    rx = ctx.Process(target=_run_receiver, args=(pr, ps, seconds, routing, ride, ready, done, q))
-    tx = ctx.Process(target=_run_sender, args=(ps, pr, rate, seconds, dirty, True, ready, q))
+    rx = ctx.Process(target=_run_receiver, args=(pr, ps, seconds, routing, ride, transport, ready, done, q))
+    tx = ctx.Process(target=_run_sender, args=(ps, pr, rate, seconds, dirty, True, transport, ready, q))
     rx.start()
     tx.start()
     first = q.get(timeout=seconds + 30)
@@ -213,6 +219,7 @@ def one(rate: float, seconds: float, dirty: bool, routing: float = 0.0, ride: bo
     rcv = res["receiver"]
     batches = max(1, rcv["received"])
     return {
+        "transport": transport,
         "mode": "dirty" if dirty else "poll",
         "rate": rate,
         "routing": routing,
@@ -247,15 +254,19 @@ def main() -> None:
     seconds = 2.0 if args.quick else 8.0
     rows = []
     for rate in (1000.0, 4000.0):
-        for dirty in (False, True):
-            log(f"rate {rate:.0f}/s, mode {'dirty' if dirty else 'poll'}, {seconds:g} s")
-            rows.append(one(rate, seconds, dirty))
-    # a routing receiver (its loop woken ROUTING times a second for work of its own): ride off / on,
-    # alternating, so the two are compared in the same minutes
+        for dirty, transport in ((False, "zmq"), (True, "zmq"), (True, "h2")):
+            log(f"rate {rate:.0f}/s, mode {'dirty' if dirty else 'poll'}, {transport}, {seconds:g} s")
+            rows.append(one(rate, seconds, dirty, transport=transport))
+    # a routing receiver (its loop woken ROUTING times a second for work of its own): ZMQ with ride
+    # off / on, and HTTP/2 (read as messages arrive: nothing rides), alternating, so the three are
+    # compared in the same minutes
     for _ in range(args.rounds):
-        for ride in (False, True):
-            log(f"rate 1000/s, dirty, receiver routing {ROUTING:g} wakes/s, ride {ride}, {seconds:g} s")
-            rows.append(one(1000.0, seconds, True, ROUTING, ride))
+        for ride, transport in ((False, "zmq"), (True, "zmq"), (False, "h2")):
+            log(
+                f"rate 1000/s, dirty, receiver routing {ROUTING:g} wakes/s, {transport}, "
+                f"ride {ride}, {seconds:g} s"
+            )
+            rows.append(one(1000.0, seconds, True, ROUTING, ride, transport))
     cols = list(rows[0])
     print(" | ".join(cols))
     for r in rows:
