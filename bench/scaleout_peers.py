@@ -41,11 +41,9 @@ from bench.common import CONFIGS
 from epp.app.compose import App, build_app
 from epp.cli.flags import parse_flags
 from epp.director.director import Director
-from epp.server.peering import H2Transport
-from epp.sync.api import Transport
+from epp.server.peering import transport_for
 from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer, StaticPeers
-from epp.sync.transport import ZmqTransport
 
 RESPONSE_AFTER = 0.0005  # the response phase a wake later (uvloop's timers: ~1 ms), as a client's
 WARM_START = 0.2  # replica 0 may not be up yet: start cold rather than wait
@@ -109,14 +107,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             app.datastore.add_observer(observer)
     hubs: list[SyncHub] = []
     for i, (port, app) in enumerate(zip(ports, apps, strict=True), start=1):
-        transport: Transport = (
-            H2Transport("127.0.0.1", port)
-            if args.transport == "h2"
-            else ZmqTransport("127.0.0.1", port, context=ctx)
-        )
         hub = SyncHub(
             f"bench-{i}",
-            transport,
+            transport_for(args.transport, "127.0.0.1", port, context=ctx),
             interval=args.interval,
             warm_start_timeout=WARM_START,
         )

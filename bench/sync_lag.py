@@ -44,11 +44,9 @@ from typing import Any
 
 from bench.common import log, rnd, write_result
 from epp.plugin.base import NoParams
-from epp.server.peering import H2Transport
-from epp.sync.api import Transport
+from epp.server.peering import transport_for
 from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer, StaticPeers
-from epp.sync.transport import ZmqTransport
 from epp.testing.replicated import RoutedCounter
 from epp.testing.waiting import until
 from epp_sim.demo.procs import free_port_pair
@@ -88,8 +86,7 @@ class TimedCounter(RoutedCounter):
 
 
 def _hub(name: str, port: int, dirty: bool, transport: str) -> tuple[SyncHub, TimedCounter]:
-    t: Transport = H2Transport("127.0.0.1", port) if transport == "h2" else ZmqTransport("127.0.0.1", port)
-    hub = SyncHub(name, t, warm_start_timeout=0.3)
+    hub = SyncHub(name, transport_for(transport, "127.0.0.1", port), warm_start_timeout=0.3)
     counter = TimedCounter(dirty)  # poll mode: count() leaves the hub's sync_dirty uncalled
     hub.bind([counter])
     return hub, counter

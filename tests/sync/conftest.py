@@ -9,12 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from epp.server.peering import H2Transport
-from epp.sync.api import Transport
+from epp.server.peering import transport_for
 from epp.sync.hub import DEFAULT_HOLD, DEFAULT_READ_GAP, SyncHub
 from epp.sync.peers import Peer
 from epp.sync.service import PeerList
-from epp.sync.transport import ZmqTransport
 from epp.testing.replicated import RoutedCounter, make_counter
 
 
@@ -47,11 +45,7 @@ def make_node(
     kind: str = "zmq",
 ) -> Node:
     """A hub bound on 127.0.0.1 (``port`` 0: a free pair), not started; ``kind``: its transport."""
-    transport: Transport = (
-        H2Transport("127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
-        if kind == "h2"
-        else ZmqTransport("127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
-    )
+    transport = transport_for(kind, "127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
     hub = SyncHub(
         replica_id,
         transport,

@@ -27,7 +27,7 @@ from epp.metrics.exporter import MetricsServer
 from epp.metrics.llmd import parse_families
 from epp.server import extproc, health
 from epp.server.h2.limits import H2Limits
-from epp.server.peering import H2Transport
+from epp.server.peering import transport_for
 from epp.server.transport import Tls, make_server
 from epp.sync.peers import PeerSource, PodWorkers, UnionPeers
 from epp.sync.service import SyncService
@@ -141,8 +141,8 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
                     app.sync,
                     peers,
                     [*app.components.plugins.values(), EXCHANGE],
+                    transport_for(app.sync.transport, app.sync.bind_host, app.sync.port),
                     sibling_ports,
-                    H2Transport(app.sync.bind_host, app.sync.port) if app.sync.transport == "h2" else None,
                 )
             )
         await stack.enter_async_context(ConfigReloader(app))  # --config-file changes apply live

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, Final
 
-import structlog
 import zmq
 import zmq.asyncio
 
@@ -36,18 +35,18 @@ from epp.server.h2.client import StreamClient
 from epp.server.h2.connection import Connection
 from epp.server.h2.headers import HeaderList
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
-from epp.sync.api import Frames
+from epp.sync.api import Frames, Transport
 from epp.sync.peers import Peer
 from epp.sync.transport import (
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE_BYTES,
     SNAPSHOT_OFFSET,
+    ZmqTransport,
     request_snapshot,
     serve_snapshots,
     snapshot_router,
+    zmq_address,
 )
-
-log = structlog.get_logger(__name__)
 
 PUBLISH_PATH: Final = b"/epp.sync.v1.Sync/Publish"
 CONNECT_TIMEOUT: Final = 1.0
@@ -104,7 +103,6 @@ class _Link:
     def __init__(self, peer: Peer, max_queued: int) -> None:
         self.peer = peer
         self.client: StreamClient | None = None
-        self.dials = 0
         self._max_queued = max_queued
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"sync-link-{peer.id}")
 
@@ -113,7 +111,6 @@ class _Link:
         authority = f"{self.peer.host}:{self.peer.port}".encode()
         delay = REDIAL_MIN
         while True:
-            self.dials += 1
             try:
                 _, client = await asyncio.wait_for(
                     loop.create_connection(
@@ -182,7 +179,7 @@ class H2Transport:
             port = int(sock.getsockname()[1])
             router = snapshot_router(self._context)
             try:
-                router.bind(f"tcp://{self._zmq_host()}:{port + SNAPSHOT_OFFSET}")
+                router.bind(zmq_address(self.bind_host or "*", port + SNAPSHOT_OFFSET))
             except zmq.ZMQError:
                 router.close(0)
                 sock.close()
@@ -199,10 +196,6 @@ class H2Transport:
         sock = socket.create_server((host, port), family=family, backlog=128)
         sock.setblocking(False)
         return sock
-
-    def _zmq_host(self) -> str:
-        host = self.bind_host or "*"
-        return f"[{host}]" if ":" in host else host
 
     def close(self, linger: float = 0.0) -> None:
         """Close the links (what they wrote still leaves), the server and the snapshot socket."""
@@ -306,3 +299,21 @@ class H2Transport:
         self, peers: Iterable[Peer], request: bytes, accept: Callable[[Frames], bool], *, deadline: float
     ) -> bool:
         return await request_snapshot(self._context, peers, request, accept, deadline=deadline)
+
+
+def transport_for(
+    kind: str,
+    bind_host: str,
+    port: int,
+    *,
+    hwm: int = DEFAULT_HWM,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    context: zmq.asyncio.Context | None = None,
+) -> Transport:
+    """The transport ``--peer-transport`` names: ``h2`` (this module) or ``zmq`` (``context``: a
+    ZMQ context to share, ZMQ only)."""
+    if kind == "h2":
+        return H2Transport(bind_host, port, hwm=hwm, max_message_bytes=max_message_bytes)
+    if kind == "zmq":
+        return ZmqTransport(bind_host, port, hwm=hwm, max_message_bytes=max_message_bytes, context=context)
+    raise ValueError(f"unknown sync transport {kind!r}: expected h2 or zmq")

@@ -17,7 +17,6 @@ from epp.sync.api import Transport
 from epp.sync.assembly import SyncPlan
 from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer, PeerSource, StaticPeers, own_hosts, without_self
-from epp.sync.transport import ZmqTransport
 
 log = structlog.get_logger(__name__)
 
@@ -52,16 +51,16 @@ class SyncService:
         plan: SyncPlan,
         peers: PeerSource,
         plugins: Iterable[Any],
+        transport: Transport,
         sibling_ports: frozenset[int] = frozenset(),
-        transport: Transport | None = None,
     ) -> None:
-        """``sibling_ports``: the sync ports of this pod's other workers (``--workers``);
-        ``transport``: the app's pick for ``plan.transport`` (None: ZMQ, which this layer owns)."""
+        """``transport``: what ``plan.transport`` names, built by the app (``epp.server.peering.
+        transport_for``); ``sibling_ports``: the sync ports of this pod's other workers (``--workers``)."""
         self.plan = plan
         self.peers = peers
         self.hub = SyncHub(
             plan.replica_id,
-            transport if transport is not None else ZmqTransport(plan.bind_host, plan.port),
+            transport,
             interval=plan.interval,
             sibling=siblings(sibling_ports),
             timeout=plan.timeout,

@@ -124,10 +124,7 @@ class ZmqTransport:
         return self.port
 
     def _address(self, port: int) -> str:
-        host = self.bind_host
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"tcp://{host}:{port}"
+        return zmq_address(self.bind_host, port)
 
     def _bind_pair(self, pub: zmq.asyncio.Socket, router: zmq.asyncio.Socket) -> int:
         for _ in range(50):
@@ -415,6 +412,13 @@ _POLLIN: Final = int(zmq.POLLIN)  # plain ints: the enums' operators cost ~1 us 
 def _events(sock: zmq.Socket[bytes] | None) -> int:
     """``ZMQ_EVENTS`` (reading it also re-arms the socket's descriptor)."""
     return 0 if sock is None else int(sock.getsockopt(_EVENTS))
+
+
+def zmq_address(host: str, port: int) -> str:
+    """``tcp://host:port`` for a bind (``*``: every interface; an IPv6 address in brackets)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
 
 
 # --- warm start: a snapshot over ROUTER/DEALER, whichever transport carries the deltas ---------
