@@ -89,6 +89,7 @@ GIE_DEFAULTS: dict[str, Any] = {
     "peer-port": 9004,
     "peer-timeout": 1.0,
     "peer-transport": "h2",
+    "peer-secret-file": "",
     "replica-id": "",
 }
 

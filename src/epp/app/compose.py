@@ -129,6 +129,7 @@ def _sync(
         timeout=options.peer_timeout,
         bind_host=options.bind_address,
         transport=options.peer_transport,
+        secret_file=options.peer_secret_file,
     )
     plan = sync_assembly.plan(components.config.data_layer, components.plugins, flags)
     if plan is None:

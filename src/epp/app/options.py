@@ -601,6 +601,16 @@ class Options:
         new=True,
         check=_one_of("h2", "zmq"),
     )
+    peer_secret_file: str = _flag(
+        "",
+        "str",
+        _SYNC,
+        "Active-active: a file of shared secrets, one a line (# comments), re-read when it changes. A peer "
+        "must present one of them (the first is what this replica presents) to publish deltas to it or "
+        "to take its snapshot; rotate by adding the new secret everywhere, moving it first, then dropping "
+        "the old. Empty: the peer port is unauthenticated (restrict it with a NetworkPolicy).",
+        new=True,
+    )
     peer_timeout: float = _flag(
         1.0,
         "duration",

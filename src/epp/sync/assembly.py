@@ -1,8 +1,9 @@
 """What to sync and with whom: the config's ``dataLayer`` refs and the ``--peers`` flags → ``SyncPlan``.
 
 Precedence, most specific first: a static peer-discovery plugin's peers, then the syncer's
-``peers``/``peersFile``, then ``--peers``/``--peers-file``; the syncer's ``port``, ``timeout``
-and ``transport`` over ``--peer-port``/``--peer-timeout``/``--peer-transport``.  A platform
+``peers``/``peersFile``, then ``--peers``/``--peers-file``; the syncer's ``port``, ``timeout``,
+``transport`` and ``secretFile`` over ``--peer-port``/``--peer-timeout``/``--peer-transport``/
+``--peer-secret-file``.  A platform
 discovery plugin (``k8s-peer-discovery``) adds the peers it watches to the others (a pod's own workers come
 from the command line).  Sync runs when a ``zmq-syncer`` is
 configured (it then also serves peers that list it) or peers are given on the command line,
@@ -35,6 +36,7 @@ class SyncFlags:
     timeout: float = 1.0
     bind_host: str = ""
     transport: str = "h2"
+    secret_file: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +51,7 @@ class SyncPlan:
     interval: float
     bind_host: str
     transport: str = "h2"  # "h2" (epp.server.peering) or "zmq" (epp.sync.transport)
+    secret_file: str = ""  # shared secrets a peer must present (epp.sync.secret); "": none
     # A discovery plugin that watches the platform (``k8s-peer-discovery``): the app, which
     # holds the Kubernetes client, turns it into a PeerSource; its peers join ``peers``.
     discovery: object | None = None
@@ -80,10 +83,11 @@ def plan(
             )
         return None
     peers, peers_file = flags.peers, flags.peers_file
-    port, timeout, transport = flags.port, flags.timeout, flags.transport
+    port, timeout, transport, secret_file = flags.port, flags.timeout, flags.transport, flags.secret_file
     if isinstance(syncer, ZmqSyncer):
         p = syncer.params
         transport = p.transport or transport
+        secret_file = p.secret_file if p.secret_file is not None else secret_file
         if p.peers or p.peers_file:
             peers = tuple(parse_peer(s, f"{syncer_ref}.peers[{i}]") for i, s in enumerate(p.peers))
             peers_file = p.peers_file
@@ -124,5 +128,6 @@ def plan(
         interval=interval,
         bind_host=flags.bind_host,
         transport=transport,
+        secret_file=secret_file,
         discovery=dynamic,
     )

@@ -32,6 +32,7 @@ class ZmqSyncerParams(PluginParams):
     peers_file: str = ""
     timeout: Duration | None = None  # None: --peer-timeout
     transport: Literal["h2", "zmq"] | None = None  # None: --peer-transport
+    secret_file: str | None = None  # None: --peer-secret-file; "": unauthenticated
 
     _peers = field_validator("peers")(_peer_list)
 
