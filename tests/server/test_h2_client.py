@@ -369,3 +369,36 @@ async def test_a_closing_client_refuses_at_once_rather_than_losing_messages(stac
     assert [client.send(b"x") for _ in range(3)] == [False, False, False]
     assert (client.sent, client.refused) == (1, 3)
     await asyncio.wait_for(client.closed, 5)
+
+
+async def test_the_authorization_header_reaches_grpc_core_as_metadata(stack: Stack) -> None:
+    """The never-indexed literal the client writes for ``authorization`` (the sync port's shared
+    secret) is read by grpc-core, the reference decoder, as the call's metadata, on every call."""
+    seen: list[tuple[tuple[str, str | bytes], ...]] = []
+
+    async def publish(requests: AsyncIterator[bytes], context: Any) -> bytes:
+        seen.append(tuple(context.invocation_metadata()))
+        async for _ in requests:
+            pass
+        return b""
+
+    server = grpc.aio.server()
+    service, method = PUBLISH_PATH.decode().strip("/").split("/")
+    handlers = {method: grpc.stream_unary_rpc_method_handler(publish)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, None)
+    token = b"Bearer s3cret-0123456789abcdef"
+    _, client = await asyncio.get_running_loop().create_connection(
+        lambda: StreamClient(PUBLISH_PATH, b"peer", authorization=token), "127.0.0.1", port
+    )
+    stack.callback(client.close)
+    assert client.send(b"one")
+    await until(lambda: len(seen) == 1, 5, what="the call")
+    assert ("authorization", token.decode()) in seen[0]
+    # the same header block opens a call after the first ends (grpc-core keeps no state of it)
+    client._call_over()
+    assert client.send(b"two")
+    await until(lambda: len(seen) == 2, 5, what="the second call")
+    assert ("authorization", token.decode()) in seen[1]

@@ -2,7 +2,8 @@
 
 The hub's own behaviour on this transport (deltas, silence, goodbye, warm start, reloads) is
 tests/sync/test_hub.py, run on both transports; here: what only this transport does — a
-hostile peer on the sync port, a peer that stops reading, re-dialling, and dropped peers.
+hostile peer on the sync port, a peer that stops reading, re-dialling, dropped peers, and the
+shared secret a peer must present (``--peer-secret-file``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from epp.server.h2.client import StreamClient
 from epp.server.peering import PUBLISH_PATH, H2Transport
 from epp.sync.peers import Peer
+from epp.sync.secret import PeerSecret
 from epp.sync.wire import encode, encode_batch
 from epp.testing.waiting import until
 from tests.sync.conftest import Node, make_node, mesh
@@ -22,10 +24,12 @@ KEY = "test-routed-counter/counter"
 
 
 @contextlib.asynccontextmanager
-async def publisher(port: int) -> AsyncIterator[StreamClient]:
+async def publisher(port: int, authorization: bytes = b"") -> AsyncIterator[StreamClient]:
     """A raw client of a node's sync port: what a hostile (or broken) peer can send."""
     loop = asyncio.get_running_loop()
-    _, client = await loop.create_connection(lambda: StreamClient(PUBLISH_PATH, b"evil"), "127.0.0.1", port)
+    _, client = await loop.create_connection(
+        lambda: StreamClient(PUBLISH_PATH, b"evil", authorization=authorization), "127.0.0.1", port
+    )
     try:
         yield client
     finally:
@@ -136,3 +140,59 @@ async def test_a_message_to_a_peer_not_yet_up_is_dropped_not_queued() -> None:
             task.cancel()
         tx.hub._tasks.clear()
         await tx.hub.stop(goodbye=False)
+
+
+S1 = b"first-secret-0123456789"
+S2 = b"second-secret-0123456789"
+
+
+async def test_with_a_secret_only_a_peer_presenting_one_publishes() -> None:
+    """Replicas sharing a secret sync; a caller without it, or with another, is refused
+    UNAUTHENTICATED, counted, told to go away, and nothing it sent is applied."""
+    async with mesh(["a", "b"], kind="h2", secrets=[PeerSecret((S1,)), PeerSecret((S1,))]) as (a, b):
+        a.counter.count("e1", 2)
+        await until(lambda: b.counter.learned.get("a") == {"e1": 2}, 5, what="peers with the secret sync")
+        tb = transport(b)
+        for authorization in (b"", b"Bearer " + S2, S1, b"Bearer " + S1[:-1]):
+            before = tb.unauthenticated
+            async with publisher(tb.port, authorization) as evil:
+                await until(lambda: evil.connected, 5, what="connected")
+                assert evil.send(encode_batch("evil", 1, 0.0, {KEY: [["e", 1]]}))
+                await until(lambda e=evil: not e.connected, 5, what="refused and sent away")  # type: ignore[misc]
+            assert tb.unauthenticated == before + 1, authorization
+        assert "evil" not in b.counter.learned
+        assert b.hub.stats.rejected.get("unauthenticated", 0) == 0  # the transport counts calls, not the hub
+        async with publisher(tb.port, b"Bearer " + S1) as friend:
+            assert friend.send(encode_batch("friend", 1, 0.0, {KEY: [["e", 7]]}))
+            await until(
+                lambda: b.counter.learned.get("friend") == {"e": 7}, 5, what="a caller with it publishes"
+            )
+            assert friend.connected and friend.calls == 1
+
+
+async def test_a_rotated_secret_reauthenticates_every_connection() -> None:
+    """Add the new secret everywhere, present it, drop the old: no step partitions the pair, and
+    a dropped secret stops working at once (its calls were authenticated against the old set)."""
+    sa, sb = PeerSecret((S1,)), PeerSecret((S1,))
+    async with mesh(["a", "b"], kind="h2", secrets=[sa, sb]) as (a, b):
+        ta, tb = transport(a), transport(b)
+        sent = 0
+
+        async def flows() -> None:
+            nonlocal sent
+            sent += 1
+            a.counter.count("e", 1)
+            await until(lambda: b.counter.learned.get("a") == {"e": sent}, 5, what=f"delta {sent} applied")
+
+        await flows()
+        for step in ((S1, S2), (S2, S1), (S2,)):  # add, present, drop: b then a at each step
+            sb.set(step)
+            sa.set(step)
+            await until(lambda: ta.connected == 1, 5, what=f"a re-dialled b at {step}")
+            await flows()
+        assert tb.unauthenticated == 0  # every step kept a secret both sides accept
+        sb.set((S1,))  # b alone goes back to the dropped secret: a's open call is cut at once
+        await until(lambda: tb.unauthenticated > 0, 5, what="a's next call refused")
+        a.counter.count("e", 1)
+        await until(lambda: ta.connected == 0 or tb.unauthenticated > 1, 5, what="a refused again")
+        assert b.counter.learned.get("a") in (None, {"e": sent})  # never sent + 1 (None: a forgotten, silent)

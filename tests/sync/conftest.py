@@ -12,6 +12,7 @@ import pytest
 from epp.server.peering import transport_for
 from epp.sync.hub import DEFAULT_HOLD, DEFAULT_READ_GAP, SyncHub
 from epp.sync.peers import Peer
+from epp.sync.secret import PeerSecret
 from epp.sync.service import PeerList
 from epp.testing.replicated import RoutedCounter, make_counter
 
@@ -43,9 +44,13 @@ def make_node(
     hold: float = DEFAULT_HOLD,
     read_gap: float = DEFAULT_READ_GAP,
     kind: str = "zmq",
+    secret: PeerSecret | None = None,
 ) -> Node:
-    """A hub bound on 127.0.0.1 (``port`` 0: a free pair), not started; ``kind``: its transport."""
-    transport = transport_for(kind, "127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes)
+    """A hub bound on 127.0.0.1 (``port`` 0: a free pair), not started; ``kind``: its transport;
+    ``secret``: what its peers must present (and it presents)."""
+    transport = transport_for(
+        kind, "127.0.0.1", port, hwm=hwm, max_message_bytes=max_message_bytes, secret=secret
+    )
     hub = SyncHub(
         replica_id,
         transport,
@@ -54,6 +59,7 @@ def make_node(
         interval=interval,
         hold=hold,
         read_gap=read_gap,
+        secret=secret,
     )
     counter = make_counter()
     hub.bind([counter])
@@ -62,9 +68,13 @@ def make_node(
 
 
 @contextlib.asynccontextmanager
-async def mesh(names: Sequence[str], kind: str = "zmq", **kw: float) -> AsyncIterator[list[Node]]:
-    """Every node peers with every other (all listed, itself too: dropped by id), started together."""
-    nodes = [make_node(n, kind=kind, **kw) for n in names]  # type: ignore[arg-type]
+async def mesh(
+    names: Sequence[str], kind: str = "zmq", secrets: Sequence[PeerSecret | None] = (), **kw: float
+) -> AsyncIterator[list[Node]]:
+    """Every node peers with every other (all listed, itself too: dropped by id), started together;
+    ``secrets``: each node's, in order (none by default)."""
+    mine = list(secrets) or [None] * len(names)
+    nodes = [make_node(n, kind=kind, secret=s, **kw) for n, s in zip(names, mine, strict=True)]  # type: ignore[arg-type]
     everyone = [n.peer for n in nodes]
     for n in nodes:
         n.peers.set(everyone)

@@ -18,7 +18,9 @@ from epp.app.serve import serve
 from epp.cli.flags import parse_flags
 from epp.errors import ConfigError
 from epp.plugin.registry import Registry
+from epp.server.peering import H2Transport
 from epp.sync.peers import Peer
+from epp.sync.secret import PeerSecret
 from epp.sync.transport import ZmqTransport
 from epp.testing.replicated import SNAPSHOT_ORIGIN, PolledCounter, RoutedCounter
 from epp.testing.waiting import until
@@ -265,3 +267,75 @@ async def test_debug_state_shows_the_sync_and_a_clean_stop_says_goodbye() -> Non
             await asyncio.wait_for(task, 30)
         await until(lambda: "new" not in warm.counter.learned, 5, what="warm forgets new on its goodbye")
         assert warm.hub.stats.goodbyes == 1
+
+
+S1 = "first-secret-0123456789"
+S2 = "second-secret-0123456789"
+
+
+def test_a_peer_secret_file_is_checked_at_startup_and_watched(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "secret"
+
+    def app_with(*extra: str) -> compose.App:
+        return build_app(parse_flags([*BASE, "--peers=127.0.0.1:9100", *extra], {}), {})
+
+    with pytest.raises(ConfigError, match=r"--peer-secret-file .*secret: cannot read"):
+        app_with(f"--peer-secret-file={path}")
+    path.write_text("# the EPP pods' secret\nshort\n")
+    with pytest.raises(ConfigError, match=rf"--peer-secret-file {path}: line 2: .*at least 16 characters"):
+        app_with(f"--peer-secret-file={path}")
+    path.write_text(f"# the EPP pods' secret\n{S1}\n")
+    app = app_with(f"--peer-secret-file={path}")
+    assert app.peer_secret is not None and app.peer_secret.presented == S1.encode()
+    assert any(w.path == str(path) for w in app.watched)
+    assert app_with().peer_secret is None
+
+
+async def test_replicas_sharing_a_secret_file_warm_start_sync_and_rotate_it_live(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A real EPP with --peer-secret-file takes a peer's snapshot and publishes to it; rewriting
+    the file (new secret first) moves what it presents, with no refused call on the way."""
+    warm_secret = PeerSecret((S1.encode(),))
+    async with mesh(["warm"], kind="h2", secrets=[warm_secret]) as (warm,):
+        warm.counter.count("e1", 5)
+        path = tmp_path / "secret"
+        path.write_text(f"{S1}\n")
+        port = free_port_pair()
+        opts = new_replica(
+            warm.hub.transport.port, port, f"--config-text={CONFIG}", f"--peer-secret-file={path}"
+        )
+        app = build_app(opts, {})
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(app, stop=stop))
+        try:
+            await until(lambda: app.serving or task.done(), 20, what="the EPP serving")
+            assert app.sync_hub is not None and app.sync_hub.restored_from == "warm"
+            warm.peers.set([Peer("new", "127.0.0.1", port)])
+            (counter,) = (p for p in app.components.plugins.values() if isinstance(p, RoutedCounter))
+            await until(lambda: warm.hub.connected == 1, 5, what="warm hears new")
+            counter.count("e2", 1)
+            await until(lambda: warm.counter.learned.get("new") == {"e2": 1}, 5, what="warm learns new")
+            mine = app.sync_hub.transport
+            assert isinstance(mine, H2Transport)
+            (link,) = mine._links.values()
+
+            async def redialled(step: str) -> None:
+                """Each step drops the connections; the link's next client is the re-dialled one."""
+                old = link.client
+                await until(lambda: link.client not in (None, old) and link.client.connected, 10, what=step)
+
+            warm_secret.set((S1.encode(), S2.encode()))  # step 1 on warm: accept the new secret too
+            await redialled("re-dialled after warm's change")
+            path.write_text(f"{S2}\n{S1}\n")  # step 2 on new: present it (the file watch applies it)
+            await redialled("re-dialled presenting the reloaded file's first secret")
+            assert app.peer_secret is not None and app.peer_secret.presented == S2.encode()
+            warm_secret.set((S2.encode(),))  # step 3 on warm: drop the old one
+            await redialled("re-dialled after warm dropped the old secret")
+            counter.count("e2", 1)
+            await until(lambda: warm.counter.learned.get("new") == {"e2": 2}, 5, what="still synced")
+            transport = warm.hub.transport
+            assert isinstance(transport, H2Transport) and transport.unauthenticated == 0
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)

@@ -100,3 +100,21 @@ def test_port_zero_with_peers_is_an_error() -> None:
     flags = SyncFlags(replica_id="me", port=0, peers=parse_peers("a:9004", "--peers"))
     with pytest.raises(ConfigError, match="--peer-port: 0 turns sync off"):
         _plan(LLMD, flags)
+
+
+def test_the_syncers_secret_file_wins_over_the_flag() -> None:
+    flags = SyncFlags(replica_id="me", port=9004, secret_file="/flag/secret")
+    p = _plan(
+        LLMD + "plugins:\n- {type: zmq-syncer}\ndataLayer: {crossReplicaSyncerPluginRef: zmq-syncer}\n", flags
+    )
+    assert p is not None and p.secret_file == "/flag/secret"  # type: ignore[attr-defined]
+    text = "plugins:\n- {type: zmq-syncer, parameters: {secretFile: /etc/epp/peer-secret/token}}\n"
+    p = _plan(LLMD + text + "dataLayer: {crossReplicaSyncerPluginRef: zmq-syncer}\n", flags)
+    assert p is not None and p.secret_file == "/etc/epp/peer-secret/token"  # type: ignore[attr-defined]
+    p = _plan(
+        LLMD
+        + text.replace("/etc/epp/peer-secret/token", "''")
+        + "dataLayer: {crossReplicaSyncerPluginRef: zmq-syncer}\n",
+        flags,
+    )
+    assert p is not None and p.secret_file == ""  # type: ignore[attr-defined]  # "": unauthenticated on purpose

@@ -16,6 +16,7 @@ from epp.scheduling.scorers.precise_prefix import PrecisePrefixCacheScorer
 from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from epp.sync.hub import DEFAULT_POLL, HOLD_CREDIT, SyncHub
 from epp.sync.peers import Peer
+from epp.sync.secret import PeerSecret
 from epp.sync.transport import ZmqTransport
 from epp.sync.wire import decode_batch, encode, encode_batch
 from epp.testing.plugins import build
@@ -290,6 +291,25 @@ async def test_warm_start_restores_a_serving_peers_view_before_serving(kind: str
             assert c.counter.learned[SNAPSHOT_ORIGIN] == {"e1": 2}
         finally:
             await c.hub.stop()
+
+
+async def test_a_snapshot_goes_only_to_a_replica_presenting_the_secret(kind: str) -> None:
+    """The snapshot is the whole routing state: with a secret, a request without one of its
+    secrets gets no answer (counted), so such a replica starts cold; one presenting it warms."""
+    right, wrong = PeerSecret((b"right-secret-0123456789",)), PeerSecret((b"wrong-secret-0123456789",))
+    async with mesh(["a"], kind=kind, secrets=[right]) as (a,):
+        a.counter.count("e1", 2)
+        for secret, restored in ((None, ""), (wrong, ""), (right, "a")):
+            c = make_node("c", warm_start_timeout=0.5, kind=kind, secret=secret)
+            c.peers.set([a.peer])
+            before = a.hub.stats.rejected.get("unauthenticated", 0)
+            try:
+                await c.hub.start(c.peers)
+                assert c.hub.restored_from == restored, secret
+                assert a.hub.stats.rejected.get("unauthenticated", 0) > before or restored
+                assert (SNAPSHOT_ORIGIN in c.counter.learned) == bool(restored)
+            finally:
+                await c.hub.stop(goodbye=False)
 
 
 async def test_no_peer_reachable_starts_cold_within_the_bound(kind: str) -> None:

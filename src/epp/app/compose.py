@@ -33,6 +33,7 @@ from epp.sync import assembly as sync_assembly
 from epp.sync.assembly import SyncPlan
 from epp.sync.hub import SyncHub
 from epp.sync.peers import parse_peers
+from epp.sync.secret import PeerSecret, parse_secrets
 from epp.sync.service import PeerList
 from epp.tracing.otel import Tracing, setup_tracing
 
@@ -54,6 +55,7 @@ class App:
     # cross-replica sync (epp.sync): what to run, the peer set, and the hub once serve() started it
     sync: SyncPlan | None = None
     peers: PeerList | None = None
+    peer_secret: PeerSecret | None = None  # what peers must present (--peer-secret-file), watched
     sync_hub: SyncHub | None = None
     serving: bool = False  # the ext_proc port is listening (TLS set up)
     draining: bool = False
@@ -152,6 +154,26 @@ def _sync(
     return plan, peers
 
 
+def _peer_secret(path: str, watched: list[WatchedFile[Any]]) -> PeerSecret:
+    """The secrets of ``path``, loaded now (a missing or bad file fails startup) and watched: a
+    change swaps them in place, and the transport re-authenticates its connections."""
+    secret: PeerSecret | None = None
+
+    def install(secrets: tuple[bytes, ...]) -> None:
+        nonlocal secret
+        if secret is None:
+            secret = PeerSecret(secrets)
+        else:
+            secret.set(secrets)
+
+    source = "--peer-secret-file"
+    wf = WatchedFile(path, lambda text: parse_secrets(text, f"{source} {path}"), install, what=source)
+    wf.load_now()
+    watched.append(wf)
+    assert secret is not None
+    return secret
+
+
 def build_app(options: Options, env: Mapping[str, str]) -> App:
     """Validate and build every component; raises ConfigError and starts nothing.
 
@@ -167,6 +189,7 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
     protocol = _standalone_protocol(components)
     watched = _discovery(options, ds, protocol)
     sync, peers = _sync(options, components, env, watched)
+    secret = _peer_secret(sync.secret_file, watched) if sync is not None and sync.secret_file else None
     data_layer = components.data_layer.runtime(ds, refresh_interval=options.refresh_metrics_interval)
     admission = components.admission.controller(ds)
     pipeline = components.request_control.pipeline(
@@ -191,4 +214,5 @@ def build_app(options: Options, env: Mapping[str, str]) -> App:
         watched=watched,
         sync=sync,
         peers=peers,
+        peer_secret=secret,
     )

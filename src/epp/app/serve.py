@@ -141,8 +141,11 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
                     app.sync,
                     peers,
                     [*app.components.plugins.values(), EXCHANGE],
-                    transport_for(app.sync.transport, app.sync.bind_host, app.sync.port),
+                    transport_for(
+                        app.sync.transport, app.sync.bind_host, app.sync.port, secret=app.peer_secret
+                    ),
                     sibling_ports,
+                    secret=app.peer_secret,
                 )
             )
         await stack.enter_async_context(ConfigReloader(app))  # --config-file changes apply live

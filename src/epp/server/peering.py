@@ -13,6 +13,10 @@ A warm start's snapshot still goes over ZMQ ROUTER/DEALER on the port after the 
 (``epp.sync.transport``): it is rare and large, and ZMQ's framing of a message of hundreds of MiB
 costs nothing per request.
 
+With a shared secret (``--peer-secret-file``, ``epp.sync.secret``) a Publish call must carry
+``authorization: Bearer <secret>``; the server checks it when the call opens, and a change of the
+secrets drops every connection both ways so each call is checked again.
+
 Connections: a link per peer dials, and re-dials with backoff when the connection drops or the
 peer refuses it; a message for a peer not connected is dropped (as a ZMQ PUB does for a
 subscriber not yet connected), and the peer's sequence numbers show the gap.  A peer whose
@@ -25,8 +29,10 @@ import asyncio
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
+import structlog
 import zmq
 import zmq.asyncio
 
@@ -35,8 +41,10 @@ from epp.server.h2.client import StreamClient
 from epp.server.h2.connection import Connection
 from epp.server.h2.headers import HeaderList
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
+from epp.sync import metrics
 from epp.sync.api import Frames, Transport
 from epp.sync.peers import Peer
+from epp.sync.secret import PeerSecret
 from epp.sync.transport import (
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -52,6 +60,8 @@ PUBLISH_PATH: Final = b"/epp.sync.v1.Sync/Publish"
 CONNECT_TIMEOUT: Final = 1.0
 REDIAL_MIN: Final = 0.05  # first wait before dialling a peer again; doubles up to REDIAL_MAX
 REDIAL_MAX: Final = 1.0
+
+log = structlog.get_logger(__name__)
 
 
 class _PublishDriver:
@@ -75,35 +85,79 @@ class _PublishDriver:
 
 
 class _PublishServer:
-    """The ``StreamServer`` of the sync port: one route, no deferred work, no awake hook."""
+    """The ``StreamServer`` of the sync port: one route, no deferred work, no awake hook.
+
+    With a ``secret``, a call must carry ``authorization: Bearer <one of its secrets>``; a call
+    without is refused UNAUTHENTICATED, counted, and its connection told to go away (GOAWAY), so
+    a peer with the wrong secret re-dials on its backoff (up to a second) instead of opening a
+    refused stream per message."""
 
     after_reply = None
 
-    def __init__(self, limits: H2Limits, deliver: Callable[[bytes], None]) -> None:
+    def __init__(
+        self, limits: H2Limits, deliver: Callable[[bytes], None], secret: PeerSecret | None = None
+    ) -> None:
         self.awake: Callable[[], None] | None = None
         self.limits = limits
         self.connections: set[Connection] = set()
         self.stopping = False
         self._routes: dict[bytes, Route] = {PUBLISH_PATH: (bytes, self._driver)}
         self._deliver = deliver
+        self._secret = secret
+        self._denied = False  # the last call's headers were refused
+        self.unauthenticated = 0  # calls refused for want of a secret
+        self._warned = False
 
     def _driver(self, call: Call) -> Driver:
         return _PublishDriver(call, self._deliver)
 
     def open_stream(self, conn: Connection, stream_id: int, headers: HeaderList, size: int) -> Call | None:
-        return open_call(conn, stream_id, headers, size, self._routes, self.limits, stopping=self.stopping)
+        authorize = self._authorize if self._secret is not None else None
+        self._denied = False
+        call = open_call(
+            conn,
+            stream_id,
+            headers,
+            size,
+            self._routes,
+            self.limits,
+            stopping=self.stopping,
+            authorize=authorize,
+        )
+        if self._denied:
+            conn.goaway()
+        return call
+
+    def _authorize(self, headers: HeaderList) -> bool:
+        secret = self._secret
+        for name, value in headers:
+            if name == b"authorization":
+                if secret is not None and secret.accepts_authorization(value):
+                    return True
+                break
+        self._denied = True
+        self.unauthenticated += 1
+        metrics.REJECTED.labels("unauthenticated").inc()
+        if not self._warned:  # once: a misconfigured peer retries every second
+            self._warned = True
+            log.warning(
+                "sync_peer_unauthenticated", counted='epp_sync_rejected_total{reason="unauthenticated"}'
+            )
+        return False
 
     def forget(self, conn: Connection) -> None:
         self.connections.discard(conn)
 
 
 class _Link:
-    """This replica's connection to one peer's sync port, re-dialled while the peer is wanted."""
+    """This replica's connection to one peer's sync port, re-dialled while the peer is wanted;
+    each connection presents the secret current when it is dialled."""
 
-    def __init__(self, peer: Peer, max_queued: int) -> None:
+    def __init__(self, peer: Peer, max_queued: int, secret: PeerSecret | None = None) -> None:
         self.peer = peer
         self.client: StreamClient | None = None
         self._max_queued = max_queued
+        self._secret = secret
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"sync-link-{peer.id}")
 
     async def _run(self) -> None:
@@ -111,10 +165,17 @@ class _Link:
         authority = f"{self.peer.host}:{self.peer.port}".encode()
         delay = REDIAL_MIN
         while True:
+            authorization = self._secret.authorization if self._secret is not None else b""
             try:
                 _, client = await asyncio.wait_for(
                     loop.create_connection(
-                        lambda: StreamClient(PUBLISH_PATH, authority, max_queued=self._max_queued),
+                        partial(
+                            StreamClient,
+                            PUBLISH_PATH,
+                            authority,
+                            max_queued=self._max_queued,
+                            authorization=authorization,
+                        ),
                         self.peer.host,
                         self.peer.port,
                     ),
@@ -152,14 +213,18 @@ class H2Transport:
         hwm: int = DEFAULT_HWM,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         limits: H2Limits = DEFAULT_LIMITS,
+        secret: PeerSecret | None = None,
     ) -> None:
         self.bind_host = bind_host.strip("[]")
+        self.secret = secret
         self.port = port
         self.hwm = hwm
         self.max_message_bytes = max_message_bytes
         # the hub drops a batch over max_message_bytes; the server refuses one over twice that unread
         self.limits = replace(limits, max_message_bytes=2 * max_message_bytes)
-        self._server = _PublishServer(self.limits, self._deliver)
+        self._server = _PublishServer(self.limits, self._deliver, secret)
+        if secret is not None:
+            secret.on_change(self._reauthenticate)
         self._sock: socket.socket | None = None
         self._listening: asyncio.Server | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -218,6 +283,21 @@ class H2Transport:
             self._router = None
         self._context.term()
 
+    def _reauthenticate(self) -> None:
+        """The secrets changed: every call was authenticated against the old set, and every link
+        presents the old first secret.  Drop both; peers' links re-dial, ours re-dial with the new."""
+        for conn in list(self._server.connections):
+            conn.goaway()
+        for link in self._links.values():
+            if link.client is not None:
+                link.client.close()
+        log.info("sync_secret_changed", peers=len(self._links), connections=len(self._server.connections))
+
+    @property
+    def unauthenticated(self) -> int:
+        """Peers' calls refused for want of a secret."""
+        return self._server.unauthenticated
+
     # --- peers ---------------------------------------------------------------------------
     def set_peers(self, peers: Iterable[Peer]) -> None:
         wanted = {p: None for p in peers}
@@ -225,7 +305,7 @@ class H2Transport:
             self._links.pop(peer).close()
         for peer in wanted:
             if peer not in self._links:
-                self._links[peer] = _Link(peer, self.hwm)
+                self._links[peer] = _Link(peer, self.hwm, self.secret)
 
     @property
     def has_peers(self) -> bool:
@@ -309,11 +389,14 @@ def transport_for(
     hwm: int = DEFAULT_HWM,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     context: zmq.asyncio.Context | None = None,
+    secret: PeerSecret | None = None,
 ) -> Transport:
     """The transport ``--peer-transport`` names: ``h2`` (this module) or ``zmq`` (``context``: a
-    ZMQ context to share, ZMQ only)."""
+    ZMQ context to share, ZMQ only).  ``secret``: what a peer's Publish call must present (h2; a
+    ZMQ receiver dials its publishers, so no one can publish to it uninvited, but what its PUB
+    sends can be read: docs/scale-out.md)."""
     if kind == "h2":
-        return H2Transport(bind_host, port, hwm=hwm, max_message_bytes=max_message_bytes)
+        return H2Transport(bind_host, port, hwm=hwm, max_message_bytes=max_message_bytes, secret=secret)
     if kind == "zmq":
         return ZmqTransport(bind_host, port, hwm=hwm, max_message_bytes=max_message_bytes, context=context)
     raise ValueError(f"unknown sync transport {kind!r}: expected h2 or zmq")

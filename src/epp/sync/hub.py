@@ -45,6 +45,7 @@ from epp.plugin.replicated import Replicated
 from epp.sync import metrics
 from epp.sync.api import Frames, Transport
 from epp.sync.peers import Peer, PeerSource
+from epp.sync.secret import PeerSecret
 from epp.sync.transport import REQUEST_MAX_BYTES, SNAPSHOT_MAX_BYTES
 from epp.sync.wire import GOODBYE, WireError, decode_batch, decode_reply, decode_request, encode, encode_batch
 
@@ -116,9 +117,12 @@ class SyncHub:
         read_budget: float = DEFAULT_READ_BUDGET,
         warm_start_timeout: float = WARM_START_TIMEOUT,
         wall: Callable[[], float] = time.time,
+        secret: PeerSecret | None = None,
     ) -> None:
         self.replica_id = replica_id
         self.transport = transport
+        self.secret = secret  # a snapshot request must present one of its secrets (None: any may ask)
+        self._warned_unauthenticated = False
         self.interval = interval
         self.timeout = timeout
         self.heartbeat = heartbeat
@@ -511,9 +515,19 @@ class SyncHub:
     # --- warm start --------------------------------------------------------------------
     def _answer(self, frames: Frames) -> bytes | None:
         try:
-            decode_request(frames, REQUEST_MAX_BYTES)
+            requester, presented = decode_request(frames, REQUEST_MAX_BYTES)
         except WireError as e:
             self._reject(e.reason)
+            return None
+        if self.secret is not None and not self.secret.accepts(presented.encode("ascii", "replace")):
+            self._reject("unauthenticated")
+            if not self._warned_unauthenticated:  # once: the requester's id is its own claim
+                self._warned_unauthenticated = True
+                log.warning(
+                    "sync_snapshot_unauthenticated",
+                    requester=requester[:64],
+                    counted="epp_sync_rejected_total",
+                )
             return None
         snapshot: dict[str, Any] = {}
         if self.serving:
@@ -555,7 +569,11 @@ class SyncHub:
         loop = asyncio.get_running_loop()
         started = loop.time()
         if peers:
-            request = encode((self.replica_id,))
+            request = encode(
+                (self.replica_id,)
+                if self.secret is None
+                else (self.replica_id, self.secret.presented.decode())
+            )
             await self.transport.request_snapshot(
                 peers, request, self._accept, deadline=started + self.warm_start_timeout
             )

@@ -64,7 +64,8 @@ DROPPED: Final = Counter(
 )
 REJECTED: Final = Counter(
     "epp_sync_rejected_total",
-    "Peer messages ignored, by reason (decode, type, frames, too_large, unknown_key, apply).",
+    "Peer messages ignored, by reason (decode, type, frames, too_large, unknown_key, apply, "
+    "unauthenticated: a call or snapshot request without one of --peer-secret-file's secrets).",
     ("reason",),
     registry=REGISTRY,
 )

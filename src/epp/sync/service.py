@@ -17,6 +17,7 @@ from epp.sync.api import Transport
 from epp.sync.assembly import SyncPlan
 from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer, PeerSource, StaticPeers, own_hosts, without_self
+from epp.sync.secret import PeerSecret
 
 log = structlog.get_logger(__name__)
 
@@ -53,9 +54,12 @@ class SyncService:
         plugins: Iterable[Any],
         transport: Transport,
         sibling_ports: frozenset[int] = frozenset(),
+        secret: PeerSecret | None = None,
     ) -> None:
         """``transport``: what ``plan.transport`` names, built by the app (``epp.server.peering.
-        transport_for``); ``sibling_ports``: the sync ports of this pod's other workers (``--workers``)."""
+        transport_for``); ``sibling_ports``: the sync ports of this pod's other workers (``--workers``);
+        ``secret``: what peers must present (the transport checks their calls, the hub their
+        snapshot requests; None: the port is open)."""
         self.plan = plan
         self.peers = peers
         self.hub = SyncHub(
@@ -64,6 +68,7 @@ class SyncService:
             interval=plan.interval,
             sibling=siblings(sibling_ports),
             timeout=plan.timeout,
+            secret=secret,
         )
         self.hub.bind(plugins)
 
@@ -83,8 +88,17 @@ class SyncService:
             interval=self.plan.interval or "per tick",
             transport=self.plan.transport,
             timeout=self.plan.timeout,
+            authenticated=self._authenticated(),
         )
         return self.hub
+
+    def _authenticated(self) -> str:
+        """What a peer must authenticate for (the ``sync_started`` log says it once)."""
+        if self.hub.secret is None:
+            return "nothing: restrict the peer port to the EPP's pods (docs/scale-out.md)"
+        if self.plan.transport == "zmq":
+            return "snapshots only: ZMQ's PUB deltas can be read (not written) by anyone reaching the port"
+        return "every call and snapshot"
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -6,7 +6,8 @@
 * goodbye: a batch whose map holds the key ``GOODBYE`` (an empty list), sent by a replica that
   stops cleanly; peers forget its contributions at once.  A key, not a new message shape, so
   a peer that predates it counts it as an unknown key and forgets the sender on its timeout.
-* snapshot request (DEALER → ROUTER): ``[requester id]``; reply ``[responder id, serving,
+* snapshot request (DEALER → ROUTER): ``[requester id]``, or ``[requester id, secret]`` when
+  the replicas share secrets (``epp.sync.secret``); reply ``[responder id, serving,
   {sync_key: snapshot}]`` (``serving`` false: the responder is itself still warming up).
 
 A peer is not trusted to be well-formed: anything that does not decode to these types is a
@@ -27,7 +28,7 @@ SnapshotReply = tuple[str, bool, dict[str, Any]]
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _batch: Final = msgspec.msgpack.Decoder(Batch)
-_request: Final = msgspec.msgpack.Decoder(tuple[str])
+_request: Final = msgspec.msgpack.Decoder(tuple[str, ...])
 _reply: Final = msgspec.msgpack.Decoder(SnapshotReply)
 
 
@@ -58,7 +59,7 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], frames: list[bytes], limit: i
         raise WireError("type", str(e)) from None
     except msgspec.DecodeError as e:
         raise WireError("decode", str(e)) from None
-    if not value[0] or len(value[0]) > MAX_ID_LENGTH:
+    if not value or not value[0] or len(value[0]) > MAX_ID_LENGTH:
         raise WireError("type", "sender id must be 1..256 characters")
     return value
 
@@ -68,9 +69,12 @@ def decode_batch(frames: list[bytes], limit: int) -> Batch:
     return batch
 
 
-def decode_request(frames: list[bytes], limit: int) -> str:
-    (requester,) = _decode(_request, frames, limit)
-    return str(requester)
+def decode_request(frames: list[bytes], limit: int) -> tuple[str, str]:
+    """The requester's id and the secret it presents ("" when none)."""
+    request = _decode(_request, frames, limit)
+    if len(request) > 2:
+        raise WireError("type", f"a snapshot request has 1 or 2 items, got {len(request)}")
+    return str(request[0]), str(request[1]) if len(request) == 2 else ""
 
 
 def decode_reply(frames: list[bytes], limit: int) -> SnapshotReply:

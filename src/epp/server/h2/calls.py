@@ -25,6 +25,7 @@ from epp.server.h2.frames import (
     RESOURCE_EXHAUSTED,
     RESPONSE_HEADERS,
     U32,
+    UNAUTHENTICATED,
     UNAVAILABLE,
     UNIMPLEMENTED,
     frame,
@@ -212,19 +213,24 @@ def open_call(
     limits: H2Limits,
     *,
     stopping: bool,
+    authorize: Callable[[HeaderList], bool] | None = None,
 ) -> Call | None:
     """The call a new stream's ``headers`` ask for, its driver attached; or None when it is refused,
-    the refusal already written (a trailers-only response with its grpc-status)."""
+    the refusal already written (a trailers-only response with its grpc-status).  ``authorize``:
+    whether the headers may open a call at all (UNAUTHENTICATED otherwise)."""
     path = b""
     for name, value in headers:
         if name == b":path":
             path = value
             break
     route = routes.get(path)
-    if route is None or stopping or size > limits.max_header_list_bytes:
+    denied = authorize is not None and not authorize(headers)
+    if route is None or stopping or size > limits.max_header_list_bytes or denied:
         if size > limits.max_header_list_bytes:
             status = RESOURCE_EXHAUSTED
             message = f"header list of {size} bytes exceeds {limits.max_header_list_bytes}"
+        elif denied:
+            status, message = UNAUTHENTICATED, "a sync peer must present a shared secret"
         elif route is None:
             status, message = UNIMPLEMENTED, f"Method not found: {path.decode('latin-1')}"
         else:

@@ -52,8 +52,9 @@ LAST_STREAM_ID: Final = 0x7FFFFFFF
 MESSAGE_PREFIX: Final = struct.Struct(">BI")  # gRPC: compressed flag, length
 
 
-def request_headers(path: bytes, authority: bytes) -> bytes:
-    """A gRPC request's header block: static-table entries and literals, no dynamic table."""
+def request_headers(path: bytes, authority: bytes, authorization: bytes = b"") -> bytes:
+    """A gRPC request's header block: static-table entries and literals, no dynamic table;
+    ``authorization`` (when given) as a never-indexed literal, so no proxy keeps it in a table."""
     return (
         b"\x83"  # :method POST (static 3)
         + b"\x86"  # :scheme http (static 6)
@@ -61,6 +62,7 @@ def request_headers(path: bytes, authority: bytes) -> bytes:
         + b"\x01" + hpack_literal(authority)  # :authority (static 1)
         + b"\x0f\x10" + hpack_literal(b"application/grpc")  # content-type (static 31)
         + b"\x00" + hpack_literal(b"te") + hpack_literal(b"trailers")
+        + (b"\x1f\x08" + hpack_literal(authorization) if authorization else b"")  # static 23, never indexed
     )  # fmt: skip
 
 
@@ -77,8 +79,10 @@ class StreamClient(asyncio.Protocol):
     ``closed`` resolves when the connection is gone; the owner reconnects with a new instance.
     """
 
-    def __init__(self, path: bytes, authority: bytes, *, max_queued: int = 1000) -> None:
-        self._block = request_headers(path, authority)
+    def __init__(
+        self, path: bytes, authority: bytes, *, max_queued: int = 1000, authorization: bytes = b""
+    ) -> None:
+        self._block = request_headers(path, authority, authorization)
         self._max_queued = max_queued
         self._transport: asyncio.Transport | None = None
         self._tail = bytearray()  # a frame cut by the end of a read
