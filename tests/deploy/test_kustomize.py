@@ -45,7 +45,7 @@ EXPECTED: dict[str, list[str]] = {
     "crds": CRDS,
     "epp": EPP,
     "overlays/ha": EPP + LEADER_ELECTION,
-    "overlays/active-active": [*EPP, "PodDisruptionBudget/epp"],
+    "overlays/active-active": [*EPP, "PodDisruptionBudget/epp", "NetworkPolicy/epp-peers"],
     "examples": [
         "Deployment/vllm-qwen3-32b",
         "InferencePool/vllm-qwen3-32b",

@@ -15,6 +15,7 @@ from epp.sync.peers import Peer
 from epp.sync.secret import PeerSecret
 from epp.sync.service import PeerList
 from epp.testing.replicated import RoutedCounter, make_counter
+from epp.testing.waiting import until
 
 
 @dataclass(slots=True)
@@ -80,9 +81,19 @@ async def mesh(
         n.peers.set(everyone)
     try:
         await asyncio.gather(*(n.hub.start(n.peers) for n in nodes))
+        # settled: every node heard every other, and the resyncs a first hearing asks for are out
+        await until(lambda: all(_settled(n, len(nodes) - 1) for n in nodes), 5, what="the mesh settled")
         yield nodes
     finally:
         await asyncio.gather(*(n.hub.stop() for n in nodes if n.hub.serving))
+
+
+def _settled(node: Node, peers: int) -> bool:
+    """Heard every peer, and the resync a first hearing asks for done both ways: its own asks
+    sent, the peers' asks answered (a resend each), nothing scheduled."""
+    hub = node.hub
+    answered = hub.stats.resends >= (1 if peers else 0) and hub._resend_timer is None
+    return hub.connected == peers and answered and not hub._resync_wanted and hub._scheduled is None
 
 
 @pytest.fixture(params=["h2", "zmq"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 import structlog
 import zmq
@@ -98,6 +100,7 @@ async def test_holding_stops_while_the_hold_timer_buys_nothing_and_resumes_when_
     would have merged them) brings holding back."""
     async with mesh(["a", "b"], kind=kind, hold=0.2) as (a, b):
         loop = asyncio.get_running_loop()
+        a.hub._hold_credit = HOLD_CREDIT  # the mesh's start-up resync batch may have spent one
         timers = a.hub.stats.timer_flushes
         for i in range(HOLD_CREDIT):
             await until(lambda: loop.time() - a.hub._last_flush > a.hub.gap, 5, what="the gap passed")
@@ -199,6 +202,63 @@ async def test_silent_peer_is_forgotten_then_reapplied_when_back(kind: str) -> N
         events = [e["event"] for e in logs]
         assert events.count("sync_partitioned") == 1
         assert events.count("sync_partition_healed") == 1
+
+
+@contextlib.contextmanager
+def lost_in_transit(node: Node) -> Iterator[list[bytes]]:
+    """Every message ``node`` publishes meanwhile is lost after it leaves (its sequence moves on)."""
+    transport = node.hub.transport
+    lost: list[bytes] = []
+
+    def drop(frame: bytes) -> bool:
+        lost.append(frame)
+        return True
+
+    transport.send = drop  # type: ignore[method-assign]
+    try:
+        yield lost
+    finally:
+        del transport.send  # the instance attribute goes; the class's method is back
+
+
+async def test_counts_lost_in_transit_come_back_whole_when_the_receiver_sees_the_gap(kind: str) -> None:
+    """Deltas are idempotent per key, but a key whose delta was lost stays wrong on the peer until
+    it changes again; the receiver sees the gap in the sender's sequence and asks it to resend."""
+    async with mesh(["a", "b"], kind=kind) as (a, b):
+        a.counter.count("e1")
+        await until(lambda: b.counter.learned.get("a") == {"e1": 1}, 5, what="b learns a")
+        resends = a.hub.stats.resends
+        with lost_in_transit(a) as lost:
+            a.counter.count("e1", 2)
+            a.counter.count("e2")
+            a.hub.flush()
+        assert lost and b.counter.learned["a"] == {"e1": 1}
+        a.counter.count("e3")  # arrives: b sees the gap, asks, a resends e1 and e2 too
+        await until(lambda: b.counter.learned.get("a") == {"e1": 3, "e2": 1, "e3": 1}, 5, what="repaired")
+        assert a.hub.stats.resends > resends and b.hub.stats.resyncs_asked >= 1
+        assert a.hub.debug_state()["batches"]["resends"] == a.hub.stats.resends
+
+
+async def test_a_returning_peers_unchanged_counts_come_back(kind: str) -> None:
+    """A peer silent past the timeout is forgotten; when it is heard again, its counts that did
+    not change meanwhile come back too (before, only the ones that changed did)."""
+    async with mesh(["a", "b"], kind=kind) as (a, b):
+        a.counter.count("e1", 4)
+        await until(lambda: b.counter.learned.get("a") == {"e1": 4}, 5, what="b learns a")
+        with lost_in_transit(a):
+            await until(lambda: "a" not in b.counter.learned, 5, what="b forgets silent a")
+        await until(lambda: b.counter.learned.get("a") == {"e1": 4}, 5, what="a's count back, unchanged")
+
+
+async def test_resends_are_at_most_one_per_interval_and_the_last_request_is_honoured(kind: str) -> None:
+    async with mesh(["a"], kind=kind) as (a,):
+        await until(lambda: a.hub.stats.resends == 0, 1, what="no peer yet")
+        a.hub._resend()
+        a.hub._resend()  # within RESYNC_EVERY: put off, not dropped
+        a.hub._resend()
+        assert a.hub.stats.resends == 1
+        await until(lambda: a.hub.stats.resends == 2, 5, what="the put-off resend")
+        assert a.hub._resend_timer is None
 
 
 async def test_a_replica_that_stops_cleanly_is_forgotten_at_once(kind: str) -> None:

@@ -27,6 +27,11 @@ Rules every implementation keeps:
   attribute ``replicated = False``; the hub skips it.
 * Recording starts at the first ``drain`` (so a replica without peers pays one ``None``
   check per change): the hub drains every plugin once when it wires them, before traffic.
+* Optionally, ``resend()``: mark all of this replica's own absolute state (counts per key) as
+  changed, so the next ``drain`` carries it whole.  The hub calls it when a peer says it lost
+  messages of ours (a gap in our sequence, a silence, or a first hearing), since an idempotent
+  delta that was lost is otherwise repaired only when its key changes again.  Additive state
+  (prefix insertions) has nothing to resend; the in-flight and prefill-load plugins do.
 * Say when something changed: a plugin with an attribute ``sync_dirty`` gets the hub's
   ``dirty`` there at wiring and calls it after recording a change (cheap: one check once a
   drain is scheduled).  Every shipped plugin does, so the hub drains only when something

@@ -19,8 +19,11 @@ anyway, and while it routes often enough the read timer never fires.  ``interval
 
 What the hub keeps per peer is only its sequence number and when it was last heard.  A
 peer silent for ``timeout`` is ``forget``-ed in every plugin, so its in-flight counts
-cannot outlive it; its next message (it came back, or was only slow) brings its
-contributions back, since deltas are idempotent.  A replica that stops cleanly says goodbye
+cannot outlive it.  Deltas are idempotent per key, but a lost one is repaired only when its key
+changes again (a long request's in-flight count may not for minutes), so when a peer's messages
+were lost (a gap in its sequence), it went silent, or it is heard for the first time, the next
+batch asks it to resend (``wire.RESYNC``): it marks its counts (``resend``) and its next batch
+carries them whole.  A replica that stops cleanly says goodbye
 (``wire.GOODBYE``) and its peers forget it at once.  With peers configured and none heard,
 the replica is partitioned: it keeps routing on its own view, says so once in the log and
 in ``epp_sync_partitioned``.
@@ -47,7 +50,16 @@ from epp.sync.api import Frames, Transport
 from epp.sync.peers import Peer, PeerSource
 from epp.sync.secret import PeerSecret
 from epp.sync.transport import REQUEST_MAX_BYTES, SNAPSHOT_MAX_BYTES
-from epp.sync.wire import GOODBYE, WireError, decode_batch, decode_reply, decode_request, encode, encode_batch
+from epp.sync.wire import (
+    GOODBYE,
+    RESYNC,
+    WireError,
+    decode_batch,
+    decode_reply,
+    decode_request,
+    encode,
+    encode_batch,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +85,10 @@ DEFAULT_READ_BUDGET: Final = 0.004
 # Held batches in a row that may leave on the hold timer (nothing joined them) before the
 # hub stops holding (SyncHub.dirty).
 HOLD_CREDIT: Final = 3
+# Least time between two resends of this replica's counts: a peer whose messages keep being
+# lost (a full queue) is not answered with a full resend per batch, which would add to what
+# overflows; a request within it is answered when it ends.
+RESYNC_EVERY: Final = 0.5
 HEARTBEAT: Final = 0.1
 DEFAULT_TIMEOUT: Final = 1.0
 WARM_START_TIMEOUT: Final = 2.0
@@ -94,6 +110,8 @@ class HubStats:
     timer_flushes: int = 0  # batches a timer sent (a wake of their own, unless the loop was awake)
     holds_joined: int = 0  # held batches a later wake's change sent (no timer wake)
     goodbyes: int = 0  # peers that said they stopped (forgotten at once)
+    resyncs_asked: int = 0  # peers asked to resend their counts (lost messages, silence, first heard)
+    resends: int = 0  # times this replica resent its counts whole (a peer asked)
     rejected: dict[str, int] = field(default_factory=dict)
 
 
@@ -164,6 +182,9 @@ class SyncHub:
         self.ticks = 0  # cadence ticks run (tests wait on it instead of sleeping)
         self._polled = True
         self._self_listed = 0  # 1 once our own messages came back: one configured peer is us
+        self._resync_wanted: set[str] = set()  # peers the next batch asks to resend (RESYNC)
+        self._resent_at = -RESYNC_EVERY  # loop time of this replica's last resend
+        self._resend_timer: asyncio.TimerHandle | None = None  # a resend put off by RESYNC_EVERY
 
     # --- plugins -----------------------------------------------------------------------
     @property
@@ -293,6 +314,9 @@ class SyncHub:
         for key, plugin in self._plugins.items():
             if deltas := self._drain(key, plugin):
                 batch[key] = deltas
+        if self._resync_wanted:
+            batch[RESYNC] = sorted(self._resync_wanted)
+            self._resync_wanted.clear()
         first, self._dirty_at = self._dirty_at, 0.0
         if batch:
             self._publish(batch, first)
@@ -367,21 +391,26 @@ class SyncHub:
             self._self_listed = 1  # our own address was in the list under another name
             return None
         last = self._last_seq.get(sender)
+        lost = last is None  # never heard (or forgotten): what it sent before is not here
         if last is not None:
             if seq > last + 1:
                 self.stats.dropped += seq - last - 1
                 metrics.DROPPED.inc(seq - last - 1)
+                lost = True
             elif seq <= last:  # the peer restarted under the same id: its old counts are gone
                 self._forget(sender, "restarted")
+                lost = True
         self._last_seq[sender] = seq
         first = sender not in self._last_seen
         self._last_seen[sender] = now
         if sender in self._silent:
             self._silent.discard(sender)
             log.info("sync_peer_returned", peer=sender)
-            first = True
+            first = lost = True  # its counts were forgotten: only the changed ones came back
         if first:  # the gauges say so now, not at the next tick
             self.check_peers()
+        if lost:
+            self._ask_resync(sender)
         if not batch:
             return None  # a heartbeat
         plugins = self._plugins
@@ -391,6 +420,10 @@ class SyncHub:
                 if key == GOODBYE:
                     self._goodbye(sender)
                     continue
+                if key == RESYNC:
+                    if self.replica_id in deltas:
+                        self._resend()
+                    continue
                 self._reject("unknown_key")
                 continue
             try:
@@ -399,6 +432,43 @@ class SyncHub:
                 self._reject("apply")
                 self._fail_once("sync_apply_failed", key, peer=sender)
         return sent_at
+
+    # --- repairing losses -----------------------------------------------------------------
+    def _ask_resync(self, origin: str) -> None:
+        """Ask ``origin`` (in this replica's next batch) to resend its counts whole: deltas are
+        idempotent per key, but a lost one is repaired only when that key changes again, and a
+        long request's in-flight count may not change for minutes.  Asking costs a few bytes of
+        one batch; the sender bounds what answering costs (``_resend``)."""
+        if origin not in self._resync_wanted:
+            self._resync_wanted.add(origin)
+            self.stats.resyncs_asked += 1
+            self.dirty()
+
+    def _resend(self) -> None:
+        """A peer lost messages of ours: mark every plugin's counts (``resend``, where it has one:
+        absolute per-key state; additive ones such as prefix insertions have none) so the next
+        batch carries them whole; at most once per ``RESYNC_EVERY``, the latest request honoured."""
+        loop = self._loop_or_running()
+        wait = self._resent_at + RESYNC_EVERY - loop.time()
+        if wait > 0:
+            if self._resend_timer is None:
+                self._resend_timer = loop.call_later(wait, self._resend_now)
+            return
+        self._resend_now()
+
+    def _resend_now(self) -> None:
+        self._resend_timer = None
+        self._resent_at = self._loop_or_running().time()
+        for key, plugin in self._plugins.items():
+            resend = getattr(plugin, "resend", None)
+            if resend is None:
+                continue
+            try:
+                resend()
+            except Exception:
+                self._fail_once("sync_resend_failed", key)
+        self.stats.resends += 1
+        self.dirty()
 
     def _reject(self, reason: str) -> None:
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
@@ -501,6 +571,8 @@ class SyncHub:
                 "timerFlushes": s.timer_flushes,
                 "holdsJoined": s.holds_joined,
                 "goodbyes": s.goodbyes,
+                "resyncsAsked": s.resyncs_asked,
+                "resends": s.resends,
             },
             "reads": {
                 "woken": t.reads_woken,
@@ -652,6 +724,9 @@ class SyncHub:
         if self._scheduled is not None:
             self._scheduled.cancel()
             self._scheduled = None
+        if self._resend_timer is not None:
+            self._resend_timer.cancel()
+            self._resend_timer = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

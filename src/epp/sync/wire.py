@@ -6,6 +6,9 @@
 * goodbye: a batch whose map holds the key ``GOODBYE`` (an empty list), sent by a replica that
   stops cleanly; peers forget its contributions at once.  A key, not a new message shape, so
   a peer that predates it counts it as an unknown key and forgets the sender on its timeout.
+* resync: a batch whose map holds the key ``RESYNC`` with the ids of the peers the sender lost
+  messages from; each of them marks its counts (``resend``) so its next batch carries them
+  whole.  A peer that predates it counts an unknown key.
 * snapshot request (DEALER → ROUTER): ``[requester id]``, or ``[requester id, secret]`` when
   the replicas share secrets (``epp.sync.secret``); reply ``[responder id, serving,
   {sync_key: snapshot}]`` (``serving`` false: the responder is itself still warming up).
@@ -22,6 +25,9 @@ import msgspec
 
 MAX_ID_LENGTH: Final = 256
 GOODBYE: Final = "epp.sync/goodbye"  # no plugin's sync_key has this form (``type/name`` of a plugin)
+# A batch key: ``[origin id, ...]``, the peers this replica lost messages from (a gap in their
+# sequence, a silence, or never heard before); each named peer resends its counts whole.
+RESYNC: Final = "epp.sync/resync"
 
 Batch = tuple[str, int, float, dict[str, list[Any]]]
 SnapshotReply = tuple[str, bool, dict[str, Any]]

@@ -58,6 +58,10 @@ class RoutedCounter(PluginBase):
         self._changed.clear()
         return out
 
+    def resend(self) -> None:
+        """Every own count goes out whole with the next drain (the hub's resync)."""
+        self._changed.update(self.own)
+
     def apply(self, origin: str, deltas: list[Any]) -> None:
         counts = self.learned.setdefault(origin, {})
         for endpoint, count in deltas:

@@ -223,3 +223,20 @@ def test_every_recorded_change_tells_the_hub() -> None:
     finish(p, state)
     assert calls == [1, 1]
     assert p.drain() == [[EP0, 0, 0]]
+
+
+def test_resend_repairs_a_lost_drain_with_every_count_zeros_included() -> None:
+    """A peer that lost a batch sees stale counts until each key changes again; ``resend``
+    makes the next drain carry every own count, so one batch repairs it (the hub's resync)."""
+    a, b = replica(), replica()
+    s0 = route(a, EPS[0])
+    sync(a, "A", b)
+    route(a, EPS[1])
+    finish(a, s0)
+    a.drain()  # lost in transit: b still thinks A holds one request on EPS[0], none on EPS[1]
+    assert load(b, EPS[0])[0] == 1 and load(b, EPS[1])[0] == 0
+    assert a.drain() == []  # nothing changed since: without a resend, b would stay wrong
+    a.resend()
+    sync(a, "A", b)
+    assert [load(b, ep)[0] for ep in EPS] == [load(a, ep)[0] for ep in EPS] == [0, 1, 0]
+    assert a.drain() == []  # marked once, sent once

@@ -171,3 +171,21 @@ def test_says_when_it_changed_so_the_hub_need_not_poll() -> None:
     assert len(calls) == 2  # the release
     s.response_complete(st, request(1), ResponseInfo(request_id="r"), EPS[0])
     assert len(calls) == 2  # already released: nothing changed, nothing to say
+
+
+def test_resend_repairs_a_lost_release_and_carries_zeros() -> None:
+    """A lost release leaves a peer counting a finished prefill until that endpoint changes
+    again; ``resend`` makes the next drain carry every endpoint's own backlog, zeros included."""
+    a, b = replica(), replica()
+    busy = route(a, 0, 3000)
+    route(b, 1, 700)  # b's own: a's resend must not echo it back as a's
+    sync(b, "B", a)
+    sync(a, "A", b)
+    first_byte(a, busy)
+    a.drain()  # the release, lost in transit
+    assert b.backlog(EPS[0]) == 3000 and a.drain() == []
+    a.resend()
+    sync(a, "A", b)
+    assert b.backlog(EPS[0]) == 0 and b.backlog(EPS[1]) == 700
+    assert b.debug_state()["peers"].get("A", {}) == {}  # every A share is zero now
+    assert a.drain() == []

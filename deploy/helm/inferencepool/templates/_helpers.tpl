@@ -185,6 +185,36 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- /* active-active's peer secret (--peer-secret-file): the Secret to mount, and whether the chart
+  creates it. secret.name: the user's Secret; else <release>-epp-peer-secret, created unless
+  secret.create is false (then the peer port is unauthenticated, as before) */ -}}
+{{- $peerSecret := dict "name" "" "create" false -}}
+{{- $np := dict "enabled" false "extraIngressPorts" list -}}
+{{- if $activeActive -}}
+{{- $s := $aa.secret | default dict -}}
+{{- if $s.name -}}
+{{- $peerSecret = dict "name" $s.name "create" false -}}
+{{- else if ternary $s.create true (hasKey $s "create") -}}
+{{- $peerSecret = dict "name" (printf "%s-peer-secret" (include "inferencepool.name" .)) "create" true -}}
+{{- end -}}
+{{- with $aa.networkPolicy -}}
+{{- $np = dict "enabled" (eq (toString .enabled) "true") "extraIngressPorts" (.extraIngressPorts | default list) -}}
+{{- end -}}
+{{- end -}}
+{{- /* the EPP workers per pod, each binding peerPort+2i and +2i+1 (docs/workers.md): flags.workers,
+  else the EPP's default, the cores the pod may use, which the CPU limit rounded up caps (1500m: 2).
+  Without either the chart cannot know the node's cores: 32 (room for more would run into the
+  metrics port, 9090, from 44 workers with the default ports) */ -}}
+{{- $workers := int (index $flags "workers" | default 0) -}}
+{{- $cpu := toString ((($epp.resources | default dict).limits | default dict).cpu | default "") -}}
+{{- if and (not $workers) $cpu -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $workers = int (ceil (divf (trimSuffix "m" $cpu) 1000)) -}}
+{{- else -}}
+{{- $workers = int (ceil $cpu) -}}
+{{- end -}}
+{{- end -}}
+{{- if lt $workers 1 }}{{ $workers = 32 }}{{ end -}}
 {{- $tracing := $epp.tracing.enabled -}}
 {{- if hasKey $flags "tracing" -}}
 {{- $tracing = eq (toString (index $flags "tracing")) "true" -}}
@@ -201,6 +231,11 @@ mapped onto them (docs/helm.md), and what the templates derive from both. Every 
   "activeActive" $activeActive
   "preferredBackends" $pb
   "peerPort" (int (index $flags "peer-port" | default $aa.peerPort | default 9004))
+  "peerSecret" $peerSecret
+  "peerNetworkPolicy" $np
+  "workers" $workers
+  "grpcPort" (int (index $flags "grpc-port" | default 9002))
+  "metricsPort" (int (index $flags "metrics-port" | default 9090))
   "secureServing" $secureServing
   "metricsAuth" $metricsAuth
   "tracing" $tracing

@@ -315,6 +315,12 @@ class InFlightLoadProducer(PluginBase):
             return []
         return [[name, c.requests, c.tokens] for name, c in changed.items()]
 
+    def resend(self) -> None:
+        """Mark every own count changed, so the next ``drain`` carries them all (zeros too): a peer
+        that lost a batch of ours takes the whole picture again (the hub's resync)."""
+        if self._changed is not None:
+            self._changed.update(self._counters)
+
     def apply(self, origin: str, deltas: list[Any]) -> None:
         """Replace ``origin``'s counts on the endpoints ``deltas`` name; ValueError leaves state as it was."""
         self._peers.apply(origin, _parse_loads(deltas))

@@ -71,6 +71,7 @@ class PrefillLoadScorer(PluginBase):
         # origin -> name -> its last reported backlog; keeps _backlog's peers' share
         self._peers: OriginShares[int] = OriginShares(0, self._peer_changed)
         self._changed: set[str] | None = None  # own backlog changed since the last drain; None: no hub
+        self._reported: set[str] = set()  # endpoints a drain ever named: what peers may hold of ours
         self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
         self._key: StateKey[_Pending | None] = StateKey(f"{name}/{self.TYPE}")
 
@@ -191,6 +192,7 @@ class PrefillLoadScorer(PluginBase):
     def endpoint_removed(self, endpoint: Endpoint) -> None:
         self._backlog.pop(endpoint.name, None)
         self._own.pop(endpoint.name, None)
+        self._reported.discard(endpoint.name)
         self._peers.discard_key(endpoint.name)
 
     # Replicated ------------------------------------------------------------------------
@@ -203,8 +205,17 @@ class PrefillLoadScorer(PluginBase):
         changed, self._changed = self._changed, set()
         if not changed:
             return []
+        self._reported |= changed
         own = self._own
         return [[name, own.get(name, 0)] for name in changed]
+
+    def resend(self) -> None:
+        """Mark every endpoint a drain ever named (zeros too: a lost release) and every own backlog
+        changed, so the next ``drain`` carries it all: a peer that lost a batch of ours takes the
+        whole picture again (the hub's resync)."""
+        if self._changed is not None:
+            self._changed.update(self._reported)
+            self._changed.update(self._own)
 
     def apply(self, origin: str, deltas: list[Any]) -> None:
         """Replace ``origin``'s backlog on the endpoints ``deltas`` names; a ValueError changes nothing."""
