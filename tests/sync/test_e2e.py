@@ -66,15 +66,19 @@ async def test_two_replicas_behind_one_envoy_share_their_routing(tmp_path: pathl
             QUICK_STOP,
             f"--config-file={tmp_path / 'config.yaml'}",
         )
-        # each is given the whole list, itself included (as a shared ConfigMap would)
+        # each is given the whole list, itself included (as a shared ConfigMap would), and the
+        # shared secret the chart mounts: every Publish call and snapshot is authenticated
         peers = f"--peers=127.0.0.1:{pa},127.0.0.1:{pb}"
-        a = EppProcess(*common, peers, f"--peer-port={pa}", "--replica-id=epp-a", env=env)
-        b = EppProcess(*common, peers, f"--peer-port={pb}", "--replica-id=epp-b", env=env)
+        (tmp_path / "peer-secret").write_text("e2e-peer-secret-0123456789\n")
+        secret = f"--peer-secret-file={tmp_path / 'peer-secret'}"
+        a = EppProcess(*common, peers, secret, f"--peer-port={pa}", "--replica-id=epp-a", env=env)
+        b = EppProcess(*common, peers, secret, f"--peer-port={pb}", "--replica-id=epp-b", env=env)
         async with both_serving(a, b):
             for epp in (a, b):  # the real plugins are shared beside the test one
                 started = next(
                     json.loads(x) for x in epp.log_path.read_text().splitlines() if "sync_started" in x
                 )
+                assert started["authenticated"] == "every call and snapshot"
                 assert {
                     "approx-prefix-cache-producer/approx-prefix-cache-producer",
                     "inflight-load-producer/inflight-load-producer",
