@@ -134,12 +134,18 @@ async def dial(stack: Stack, port: int, max_queued: int = 1000) -> Spy:
     return client
 
 
-async def serve_grpc(stack: Stack, *, bdp: bool) -> Peer:
+Metadata = tuple[tuple[str, str | bytes], ...]
+
+
+async def serve_grpc(stack: Stack, *, bdp: bool, metadata: list[Metadata] | None = None) -> Peer:
     """grpc-core's server.  Without BDP probing its windows stay 65,535 bytes and its frames
-    16 KiB; with it (its default) it announces 4 MiB of both and PINGs to measure the path."""
+    16 KiB; with it (its default) it announces 4 MiB of both and PINGs to measure the path.
+    ``metadata``: each call's request metadata, as grpc-core decoded it, in order."""
     received: list[bytes] = []
 
     async def publish(requests: AsyncIterator[bytes], context: Any) -> bytes:
+        if metadata is not None:
+            metadata.append(tuple(context.invocation_metadata()))
         async for message in requests:
             received.append(message)
         return b""
@@ -374,21 +380,8 @@ async def test_a_closing_client_refuses_at_once_rather_than_losing_messages(stac
 async def test_the_authorization_header_reaches_grpc_core_as_metadata(stack: Stack) -> None:
     """The never-indexed literal the client writes for ``authorization`` (the sync port's shared
     secret) is read by grpc-core, the reference decoder, as the call's metadata, on every call."""
-    seen: list[tuple[tuple[str, str | bytes], ...]] = []
-
-    async def publish(requests: AsyncIterator[bytes], context: Any) -> bytes:
-        seen.append(tuple(context.invocation_metadata()))
-        async for _ in requests:
-            pass
-        return b""
-
-    server = grpc.aio.server()
-    service, method = PUBLISH_PATH.decode().strip("/").split("/")
-    handlers = {method: grpc.stream_unary_rpc_method_handler(publish)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    stack.push_async_callback(server.stop, None)
+    seen: list[Metadata] = []
+    port, _ = await serve_grpc(stack, bdp=False, metadata=seen)
     token = b"Bearer s3cret-0123456789abcdef"
     _, client = await asyncio.get_running_loop().create_connection(
         lambda: StreamClient(PUBLISH_PATH, b"peer", authorization=token), "127.0.0.1", port
