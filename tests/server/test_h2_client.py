@@ -395,3 +395,37 @@ async def test_the_authorization_header_reaches_grpc_core_as_metadata(stack: Sta
     assert client.send(b"two")
     await until(lambda: len(seen) == 2, 5, what="the second call")
     assert ("authorization", token.decode()) in seen[1]
+
+
+def paused(client: StreamClient) -> bool:
+    """The transport told the client to stop writing (read anew each time: it changes under us)."""
+    return client._paused
+
+
+async def test_a_server_that_stops_reading_pauses_the_client_and_its_queue_drains_in_order(
+    stack: Stack,
+) -> None:
+    """Windows wide open, the server stops reading: the socket's buffers fill, the transport
+    pauses the client (``pause_writing``), messages then queue (at most ``max_queued``) and the
+    rest are refused; once the server reads again, the queue leaves in order, nothing lost."""
+    big = (1 << 31) - 1
+    greeting = h2.frame(h2.SETTINGS, 0, 0, struct.pack(">HI", h2.S_INITIAL_WINDOW_SIZE, big))
+    greeting += h2.frame(h2.WINDOW_UPDATE, 0, 0, h2.U32.pack(big - h2.DEFAULT_WINDOW))
+    raw, port = await serve_raw(stack, greeting)
+    client = await dial(stack, port, max_queued=4)
+    await raw.settled()
+    assert raw.transport is not None
+    raw.transport.pause_reading()
+    accepted: list[bytes] = []
+    for i in range(2000):  # ~100 MB at most: the kernel's buffers fill long before
+        message = payload(50_000, i)
+        if not client.send(message):
+            break
+        accepted.append(message)
+    assert paused(client) and client.refused == 1
+    assert len(client._queue) == 4  # the queue is bounded; what is queued was accepted
+    raw.transport.resume_reading()
+    await until(lambda: len(raw.messages(1)) == len(accepted), 20, what="every accepted message")
+    assert raw.messages(1) == accepted
+    assert not paused(client) and not client._queue and client.sent == len(accepted)
+    assert client.send(b"after") and client.connected
