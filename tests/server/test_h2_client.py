@@ -17,6 +17,7 @@ import random
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import grpc
@@ -24,7 +25,7 @@ import hpack
 import pytest
 
 from epp.server.h2 import frames as h2
-from epp.server.h2.client import StreamClient
+from epp.server.h2.client import StreamClient, UnaryClient
 from epp.server.h2.connection import KEEPALIVE_PING, Connection
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.server.peering import PUBLISH_PATH, _PublishServer
@@ -429,3 +430,51 @@ async def test_a_server_that_stops_reading_pauses_the_client_and_its_queue_drain
     assert raw.messages(1) == accepted
     assert not paused(client) and not client._queue and client.sent == len(accepted)
     assert client.send(b"after") and client.connected
+
+
+@pytest.mark.parametrize("size", [0, 1, 100_000, 3_000_000])
+async def test_a_unary_response_arrives_whole_from_grpc_core(stack: Stack, size: int) -> None:
+    """``UnaryClient`` against grpc-core's unary server: the response message, from empty to
+    beyond every default window (each DATA frame credited as it comes), is what it sent."""
+    answer = payload(size, size)
+
+    async def snapshot(request: bytes, context: Any) -> bytes:
+        return answer if request == b"ask" else b""
+
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", 8 << 20)])
+    service, method = PUBLISH_PATH.decode().strip("/").split("/")
+    handlers = {method: grpc.unary_unary_rpc_method_handler(snapshot)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, None)
+    _, client = await asyncio.get_running_loop().create_connection(
+        lambda: UnaryClient(PUBLISH_PATH, b"peer", max_response=4 << 20), "127.0.0.1", port
+    )
+    stack.callback(client.close)
+    assert client.send(b"ask")
+    assert await asyncio.wait_for(client.response, 10) == answer
+
+
+async def test_a_unary_call_refused_or_too_large_gives_none(stack: Stack) -> None:
+    async def snapshot(request: bytes, context: Any) -> bytes:
+        if request == b"refuse":
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "no secret")
+        return payload(200_000, 7)
+
+    server = grpc.aio.server()
+    service, method = PUBLISH_PATH.decode().strip("/").split("/")
+    handlers = {method: grpc.unary_unary_rpc_method_handler(snapshot)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, None)
+    loop = asyncio.get_running_loop()
+    for request, limit in ((b"refuse", 1 << 20), (b"big", 100_000)):
+        _, client = await loop.create_connection(
+            partial(UnaryClient, PUBLISH_PATH, b"peer", max_response=limit), "127.0.0.1", port
+        )
+        stack.callback(client.close)
+        assert client.send(request)
+        assert await asyncio.wait_for(client.response, 10) is None, request
+    assert await closed_within(client, 5)  # over max_response: it hung up rather than keep reading

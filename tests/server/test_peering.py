@@ -2,8 +2,8 @@
 
 The hub's own behaviour on this transport (deltas, silence, goodbye, warm start, reloads) is
 tests/sync/test_hub.py, run on both transports; here: what only this transport does — a
-hostile peer on the sync port, a peer that stops reading, re-dialling, dropped peers, and the
-shared secret a peer must present (``--peer-secret-file``).
+hostile peer on the sync port, a peer that stops reading, re-dialling, dropped peers, the
+shared secret a peer must present (``--peer-secret-file``), and a large snapshot on the sync port.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from epp.server.peering import PUBLISH_PATH, H2Transport
 from epp.sync.peers import Peer
 from epp.sync.secret import PeerSecret
 from epp.sync.wire import encode, encode_batch
+from epp.testing.replicated import SNAPSHOT_ORIGIN
 from epp.testing.waiting import until
 from tests.sync.conftest import Node, make_node, mesh
 
@@ -196,3 +197,19 @@ async def test_a_rotated_secret_reauthenticates_every_connection() -> None:
         a.counter.count("e", 1)
         await until(lambda: ta.connected == 0 or tb.unauthenticated > 1, 5, what="a refused again")
         assert b.counter.learned.get("a") in (None, {"e": sent})  # never sent + 1 (None: a forgotten, silent)
+
+
+async def test_a_snapshot_of_megabytes_comes_whole_over_the_sync_port() -> None:
+    """The warm start's snapshot is a unary call on the sync port: an answer far beyond the
+    default windows and frame size arrives whole, paced by the asker's credits."""
+    async with mesh(["a"], kind="h2") as (a,):
+        for i in range(60_000):
+            a.counter.own[f"endpoint-{i:06d}"] = i  # no deltas: the snapshot alone carries them
+        c = make_node("c", kind="h2", warm_start_timeout=10)
+        c.peers.set([a.peer])
+        try:
+            await c.hub.start(c.peers)
+            assert c.hub.restored_from == "a"
+            assert c.counter.learned[SNAPSHOT_ORIGIN] == a.counter.own
+        finally:
+            await c.hub.stop(goodbye=False)

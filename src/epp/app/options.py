@@ -587,8 +587,8 @@ class Options:
         9004,
         "int",
         _SYNC,
-        "Port this replica receives peers' routing-state deltas on (snapshots for a peer's warm start on "
-        "the next port). 0 disables sync.",
+        "Port this replica receives peers' routing-state deltas and serves its warm-start snapshot on "
+        "(with --peer-transport=zmq the snapshot is on the next port). 0 disables sync.",
         new=True,
         check=_in_range(0, 65534),
     )

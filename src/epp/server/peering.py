@@ -9,12 +9,13 @@ which on the bench machine cost more than the work (docs/decisions.md, "Sync ove
 HTTP/2").  A peer's message is handed to the hub in the read that brings it, so there is no read
 gap to wait for.
 
-A warm start's snapshot still goes over ZMQ ROUTER/DEALER on the port after the sync port
-(``epp.sync.transport``): it is rare and large, and ZMQ's framing of a message of hundreds of MiB
-costs nothing per request.
+A warm start's snapshot is a unary call on the same port, ``/epp.sync.v1.Sync/Snapshot``: the
+starting replica asks every peer at once on connections of its own (``UnaryClient``) and takes
+the first serving peer's answer; the answer is paced by the asker's windows like any response.
+One port, one protocol, the same server's limits and the same secret as the deltas.
 
-With a shared secret (``--peer-secret-file``, ``epp.sync.secret``) a Publish call must carry
-``authorization: Bearer <secret>``; the server checks it when the call opens, and a change of the
+With a shared secret (``--peer-secret-file``, ``epp.sync.secret``) a Publish or Snapshot call
+must carry ``authorization: Bearer <secret>``; the server checks it when the call opens, and a change of the
 secrets drops every connection both ways so each call is checked again.
 
 Connections: a link per peer dials, and re-dials with backoff when the connection drops or the
@@ -37,26 +38,20 @@ import zmq
 import zmq.asyncio
 
 from epp.server.h2.calls import Call, Driver, Route, open_call
-from epp.server.h2.client import StreamClient
+from epp.server.h2.client import StreamClient, UnaryClient
 from epp.server.h2.connection import Connection
+from epp.server.h2.frames import INVALID_ARGUMENT, UNAVAILABLE
 from epp.server.h2.headers import HeaderList
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.sync import metrics
 from epp.sync.api import Frames, Transport
 from epp.sync.peers import Peer
 from epp.sync.secret import PeerSecret
-from epp.sync.transport import (
-    DEFAULT_HWM,
-    DEFAULT_MAX_MESSAGE_BYTES,
-    SNAPSHOT_OFFSET,
-    ZmqTransport,
-    request_snapshot,
-    serve_snapshots,
-    snapshot_router,
-    zmq_address,
-)
+from epp.sync.transport import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, SNAPSHOT_MAX_BYTES, ZmqTransport
 
 PUBLISH_PATH: Final = b"/epp.sync.v1.Sync/Publish"
+SNAPSHOT_PATH: Final = b"/epp.sync.v1.Sync/Snapshot"
+SNAPSHOT_RETRY: Final = 0.05  # between rounds of asking every peer, while each is starting too
 CONNECT_TIMEOUT: Final = 1.0
 REDIAL_MIN: Final = 0.05  # first wait before dialling a peer again; doubles up to REDIAL_MAX
 REDIAL_MAX: Final = 1.0
@@ -84,8 +79,44 @@ class _PublishDriver:
         pass
 
 
+class _SnapshotDriver:
+    """A starting peer's Snapshot call: its one request answered with the snapshot (``answer``),
+    paced by the peer's windows, then the trailers; a request ``answer`` refuses (malformed, or
+    without the secret) ends the call with no message."""
+
+    __slots__ = ("_answer", "_call", "_task")
+
+    def __init__(self, call: Call, answer: Callable[[Frames], bytes | None] | None) -> None:
+        self._call = call
+        self._answer = answer
+        self._task: asyncio.Task[None] | None = None
+
+    def on_message(self, msg: Any) -> bool:
+        if self._task is not None or self._call.ended:
+            return False  # one request a call: a second one is read and ignored
+        reply = self._answer([msg]) if self._answer is not None else None
+        if reply is None:
+            self._call.end(UNAVAILABLE if self._answer is None else INVALID_ARGUMENT, "no snapshot")
+            return False
+        self._task = asyncio.get_running_loop().create_task(self._send(reply), name="sync-snapshot-reply")
+        return False
+
+    async def _send(self, reply: bytes) -> None:
+        await self._call.send(reply)
+        self._call.end()
+
+    def on_end_stream(self) -> None:
+        if self._task is None and not self._call.ended:
+            self._call.end(INVALID_ARGUMENT, "a snapshot call carries one request")
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
 class _PublishServer:
-    """The ``StreamServer`` of the sync port: one route, no deferred work, no awake hook.
+    """The ``StreamServer`` of the sync port: two routes (Publish, Snapshot), no deferred work, no
+    awake hook.
 
     With a ``secret``, a call must carry ``authorization: Bearer <one of its secrets>``; a call
     without is refused UNAUTHENTICATED, counted, and its connection told to go away (GOAWAY), so
@@ -101,7 +132,11 @@ class _PublishServer:
         self.limits = limits
         self.connections: set[Connection] = set()
         self.stopping = False
-        self._routes: dict[bytes, Route] = {PUBLISH_PATH: (bytes, self._driver)}
+        self._routes: dict[bytes, Route] = {
+            PUBLISH_PATH: (bytes, self._driver),
+            SNAPSHOT_PATH: (bytes, self._snapshot_driver),
+        }
+        self.answer: Callable[[Frames], bytes | None] | None = None  # the hub's, once it serves snapshots
         self._deliver = deliver
         self._secret = secret
         self._denied = False  # the last call's headers were refused
@@ -110,6 +145,9 @@ class _PublishServer:
 
     def _driver(self, call: Call) -> Driver:
         return _PublishDriver(call, self._deliver)
+
+    def _snapshot_driver(self, call: Call) -> Driver:
+        return _SnapshotDriver(call, self.answer)
 
     def open_stream(self, conn: Connection, stream_id: int, headers: HeaderList, size: int) -> Call | None:
         authorize = self._authorize if self._secret is not None else None
@@ -228,8 +266,6 @@ class H2Transport:
         self._sock: socket.socket | None = None
         self._listening: asyncio.Server | None = None
         self._serving: asyncio.Task[None] | None = None
-        self._context = zmq.asyncio.Context()
-        self._router: zmq.asyncio.Socket | None = None
         self._links: dict[Peer, _Link] = {}
         self._handler: Callable[[list[Frames]], None] | None = None
         self.reads_woken = self.reads_timer = self.reads_riding = self.reads_routing = 0
@@ -238,22 +274,10 @@ class H2Transport:
 
     # --- lifecycle ---------------------------------------------------------------------
     def bind(self) -> int:
-        """Bind the sync port and the snapshot ROUTER on the next one (``port`` 0: any free pair)."""
-        for _ in range(50):
-            sock = self._listen_socket(self.port)
-            port = int(sock.getsockname()[1])
-            router = snapshot_router(self._context)
-            try:
-                router.bind(zmq_address(self.bind_host or "*", port + SNAPSHOT_OFFSET))
-            except zmq.ZMQError:
-                router.close(0)
-                sock.close()
-                if self.port:
-                    raise
-                continue
-            self._sock, self._router, self.port = sock, router, port
-            return port
-        raise OSError("no free consecutive port pair for sync")
+        """Bind the sync port (``port`` 0: any free one); it serves deltas and snapshots both."""
+        sock = self._listen_socket(self.port)
+        self._sock, self.port = sock, int(sock.getsockname()[1])
+        return self.port
 
     def _listen_socket(self, port: int) -> socket.socket:
         host = self.bind_host or "0.0.0.0"  # every interface, as ZMQ's "*"
@@ -263,7 +287,7 @@ class H2Transport:
         return sock
 
     def close(self, linger: float = 0.0) -> None:
-        """Close the links (what they wrote still leaves), the server and the snapshot socket."""
+        """Close the links (what they wrote still leaves) and the server."""
         for link in self._links.values():
             link.close()
         self._links.clear()
@@ -278,10 +302,6 @@ class H2Transport:
         self._sock = None
         for conn in list(self._server.connections):
             conn.abort()
-        if self._router is not None:
-            self._router.close(0)
-            self._router = None
-        self._context.term()
 
     def _reauthenticate(self) -> None:
         """The secrets changed: every call was authenticated against the old set, and every link
@@ -342,7 +362,14 @@ class H2Transport:
         if self._handler is not None:
             raise RuntimeError("sync transport: already listening")
         self._handler = handler
-        self._serving = asyncio.get_running_loop().create_task(self._serve(self._sock), name="sync-server")
+        self._start_serving()
+
+    def _start_serving(self) -> None:
+        """Accept peers' connections (once): for snapshots from the start, for deltas once listening."""
+        if self._serving is None and self._sock is not None:
+            self._serving = asyncio.get_running_loop().create_task(
+                self._serve(self._sock), name="sync-server"
+            )
 
     async def _serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -371,14 +398,65 @@ class H2Transport:
 
     # --- warm start ----------------------------------------------------------------------
     async def serve_snapshots(self, answer: Callable[[Frames], bytes | None]) -> None:
-        if self._router is None:
+        """Answer peers' Snapshot calls on the sync port until cancelled (the server starts now,
+        before this replica's own warm start: a peer starting beside it may ask it)."""
+        if self._sock is None:
             raise RuntimeError("sync transport is not bound (or already closed)")
-        await serve_snapshots(self._router, answer)
+        self._server.answer = answer
+        self._start_serving()
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            self._server.answer = None
 
     async def request_snapshot(
         self, peers: Iterable[Peer], request: bytes, accept: Callable[[Frames], bool], *, deadline: float
     ) -> bool:
-        return await request_snapshot(self._context, peers, request, accept, deadline=deadline)
+        """Ask every peer at once, in rounds, until ``accept`` takes a reply or ``deadline`` (loop
+        clock) passes; ``accept`` sees the replies one at a time, as they come."""
+        loop = asyncio.get_running_loop()
+        wanted = list(peers)
+        while wanted and (left := deadline - loop.time()) > 0:
+            asks = [loop.create_task(self._ask(p, request, left)) for p in wanted]
+            try:
+                for done in asyncio.as_completed(asks):
+                    reply = await done
+                    if reply is not None and accept([reply]):
+                        return True
+            finally:
+                for task in asks:
+                    task.cancel()
+                await asyncio.gather(*asks, return_exceptions=True)
+            await asyncio.sleep(max(0.0, min(SNAPSHOT_RETRY, deadline - loop.time())))
+        return False
+
+    async def _ask(self, peer: Peer, request: bytes, timeout: float) -> bytes | None:
+        """One Snapshot call to ``peer`` on a connection of its own; None: no snapshot from it."""
+        loop = asyncio.get_running_loop()
+        authority = f"{peer.host}:{peer.port}".encode()
+        authorization = self.secret.authorization if self.secret is not None else b""
+        client: UnaryClient | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                _, client = await loop.create_connection(
+                    partial(
+                        UnaryClient,
+                        SNAPSHOT_PATH,
+                        authority,
+                        max_response=SNAPSHOT_MAX_BYTES,
+                        authorization=authorization,
+                    ),
+                    peer.host,
+                    peer.port,
+                )
+                if not client.send(request):
+                    return None
+                return await client.response
+        except (OSError, TimeoutError):
+            return None
+        finally:
+            if client is not None:
+                client.close()
 
 
 def transport_for(

@@ -28,7 +28,7 @@ class Transport(Protocol):
     wants_rides: bool
 
     def bind(self) -> int:
-        """Bind the sync port (and the snapshot port after it); returns the sync port."""
+        """Bind the sync port (ZMQ: and the snapshot port after it); returns the sync port."""
         ...
 
     def close(self, linger: float = 0.0) -> None:

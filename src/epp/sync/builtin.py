@@ -39,8 +39,8 @@ class ZmqSyncerParams(PluginParams):
 
 class ZmqSyncer(PluginBase):
     """This EPP's cross-replica syncer: deltas over gRPC on the EPP's own HTTP/2 (``transport: h2``,
-    the default) or ZMQ PUB/SUB (``zmq``), snapshots over ZMQ ROUTER/DEALER.  The type keeps its
-    first name: configs name it."""
+    the default) or ZMQ PUB/SUB (``zmq``); snapshots on the same port (HTTP/2) or over ZMQ
+    ROUTER/DEALER on the next one (ZMQ).  The type keeps its first name: configs name it."""
 
     TYPE: ClassVar[str] = "zmq-syncer"
     PARAMS: ClassVar[type[PluginParams]] = ZmqSyncerParams

@@ -421,7 +421,7 @@ def zmq_address(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
-# --- warm start: a snapshot over ROUTER/DEALER, whichever transport carries the deltas ---------
+# --- warm start: a snapshot over ROUTER/DEALER (the HTTP/2 transport serves it on its own port) --
 def snapshot_router(context: zmq.asyncio.Context) -> zmq.asyncio.Socket:
     """The ROUTER that answers peers' snapshot requests (bound on the sync port + 1 by the caller)."""
     router = context.socket(zmq.ROUTER)

@@ -15,7 +15,7 @@ from typing import Final
 from epp.errors import ConfigError
 
 ENV: Final = "EPP_WORKER"
-PEER_PORT_STRIDE: Final = 2  # epp.sync binds --peer-port (deltas) and the port after it (snapshots)
+PEER_PORT_STRIDE: Final = 2  # --peer-port (deltas) and, with the ZMQ transport, the port after it (snapshots)
 
 
 @dataclass(frozen=True, slots=True)

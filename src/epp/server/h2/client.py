@@ -32,6 +32,7 @@ from epp.server.h2.frames import (
     HEADERS,
     MAX_FRAME,
     MAX_WINDOW,
+    PADDED,
     PING,
     PREFACE,
     RST_STREAM,
@@ -285,3 +286,55 @@ class StreamClient(asyncio.Protocol):
         """Close the connection; what is already written still leaves (the transport flushes)."""
         if self._transport is not None:
             self._transport.close()
+
+
+class UnaryClient(StreamClient):
+    """One unary call on its own connection: ``send`` the request, await ``response``.
+
+    What a starting replica uses to take a peer's snapshot (``epp.server.peering``): the response
+    message is gathered from the DATA frames, each credited back as it comes (so the server's
+    windows never bind), up to ``max_response`` bytes; more, a broken prefix, or the connection
+    gone before the trailers resolve ``response`` to None, as does a call that ends without a
+    message (a refusal: the trailers are not decoded, only our own server is asked).
+    """
+
+    def __init__(
+        self, path: bytes, authority: bytes, *, max_response: int, authorization: bytes = b""
+    ) -> None:
+        super().__init__(path, authority, max_queued=1, authorization=authorization)
+        self._max_response = max_response
+        self._body = bytearray()
+        self.response: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+
+    def _on_frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+        if sid and sid == self._sid and not self.response.done():
+            if kind == DATA:
+                body = payload
+                if flags & PADDED:
+                    if not payload or payload[0] >= len(payload):
+                        raise ClientProtocolError("DATA padding longer than the frame")
+                    body = payload[1 : len(payload) - payload[0]]
+                self._body += body
+                if len(self._body) > self._max_response + 5:
+                    self._finish(None)
+                    self.close()
+            elif kind == HEADERS and flags & END_STREAM:
+                self._finish(self._message())
+            elif kind == RST_STREAM:
+                self._finish(None)
+        super()._on_frame(kind, flags, sid, payload)
+
+    def _message(self) -> bytes | None:
+        body = self._body
+        if len(body) < 5 or body[0] != 0 or U32.unpack_from(body, 1)[0] != len(body) - 5:
+            return None
+        return bytes(body[5:])
+
+    def _finish(self, result: bytes | None) -> None:
+        if not self.response.done():
+            self.response.set_result(result)
+        self._body = bytearray()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(None)
+        super().connection_lost(exc)
