@@ -51,7 +51,7 @@ from epp.sync.transport import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, SNAPSHOT_
 
 PUBLISH_PATH: Final = b"/epp.sync.v1.Sync/Publish"
 SNAPSHOT_PATH: Final = b"/epp.sync.v1.Sync/Snapshot"
-SNAPSHOT_RETRY: Final = 0.05  # between rounds of asking every peer, while each is starting too
+SNAPSHOT_RETRY: Final = 0.2  # between rounds of asking every peer while each is starting too (as ZMQ did)
 CONNECT_TIMEOUT: Final = 1.0
 REDIAL_MIN: Final = 0.05  # first wait before dialling a peer again; doubles up to REDIAL_MAX
 REDIAL_MAX: Final = 1.0
