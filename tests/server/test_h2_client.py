@@ -152,14 +152,19 @@ async def serve_grpc(stack: Stack, *, bdp: bool, metadata: list[Metadata] | None
         return b""
 
     timeout = ("grpc.http2.settings_timeout", int(SETTINGS_TIMEOUT * 1000))
-    server = grpc.aio.server(options=[timeout, ("grpc.http2.bdp_probe", int(bdp))])
+    handler = grpc.stream_unary_rpc_method_handler(publish)
+    return await grpc_core(stack, handler, [timeout, ("grpc.http2.bdp_probe", int(bdp))]), received
+
+
+async def grpc_core(stack: Stack, handler: Any, options: list[tuple[str, int]] | None = None) -> int:
+    """grpc-core serving ``handler`` at PUBLISH_PATH on a free port, stopped with ``stack``."""
+    server = grpc.aio.server(options=options)
     service, method = PUBLISH_PATH.decode().strip("/").split("/")
-    handlers = {method: grpc.stream_unary_rpc_method_handler(publish)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     stack.push_async_callback(server.stop, None)
-    return int(port), received
+    return int(port)
 
 
 async def serve_epp(stack: Stack, limits: H2Limits) -> Peer:
@@ -441,13 +446,8 @@ async def test_a_unary_response_arrives_whole_from_grpc_core(stack: Stack, size:
     async def snapshot(request: bytes, context: Any) -> bytes:
         return answer if request == b"ask" else b""
 
-    server = grpc.aio.server(options=[("grpc.max_send_message_length", 8 << 20)])
-    service, method = PUBLISH_PATH.decode().strip("/").split("/")
-    handlers = {method: grpc.unary_unary_rpc_method_handler(snapshot)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    stack.push_async_callback(server.stop, None)
+    handler = grpc.unary_unary_rpc_method_handler(snapshot)
+    port = await grpc_core(stack, handler, [("grpc.max_send_message_length", 8 << 20)])
     _, client = await asyncio.get_running_loop().create_connection(
         lambda: UnaryClient(PUBLISH_PATH, b"peer", max_response=4 << 20), "127.0.0.1", port
     )
@@ -462,13 +462,7 @@ async def test_a_unary_call_refused_or_too_large_gives_none(stack: Stack) -> Non
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "no secret")
         return payload(200_000, 7)
 
-    server = grpc.aio.server()
-    service, method = PUBLISH_PATH.decode().strip("/").split("/")
-    handlers = {method: grpc.unary_unary_rpc_method_handler(snapshot)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    stack.push_async_callback(server.stop, None)
+    port = await grpc_core(stack, grpc.unary_unary_rpc_method_handler(snapshot))
     loop = asyncio.get_running_loop()
     for request, limit in ((b"refuse", 1 << 20), (b"big", 100_000)):
         _, client = await loop.create_connection(
