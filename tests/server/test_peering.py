@@ -213,3 +213,37 @@ async def test_a_snapshot_of_megabytes_comes_whole_over_the_sync_port() -> None:
             assert c.counter.learned[SNAPSHOT_ORIGIN] == a.counter.own
         finally:
             await c.hub.stop(goodbye=False)
+
+
+async def test_a_peer_that_hangs_holds_up_only_its_own_asking() -> None:
+    """A starting replica asks a peer that accepts and never answers, and one starting too:
+    it still sees the second say "starting" twice and starts cold after the grace, not at the
+    warm-start deadline."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # reads nothing, answers nothing
+
+    hung = await asyncio.start_server(mute, "127.0.0.1", 0)
+    hung_port = hung.sockets[0].getsockname()[1]
+    starting = make_node("starting", kind="h2", warm_start_timeout=10)
+    starting.peers.set([Peer("hung", "127.0.0.1", hung_port)])
+    warming = asyncio.create_task(starting.hub.start(starting.peers))  # not serving for 10 s
+    c = make_node("c", kind="h2", warm_start_timeout=10)
+    c.peers.set([Peer("hung", "127.0.0.1", hung_port), starting.peer])
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        await c.hub.start(c.peers)
+        assert c.hub.serving and not c.hub.restored_from
+        assert loop.time() - began < 3  # the grace (0.3 s) and a retry, far from the 10 s deadline
+        assert accepted  # the hung peer was asked
+    finally:
+        await c.hub.stop(goodbye=False)
+        warming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await warming
+        await starting.hub.stop(goodbye=False)
+        hung.close()
+        for w in accepted:
+            w.close()

@@ -51,7 +51,9 @@ from epp.sync.transport import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, SNAPSHOT_
 
 PUBLISH_PATH: Final = b"/epp.sync.v1.Sync/Publish"
 SNAPSHOT_PATH: Final = b"/epp.sync.v1.Sync/Snapshot"
-SNAPSHOT_RETRY: Final = 0.2  # between rounds of asking every peer while each is starting too (as ZMQ did)
+SNAPSHOT_RETRY: Final = (
+    0.2  # asking a peer again, after it answered "starting too" or not at all (as ZMQ did)
+)
 CONNECT_TIMEOUT: Final = 1.0
 REDIAL_MIN: Final = 0.05  # first wait before dialling a peer again; doubles up to REDIAL_MAX
 REDIAL_MAX: Final = 1.0
@@ -412,23 +414,32 @@ class H2Transport:
     async def request_snapshot(
         self, peers: Iterable[Peer], request: bytes, accept: Callable[[Frames], bool], *, deadline: float
     ) -> bool:
-        """Ask every peer at once, in rounds, until ``accept`` takes a reply or ``deadline`` (loop
-        clock) passes; ``accept`` sees the replies one at a time, as they come."""
+        """Ask every peer at once, each again ``SNAPSHOT_RETRY`` after its answer (a peer starting
+        too, or none), until ``accept`` takes a reply or ``deadline`` (loop clock) passes.
+        ``accept`` sees the replies one at a time, as they come; a peer that hangs holds up only
+        its own asking."""
         loop = asyncio.get_running_loop()
-        wanted = list(peers)
-        while wanted and (left := deadline - loop.time()) > 0:
-            asks = [loop.create_task(self._ask(p, request, left)) for p in wanted]
-            try:
-                for done in asyncio.as_completed(asks):
-                    reply = await done
-                    if reply is not None and accept([reply]):
-                        return True
-            finally:
-                for task in asks:
-                    task.cancel()
-                await asyncio.gather(*asks, return_exceptions=True)
-            await asyncio.sleep(max(0.0, min(SNAPSHOT_RETRY, deadline - loop.time())))
-        return False
+        replies: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def keep_asking(peer: Peer) -> None:
+            while (left := deadline - loop.time()) > 0:
+                replies.put_nowait(await self._ask(peer, request, left))
+                await asyncio.sleep(max(0.0, min(SNAPSHOT_RETRY, deadline - loop.time())))
+
+        asking = [loop.create_task(keep_asking(p), name=f"sync-snapshot-ask-{p.id}") for p in peers]
+        try:
+            while asking and (left := deadline - loop.time()) > 0:
+                try:
+                    reply = await asyncio.wait_for(replies.get(), left)
+                except TimeoutError:
+                    break
+                if reply is not None and accept([reply]):
+                    return True
+            return False
+        finally:
+            for task in asking:
+                task.cancel()
+            await asyncio.gather(*asking, return_exceptions=True)
 
     async def _ask(self, peer: Peer, request: bytes, timeout: float) -> bytes | None:
         """One Snapshot call to ``peer`` on a connection of its own; None: no snapshot from it."""
