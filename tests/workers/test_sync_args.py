@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from epp.app.options import Options
-from epp.cli.main import sync_args
+from epp.cli.main import check_peer_ports, sync_args
+from epp.errors import ConfigError
 from epp.workers.role import WorkerRole
 
 SYNC_FLAGS = frozenset({"replica-id", "peer-port", "peers", "peers-file"})
@@ -58,3 +63,35 @@ def test_only_worker_0_runs_leader_election() -> None:
     opts = dataclasses.replace(DEFAULTS, ha_enable_leader_election=True)
     assert worker_options(opts, _role(0)).ha_enable_leader_election
     assert not worker_options(opts, _role(1)).ha_enable_leader_election
+
+
+def _ports(**kw: Any) -> Options:
+    values = {"peer_port": 9004, "peer_transport": "h2", "grpc_port": 9002, "grpc_health_port": 9003}
+    return cast(Options, SimpleNamespace(**{**values, "metrics_port": 9090, **kw}))
+
+
+def test_the_workers_sync_ports_must_miss_the_pods_other_ports_and_fit_below_65536() -> None:
+    check_peer_ports(_ports(), 43)  # 9004, 9006, ... 9088: clear of 9090
+    with pytest.raises(ConfigError, match=r"44 workers use sync ports 9004-9090 .* --metrics-port 9090"):
+        check_peer_ports(_ports(), 44)
+    with pytest.raises(ConfigError, match=r"--grpc-port 9012"):
+        check_peer_ports(_ports(grpc_port=9012), 8)
+    check_peer_ports(_ports(grpc_port=9013), 8)  # odd ports are free over HTTP/2 ...
+    with pytest.raises(ConfigError, match=r"9004-9019 .* --grpc-port 9013"):
+        check_peer_ports(_ports(grpc_port=9013, peer_transport="zmq"), 8)  # ... ZMQ's snapshots take them
+    with pytest.raises(ConfigError, match=r"past 65535"):
+        check_peer_ports(_ports(peer_port=65530), 4)
+    check_peer_ports(_ports(peer_port=0, metrics_port=0), 64)  # sync off: no sync ports
+
+
+def test_epp_refuses_such_workers_before_starting_any() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "epp", "--workers=44", "--endpoints=127.0.0.1:1", "--secure-serving=false"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "epp: --peer-port: 44 workers use sync ports 9004-9090" in done.stderr
+    assert "--metrics-port 9090" in done.stderr

@@ -18,7 +18,7 @@ from epp.cli.flags import HelpRequested, parse_flags
 from epp.errors import ConfigError
 from epp.log import bind_contextvars, configure_logging
 from epp.workers.cores import available_cores
-from epp.workers.role import WorkerRole
+from epp.workers.role import PEER_PORT_STRIDE, WorkerRole
 from epp.workers.supervisor import ExtraArgs, Supervisor, reserve_port, worker_argv
 
 log = structlog.get_logger(__name__)
@@ -59,6 +59,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             log.warning("deprecated", notice=notice)
         count = options.workers or available_cores()
         if count > 1:
+            try:
+                check_peer_ports(options, count)
+            except ConfigError as e:
+                print(f"epp: {e}", file=sys.stderr)
+                sys.exit(1)
             sys.exit(_supervise(options, args, count, os.environ))
     else:
         options = worker_options(options, role)
@@ -98,6 +103,30 @@ def _supervise(options: Options, args: Sequence[str], count: int, env: Mapping[s
 
 
 _FLAG_NAMES = frozenset(f.name for f in FLAGS)
+
+
+def check_peer_ports(options: Options, count: int) -> None:
+    """The workers' sync ports (``--peer-port`` + 2*i*, and the next with ZMQ) must stay below
+    65536 and clear of the pod's other ports: otherwise one worker fails to bind long after the
+    others started (44 workers from 9004 reach the metrics port 9090).  ConfigError naming the flags."""
+    base = options.peer_port
+    if base <= 0:
+        return
+    stride = PEER_PORT_STRIDE if options.peer_transport == "zmq" else 1
+    taken = {base + PEER_PORT_STRIDE * i + k for i in range(count) for k in range(stride)}
+    last = max(taken)
+    span = f"{count} workers use sync ports {base}-{last} (two apart from --peer-port)"
+    if last > 65535:
+        raise ConfigError(f"--peer-port: {span}, past 65535; lower --peer-port or --workers")
+    for flag, port in (
+        ("--grpc-port", options.grpc_port),
+        ("--grpc-health-port", options.grpc_health_port),
+        ("--metrics-port", options.metrics_port),
+    ):
+        if port in taken:
+            raise ConfigError(
+                f"--peer-port: {span}, one of them {flag} {port}; move --peer-port or lower --workers"
+            )
 
 
 def sync_args(options: Options, flag_names: frozenset[str] = _FLAG_NAMES) -> ExtraArgs:
