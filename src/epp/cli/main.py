@@ -112,8 +112,8 @@ def check_peer_ports(options: Options, count: int) -> None:
     base = options.peer_port
     if base <= 0:
         return
-    stride = PEER_PORT_STRIDE if options.peer_transport == "zmq" else 1
-    taken = {base + PEER_PORT_STRIDE * i + k for i in range(count) for k in range(stride)}
+    bound = 2 if options.peer_transport == "zmq" else 1  # ports a worker binds from its own
+    taken = {base + PEER_PORT_STRIDE * i + k for i in range(count) for k in range(bound)}
     last = max(taken)
     span = f"{count} workers use sync ports {base}-{last} (two apart from --peer-port)"
     if last > 65535:

@@ -15,8 +15,8 @@ the first serving peer's answer; the answer is paced by the asker's windows like
 One port, one protocol, the same server's limits and the same secret as the deltas.
 
 With a shared secret (``--peer-secret-file``, ``epp.sync.secret``) a Publish or Snapshot call
-must carry ``authorization: Bearer <secret>``; the server checks it when the call opens, and a change of the
-secrets drops every connection both ways so each call is checked again.
+must carry ``authorization: Bearer <secret>``; the server checks it when the call opens, and a
+change of the secrets drops every connection both ways so each call is checked again.
 
 Connections: a link per peer dials, and re-dials with backoff when the connection drops or the
 peer refuses it; a message for a peer not connected is dropped (as a ZMQ PUB does for a
@@ -51,9 +51,9 @@ from epp.sync.transport import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, SNAPSHOT_
 
 PUBLISH_PATH: Final = b"/epp.sync.v1.Sync/Publish"
 SNAPSHOT_PATH: Final = b"/epp.sync.v1.Sync/Snapshot"
-SNAPSHOT_RETRY: Final = (
-    0.2  # asking a peer again, after it answered "starting too" or not at all (as ZMQ did)
-)
+# A peer is asked for its snapshot again this long after it answered "starting too" or not at
+# all (as the ZMQ dealer re-asked).
+SNAPSHOT_RETRY: Final = 0.2
 CONNECT_TIMEOUT: Final = 1.0
 REDIAL_MIN: Final = 0.05  # first wait before dialling a peer again; doubles up to REDIAL_MAX
 REDIAL_MAX: Final = 1.0
@@ -141,7 +141,6 @@ class _PublishServer:
         self.answer: Callable[[Frames], bytes | None] | None = None  # the hub's, once it serves snapshots
         self._deliver = deliver
         self._secret = secret
-        self._denied = False  # the last call's headers were refused
         self.unauthenticated = 0  # calls refused for want of a secret
         self._warned = False
 
@@ -152,30 +151,21 @@ class _PublishServer:
         return _SnapshotDriver(call, self.answer)
 
     def open_stream(self, conn: Connection, stream_id: int, headers: HeaderList, size: int) -> Call | None:
-        authorize = self._authorize if self._secret is not None else None
-        self._denied = False
+        denied = self._secret is not None and not self._authorized(self._secret, headers)
         call = open_call(
-            conn,
-            stream_id,
-            headers,
-            size,
-            self._routes,
-            self.limits,
-            stopping=self.stopping,
-            authorize=authorize,
+            conn, stream_id, headers, size, self._routes, self.limits, stopping=self.stopping, denied=denied
         )
-        if self._denied:
+        if denied:
             conn.goaway()
         return call
 
-    def _authorize(self, headers: HeaderList) -> bool:
-        secret = self._secret
+    def _authorized(self, secret: PeerSecret, headers: HeaderList) -> bool:
+        """Whether the call's ``authorization`` presents one of the secrets; a refusal is counted."""
         for name, value in headers:
             if name == b"authorization":
-                if secret is not None and secret.accepts_authorization(value):
+                if secret.accepts_authorization(value):
                     return True
                 break
-        self._denied = True
         self.unauthenticated += 1
         metrics.REJECTED.labels("unauthenticated").inc()
         if not self._warned:  # once: a misconfigured peer retries every second

@@ -213,18 +213,17 @@ def open_call(
     limits: H2Limits,
     *,
     stopping: bool,
-    authorize: Callable[[HeaderList], bool] | None = None,
+    denied: bool = False,
 ) -> Call | None:
     """The call a new stream's ``headers`` ask for, its driver attached; or None when it is refused,
-    the refusal already written (a trailers-only response with its grpc-status).  ``authorize``:
-    whether the headers may open a call at all (UNAUTHENTICATED otherwise)."""
+    the refusal already written (a trailers-only response with its grpc-status).  ``denied``: the
+    caller found the headers may not open a call at all (UNAUTHENTICATED)."""
     path = b""
     for name, value in headers:
         if name == b":path":
             path = value
             break
     route = routes.get(path)
-    denied = authorize is not None and not authorize(headers)
     if route is None or stopping or size > limits.max_header_list_bytes or denied:
         if size > limits.max_header_list_bytes:
             status = RESOURCE_EXHAUSTED
