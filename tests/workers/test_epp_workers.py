@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from epp.sync.hub import DEFAULT_COALESCE, SIBLING_COALESCE
-from epp_sim.demo.procs import EppProcess, SimFleet, free_port
+from epp_sim.demo.procs import EppProcess, SimFleet, free_port, free_port_run
 from tests.server.harness import destination_metadata, llm_request, resp_headers
 
 pytestmark = pytest.mark.slow
@@ -36,16 +35,7 @@ def _peer_port(workers: int) -> str:
     """``--peer-port`` at a free run of ports: worker *i* binds the base + 2i and the port after
     it, and the default base (9004) would collide with another multi-worker EPP started at the same
     time (``make test`` runs the unit tests on two xdist workers)."""
-    for _ in range(100):
-        base = free_port()
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + 2 * workers):
-                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return f"--peer-port={base}"
-    raise RuntimeError("no free run of ports")
+    return f"--peer-port={free_port_run(2 * workers)}"
 
 
 async def _route(port: int) -> str:

@@ -18,77 +18,129 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-
-class _Handed:
-    """Ports this process handed out lately, never handed out again while remembered.
-
-    A port is free only until someone binds it, and a test often asks for the ports of several
-    processes before starting any: the kernel may give one of them out twice in that window
-    (seen in CI: replica b's gRPC port was replica a's metrics port).  Remembering the last
-    ``keep`` ports handed out closes that window within this process."""
-
-    def __init__(self, keep: int = 4096) -> None:
-        self._order: collections.deque[int] = collections.deque()
-        self._set: set[int] = set()
-        self._keep = keep
-
-    def fresh(self, port: int) -> bool:
-        return port not in self._set
-
-    def take(self, *ports: int) -> None:
-        for port in ports:
-            self._order.append(port)
-            self._set.add(port)
-        while len(self._order) > self._keep:
-            self._set.discard(self._order.popleft())
+# Where handed-out ports come from: below the kernel's ephemeral range, in slices of SLICE.
+LOW_PORT = 12288
+SLICE = 1024
+_XDIST_SLICES = 16  # slices 0-15: pytest-xdist workers gw0-gw15; the rest: other processes, by pid
 
 
-_HANDED = _Handed()
+def _ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections and ``bind(0)`` (Linux's
+    ``ip_local_port_range``; 32768 elsewhere, the usual default)."""
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _slice_index(worker: str | None, pid: int, slices: int) -> int:
+    """This process's slice: its xdist worker's (``gw3`` -> 3), or one of the others by pid."""
+    if worker is not None and worker.startswith("gw") and worker[2:].isdigit():
+        return int(worker[2:]) % min(_XDIST_SLICES, slices)
+    if slices <= _XDIST_SLICES:
+        return pid % slices
+    return _XDIST_SLICES + pid % (slices - _XDIST_SLICES)
+
+
+class _Ports:
+    """Ports for processes started later, from this process's own slice below the ephemeral range.
+
+    A port is free only until someone binds it, and a test asks for its processes' ports before
+    starting them.  Handed out by ``bind(0)``, a port came from the kernel's ephemeral range,
+    where in that window any outgoing connection on the machine, or the other xdist worker's
+    ``bind(0)``, could take it (seen in CI: an EPP's pre-picked gRPC port in use when it bound;
+    earlier, one port given to two of a test's processes).  Here every xdist worker has a slice
+    of its own below that range, which no outgoing connection uses; within it a cursor goes
+    round, so a port is handed out again only after the slice's other ports have been, and only
+    if it is free to bind then.  With no room below the ephemeral range, the kernel's ``bind(0)``
+    is the fallback (and ``_recent`` keeps it from giving a port out twice)."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self._low, self._high = low, high  # [low, high)
+        self._next = low
+        self._recent: collections.deque[int] = collections.deque(maxlen=4096)
+
+    @classmethod
+    def for_this_process(cls) -> _Ports:
+        slices = (_ephemeral_low() - LOW_PORT) // SLICE
+        if slices < 1:
+            return cls(0, 0)
+        low = LOW_PORT + SLICE * _slice_index(os.environ.get("PYTEST_XDIST_WORKER"), os.getpid(), slices)
+        return cls(low, low + SLICE)
+
+    def take(self, n: int, *, consecutive: int = 1) -> list[int]:
+        """``n`` ports, each the first of ``consecutive`` free ones (all of them handed out)."""
+        if self._high <= self._low:
+            return self._kernel(n, consecutive)
+        out: list[int] = []
+        for _ in range(self._high - self._low):
+            if len(out) == n:
+                break
+            port = self._next
+            if port + consecutive > self._high:
+                self._next = self._low
+                continue
+            self._next = port + consecutive
+            if all(_bindable(p) for p in range(port, port + consecutive)):
+                out.append(port)
+        if len(out) < n:
+            raise RuntimeError(f"no {n} free ports in {self._low}-{self._high - 1}")
+        return out
+
+    def _kernel(self, n: int, consecutive: int) -> list[int]:
+        socks: list[socket.socket] = []
+        try:
+            out: list[int] = []
+            while len(out) < n:
+                if len(socks) > n + 1000:
+                    raise RuntimeError(f"no {n} free ports")
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)  # held (bound) until all are found: the kernel cannot give it again
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+                more = range(port + 1, port + consecutive)
+                if port in self._recent or any(p in self._recent or not _bindable(p) for p in more):
+                    continue
+                out.append(port)
+                self._recent.extend(range(port, port + consecutive))
+            return out
+        finally:
+            for s in socks:
+                s.close()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+_PORTS = _Ports.for_this_process()
 
 
 def free_port() -> int:
-    """An ephemeral port that was free a moment ago and not handed out lately by this process."""
-    return free_ports(1)[0]
+    """A port that was free a moment ago and is not handed out again soon (``_Ports``)."""
+    return _PORTS.take(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ephemeral ports free a moment ago, none handed out lately by this process.
-    All are bound at once: asked one at a time, the kernel may hand the same port out twice (seen:
-    a CI run's EPP given one port for its health and metrics servers)."""
-    socks: list[socket.socket] = []
-    try:
-        ports: list[int] = []
-        while len(ports) < n:
-            if len(socks) > n + 1000:
-                raise RuntimeError(f"no {n} free ports")
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)  # held (bound) until all are found: the kernel cannot give it again
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-            if _HANDED.fresh(port):
-                ports.append(port)
-        _HANDED.take(*ports)
-        return ports
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` distinct ports free a moment ago, none handed out again soon (``_Ports``)."""
+    return _PORTS.take(n)
 
 
 def free_port_pair() -> int:
     """A free port whose successor is free too: an EPP's sync PUB and its warm-start socket
     (``--peer-port`` and the port after it)."""
-    for _ in range(100):
-        port = free_ports(1)[0]
-        if not _HANDED.fresh(port + 1):
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        _HANDED.take(port + 1)
-        return port
-    raise RuntimeError("no free port pair")
+    return free_port_run(2)
+
+
+def free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive free ports, all of them handed out: ``--peer-port`` of an
+    EPP with ``--workers n/2`` (worker *i* binds the base + 2i and the port after it)."""
+    return _PORTS.take(1, consecutive=n)[0]
 
 
 def _bin(name: str) -> str:
