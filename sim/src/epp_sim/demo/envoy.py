@@ -58,6 +58,7 @@ class EnvoyConfig:
     upstream_http2: bool = False  # h2c to model servers (vLLM's gRPC engine API)
     buffer_limit_bytes: int = 32768  # per-connection buffer (GIE's value); BUFFERED mode needs bodies to fit
     access_log: str = "/dev/null"
+    access_log_format: str = ""  # "": the demo's line (``ACCESS_FORMAT``), read by tests and the demo
     ext_proc_tls: bool = False  # TLS to the EPP (its --secure-serving, GIE's default); not verified
     extra_ext_proc: dict[str, Any] = field(default_factory=dict)
     # Several EPP replicas: (ext_proc port, health port) each, actively health-checked with the
@@ -79,6 +80,19 @@ _TLS_TO_EPP: dict[str, Any] = {
         },
     }
 }
+
+
+# The access log's line unless ``EnvoyConfig.access_log_format`` says otherwise.
+ACCESS_FORMAT = (
+    "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% "
+    "%RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% dur=%DURATION%ms "
+    "cost=%DYNAMIC_METADATA(envoy.lb:x-gateway-inference-request-cost)% "
+    "breakdown=%DYNAMIC_METADATA(envoy.lb:"
+    "x-gateway-destination-endpoint-score-breakdown)% "
+    # P/D: the prefiller the upstream request carries (after ext_proc's mutation)
+    "prefiller=%REQ(x-prefiller-host-port)% "
+    "scores=%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint-scores)%\n"
+)
 
 
 def render(cfg: EnvoyConfig) -> dict[str, Any]:
@@ -218,16 +232,7 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                     "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
                     "path": cfg.access_log,
                     "log_format": {
-                        "text_format_source": {
-                            "inline_string": "ACCESS %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% "
-                            "%RESPONSE_FLAGS% upstream=%UPSTREAM_HOST% dur=%DURATION%ms "
-                            "cost=%DYNAMIC_METADATA(envoy.lb:x-gateway-inference-request-cost)% "
-                            "breakdown=%DYNAMIC_METADATA(envoy.lb:"
-                            "x-gateway-destination-endpoint-score-breakdown)% "
-                            # P/D: the prefiller the upstream request carries (after ext_proc's mutation)
-                            "prefiller=%REQ(x-prefiller-host-port)% "
-                            "scores=%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint-scores)%\n"
-                        }
+                        "text_format_source": {"inline_string": cfg.access_log_format or ACCESS_FORMAT}
                     },
                 },
             }
