@@ -99,7 +99,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -118,7 +117,7 @@ from bench.common import CONFIGS, cpu_seconds, log, read_result, rnd, write_resu
 from bench.prefix_routing import JUDGED, PROFILES
 from bench.routing import MODEL, Workload, builtin_load, fleet_counters, sim_args
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess, SimFleet
+from epp_sim.demo.procs import EppProcess, SimFleet, bindable
 
 SEEDS = {"sim": 1, "workload": 42, "arrivals": 7}
 GOALS = {
@@ -185,20 +184,11 @@ class Ports:
         for _ in range(1000):
             port = self._rng.randrange(20000, 32000)
             wanted = {port, port + 1} if pair else {port}
-            if wanted & self.taken or not all(_free(p) for p in wanted):
+            if wanted & self.taken or not all(bindable(p) for p in wanted):
                 continue
             self.taken |= wanted
             return port
         raise RuntimeError("no free port below the ephemeral range")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def epp(ports: Ports, *args: str) -> EppProcess:
@@ -986,7 +976,7 @@ def worker_peer_port(pool: Ports, workers: int) -> int:
     for _ in range(100):
         base = pool.one(pair=True)
         rest = set(range(base + 2, base + 2 * workers))
-        if not rest & pool.taken and all(_free(p) for p in rest):
+        if not rest & pool.taken and all(bindable(p) for p in rest):
             pool.taken |= rest
             return base
     raise RuntimeError("no free run of peer ports below the ephemeral range")

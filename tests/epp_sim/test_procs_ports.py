@@ -86,6 +86,6 @@ def _a_free_range(n: int) -> tuple[int, int]:
     """``n`` consecutive ports free now, from the top of this process's own slice (not handed out)."""
     top = procs._PORTS._high
     for low in range(top - n, top - 200, -n):
-        if all(procs._bindable(p) for p in range(low, low + n)):
+        if all(procs.bindable(p) for p in range(low, low + n)):
             return low, low + n
     raise AssertionError("no free range")

@@ -81,7 +81,7 @@ class _Ports:
                 self._next = self._low
                 continue
             self._next = port + consecutive
-            if all(_bindable(p) for p in range(port, port + consecutive)):
+            if all(bindable(p) for p in range(port, port + consecutive)):
                 out.append(port)
         if len(out) < n:
             raise RuntimeError(f"no {n} free ports in {self._low}-{self._high - 1}")
@@ -99,7 +99,7 @@ class _Ports:
                 s.bind(("127.0.0.1", 0))
                 port = int(s.getsockname()[1])
                 more = range(port + 1, port + consecutive)
-                if port in self._recent or any(p in self._recent or not _bindable(p) for p in more):
+                if port in self._recent or any(p in self._recent or not bindable(p) for p in more):
                     continue
                 out.append(port)
                 self._recent.extend(range(port, port + consecutive))
@@ -109,7 +109,8 @@ class _Ports:
                 s.close()
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether ``port`` of 127.0.0.1 is free to bind now."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
