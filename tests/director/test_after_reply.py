@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import ClassVar
 
+import pytest
 from structlog.testing import capture_logs
 
 from epp.datalayer.api import Endpoint
@@ -60,6 +62,49 @@ def test_queued_during_a_read_it_runs_when_the_read_is_written_in_order() -> Non
     after.finished_reading()
     assert seen == ["a", "b", "c"]
     assert not after.reading
+
+
+def yields(monkeypatch: pytest.MonkeyPatch, seen: list[str]) -> None:
+    """Note ``sched_yield`` calls in ``seen``, between the work they came before or after."""
+    monkeypatch.setattr(os, "sched_yield", lambda: seen.append("yield"))
+
+
+def test_replies_that_end_a_response_after_an_idle_wait_give_up_the_cpu_once_before_the_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    after = AfterReply(enabled=True)
+    seen: list[str] = []
+    yields(monkeypatch, seen)
+    after.reading = True
+    after.defer(Item(seen, "a"))
+    after.hand_over = True
+    after.defer(Item(seen, "b"))
+    after.finished_reading(idle=True)
+    assert seen == ["yield", "a", "b"]
+    after.reading = True
+    after.defer(Item(seen, "c"))  # the next read's work: no response ended
+    after.finished_reading(idle=True)
+    assert seen == ["yield", "a", "b", "c"]
+
+
+def test_no_yield_when_busy_without_work_or_once_the_work_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    after = AfterReply(enabled=True)
+    seen: list[str] = []
+    yields(monkeypatch, seen)
+    after.reading = True
+    after.hand_over = True
+    after.defer(Item(seen, "a"))
+    after.finished_reading(idle=False)  # reads back to back: Envoy is always runnable, no switch
+    after.reading = True
+    after.hand_over = True
+    after.finished_reading(idle=True)  # nothing queued: nothing to go after the replies
+    after.reading = True
+    after.hand_over = True
+    after.defer(Item(seen, "b"))
+    after.run()  # someone needed it first (routing the next request): it ran, the chance is gone
+    after.defer(Item(seen, "c"))
+    after.finished_reading(idle=True)
+    assert seen == ["a", "b", "c"]
 
 
 async def test_queued_outside_a_read_it_runs_on_the_next_loop_iteration() -> None:
@@ -227,6 +272,31 @@ async def test_recording_steps_wait_for_the_reply_and_run_in_order() -> None:
     assert lc.ctx.response is not None and lc.ctx.response.body_bytes == 2
     lc.close()
     assert calls.count("rec:complete") == 1
+
+
+async def test_only_the_reply_that_ends_the_response_hands_the_cpu_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The routing reply's work and a mid-response chunk's run at once; the last chunk's after a yield."""
+    calls: list[str] = []
+    yields(monkeypatch, calls)
+    rec = Recorder(calls)
+    d = deferring((rec,), (rec,), (rec,), (rec,))
+    after = d.after_reply
+    lc = await routed_in_a_read(d, "ar-hand-over")
+    after.finished_reading(idle=True)
+    after.reading = True
+    lc.response_headers(dict(SSE), end_of_stream=False)
+    after.finished_reading(idle=True)
+    after.reading = True
+    lc.response_chunk(b"x", False)
+    after.finished_reading(idle=True)
+    assert calls == ["rec:pre_request", "rec:header", "rec:body x"]
+    after.reading = True
+    lc.response_chunk(b"y", True)
+    after.finished_reading(idle=True)
+    assert calls == ["rec:pre_request", "rec:header", "rec:body x", "yield", "rec:body y eos", "rec:complete"]
+    lc.close()
 
 
 async def test_a_chunk_read_with_its_headers_waits_with_them() -> None:

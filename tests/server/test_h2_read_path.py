@@ -184,3 +184,30 @@ async def test_a_recording_hook_runs_after_the_routing_reply_is_written(
     assert await _read_as_the_loop_does(conn, _request(1), lambda: t.writes) == 1
     assert hook.seen == [writes_when_run]  # it ran within the read either way, once
     conn.connection_lost(None)
+
+
+class _Finished:
+    """Stands in for the after-reply queue: notes whether each read came after an idle connection."""
+
+    def __init__(self) -> None:
+        self.reading = False
+        self.idle: list[bool] = []
+
+    def finished_reading(self, idle: bool) -> None:
+        self.reading = False
+        self.idle.append(idle)
+
+
+async def test_a_read_after_a_quiet_connection_tells_the_queue_it_found_the_epp_idle() -> None:
+    """One request at a time (the previous read longer ago than IDLE_BEFORE_READ): the queue may
+    let the process its replies woke go first; a read right after another (a busy loop) may not."""
+    h = Harness()
+    conn, _ = _connect(h)
+    queue = _Finished()
+    conn._after_reply = queue
+    ping = frame(f.PING, 0, 0, b"12345678")
+    conn._last_read = conn.loop.time() - 10 * h2connection.IDLE_BEFORE_READ
+    conn.data_received(ping)
+    conn.data_received(ping)  # the loop's clock has not moved: right after the first
+    assert queue.idle == [True, False]
+    conn.connection_lost(None)

@@ -18,11 +18,23 @@ the steps deferred before it).  Disabled (the default: the grpc.aio transport, t
 director directly), ``defer`` runs the work at once.  A failure is logged and the rest runs: the
 reply it could have changed is already gone, so only plugins that declare they never change it
 (``AFTER_REPLY``, director.api) are ever deferred.
+
+When the replies just written end a response (``hand_over``) and the EPP's connection had been
+idle before the read (``finished_reading(idle=True)``: a request at a time, not a busy loop), the
+queue gives up the CPU once (``sched_yield``) before it runs.  Envoy, woken by that reply,
+forwards the response to the client, and the scheduler often wakes it on the CPU the EPP runs on
+(wake-affine placement), where it waits until the EPP sleeps: on a 2-core machine shared with
+Envoy, its wake after the EPP's last reply took 46-61 µs against 10 µs after the no-op floor's,
+7-8 µs with the yield (docs/decisions.md, seventeenth pass).  Not after a routing reply: next in
+line there is the model server, which comes back to the EPP, so yielding only moved the wait.
+Not when busy: Envoy is then always runnable and every yield would switch.  With nothing else
+runnable on the CPU (an EPP with cores of its own) the call returns at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
 from collections.abc import Iterable
 from typing import Protocol
@@ -46,13 +58,14 @@ def after_reply_only(plugins: Iterable[object]) -> bool:
 class AfterReply:
     """A FIFO of work to run once the current replies are written (see the module docstring)."""
 
-    __slots__ = ("_armed", "enabled", "queue", "reading")
+    __slots__ = ("_armed", "enabled", "hand_over", "queue", "reading")
 
     def __init__(self, *, enabled: bool = False) -> None:
         self.enabled = enabled
         self.queue: deque[Deferred] = deque()
         self.reading = False  # inside a transport read: it runs the queue once it has written
         self._armed = False  # a loop callback will run the queue
+        self.hand_over = False  # the replies being written end a response (see the module docstring)
 
     def defer(self, item: Deferred) -> None:
         """Run ``item.run_later()`` after the replies now being produced are written (at once when disabled).
@@ -80,6 +93,7 @@ class AfterReply:
         completion that lets flow control route a held request) goes on from the next one,
         so the order holds however the calls nest.
         """
+        self.hand_over = False  # the work runs now: whoever the replies woke had its chance
         queue = self.queue
         while queue:
             item = queue.popleft()
@@ -88,10 +102,13 @@ class AfterReply:
             except Exception:
                 log.exception("after_reply_failed", work=type(item).__qualname__)
 
-    def finished_reading(self) -> None:
-        """The transport wrote what its read produced: run the queue."""
+    def finished_reading(self, idle: bool = False) -> None:
+        """The transport wrote what its read produced: run the queue, after a yield when the
+        replies end a response and the connection had been ``idle`` before the read."""
         self.reading = False
         if self.queue:
+            if idle and self.hand_over:
+                os.sched_yield()
             self.run()
 
     def _run_armed(self) -> None:

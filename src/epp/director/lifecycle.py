@@ -302,6 +302,7 @@ class RequestLifecycle:
             # No hook can add metadata to this reply: the accounting and completion come after it.
             step = (_END, chunk, self.phase < COMPLETE)
             self.phase = COMPLETE
+            after.hand_over = True  # Envoy forwards the response next (after_reply: it may go first)
             later = self._later
             if later is not None:  # ``_step_later`` inlined: the response's chunks queued it
                 later.append(step)
