@@ -96,7 +96,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import random
 import re
 import signal
 import statistics
@@ -117,7 +116,7 @@ from bench.common import CONFIGS, cpu_seconds, log, read_result, rnd, write_resu
 from bench.prefix_routing import JUDGED, PROFILES
 from bench.routing import MODEL, Workload, builtin_load, fleet_counters, sim_args
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
-from epp_sim.demo.procs import EppProcess, SimFleet, bindable
+from epp_sim.demo.procs import EppProcess, SimFleet, free_port_pair, free_port_run
 
 SEEDS = {"sim": 1, "workload": 42, "arrivals": 7}
 GOALS = {
@@ -170,34 +169,6 @@ QUICK = Settings(24.0, 20, LLMD_73, (1, 2, 4, 8), 60.0, 8.0, 3, 5.0, 8, 50.0)
 # replicas
 
 
-class Ports:
-    """Ports for every process of a cell, below the kernel's ephemeral range (32768+): a port
-    handed out now and bound seconds later (a rolling update's new replica) cannot have been
-    taken meanwhile by an outgoing connection, and no two handed out here overlap."""
-
-    def __init__(self) -> None:
-        self.taken: set[int] = set()
-        self._rng = random.Random()
-
-    def one(self, *, pair: bool = False) -> int:
-        """A free port (``pair``: and its successor, the sync warm-start socket)."""
-        for _ in range(1000):
-            port = self._rng.randrange(20000, 32000)
-            wanted = {port, port + 1} if pair else {port}
-            if wanted & self.taken or not all(bindable(p) for p in wanted):
-                continue
-            self.taken |= wanted
-            return port
-        raise RuntimeError("no free port below the ephemeral range")
-
-
-def epp(ports: Ports, *args: str) -> EppProcess:
-    """An EppProcess on ports from ``ports``."""
-    e = EppProcess(*args)
-    e.grpc_port, e.health_port, e.metrics_port = ports.one(), ports.one(), ports.one()
-    return e
-
-
 def peer_args(i: int, peer_ports: Sequence[int], transport: str = "h2") -> list[str]:
     """The flags that make replica ``i`` of ``peer_ports`` an active-active peer of the others
     (a lone replica lists itself, which the EPP drops: its hub runs with no peers)."""
@@ -214,8 +185,7 @@ def peer_args(i: int, peer_ports: Sequence[int], transport: str = "h2") -> list[
 def replicas(
     n: int, endpoints: Sequence[str], *, sync: bool, config: Path | None = None, transport: str = "h2"
 ) -> list[EppProcess]:
-    pool = Ports()
-    ports = [pool.one(pair=True) for _ in range(n)]
+    ports = [free_port_pair() for _ in range(n)]
     out = []
     for i in range(n):
         args = [f"--endpoints={','.join(endpoints)}", "--bind-address=127.0.0.1"]
@@ -223,7 +193,7 @@ def replicas(
             args.append(f"--config-file={config}")
         if sync:
             args += peer_args(i, ports, transport)
-        out.append(epp(pool, *args))
+        out.append(EppProcess(*args))
     return out
 
 
@@ -542,8 +512,7 @@ async def uncrowded_cell(
 
 async def _uncrowded_cell(n: int, st: Settings, rate: float, sync: bool, tmp: str) -> dict[str, Any]:
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
-        pool = Ports()
-        ports = [pool.one(pair=True) for _ in range(n)]
+        ports = [free_port_pair() for _ in range(n)]
         peers = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -564,8 +533,7 @@ async def _uncrowded_cell(n: int, st: Settings, rate: float, sync: bool, tmp: st
         assert peers.stdout is not None
         # with an interval the control (sync off) reads the same llm-d config: the pair differs in the sync
         config = CONFIG if st.sync_interval <= 0 else interval_config(Path(tmp), st.sync_interval)
-        e0 = epp(
-            pool,
+        e0 = EppProcess(
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
             f"--config-file={config}",
@@ -970,18 +938,6 @@ class CoreAccount:
         return cores | {"machine": round(machine, 3), "rest": round(rest, 3)}
 
 
-def worker_peer_port(pool: Ports, workers: int) -> int:
-    """A ``--peer-port`` base whose ``2 x workers`` ports are free: each worker binds two
-    (role.peer_port), and the default 9004 may be taken by another run on the machine."""
-    for _ in range(100):
-        base = pool.one(pair=True)
-        rest = set(range(base + 2, base + 2 * workers))
-        if not rest & pool.taken and all(bindable(p) for p in rest):
-            pool.taken |= rest
-            return base
-    raise RuntimeError("no free run of peer ports below the ephemeral range")
-
-
 async def _all_ready(epp: EppProcess, workers: int) -> bool:
     return sample_sum(await metrics_text(epp.metrics_port), "epp_workers_ready") >= workers
 
@@ -993,9 +949,9 @@ async def workers_cell(
     workers: int, st: Settings, *extra: str, streams: int = WORKERS_STREAMS
 ) -> dict[str, Any]:
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
-        pool = Ports()
         epp = EppProcess(
-            f"--peer-port={worker_peer_port(pool, workers)}",  # workers sync as by default
+            # each worker binds two ports from --peer-port (role.peer_port); 9004 may be taken
+            f"--peer-port={free_port_run(2 * workers)}",  # workers sync as by default
             f"--endpoints={','.join(fleet.hostports)}",
             "--bind-address=127.0.0.1",
             f"--config-file={CONFIG}",
@@ -1224,8 +1180,7 @@ async def faults(st: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with SimFleet(4, "--time-scale", "0.02", "--model", MODEL) as fleet:
         slots = 6  # three serving, three for the rolling update's new pods
-        pool = Ports()
-        ports = [pool.one(pair=True) for _ in range(slots)]
+        ports = [free_port_pair() for _ in range(slots)]
         epps: list[EppProcess] = []
         for i in range(slots):
             args = [
@@ -1234,7 +1189,7 @@ async def faults(st: Settings) -> dict[str, Any]:
                 f"--config-file={CONFIG}",
             ]
             args += peer_args(i, ports, st.peer_transport)
-            epps.append(epp(pool, *args))
+            epps.append(EppProcess(*args))
         await start_all(epps[:3])
         cfg = EnvoyConfig(
             ext_proc_port=epps[0].grpc_port,
