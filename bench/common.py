@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -99,6 +100,24 @@ def rnd(x: float, nd: int = 3) -> float | None:
     if x != x or x in (float("inf"), float("-inf")):
         return None
     return round(x, nd)
+
+
+def added_over_floor(
+    cells: Mapping[str, Sequence[Mapping[str, float]]], floor: str, keys: Sequence[str]
+) -> dict[str, dict[str, float | None]]:
+    """Per path but ``floor``, per key: the median over rounds of (the path's value - the floor's)
+    in the same round (paths interleaved within a round share its machine); None when no round
+    has both."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, rounds in cells.items():
+        if name == floor:
+            continue
+        out[name] = {}
+        for key in keys:
+            pairs = zip(rounds, cells[floor], strict=True)
+            diffs = [c[key] - f[key] for c, f in pairs if key in c and key in f]
+            out[name][key] = rnd(statistics.median(diffs), 1) if diffs else None
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

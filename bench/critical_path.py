@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import Any, Final
 
-from bench.common import log, rnd, write_result
+from bench.common import added_over_floor, log, rnd, write_result
 from bench.httpload import closed_loop, open_loop
 from bench.overhead import SEED, chat_requests
 from bench.paths import EPP, EPP_PREFIX, FLOOR_H2, Lab
@@ -135,17 +135,10 @@ async def run(rate: float, seconds: float, rounds: int) -> dict[str, Any]:
                     w = await _traced(p.pids["extproc"], Path(tmp) / f"{p.name}.{r}.data", load)
                     cells[p.name].append(medians(w))
                     log(f"critical path: round {r + 1}/{rounds} {p.name:<12} {cells[p.name][-1]}")
-    added: dict[str, dict[str, float | None]] = {}
-    floor = cells[FLOOR_H2.name]
-    for name in (EPP.name, EPP_PREFIX.name):
-        added[name] = {}
-        for cls in ("request", "response"):
-            diffs = [
-                c[cls] - f[cls] for c, f in zip(cells[name], floor, strict=True) if cls in c and cls in f
-            ]
-            added[name][cls] = rnd(statistics.median(diffs), 1) if diffs else None
-        parts = [v for v in added[name].values() if v is not None]
-        added[name]["exchange"] = rnd(sum(parts), 1) if len(parts) == 2 else None
+    added = added_over_floor(cells, FLOOR_H2.name, ("request", "response"))
+    for by in added.values():
+        parts = [v for v in by.values() if v is not None]
+        by["exchange"] = rnd(sum(parts), 1) if len(parts) == 2 else None
     return {
         "settings": {"rate": rate, "seconds": seconds, "rounds": rounds, "request_bytes": len(requests[0])},
         "paths": {s.name: s.title for s in specs},

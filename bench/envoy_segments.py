@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from bench.common import log, rnd, write_result
+from bench.common import added_over_floor, log, write_result
 from bench.httpload import closed_loop, open_loop
 from bench.overhead import SEED, chat_requests
 from bench.paths import EPP, EPP_PREFIX, FLOOR_H2, Lab, PathSpec
@@ -95,20 +95,6 @@ def medians(window: Sequence[Row]) -> dict[str, float]:
     return {seg: float(statistics.median(r.us[i] for r in ok)) for i, seg in enumerate(SEGMENTS)}
 
 
-def added(cells: dict[str, list[dict[str, float]]], floor: str) -> dict[str, dict[str, float | None]]:
-    """Per path but the floor: per segment the median over rounds of (path's median - floor's)."""
-    out: dict[str, dict[str, float | None]] = {}
-    for name, rounds in cells.items():
-        if name == floor:
-            continue
-        out[name] = {}
-        for seg in SEGMENTS:
-            pairs = zip(rounds, cells[floor], strict=True)
-            diffs = [c[seg] - f[seg] for c, f in pairs if seg in c and seg in f]
-            out[name][seg] = rnd(statistics.median(diffs), 1) if diffs else None
-    return out
-
-
 def logged(spec: PathSpec, directory: Path) -> PathSpec:
     """``spec`` with its Envoy writing ``FORMAT`` to a file of its own in ``directory``."""
     path = directory / f"{spec.name}.log"
@@ -144,7 +130,7 @@ async def run(rate: float, seconds: float, rounds: int) -> dict[str, Any]:
         "paths": {s.name: s.title for s in (FLOOR_H2, EPP, EPP_PREFIX)},
         "segments": {seg: f"{a} -> {b}" for seg, (a, b) in zip(SEGMENTS, _POINTS, strict=True)},
         "medians_us": cells,
-        "added_over_floor_us": added(cells, FLOOR_H2.name),
+        "added_over_floor_us": added_over_floor(cells, FLOOR_H2.name, SEGMENTS),
     }
 
 

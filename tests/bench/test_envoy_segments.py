@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.envoy_segments import SEGMENTS, TAG, Row, added, logged, medians, rows
+from bench.common import added_over_floor
+from bench.envoy_segments import SEGMENTS, TAG, Row, logged, medians, rows
 from bench.httpload import post
 from bench.paths import EPP, FLOOR_H2, Lab
 
@@ -42,7 +43,7 @@ def test_added_is_the_median_over_rounds_of_each_rounds_difference() -> None:
         "floor-h2": [cell(600, 1100), cell(700, 1200), cell(650, 1150)],
         "epp": [cell(700, 1300), cell(760, 1260), {}],  # a round with no successful request
     }
-    got = added(cells, "floor-h2")
+    got = added_over_floor(cells, "floor-h2", SEGMENTS)
     assert got == {"epp": {**dict.fromkeys(SEGMENTS), "request": 80.0, "total": 130.0}}
 
 
