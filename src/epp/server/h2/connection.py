@@ -223,10 +223,9 @@ class Connection(asyncio.Protocol):
         director.after_reply), the replies already on their way.
         """
         after = self._after_reply
-        idle = False
         if after is not None:
             after.reading = True
-            idle = self._loop.time() - self._last_read > IDLE_BEFORE_READ
+        previous = self._last_read  # ``_receive`` stamps this read's time: one clock read a read
         self._reading = True
         try:
             self._receive(data)
@@ -235,7 +234,7 @@ class Connection(asyncio.Protocol):
             if self._outbox:  # also when a task's flush is pending: the replies go before the work
                 self._flush()
             if after is not None:
-                after.finished_reading(idle)
+                after.finished_reading(self._last_read - previous > IDLE_BEFORE_READ)
         if self._awake is not None:  # the loop is awake: peers' sync messages are read in this wake
             self._awake()
 
