@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from epp.director.admitters.latency_slo import COLD_KV
 from epp.explain.record import SCORES_HEADER, parse_header
 from tests.e2e.conftest import FAST_SIM, Stack, make_stack
 
@@ -60,13 +61,22 @@ async def warm_up(s: Stack, timeout: float = 60.0) -> dict[str, str]:
                     return dict(r.headers)
 
 
-async def running(hostport: str) -> float:
-    """A replica's own ``vllm:num_requests_running``."""
+async def gauge(hostport: str, name: str) -> float:
+    """One of a replica's own gauges (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``)."""
     async with aiohttp.ClientSession() as http, http.get(f"http://{hostport}/metrics") as r:
         for ln in (await r.text()).splitlines():
-            if ln.startswith("vllm:num_requests_running{"):
+            if ln.startswith(name + "{"):
                 return float(ln.rsplit(" ", 1)[1])
     return 0.0
+
+
+async def busy(hostport: str) -> bool:
+    """What ``latency-slo-admitter`` needs of a replica to shed: a running request and KV use
+    at or above its cold mark (a replica below it may take anything)."""
+    return (
+        await gauge(hostport, "vllm:num_requests_running") >= 1
+        and await gauge(hostport, "vllm:kv_cache_usage_perc") >= COLD_KV
+    )
 
 
 @contextlib.asynccontextmanager
@@ -93,8 +103,11 @@ async def busy_and_paused(s: Stack) -> AsyncIterator[None]:
         async with asyncio.timeout(10):
             for ev in started:
                 await ev.wait()
-            while True:  # every long stream admitted and decoding
-                if all([await running(hp) >= 1 for hp in s.fleet.hostports]):
+            # Every long stream admitted and holding KV, as the replica itself reports it: paused
+            # next, the replicas keep these values, so the EPP scrape below that shows the queued
+            # request shows them too (waiting for the queue alone let a replica read cold).
+            while True:
+                if all([await busy(hp) for hp in s.fleet.hostports]):
                     break
                 await asyncio.sleep(0.01)
         for i in range(len(s.fleet.ports)):
