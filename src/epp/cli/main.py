@@ -18,7 +18,7 @@ from epp.cli.flags import HelpRequested, parse_flags
 from epp.errors import ConfigError
 from epp.log import bind_contextvars, configure_logging
 from epp.workers.cores import available_cores
-from epp.workers.role import PEER_PORT_STRIDE, WorkerRole
+from epp.workers.role import WorkerRole, worker_peer_port
 from epp.workers.supervisor import ExtraArgs, Supervisor, reserve_port, worker_argv
 
 log = structlog.get_logger(__name__)
@@ -113,7 +113,7 @@ def check_peer_ports(options: Options, count: int) -> None:
     if base <= 0:
         return
     bound = 2 if options.peer_transport == "zmq" else 1  # ports a worker binds from its own
-    taken = {base + PEER_PORT_STRIDE * i + k for i in range(count) for k in range(bound)}
+    taken = {worker_peer_port(base, i) + k for i in range(count) for k in range(bound)}
     last = max(taken)
     span = f"{count} workers use sync ports {base}-{last} (two apart from --peer-port)"
     if last > 65535:

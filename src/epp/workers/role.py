@@ -18,6 +18,14 @@ ENV: Final = "EPP_WORKER"
 PEER_PORT_STRIDE: Final = 2  # --peer-port (deltas) and, with the ZMQ transport, the port after it (snapshots)
 
 
+def worker_peer_port(base: int, index: int) -> int:
+    """The sync port of worker ``index`` when the pod's is ``base`` (``--peer-port``): each replica
+    binds up to two ports (deltas, and with ZMQ snapshots on the next), so worker *i* takes
+    ``base + 2i``; worker 0 keeps the pod's own port.  The supervisor's port check
+    (``cli.main.check_peer_ports``) and the workers' peer lists both come from here."""
+    return base + PEER_PORT_STRIDE * index
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerRole:
     """Worker ``index`` of ``count``; ``run_dir`` holds the local sockets the workers share.
@@ -46,9 +54,8 @@ class WorkerRole:
 
     def peer_port(self, base: int, index: int | None = None) -> int:
         """The sync port of worker ``index`` (default: this one) when the pod's is ``base``
-        (``--peer-port``): each replica binds two ports (deltas, and snapshots on the next), so
-        worker *i* takes ``base + 2i``; worker 0 keeps the pod's own port."""
-        return base + PEER_PORT_STRIDE * (self.index if index is None else index)
+        (``worker_peer_port``)."""
+        return worker_peer_port(base, self.index if index is None else index)
 
     @property
     def kv_events_relay(self) -> str:
