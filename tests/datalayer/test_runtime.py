@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from epp.datalayer.api import Endpoint, EndpointEvent, EndpointMetadata, GroupVersionKind, SourceBinding
-from epp.datalayer.runtime import DataLayerRuntime, _Loop
+from epp.datalayer.runtime import LOOPS_PER_SLOT, DataLayerRuntime, _Loop
 from epp.datalayer.sources.notifications import (
     EndpointNotificationSource,
     K8sNotificationSource,
@@ -261,26 +261,26 @@ async def test_external_cancel_racing_the_watchdog_is_not_swallowed() -> None:
     assert absorbed == [False]
 
 
-async def test_jittered_start() -> None:
-    """First polls are spread over the interval instead of firing together."""
+async def test_large_pool_spreads_over_the_interval() -> None:
+    """Past ``LOOPS_PER_SLOT`` endpoints the polls take more slots: groups of that size, each
+    in its own wake-up, not all in one."""
     source = FakeSource()
     ds = Datastore()
     interval = 0.2
     binding = SourceBinding(source, (NullExtractor(),))
-    async with DataLayerRuntime(ds, [binding], refresh_interval=interval, rng=random.Random(3)):
-        for i in range(20):
+    runtime = DataLayerRuntime(ds, [binding], refresh_interval=interval, rng=random.Random(3))
+    async with runtime:
+        for i in range(3 * LOOPS_PER_SLOT):
             ds.upsert(metadata(f"e{i}"))
-        await until(lambda: len({name for name, _ in source.calls}) == 20)
-    firsts: dict[str, float] = {}
-    for name, t in source.calls:
-        firsts.setdefault(name, t)
-    assert max(firsts.values()) - min(firsts.values()) > interval / 2
+        await until(lambda: len({name for name, _ in source.calls}) == 3 * LOOPS_PER_SLOT)
+        assert sorted(n for n in runtime._slot_loops if n) == [LOOPS_PER_SLOT] * 3
+    assert runtime._slot_loops == [0] * len(runtime._slot_loops)  # every loop gave its slot back
 
 
-async def test_polls_share_phase_slots() -> None:
-    """Every loop ticks on one of interval/slot phases of one shared grid, so polls batch per slot."""
-    ds = Datastore()
-    interval, slot, timeout = 0.2, 0.02, 1.0
+def _runtime_with_dues(
+    ds: Datastore, interval: float, slot: float, timeout: float
+) -> tuple[DataLayerRuntime, dict[str, float]]:
+    """A runtime whose source records each endpoint's first tick's due time."""
     dues: dict[str, float] = {}
     runtime: DataLayerRuntime
 
@@ -293,13 +293,48 @@ async def test_polls_share_phase_slots() -> None:
     runtime = DataLayerRuntime(
         ds, [binding], refresh_interval=interval, poll_timeout=timeout, rng=random.Random(5), slot=slot
     )
+    return runtime, dues
+
+
+async def test_polls_share_phase_slots() -> None:
+    """Every loop ticks on one of interval/slot phases of one shared grid, a slot filled to
+    ``LOOPS_PER_SLOT`` before the next opens, so polls batch per slot."""
+    ds = Datastore()
+    interval, slot, timeout = 0.2, 0.02, 1.0
+    runtime, dues = _runtime_with_dues(ds, interval, slot, timeout)
+    n = 2 * LOOPS_PER_SLOT + 5
     async with runtime:
-        for i in range(30):
+        for i in range(n):
             ds.upsert(metadata(f"e{i}"))
-        await until(lambda: len(dues) == 30)
+        await until(lambda: len(dues) == n)
     phases = {round((due - runtime._epoch) / slot, 6) for due in dues.values()}
     assert all(p == int(p) for p in phases)  # on the grid
-    assert 3 < len({p % (interval / slot) for p in phases}) <= interval / slot  # spread over the slots
+    by_slot: dict[float, int] = {}
+    for due in dues.values():
+        k = round((due - runtime._epoch) / slot) % round(interval / slot)
+        by_slot[k] = by_slot.get(k, 0) + 1
+    assert sorted(by_slot.values()) == [5, LOOPS_PER_SLOT, LOOPS_PER_SLOT]
+
+
+async def test_small_pool_polls_in_one_wake() -> None:
+    """A pool smaller than ``LOOPS_PER_SLOT`` ticks in one slot: one timer wake-up an interval;
+    a slot freed by a removed endpoint is the one a new endpoint joins."""
+    ds = Datastore()
+    interval, slot, timeout = 0.2, 0.02, 1.0
+    runtime, dues = _runtime_with_dues(ds, interval, slot, timeout)
+    async with runtime:
+        for i in range(4):
+            ds.upsert(metadata(f"e{i}"))
+        await until(lambda: len(dues) == 4)
+        assert len({round((d - runtime._epoch) / slot) % round(interval / slot) for d in dues.values()}) == 1
+        (used,) = [i for i, n in enumerate(runtime._slot_loops) if n]
+        assert runtime._slot_loops[used] == 4
+        ds.remove("e0")
+        await until(lambda: runtime._slot_loops[used] == 3)
+        ds.upsert(metadata("e9"))
+        await until(lambda: "e9" in dues)
+        assert runtime._slot_loops[used] == 4
+        assert round((dues["e9"] - runtime._epoch) / slot) % round(interval / slot) == used
 
 
 async def test_lifecycle_order_and_failed_start() -> None:

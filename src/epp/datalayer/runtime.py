@@ -37,6 +37,10 @@ log = structlog.get_logger(__name__)
 DEFAULT_REFRESH_INTERVAL: Final = 0.05  # --refresh-metrics-interval
 DEFAULT_POLL_TIMEOUT: Final = 1.0  # GIE's; see docs/decisions-datalayer.md for why not < interval
 DEFAULT_SLOT: Final = 0.005  # width of a phase slot: loops in one slot poll in one loop iteration
+# Loops a slot takes before the next slot opens: a small pool polls in one wake-up per interval
+# (4 model servers: 0.015 idle cores against 0.020 with a slot each), a large one in groups of
+# this many, so one slot's burst of replies stays about a millisecond of the loop's time.
+LOOPS_PER_SLOT: Final = 10
 
 
 @dataclass(slots=True)
@@ -126,13 +130,14 @@ class DataLayerRuntime:
     per endpoint added later); removing an endpoint cancels its task.  On exit everything
     is cancelled and awaited and the sources are stopped in reverse order.
 
-    Each loop starts in a random phase slot of the interval (so N endpoints do not all poll
-    in lock-step), then ticks every ``refresh_interval`` on that slot.  Slots are
-    ``slot`` seconds wide (5 ms: ten slots of a 50 ms interval) on one grid shared by every
-    loop, so the polls of a slot share one timer wake-up, their requests go out back to back
-    and the replies are read in one batch of ready sockets: at 100 endpoints every 50 ms this
-    cuts the event-loop and syscall cost of scraping by about a third against polls spread
-    uniformly (bench/scrape.py).  A tick polls each
+    Each loop starts in a phase slot of the interval, then ticks every ``refresh_interval``
+    on that slot.  Slots are ``slot`` seconds wide (5 ms: ten slots of a 50 ms interval) on
+    one grid shared by every loop, so the polls of a slot share one timer wake-up, their
+    requests go out back to back and the replies are read in one batch of ready sockets: at
+    100 endpoints every 50 ms this cuts the event-loop and syscall cost of scraping by about a
+    third against polls spread uniformly (bench/scrape.py).  A new loop joins the fullest slot
+    that has fewer than ``LOOPS_PER_SLOT`` loops, else a random empty one (else the emptiest):
+    a small pool shares one wake-up, a large one is spread in groups of that size.  A tick polls each
     source under a deadline (the source's ``poll_timeout``, else ``poll_timeout`` here,
     default 1 s) and runs the source's extractors.  A tick that overruns the interval skips
     the missed ticks instead of queueing them, so a slow server is polled back-to-back at
@@ -166,6 +171,7 @@ class DataLayerRuntime:
         default_timeout = poll_timeout if poll_timeout and poll_timeout > 0 else DEFAULT_POLL_TIMEOUT
         self._rng = rng or random.Random()
         self._slots = max(1, round(self._interval / slot)) if slot > 0 else 1
+        self._slot_loops = [0] * self._slots  # loops ticking in each slot
         self._epoch = 0.0  # the shared grid's origin (loop time at entry)
         self._polled: list[_Polled] = []
         self._sinks: list[EndpointEventSink] = []
@@ -362,18 +368,34 @@ class DataLayerRuntime:
         return tuple(self._k8s)
 
     # --- the loop --------------------------------------------------------------------
+    def _take_slot(self) -> int:
+        """The slot a new loop ticks in (see the class docstring); the caller gives it back."""
+        loads = self._slot_loops
+        best = -1
+        for i, n in enumerate(loads):
+            if 0 < n < LOOPS_PER_SLOT and (best < 0 or n > loads[best]):
+                best = i
+        if best < 0:
+            empty = [i for i, n in enumerate(loads) if n == 0]
+            best = self._rng.choice(empty) if empty else loads.index(min(loads))
+        loads[best] += 1
+        return best
+
     async def _run(self, lp: _Loop) -> None:
+        slot = self._take_slot()
+        try:
+            await self._ticks(lp, slot)
+        finally:
+            self._slot_loops[slot] -= 1
+
+    async def _ticks(self, lp: _Loop, slot: int) -> None:
         loop = asyncio.get_running_loop()
         interval = self._interval
         stats = lp.stats
         # The first due time: this loop's slot in the current (or next) interval of the grid.
         now = loop.time()
         since = now - self._epoch
-        due = (
-            self._epoch
-            + (since - since % interval)
-            + self._rng.randrange(self._slots) * interval / self._slots
-        )
+        due = self._epoch + (since - since % interval) + slot * interval / self._slots
         if due < now:
             due += interval
         while True:
