@@ -27,6 +27,29 @@ def replica(**params: Any) -> ApproxPrefixCacheProducer:
     for ep in EPS:
         p.endpoint_added(ep)
     p.drain()  # a hub is attached
+    p.clock = Clock()
+    return p
+
+
+class Clock:
+    """A pinned monotonic clock: ``now`` moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ticking(p: ApproxPrefixCacheProducer) -> ApproxPrefixCacheProducer:
+    """Every read a refresh interval later: every insertion goes to the peers whole."""
+    clock = Clock()
+
+    def tick() -> float:
+        clock.now += approx_prefix.REFRESH_HELD_S
+        return clock.now
+
+    p.clock = tick
     return p
 
 
@@ -112,6 +135,7 @@ def test_no_bookkeeping_without_a_hub_and_bounded_with_one(monkeypatch: pytest.M
     p: ApproxPrefixCacheProducer = build(ApproxPrefixCacheProducer)
     for ep in EPS:
         p.endpoint_added(ep)
+    ticking(p)
     route(p, prompt("a", 1), EPS[0])
     assert p.drain() == []  # nothing kept before the first drain
     req = prompt("a", 1)
@@ -166,7 +190,7 @@ def test_a_merged_drain_builds_the_peers_index_a_drain_per_insertion_would(capac
     """Insertions merged per endpoint at drain land as the insertions one by one would: the same
     hashes in the same LRU order, evictions included (capacity 5 evicts within the batch)."""
     params = {"lruCapacityPerServer": capacity, "autoTune": False}
-    merged_sender, one_by_one_sender = replica(**params), replica(**params)
+    merged_sender, one_by_one_sender = ticking(replica(**params)), ticking(replica(**params))
     merged, one_by_one = replica(**params), replica(**params)
     shared = "s" * BLOCK * 3  # three blocks every prompt shares, then its own
     routes = [(shared + str(i) * BLOCK * (1 + i % 3), EPS[i % 2]) for i in range(9)]
@@ -180,3 +204,68 @@ def test_a_merged_drain_builds_the_peers_index_a_drain_per_insertion_would(capac
     assert sum(map(len, (h for _, h in batch))) < sum(3 + 1 + i % 3 for i in range(9))  # shared blocks once
     merged.apply("A", batch)
     assert merged.index.dump() == one_by_one.index.dump() == one_by_one_sender.index.dump()
+
+
+def chat(shared: str, own: str) -> InferenceRequest:
+    """A prompt of ``shared``'s blocks (a system prompt) and then ``own``'s (the question)."""
+    return request(model="m", body=completions_body(shared + own))
+
+
+SYSTEM = "s" * BLOCK * 4  # four blocks many prompts share
+
+
+def sent(p: ApproxPrefixCacheProducer) -> list[tuple[str, int]]:
+    return [(name, len(hashes)) for name, hashes in wire(p.drain())]
+
+
+def test_a_held_chain_goes_whole_once_per_interval_then_only_its_new_blocks() -> None:
+    a = replica()
+    clock = a.clock
+    assert isinstance(clock, Clock)
+    ep = EPS[1].metadata.name
+    route(a, chat(SYSTEM, "q" * BLOCK * 2), EPS[1])
+    assert sent(a) == [(ep, 6)]  # nothing held: all of it
+    route(a, chat(SYSTEM, "r" * BLOCK * 2), EPS[1])
+    assert sent(a) == [(ep, 6)]  # held 4, never sent whole by a since: whole
+    route(a, chat(SYSTEM, "t" * BLOCK * 3), EPS[1])
+    assert sent(a) == [(ep, 3)]  # held 4, sent whole just now: the 3 new blocks
+    route(a, chat(SYSTEM, "t" * BLOCK * 3), EPS[1])
+    assert sent(a) == [(ep, 7)]  # all 7 held, but that chain of 7 never sent whole: whole
+    calls: list[int] = []
+    a.sync_dirty = lambda: calls.append(1)
+    route(a, chat(SYSTEM, "t" * BLOCK * 3), EPS[1])
+    assert sent(a) == [] and calls == []  # all 7 held, sent whole just now: nothing to tell
+    assert a.debug_state()["sync"] == {"blocksSent": 22, "blocksHeldNotSent": 11}
+    clock.now += approx_prefix.REFRESH_HELD_S
+    route(a, chat(SYSTEM, "t" * BLOCK * 3), EPS[1])
+    assert sent(a) == [(ep, 7)] and calls == [1]  # the interval passed: whole again, LRU refreshed
+    route(a, chat(SYSTEM, "u" * BLOCK), EPS[2])
+    assert sent(a) == [(EPS[2].metadata.name, 5)]  # another endpoint: its own held part, its own key
+
+
+def test_peers_hold_every_block_the_sender_does() -> None:
+    """Held parts skipped, a peer still knows every (endpoint, block) its sender does, and so
+    matches every prompt on every endpoint as the sender would."""
+    a, b = replica(), replica()
+    prompts = [chat(SYSTEM[: BLOCK * (2 + i % 3)], str(i % 10) * BLOCK * (1 + i % 4)) for i in range(24)]
+    for i, req in enumerate(prompts):
+        route(a, req, EPS[i % 3])
+        if i % 4 == 3:
+            b.apply("A", wire(a.drain()))
+    b.apply("A", wire(a.drain()))
+    assert a.sync_blocks_held > 0  # the case under test happened
+    for name, hashes in a.index.dump().items():
+        assert sorted(b.index.dump()[name]) == sorted(hashes)
+    for req in prompts:
+        assert _matches(_prepare(b, req, EPS), EPS) == _matches(_prepare(a, req, EPS), EPS)
+
+
+def test_a_peer_that_missed_the_first_sender_learns_the_chain_from_another() -> None:
+    """B routes a prompt and only A hears of it (C is cut off from B).  A then routes the same
+    system prompt: A holds it but never sent it whole, so it does, and C learns it from A."""
+    a, b, c = replica(), replica(), replica()
+    route(b, chat(SYSTEM, "q" * BLOCK), EPS[0])
+    a.apply("B", wire(b.drain()))
+    route(a, chat(SYSTEM, "r" * BLOCK), EPS[0])
+    c.apply("A", wire(a.drain()))
+    assert _matches(_prepare(c, chat(SYSTEM, "x" * BLOCK), EPS), EPS)[0] == (4, 5)

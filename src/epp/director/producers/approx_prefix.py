@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final
 
@@ -26,6 +27,9 @@ DEFAULT_MAX_PREFIX_BLOCKS: Final = 256
 DEFAULT_LRU_CAPACITY_PER_SERVER: Final = 31250  # ~500k tokens of H100 KV-cache / 16 tokens per block
 # insertions kept for the sync hub between two drains; past it new ones are dropped (and counted)
 MAX_UNDRAINED: Final = 65536
+# A held chain goes to the peers whole at most once per this many seconds per replica (``_keep``)
+REFRESH_HELD_S: Final = 1.0
+_REFRESHED_MAX: Final = 65536  # (endpoint, deepest held block) keys remembered; then forgotten at once
 PREFILL_PROFILE: Final = "prefill"  # P/D: the prefill endpoint's cache is recorded too
 _INFOS_MAX: Final = 4096  # distinct (matched, total, block size) infos kept between requests
 
@@ -87,8 +91,10 @@ class ApproxPrefixCacheProducer(PluginBase):
     ``lruCapacityPerServer`` (31250).
 
     Active-active replicas (``epp.plugin.replicated.Replicated``): every insertion routing makes
-    here is kept, as ``[endpoint name, hashes]`` (the request's own hash list, not a copy), for
-    the sync hub's next ``drain``; ``apply`` inserts a peer's into this index as if routed here
+    here is kept, as ``[endpoint name, hashes]``, for the sync hub's next ``drain``: the blocks
+    past those the endpoint already held, or the whole chain (the request's own hash list, not a
+    copy) when this replica has not sent that held part whole within ``REFRESH_HELD_S``
+    (``_keep``); ``apply`` inserts a peer's into this index as if routed here
     (same live-endpoint check, LRU and capacity), so a prompt routed by any replica hits on all.
     ``forget`` is a no-op: a prefix a departed peer routed is still cached on that endpoint,
     and the LRU ages it out as any other.  ``snapshot`` is every endpoint's hashes in LRU order
@@ -148,6 +154,11 @@ class ApproxPrefixCacheProducer(PluginBase):
         self._undrained: list[list[Any]] | None = None  # [name, hashes] since the last drain
         self.undrained_dropped = 0
         self.sync_dirty: Callable[[], None] = unsynced  # the hub's: "send my changes soon"
+        # (endpoint name, deepest held block) -> when this replica last sent that chain whole
+        self._refreshed: dict[tuple[str, int], float] = {}
+        self.clock: Callable[[], float] = time.monotonic  # tests pin it
+        self.sync_blocks_sent = 0  # blocks kept for the peers
+        self.sync_blocks_held = 0  # blocks not kept: the endpoint held them, sent whole lately
         self._state_key: StateKey[_RequestPrefix] = StateKey(f"{name}/{self.TYPE}")
         # PrefixMatchInfo is immutable: one object per (matched, total, block size), shared by
         # every request and endpoint with those numbers, so a request allocates none.
@@ -170,6 +181,7 @@ class ApproxPrefixCacheProducer(PluginBase):
         if index.implementation != "c":
             loops["reason"] = native.REASON
         return {
+            "sync": {"blocksSent": self.sync_blocks_sent, "blocksHeldNotSent": self.sync_blocks_held},
             "loops": loops,
             "indexedHashes": index.reverse_size,
             "entries": len(index),
@@ -275,11 +287,7 @@ class ApproxPrefixCacheProducer(PluginBase):
                 if live is None or name in live:
                     self.index.add(name, ep, hashes, self.capacity(ep))
                     if undrained is not None:
-                        if len(undrained) < MAX_UNDRAINED:
-                            undrained.append([name, hashes])
-                            self.sync_dirty()
-                        else:
-                            self.undrained_dropped += 1
+                        self._keep(undrained, name, hashes, matches.get(name, 0))
             if PREFIX_INDEXER_SIZE.function is not self._size:
                 PREFIX_INDEXER_SIZE.set_function(self._size)
         total = len(hashes)
@@ -296,6 +304,41 @@ class ApproxPrefixCacheProducer(PluginBase):
         PREFIX_INDEXER_HIT_BYTES.observe(matched * (block_size * AVERAGE_CHARS_PER_TOKEN))
         if total > 0:
             PREFIX_INDEXER_HIT_RATIO.observe(matched / total)
+
+    def _keep(self, undrained: list[list[Any]], name: str, hashes: list[int], held: int) -> None:
+        """Keep for the peers what this routing taught about ``name``: the blocks past the ``held``
+        it already had, or the whole chain when this replica has not sent that held part itself
+        within ``REFRESH_HELD_S``.
+
+        A peer's cost is the content it inserts (docs/decisions.md, eighteenth pass: 7.3 µs per
+        peer request, the whole chain every time), and the held part is usually most of it (a
+        shared system prompt).  The peers already hold it: whoever routed it first sent it whole.
+        What they would miss is its LRU refresh, so each replica still sends every held chain
+        whole once per interval (per endpoint and deepest held block): a peer's LRU order lags
+        its sender's by at most the interval, and a peer that missed the first sender (a
+        partition, a later start) learns the chain from any replica within it.
+        """
+        sent = hashes
+        if held:
+            key = (name, hashes[held - 1])
+            now = self.clock()
+            refreshed = self._refreshed
+            last = refreshed.get(key)
+            if last is not None and now - last < REFRESH_HELD_S:
+                sent = hashes[held:]
+                self.sync_blocks_held += held
+                if not sent:
+                    return
+            else:
+                if len(refreshed) >= _REFRESHED_MAX:
+                    refreshed.clear()
+                refreshed[key] = now
+        if len(undrained) < MAX_UNDRAINED:
+            undrained.append([name, sent])
+            self.sync_blocks_sent += len(sent)
+            self.sync_dirty()
+        else:
+            self.undrained_dropped += 1
 
     # EndpointObserver ---------------------------------------------------------------
     def endpoint_added(self, endpoint: Endpoint) -> None:
