@@ -468,8 +468,22 @@ async def sync_debug(port: int) -> dict[str, Any]:
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
         http.get(f"http://127.0.0.1:{port}/debug/plugins/state") as r,
     ):
-        state: dict[str, Any] = (await r.json()).get("sync") or {}
-    return {**state.get("batches", {}), **{f"reads_{k}": v for k, v in state.get("reads", {}).items()}}
+        doc: dict[str, Any] = await r.json()
+    state: dict[str, Any] = doc.get("sync") or {}
+    # the approximate prefix index's blocks kept for the peers, and held ones not resent
+    prefix = [p["sync"] for p in (doc.get("plugins") or {}).values() if isinstance(p, dict) and "sync" in p]
+    return {
+        **state.get("batches", {}),
+        **{f"reads_{k}": v for k, v in state.get("reads", {}).items()},
+        **(
+            {
+                "prefixBlocksSent": sum(p.get("blocksSent", 0) for p in prefix),
+                "prefixBlocksHeld": sum(p.get("blocksHeldNotSent", 0) for p in prefix),
+            }
+            if prefix
+            else {}
+        ),
+    }
 
 
 async def cost_cell(n: int, sync: bool, st: Settings, rate: float | None = None) -> dict[str, Any]:
@@ -646,6 +660,9 @@ async def measured(e0: EppProcess, load: Callable[[], Awaitable[list[xc.Stats]]]
         "reads_riding_per_request": delta("reads_riding"),
         "reads_routing_per_request": delta("reads_routing"),
         "timer_wakes_per_request": delta("reads_timerWakes"),
+        # approx-prefix blocks replica 0 kept for its peers, and held blocks it did not resend
+        "prefix_blocks_sent_per_request": delta("prefixBlocksSent"),
+        "prefix_blocks_held_per_request": delta("prefixBlocksHeld"),
     }
 
 
@@ -666,6 +683,8 @@ _COST_MEDIANS: Final = (
     "reads_riding_per_request",
     "reads_routing_per_request",
     "timer_wakes_per_request",
+    "prefix_blocks_sent_per_request",
+    "prefix_blocks_held_per_request",
 )
 COST_HIGH_RATE: Final = 200.0  # per replica: 8 x 200 = 1,600 req/s still fits this machine (p99 says)
 OVERLOADED_P99_MS: Final = 20.0  # a cost cell whose p99 is above this ran on a saturated machine
