@@ -17,25 +17,18 @@ from epp.datalayer.sources.metrics_http import MetricsDataSource
 from epp.datastore.store import Datastore
 from epp.errors import ConfigError
 from epp.metrics.series import REGISTRY
+from epp.testing.clock import ManualClock
 from epp.testing.waiting import until
 from tests.datalayer.conftest import FakeModelServer, make_extractor, make_source, vllm_page
 
 INTERVAL = 0.05
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0  # so that now + max_age - stamp is max_age exactly
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def pages(outcome: str) -> float:
     return REGISTRY.get_sample_value("epp_scrape_pages_total", {"outcome": outcome}) or 0.0
 
 
-async def pair(tmp_path: Path, clock: Clock | None = None) -> tuple[ScrapeShare, ScrapeShare]:
+async def pair(tmp_path: Path, clock: ManualClock | None = None) -> tuple[ScrapeShare, ScrapeShare]:
     """Both ends, subscribed: a SUB only hears what is published after its subscription reached
     the PUB (ZMQ's slow joiner), so probe until a page gets through."""
     address = f"ipc://{tmp_path / 'scrapes.pub'}"
@@ -64,7 +57,7 @@ class Shared:
 
 @asynccontextmanager
 async def sharing(
-    tmp_path: Path, srv: FakeModelServer, max_age: float, clock: Clock | None = None
+    tmp_path: Path, srv: FakeModelServer, max_age: float, clock: ManualClock | None = None
 ) -> AsyncIterator[Shared]:
     pub, sub = await pair(tmp_path, clock)
     worker0, sibling = make_source(), make_source()
@@ -106,7 +99,7 @@ async def test_past_the_bound_the_sibling_scrapes_itself_until_pages_are_fresh_a
     tmp_path: Path, servers: Callable[[int], Any]
 ) -> None:
     (srv,) = await servers(1)
-    clock = Clock()
+    clock = ManualClock(0.0)  # so that now + max_age - stamp is max_age exactly
     max_age = PERIODS * INTERVAL
     async with sharing(tmp_path, srv, max_age, clock) as sh:
         sub, ep = sh.sub, sh.ep

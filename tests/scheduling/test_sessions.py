@@ -7,14 +7,7 @@ import base64
 from epp.datalayer.api import Endpoint, EndpointMetadata
 from epp.scheduling.sessions import SessionBindings, decode_token, encode_token, find
 from epp.testing.builders import make_endpoint
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from epp.testing.clock import ManualClock
 
 
 def test_bind_get_and_rebind_move_counts() -> None:
@@ -41,7 +34,7 @@ def test_least_recently_used_session_is_evicted_beyond_max() -> None:
 
 
 def test_idle_sessions_expire_on_read_and_on_bind() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     b = SessionBindings(max_sessions=100, ttl=10, clock=clock)
     b.bind("old", "a")
     clock.now += 5

@@ -12,9 +12,9 @@ from epp.scheduling.filters.session_affinity import SessionAffinityFilter
 from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from epp.scheduling.sessions import SessionBindings
 from epp.testing.builders import make_endpoint
+from epp.testing.clock import ManualClock
 from epp.testing.plugins import build
 from tests.scheduling.filters.test_session_affinity import req, session_filter, turn
-from tests.scheduling.test_sessions import Clock
 
 EPS = [make_endpoint(i) for i in range(4)]
 
@@ -67,7 +67,7 @@ def test_drain_has_only_local_bindings_and_no_echo() -> None:
 
 
 def test_age_carries_expiry_and_the_newer_binding_wins() -> None:
-    ca, cb = Clock(), Clock()
+    ca, cb = ManualClock(100.0), ManualClock(100.0)
     cb.now = 5000.0  # another process's monotonic clock
     a = SessionBindings(max_sessions=10, ttl=60, clock=ca)
     b = SessionBindings(max_sessions=10, ttl=60, clock=cb)

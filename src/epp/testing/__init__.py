@@ -6,6 +6,7 @@
   parameters, as a config would build it).
 - ``flowcontrol``: ``FakeQueue`` and ``FakeItem``, a sorted flow queue for policy tests.
 - ``waiting``: ``until``, a bounded poll for a condition, instead of fixed sleeps.
+- ``clock``: ``ManualClock``, a monotonic clock a test moves by hand (a plugin's ``clock``).
 
 The fake Kubernetes API server is not here: it is the dev-only `epp-kubeapi` distribution
 (`kubeapi/`, package ``epp_kubeapi``), which the product wheel does not ship.

@@ -15,6 +15,7 @@ from epp.plugin.replicated import Replicated
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest
 from epp.testing.builders import completions_body
+from epp.testing.clock import ManualClock
 from epp.testing.plugins import build
 from tests.director.producers.test_approx_prefix import BLOCK, _matches, _prepare, _schedule_to
 from tests.scheduling.builders import endpoint, request
@@ -27,27 +28,16 @@ def replica(**params: Any) -> ApproxPrefixCacheProducer:
     for ep in EPS:
         p.endpoint_added(ep)
     p.drain()  # a hub is attached
-    p.clock = Clock()
+    p.clock = ManualClock()
     return p
-
-
-class Clock:
-    """A pinned monotonic clock: ``now`` moves only when a test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def ticking(p: ApproxPrefixCacheProducer) -> ApproxPrefixCacheProducer:
     """Every read a refresh interval later: every insertion goes to the peers whole."""
-    clock = Clock()
+    clock = ManualClock()
 
     def tick() -> float:
-        clock.now += approx_prefix.REFRESH_HELD_S
-        return clock.now
+        return clock.advance(approx_prefix.REFRESH_HELD_S)
 
     p.clock = tick
     return p
@@ -221,7 +211,7 @@ def sent(p: ApproxPrefixCacheProducer) -> list[tuple[str, int]]:
 def test_a_held_chain_goes_whole_once_per_interval_then_only_its_new_blocks() -> None:
     a = replica()
     clock = a.clock
-    assert isinstance(clock, Clock)
+    assert isinstance(clock, ManualClock)
     ep = EPS[1].metadata.name
     route(a, chat(SYSTEM, "q" * BLOCK * 2), EPS[1])
     assert sent(a) == [(ep, 6)]  # nothing held: all of it
@@ -236,7 +226,7 @@ def test_a_held_chain_goes_whole_once_per_interval_then_only_its_new_blocks() ->
     route(a, chat(SYSTEM, "t" * BLOCK * 3), EPS[1])
     assert sent(a) == [] and calls == []  # all 7 held, sent whole just now: nothing to tell
     assert a.debug_state()["sync"] == {"blocksSent": 22, "blocksHeldNotSent": 11}
-    clock.now += approx_prefix.REFRESH_HELD_S
+    clock.advance(approx_prefix.REFRESH_HELD_S)
     route(a, chat(SYSTEM, "t" * BLOCK * 3), EPS[1])
     assert sent(a) == [(ep, 7)] and calls == [1]  # the interval passed: whole again, LRU refreshed
     route(a, chat(SYSTEM, "u" * BLOCK), EPS[2])

@@ -15,23 +15,16 @@ from epp.flowcontrol.usage_limits.static import StaticUsageLimitParams, StaticUs
 from epp.plugin.state import CycleState
 from epp.request import InferenceRequest, ResponseInfo, Usage
 from epp.testing.builders import make_endpoint
+from epp.testing.clock import ManualClock
 from epp.testing.flowcontrol import FakeDetector, FakeItem, FakeQueue
 from epp.testing.plugins import FakeHandle, build
 from tests.flowcontrol.helpers import policy_plugins, queue_up, req, settings
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _policy(**params: Any) -> tuple[ProgramAwareFairness, Clock]:
+def _policy(**params: Any) -> tuple[ProgramAwareFairness, ManualClock]:
     policy: ProgramAwareFairness = build(ProgramAwareFairness, **params)
     assert isinstance(policy, FairnessPolicy)
-    clock = Clock()
+    clock = ManualClock()
     policy.clock = clock
     return policy, clock
 

@@ -15,6 +15,7 @@ from epp.datalayer.attributes import (
 )
 from epp.plugin.state import CycleState
 from epp.scheduling.scorers.latency import LatencyScorer
+from epp.testing.clock import ManualClock
 from epp.testing.plugins import build
 from tests.scheduling.builders import endpoint, request
 
@@ -157,17 +158,9 @@ def test_best_effort_off_by_default_keeps_gie_behaviour() -> None:
     assert out.index(max(out)) == 0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def with_slo_traffic(s: LatencyScorer) -> Clock:
+def with_slo_traffic(s: LatencyScorer) -> ManualClock:
     """The scorer sees one request with an SLO now; returns its (fake) clock."""
-    clock = Clock()
+    clock = ManualClock()
     s.clock = clock
     score(s, [info(10, 5), info(30, 5)])
     return clock
@@ -216,7 +209,7 @@ def test_best_effort_without_recent_slo_traffic_reserves_nothing() -> None:
 
     s = build(LatencyScorer, headroomSelectionStrategy="most", bestEffortTTFTMs=2000)
     fleet = [no_slo(900), no_slo(100), no_slo(3000), no_slo(400)]
-    s.clock = Clock()
+    s.clock = ManualClock()
     assert score(s, fleet).index(1.0) == 1  # never seen one
     clock = with_slo_traffic(s)
     clock.now += SLO_RECENT_S / 2
