@@ -663,6 +663,9 @@ async def measured(e0: EppProcess, load: Callable[[], Awaitable[list[xc.Stats]]]
         # approx-prefix blocks replica 0 kept for its peers, and held blocks it did not resend
         "prefix_blocks_sent_per_request": delta("prefixBlocksSent"),
         "prefix_blocks_held_per_request": delta("prefixBlocksHeld"),
+        # the batches' bytes replica 0 sent (once each) and received, per request it routed
+        "batch_bytes_sent_per_request": delta("bytesSent"),
+        "batch_bytes_received_per_request": delta("bytesReceived"),
     }
 
 
@@ -685,6 +688,8 @@ _COST_MEDIANS: Final = (
     "timer_wakes_per_request",
     "prefix_blocks_sent_per_request",
     "prefix_blocks_held_per_request",
+    "batch_bytes_sent_per_request",
+    "batch_bytes_received_per_request",
 )
 COST_HIGH_RATE: Final = 200.0  # per replica: 8 x 200 = 1,600 req/s still fits this machine (p99 says)
 OVERLOADED_P99_MS: Final = 20.0  # a cost cell whose p99 is above this ran on a saturated machine

@@ -302,6 +302,36 @@ async def test_debug_state_counts_batches_and_reads() -> None:
         assert sent["sent"] >= 1 and sent["holdsJoined"] + sent["timerFlushes"] >= 1
 
 
+def _bytes(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_batch_bytes_are_counted_once_each_way(kind: str) -> None:
+    """What a replica sent, its peer received: the same bytes on both sides (heartbeats in
+    neither), in the hub's counts, its debug state and the process's counters."""
+    sent0 = _bytes("epp_sync_batch_bytes_sent_total")
+    received0 = _bytes("epp_sync_batch_bytes_received_total")
+    async with mesh(["a", "b"], kind=kind) as (a, b):
+        a.counter.count("e1", 2)
+        b.counter.count("e2", 1)
+        await until(lambda: b.counter.total("e1") == 2 and a.counter.total("e2") == 1, 5, what="both learn")
+        sa, sb = a.hub.stats, b.hub.stats
+
+        def settled() -> bool:  # checked in one go: a resync may still send a batch meanwhile
+            sent = _bytes("epp_sync_batch_bytes_sent_total") - sent0
+            received = _bytes("epp_sync_batch_bytes_received_total") - received0
+            return (
+                sa.bytes_sent == sb.bytes_received
+                and sb.bytes_sent == sa.bytes_received
+                and sent == received == sa.bytes_sent + sb.bytes_sent
+            )
+
+        await until(settled, 5, what="every batch sent arrived, counted alike")
+        assert sa.bytes_sent > 0 and sb.bytes_sent > 0
+        state = a.hub.debug_state()["batches"]
+        assert (state["bytesSent"], state["bytesReceived"]) == (sa.bytes_sent, sa.bytes_received)
+
+
 async def test_a_routing_receiver_applies_peers_deltas_without_its_read_timer_firing() -> None:
     """While a replica routes (the ext_proc edge calls ``ride`` on every read, here every 1 ms),
     a peer's deltas are applied in those wakes: after the two reads that find the peer busy, the

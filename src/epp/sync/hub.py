@@ -105,6 +105,8 @@ class HubStats:
 
     sent: int = 0
     received: int = 0
+    bytes_sent: int = 0  # of the batches sent (once each, however many peers it went to)
+    bytes_received: int = 0  # of the batches received and applied
     dropped: int = 0
     forgotten: int = 0
     timer_flushes: int = 0  # batches a timer sent (a wake of their own, unless the loop was awake)
@@ -343,7 +345,9 @@ class SyncHub:
             metrics.DROPPED.inc()
         elif batch:
             self.stats.sent += 1
+            self.stats.bytes_sent += len(frame)
             metrics.BATCHES_SENT.inc()
+            metrics.BATCH_BYTES_SENT.inc(len(frame))
 
     # --- receiving ---------------------------------------------------------------------
     def on_frames(self, frames: Frames) -> None:
@@ -360,6 +364,7 @@ class SyncHub:
         wall = self._wall()
         lag = metrics.DELTA_LAG.observe
         applied = 0
+        size = 0
         oldest = 0.0
         for frames in messages:
             try:
@@ -370,6 +375,8 @@ class SyncHub:
                 continue
             if sent_at is not None:
                 applied += 1
+                for frame in frames:
+                    size += len(frame)
                 age = wall - sent_at
                 if age > oldest:
                     oldest = age
@@ -378,7 +385,9 @@ class SyncHub:
             self.transport.prompt()  # late already: do not wait a read gap for the next ones
         if applied:
             self.stats.received += applied
+            self.stats.bytes_received += size
             metrics.BATCHES_RECEIVED.inc(applied)
+            metrics.BATCH_BYTES_RECEIVED.inc(size)
 
     def _one(self, frames: Frames, now: float) -> float | None:
         """Apply one message; its send time when it was a batch with deltas, else None."""
@@ -565,6 +574,8 @@ class SyncHub:
             "batches": {
                 "sent": s.sent,
                 "received": s.received,
+                "bytesSent": s.bytes_sent,
+                "bytesReceived": s.bytes_received,
                 "dropped": s.dropped,
                 "forgotten": s.forgotten,
                 "rejected": dict(s.rejected),

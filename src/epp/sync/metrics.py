@@ -57,6 +57,16 @@ BATCHES_RECEIVED: Final = Counter(
     "Delta batches received from peers and applied (not heartbeats).",
     registry=REGISTRY,
 )
+BATCH_BYTES_SENT: Final = Counter(
+    "epp_sync_batch_bytes_sent_total",
+    "Bytes of the delta batches published, each counted once however many peers it went to.",
+    registry=REGISTRY,
+)
+BATCH_BYTES_RECEIVED: Final = Counter(
+    "epp_sync_batch_bytes_received_total",
+    "Bytes of the delta batches received from peers and applied.",
+    registry=REGISTRY,
+)
 DROPPED: Final = Counter(
     "epp_sync_dropped_total",
     "Sync messages lost to a full queue (refused on send, or a gap in a sender's sequence).",
