@@ -259,3 +259,21 @@ def test_a_peer_that_missed_the_first_sender_learns_the_chain_from_another() -> 
     route(a, chat(SYSTEM, "r" * BLOCK), EPS[0])
     c.apply("A", wire(a.drain()))
     assert _matches(_prepare(c, chat(SYSTEM, "x" * BLOCK), EPS), EPS)[0] == (4, 5)
+
+
+def test_a_whole_chain_dropped_on_a_full_queue_goes_whole_with_the_next_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``MAX_UNDRAINED`` an insertion is dropped; a held chain dropped so was never sent
+    whole, so the next request holding it sends it whole, not only its new blocks."""
+    monkeypatch.setattr(approx_prefix, "MAX_UNDRAINED", 1)
+    a = replica()
+    ep = EPS[1].metadata.name
+    route(a, chat(SYSTEM, "q" * BLOCK), EPS[1])  # fills the queue
+    route(a, chat(SYSTEM, "r" * BLOCK), EPS[1])  # holds 4, whole: dropped
+    assert a.undrained_dropped == 1
+    assert sent(a) == [(ep, 5)]  # only the first
+    route(a, chat(SYSTEM, "t" * BLOCK), EPS[1])
+    assert sent(a) == [(ep, 5)]  # whole: the dropped one never reached a peer
+    route(a, chat(SYSTEM, "u" * BLOCK), EPS[1])
+    assert sent(a) == [(ep, 1)]  # now sent whole within the interval: the new block only

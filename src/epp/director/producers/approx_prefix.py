@@ -319,26 +319,30 @@ class ApproxPrefixCacheProducer(PluginBase):
         partition, a later start) learns the chain from any replica within it.
         """
         sent = hashes
+        whole: tuple[str, int] | None = None  # the held part's key, when it goes whole now
+        now = 0.0
         if held:
             key = (name, hashes[held - 1])
             now = self.clock()
-            refreshed = self._refreshed
-            last = refreshed.get(key)
+            last = self._refreshed.get(key)
             if last is not None and now - last < REFRESH_HELD_S:
                 sent = hashes[held:]
                 self.sync_blocks_held += held
                 if not sent:
                     return
             else:
-                if len(refreshed) >= _REFRESHED_MAX:
-                    refreshed.clear()
-                refreshed[key] = now
-        if len(undrained) < MAX_UNDRAINED:
-            undrained.append([name, sent])
-            self.sync_blocks_sent += len(sent)
-            self.sync_dirty()
-        else:
-            self.undrained_dropped += 1
+                whole = key
+        if len(undrained) >= MAX_UNDRAINED:
+            self.undrained_dropped += 1  # and not noted as sent whole: the next request sends it
+            return
+        if whole is not None:
+            refreshed = self._refreshed
+            if len(refreshed) >= _REFRESHED_MAX:
+                refreshed.clear()
+            refreshed[whole] = now
+        undrained.append([name, sent])
+        self.sync_blocks_sent += len(sent)
+        self.sync_dirty()
 
     # EndpointObserver ---------------------------------------------------------------
     def endpoint_added(self, endpoint: Endpoint) -> None:
