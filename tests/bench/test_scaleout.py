@@ -19,6 +19,7 @@ from bench.scaleout import (
     interval_config,
     median_cell,
     peer_args,
+    rps_at_p99,
     sample_sum,
     summarise,
     uncrowded_cell,
@@ -383,3 +384,20 @@ def test_an_uncrowded_cell_whose_replayer_fell_behind_is_overloaded() -> None:
 
     s = uncrowded_summary(200.0, {2: [cell(2, 0.31, 0.2)], 4: [cell(4, 0.1, 0.4)], 8: [cell(8, 0.3, 0.95)]})
     assert s["overloaded_cells"] == ["4", "8"]
+
+
+def _cell(streams: int, p99_ms: float, rps: float) -> dict[str, Any]:
+    return {"streams": streams, "p99_ms": p99_ms, "rps": rps}
+
+
+def test_the_rate_at_a_p99_is_read_on_the_line_between_the_cells_that_bracket_it() -> None:
+    cells = [_cell(64, 8.0, 20000.0), _cell(96, 12.0, 22000.0), _cell(128, 16.0, 23000.0)]
+    assert rps_at_p99(cells, 10.0) == {"rps": 21000.0, "how": "interpolated", "between_streams": [64, 96]}
+    assert rps_at_p99(cells, 15.0)["rps"] == 22750.0
+    assert rps_at_p99(cells, 8.0)["rps"] == 20000.0  # on a cell: that cell's rate
+    # past every cell's p99: the most measured, as a floor; faster than any: no reading
+    assert rps_at_p99(cells, 30.0) == {"rps": 23000.0, "how": "at least"}
+    assert rps_at_p99(cells, 5.0) == {"rps": None, "how": "below the cells"}
+    # the cells in any order, a noisy p99 that is not monotonic in the streams included
+    noisy = [_cell(128, 11.0, 23000.0), _cell(64, 8.0, 20000.0), _cell(96, 12.0, 22000.0)]
+    assert rps_at_p99(noisy, 9.5)["between_streams"] == [64, 128]
