@@ -57,6 +57,7 @@ def test_gauge_policy_per_family() -> None:
     assert gauge_policy("inference_objective_running_requests") == "sum"
     assert gauge_policy("inference_extension_flow_control_queue_size") == "sum"
     assert gauge_policy("inference_extension_prefix_indexer_size") == "sum"
+    assert gauge_policy("llm_d_epp_prefix_indexer_size") == "sum"  # the twin merges as GIE's name
     assert gauge_policy("inference_pool_ready_pods") == "max"
     assert gauge_policy("llm_d_epp_per_endpoint_queue_size") == "max"  # a model server's queue: a copy
     assert gauge_policy("inference_extension_info") == "max"
@@ -85,3 +86,26 @@ def test_created_takes_the_earliest() -> None:
 def test_one_worker_is_its_own_aggregate() -> None:
     body = _worker({"a": 2}, [0.5], 1, 0.3)
     assert _values(aggregate([body])) == _values(body)
+
+
+def _index(size: int) -> bytes:
+    reg = CollectorRegistry()
+    Gauge("inference_extension_prefix_indexer_size", "size", registry=reg).set(size)
+    Gauge("llm_d_epp_prefix_indexer_size", "size", registry=reg).set(size)
+    Gauge("inference_objective_running_requests", "running", registry=reg).set(size // 100)
+    return generate_latest(reg)
+
+
+def test_synced_workers_prefix_indexes_are_copies_and_unsynced_ones_shares() -> None:
+    bodies = [_index(1200), _index(1180)]
+    shares = _values(aggregate(bodies))
+    assert shares[("inference_extension_prefix_indexer_size", ())] == 2380  # each built its own
+    assert shares[("llm_d_epp_prefix_indexer_size", ())] == 2380
+    copies = _values(aggregate(bodies, synced=True))
+    # each worker also inserted its sibling's chains: one index, held twice
+    assert copies[("inference_extension_prefix_indexer_size", ())] == 1200
+    assert copies[("llm_d_epp_prefix_indexer_size", ())] == 1200
+    # in-flight work stays each worker's own, synced or not
+    assert copies[("inference_objective_running_requests", ())] == 23
+    assert gauge_policy("inference_extension_prefix_indexer_size", synced=True) == "max"
+    assert gauge_policy("inference_objective_running_requests", synced=True) == "sum"

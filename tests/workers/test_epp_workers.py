@@ -38,13 +38,13 @@ def _peer_port(workers: int) -> str:
     return f"--peer-port={free_port_run(2 * workers)}"
 
 
-async def _route(port: int) -> str:
+async def _route(port: int, prompt: str = "hello") -> str:
     """One ext_proc stream on a fresh connection; the endpoint the EPP picked."""
     # grpc shares connections between a process's channels unless each has its own subchannel pool
     options = [("grpc.use_local_subchannel_pool", 1)]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as ch:
         call = pb_grpc.ExternalProcessorStub(ch).Process()
-        for m in llm_request("hello", "m", "m"):
+        for m in llm_request(prompt, "m", "m"):
             await call.write(m)
         await call.done_writing()
         replies: list[pb.ProcessingResponse] = [r async for r in call]
@@ -309,6 +309,45 @@ async def test_an_endpoint_one_worker_ejects_is_ejected_by_every_worker() -> Non
             return all(view.get(address) == "ejected" for view in await views())
 
         await _until(both_ejected, 10.0)
+
+
+async def _worker_sample(sock: Path, name: str) -> float:
+    """One worker's own sample ``name`` (no labels), from its Unix-socket /metrics."""
+    conn = aiohttp.UnixConnector(path=str(sock))
+    async with aiohttp.ClientSession(connector=conn) as s, s.get("http://worker/metrics") as r:
+        text = await r.text()
+    return next(
+        smp.value for fam in text_string_to_metric_families(text) for smp in fam.samples if smp.name == name
+    )
+
+
+async def test_synced_workers_report_one_prefix_index_not_the_sum_of_their_copies() -> None:
+    name = "inference_extension_prefix_indexer_size"
+    async with _pod(2) as (_, epp):
+        sibling = _run_dir(_children(epp.pid)[1]) / "w1.metrics.sock"
+        # long distinct prompts (many blocks each), on fresh connections: both workers route some
+        prompts = [
+            f"conversation {i}: " + "the quick brown fox jumps over the lazy dog " * 40 for i in range(16)
+        ]
+        await asyncio.gather(*(_route(epp.grpc_port, p) for p in prompts))
+        streams = _by_worker(await _metrics(epp), "epp_worker_ext_proc_streams_total")
+        assert len(streams) == 2 and all(v > 0 for v in streams.values()), streams
+
+        async def sizes() -> tuple[float, float]:
+            """Worker 0's index entries (its plugin state) and worker 1's gauge (its own socket)."""
+            url = f"http://127.0.0.1:{epp.metrics_port}/debug/plugins/state"
+            async with aiohttp.ClientSession() as s, s.get(url) as r:
+                state = await r.json()
+            w0 = next(v["entries"] for v in state["plugins"].values() if "indexedHashes" in v)
+            return float(w0), await _worker_sample(sibling, name)
+
+        async def synced() -> bool:  # each worker inserted its sibling's chains: the same index
+            w0, w1 = await sizes()
+            return w0 == w1 > 0
+
+        await _until(synced)
+        w0, _ = await sizes()
+        assert (await _metrics(epp))[(name, ())] == w0  # one index, held by both, counted once
 
 
 async def _worker_pages(sock: Path, outcome: str) -> float:

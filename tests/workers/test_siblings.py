@@ -23,10 +23,13 @@ def test_the_pod_is_ready_with_at_least_half_of_its_workers() -> None:
 class FakeWorker:
     """A sibling's socket: /ready, /metrics and /debug/decisions as a worker serves them."""
 
-    def __init__(self, ready: bool, requests: float, decisions: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, ready: bool, requests: float, decisions: list[dict[str, Any]], extra: str = ""
+    ) -> None:
         self.ready = ready
         self.requests = requests
         self.decisions = decisions
+        self.extra = extra  # more exposition lines
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -39,7 +42,9 @@ class FakeWorker:
         return web.Response(status=200 if self.ready else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=f"# TYPE requests_total counter\nrequests_total {self.requests}\n")
+        return web.Response(
+            text=f"# TYPE requests_total counter\nrequests_total {self.requests}\n{self.extra}"
+        )
 
     async def _decisions(self, request: web.Request) -> web.Response:
         wanted = request.query.get("request_id", "")
@@ -115,3 +120,23 @@ async def test_decisions_are_merged_newest_first(pod: Callable[..., Any]) -> Non
         assert [d["requestId"] for d in latest["decisions"]] == ["d", "c", "b"]
         one = await sib.decisions({"size": 8, "decisions": []}, "b", 20)
         assert [d["requestId"] for d in one["decisions"]] == ["b"]
+
+
+INDEX = "# TYPE inference_extension_prefix_indexer_size gauge\ninference_extension_prefix_indexer_size {}\n"
+
+
+@pytest.mark.parametrize(("synced", "expected"), [(False, 2100.0), (True, 1100.0)])
+async def test_the_pods_prefix_index_size_counts_synced_copies_once(
+    pod: Callable[..., Any], synced: bool, expected: float
+) -> None:
+    role = await pod(FakeWorker(True, 0, [], extra=INDEX.format(1000)))
+    own = INDEX.format(1100).encode()
+    async with Siblings(role, synced=synced) as sib:
+        body = (await sib.metrics(own)).decode()
+    sizes = [
+        s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+        if s.name == "inference_extension_prefix_indexer_size"
+    ]
+    assert sizes == [expected]

@@ -105,7 +105,9 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
 
     role = WorkerRole.from_env(app.env)  # --workers N: which worker this is (docs/workers.md)
     primary = role is not None and role.primary and role.count > 1
-    siblings = Siblings(role, own_ready=ready) if primary and role is not None else None
+    siblings = (
+        Siblings(role, own_ready=ready, synced=app.sync is not None) if primary and role is not None else None
+    )
 
     def pod_ready() -> bool:  # worker 0 answers for the pod: a quorum of workers must be ready
         own = ready()

@@ -5,7 +5,8 @@ Per family kind (``docs/workers.md``):
 * counters, histograms and summaries: **summed** per series (same name and label set) — every
   worker counts its own requests, the pod counts all of them; ``*_created`` takes the earliest;
 * gauges: by family policy.  ``sum`` for what each worker holds a share of (``SUMMED_GAUGES``:
-  requests running or queued in *this* process, the index it built); ``max`` for everything
+  requests running or queued in *this* process, the index it built, unless the workers sync
+  routing state: then every index holds the pod's, a copy, ``SYNCED_COPIES``); ``max`` for everything
   else, because every worker watches the same pool and scrapes the same model servers, so their
   pool and endpoint gauges are copies of one value and summing them would multiply it by N;
 * families that count what every worker observes of the same outside stream (``COPIED``: each
@@ -41,18 +42,26 @@ SUMMED_GAUGES: Final = frozenset(
         "inference_extension_flow_control_queue_bytes",
         "llm_d_epp_flow_control_queue_bytes",
         "inference_extension_prefix_indexer_size",
+        "llm_d_epp_prefix_indexer_size",
     }
 )
+# Shares that become copies when the workers sync routing state (epp.sync): every worker then
+# inserts its siblings' prefix chains too, so each index holds the pod's, and a sum would count
+# every entry once per worker.
+SYNCED_COPIES: Final = frozenset({"inference_extension_prefix_indexer_size", "llm_d_epp_prefix_indexer_size"})
 # Families (any kind) every worker observes the same way: copies, not shares.
 COPIED: Final = ("epp_kv_events_", "epp_endpoint_health_")
 
 
-def gauge_policy(name: str) -> Policy:
-    """How one gauge family merges across workers (see the module docstring)."""
+def gauge_policy(name: str, *, synced: bool = False) -> Policy:
+    """How one gauge family merges across workers (see the module docstring); ``synced``: the
+    workers share routing state, so ``SYNCED_COPIES`` are copies."""
+    if synced and name in SYNCED_COPIES:
+        return "max"
     return "sum" if name in SUMMED_GAUGES else "max"
 
 
-def _policy(kind: str, family: str, sample: str) -> Policy:
+def _policy(kind: str, family: str, sample: str, synced: bool) -> Policy:
     if sample.endswith("_created"):
         return "min"
     if family.startswith(COPIED):
@@ -60,7 +69,7 @@ def _policy(kind: str, family: str, sample: str) -> Policy:
     if kind in ("counter", "histogram", "summary", "gaugehistogram"):
         return "sum"
     if kind == "gauge":
-        return gauge_policy(family)
+        return gauge_policy(family, synced=synced)
     return "max"  # info, stateset, unknown: identical copies in every worker
 
 
@@ -73,8 +82,9 @@ class _Family:
     values: dict[_Key, float]
 
 
-def merge(texts: Iterable[str]) -> list[Metric]:
-    """The workers' expositions (text format 0.0.4) merged into one set of families, in first-seen order."""
+def merge(texts: Iterable[str], *, synced: bool = False) -> list[Metric]:
+    """The workers' expositions (text format 0.0.4) merged into one set of families, in first-seen
+    order; ``synced``: the workers share routing state (``gauge_policy``)."""
     families: dict[str, _Family] = {}
     for text in texts:
         for m in text_string_to_metric_families(text):
@@ -88,7 +98,7 @@ def merge(texts: Iterable[str]) -> list[Metric]:
                 if old is None:
                     values[key] = s.value
                     continue
-                policy = _policy(fam.metric.type, m.name, s.name)
+                policy = _policy(fam.metric.type, m.name, s.name, synced)
                 if policy == "sum":
                     values[key] = old + s.value
                 elif policy == "max":
@@ -113,7 +123,7 @@ class _Merged:
         return iter(self._metrics)
 
 
-def aggregate(texts: Iterable[bytes | str]) -> bytes:
-    """The pod's /metrics body from each worker's body."""
+def aggregate(texts: Iterable[bytes | str], *, synced: bool = False) -> bytes:
+    """The pod's /metrics body from each worker's body (``synced``: see ``gauge_policy``)."""
     decoded = (t.decode() if isinstance(t, bytes) else t for t in texts)
-    return generate_latest(_Merged(merge(decoded)))
+    return generate_latest(_Merged(merge(decoded, synced=synced)))

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, Final
 from urllib.parse import urlencode
 
@@ -61,8 +62,10 @@ class Siblings:
         *,
         interval: float = POLL_INTERVAL,
         own_ready: Callable[[], bool] = lambda: True,
+        synced: bool = False,
     ) -> None:
         self._role = role
+        self._synced = synced  # the workers sync routing state: their prefix indexes are copies
         self._own_ready = own_ready
         self._interval = interval
         self._sessions: dict[int, aiohttp.ClientSession] = {}
@@ -115,7 +118,7 @@ class Siblings:
         answers = await asyncio.gather(*(self._get(i, "/metrics") for i in self._role.siblings))
         bodies = [own, *(a[1] for a in answers if a is not None and a[0] == 200)]
         bodies.append(self._supervisor_series(len(bodies)).encode())
-        return await asyncio.to_thread(aggregate, bodies)
+        return await asyncio.to_thread(partial(aggregate, bodies, synced=self._synced))
 
     async def decisions(self, own: dict[str, Any], request_id: str, limit: int) -> dict[str, Any]:
         """The pod's /debug/decisions: every worker's ring, newest first, ``limit`` of them."""
