@@ -17,10 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.datalayer.api import EndpointMetadata, Metrics
 from epp.datalayer.pool_metrics import PoolMetrics
 from epp.datastore.store import Datastore, PoolInfo
+from epp.health import metrics as health_metrics
 from epp.metrics import series
 from epp.metrics.exporter import MetricsServer
 from epp.metrics.fast import Counter, Gauge, Histogram
 from epp.metrics.llmd import NATIVE_COUNTERPARTS, TWINS, FamilySetView, parse_families
+from epp.sync import metrics as sync_metrics
+from epp.workers.role import WorkerRole
+from epp.workers.siblings import Siblings
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "grafana").glob("*.json"))
 M = "llmd-test-model"
@@ -186,7 +190,7 @@ def test_twins_cost_nothing_per_request() -> None:
 
 # --- the Grafana dashboard against a real /metrics ------------------------------------------------
 
-_METRIC = re.compile(r"\b((?:llm_d_epp|inference|process)_[a-zA-Z0-9_]+)\b(\{[^}]*\})?")
+_METRIC = re.compile(r"\b((?:llm_d_epp|inference|process|epp)_[a-zA-Z0-9_]+)\b(\{[^}]*\})?")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!=|!~|=)\s*"')
 _SUFFIXES = {
     "counter": ("_total",),
@@ -210,11 +214,23 @@ def _exprs(node: object) -> Iterator[str]:
 @pytest.fixture
 def recorded() -> Iterator[None]:
     """One sample in the series whose labels the dashboard filters on (removed afterwards)."""
+    importlib.import_module("epp.metrics.disagg")  # the per-stage saturation family: run alone, too
     series.SCHEDULER_ATTEMPTS_TOTAL.labels("success", M, "p-rank-0", "ns", "8000").inc()
     series.FC_POOL_SATURATION.labels(M).set(0.5)
+    sync_metrics.PEERS.labels("connected").set(1)
+    health_metrics.HEALTH_STATE.labels("p-rank-0").set(0)
+    health_metrics.HEALTH_TRANSITIONS.labels("p-rank-0", "ejected", "errors").inc()
     yield
     series.SCHEDULER_ATTEMPTS_TOTAL.remove("success", M, "p-rank-0", "ns", "8000")
     series.FC_POOL_SATURATION.remove(M)
+    sync_metrics.PEERS.remove("connected")
+    health_metrics.HEALTH_STATE.remove("p-rank-0")
+    health_metrics.HEALTH_TRANSITIONS.remove("p-rank-0", "ejected", "errors")
+
+
+def _pod_series(run_dir: Path) -> str:
+    """What worker 0 adds to a multi-worker pod's /metrics (epp.workers.siblings)."""
+    return Siblings(WorkerRole(0, 2, run_dir, "pod")).pod_series(2)
 
 
 async def _scrape() -> str:
@@ -233,10 +249,12 @@ async def _scrape() -> str:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
-async def test_dashboard_queries_only_exported_series(path: Path, recorded: None) -> None:
+async def test_dashboard_queries_only_exported_series(path: Path, recorded: None, tmp_path: Path) -> None:
     exprs = list(_exprs(json.loads(path.read_bytes())))  # noqa: ASYNC240 - a small local file
     assert exprs
-    families = list(text_string_to_metric_families(await _scrape()))
+    # one EPP's /metrics (the sync's and endpoint health's families register on import, as in a
+    # replica that runs them), and what worker 0 of a --workers pod adds
+    families = list(text_string_to_metric_families(await _scrape() + _pod_series(tmp_path)))
     exported: dict[str, set[str]] = {}  # sample name -> label names seen
     for f in families:
         for name in (f.name, *(f.name + s for s in _SUFFIXES.get(f.type, ()))):

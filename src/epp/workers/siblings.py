@@ -117,7 +117,7 @@ class Siblings:
         """The pod's /metrics: this worker's body merged with every sibling's that answers."""
         answers = await asyncio.gather(*(self._get(i, "/metrics") for i in self._role.siblings))
         bodies = [own, *(a[1] for a in answers if a is not None and a[0] == 200)]
-        bodies.append(self._supervisor_series(len(bodies)).encode())
+        bodies.append(self.pod_series(len(bodies)).encode())
         return await asyncio.to_thread(partial(aggregate, bodies, synced=self._synced))
 
     async def decisions(self, own: dict[str, Any], request_id: str, limit: int) -> dict[str, Any]:
@@ -133,7 +133,9 @@ class Siblings:
         merged.sort(key=lambda d: float(d.get("time") or 0), reverse=True)
         return {**own, "decisions": merged if request_id else merged[:limit]}
 
-    def _supervisor_series(self, reporting: int) -> str:
+    def pod_series(self, reporting: int) -> str:
+        """The series worker 0 adds for the pod (the supervisor's view): workers, those reporting to
+        this scrape, those ready, and each worker's restarts."""
         lines = [
             "# HELP epp_workers Worker processes this pod runs (--workers).",
             "# TYPE epp_workers gauge",
