@@ -151,19 +151,24 @@ def test_a_phase_larger_than_one_frame_is_refused_when_the_spec_is_written() -> 
 
 
 @pytest.mark.e2e
-async def test_the_c_client_routes_against_a_real_epp_and_tells_refusals() -> None:
+async def test_both_closed_loops_keep_every_stream_busy_against_a_real_epp() -> None:
+    """The Python closed loop and the C one against the same EPP: every stream replaced, nothing
+    failed; the C client's runs each count their own, and it tells the EPP's refusals."""
     async with (
         SimFleet(2, "--time-scale", "0.02") as fleet,
         EppProcess(f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1", QUICK_STOP) as epp,
     ):
         vs = xc.variants([f"prompt {i}" for i in range(8)], "mock-model")
+        python = await xc.closed_loop(
+            "127.0.0.1", epp.grpc_port, vs, connections=2, concurrency=8, seconds=0.5
+        )
         async with NativeClosedLoop("127.0.0.1", epp.grpc_port, vs, connections=2, concurrency=8) as load:
             first = await load.run(0.3)
             second = await load.run(0.3)  # one process, several runs: each counts its own
         bad = xc.variants(['broken "json'], "mock-model")  # the EPP answers 400 itself
         async with NativeClosedLoop("127.0.0.1", epp.grpc_port, bad, connections=1, concurrency=2) as load:
             refused = await load.run(0.2)
-    for st in (first, second):
+    for st in (python, first, second):
         assert st.routed > 8  # every stream was replaced at least once
         assert (st.refused, st.failed) == (0, 0)
         assert len(st.latencies) == st.routed

@@ -346,19 +346,6 @@ async def test_a_closed_loop_stops_replacing_at_its_deadline_and_counts_a_refusa
     assert conn.open_streams == 0
 
 
-@pytest.mark.e2e
-async def test_the_closed_loop_keeps_every_stream_busy_against_a_real_epp() -> None:
-    async with (
-        SimFleet(2, "--time-scale", "0.02") as fleet,
-        EppProcess(f"--endpoints={','.join(fleet.hostports)}", "--bind-address=127.0.0.1", QUICK_STOP) as epp,
-    ):
-        vs = xc.variants([f"prompt {i}" for i in range(8)], "mock-model")
-        st = await xc.closed_loop("127.0.0.1", epp.grpc_port, vs, connections=2, concurrency=8, seconds=0.5)
-    assert st.routed > 8  # every stream was replaced at least once
-    assert (st.refused, st.failed) == (0, 0)
-    assert len(st.latencies) == st.routed
-
-
 def test_the_dedicated_machine_ratio_charges_the_client_and_simulators_to_two_workers() -> None:
     rounds = [{"one": {"rps_per_epp_core": 5000.0}, "two": {"rps_per_epp_core": 5000.0}}]
     # free client and simulators: two workers route twice one's
