@@ -17,6 +17,7 @@ from bench.scaleout import (
     dedicated_ratio,
     histogram_quantile,
     interval_config,
+    lopsided,
     median_cell,
     peer_args,
     rps_at_p99,
@@ -388,3 +389,11 @@ def test_the_rate_at_a_p99_is_read_on_the_line_between_the_cells_that_bracket_it
     # the cells in any order, a noisy p99 that is not monotonic in the streams included
     noisy = [_cell(128, 11.0, 23000.0), _cell(64, 8.0, 20000.0), _cell(96, 12.0, 22000.0)]
     assert rps_at_p99(noisy, 9.5)["between_streams"] == [64, 128]
+
+
+def test_a_cell_whose_connections_hashed_onto_one_worker_is_lopsided() -> None:
+    one_worker = {"client": 0.05, "worker0": 1.0}
+    assert not lopsided(one_worker)  # nothing to compare with
+    assert lopsided({"client": 0.05, "sim": 0.01, "worker0": 1.001, "worker1": 0.016})
+    assert not lopsided({"worker0": 0.93, "worker1": 0.89, "supervisor": 0.0})
+    assert not lopsided({"worker0": 0.9, "worker1": 0.3})  # uneven, both routing: a real result
