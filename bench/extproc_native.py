@@ -33,9 +33,9 @@ from types import TracebackType
 from typing import Final
 
 from bench.extproc_client import Stats, Variant, header_block
+from bench.setup import CACHE
 
 SOURCE: Final = Path(__file__).with_name("extproc_load.c")
-CACHE: Final = Path(__file__).with_name(".cache")
 ORDER_LENGTH: Final = 4096  # ``ClosedLoop``'s cycle
 MAX_FRAME: Final = 16384  # the client sends each phase as one DATA frame (HTTP/2's default maximum)
 
@@ -95,6 +95,7 @@ class NativeClosedLoop:
         self._args = (host, str(port), str(connections), str(concurrency))
         self._spec = spec(header_block(f"{host}:{port}"), vs, seed)
         self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._lat = Path()  # the latencies file, in ``_dir`` once started
         self._proc: asyncio.subprocess.Process | None = None
 
     @property

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any, Final
 from urllib.parse import urlencode
 
@@ -118,7 +117,7 @@ class Siblings:
         answers = await asyncio.gather(*(self._get(i, "/metrics") for i in self._role.siblings))
         bodies = [own, *(a[1] for a in answers if a is not None and a[0] == 200)]
         bodies.append(self.pod_series(len(bodies)).encode())
-        return await asyncio.to_thread(partial(aggregate, bodies, synced=self._synced))
+        return await asyncio.to_thread(aggregate, bodies, synced=self._synced)
 
     async def decisions(self, own: dict[str, Any], request_id: str, limit: int) -> dict[str, Any]:
         """The pod's /debug/decisions: every worker's ring, newest first, ``limit`` of them."""
