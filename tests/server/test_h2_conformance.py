@@ -523,3 +523,38 @@ async def test_a_64_mib_message_costs_linear_time_and_health_answers_meanwhile()
     # message takes ~0.3 s, so a few probes fit, not many.)
     streaming = [t for t in answered_at if big_started[0] < t < big_started[0] + took]
     assert len(streaming) >= 2, (len(streaming), took, max(health_latencies, default=None))
+
+
+# -- retiring a connection (the workers' rebalancing) -------------------------------------------
+async def test_retire_moves_the_client_without_refusing_a_stream_it_sent_meanwhile() -> None:
+    """``Connection.retire``: GOAWAY naming the largest stream id and a PING; a stream the client
+    opens before it has read that GOAWAY is served; once the PING's ACK comes back, the real
+    GOAWAY names that stream, and with nothing open the server half-closes."""
+    _, server, port = await _serve(H2Limits())
+    check = grpc_message(health_pb2.HealthCheckRequest().SerializeToString())
+
+    def client(p: Peer) -> tuple[list[int], bool]:
+        assert p.wait_for(f.PING, 5)
+        p.send(p.headers(1, CHECK) + frame(f.DATA, f.END_STREAM, 1, check))  # crossed the GOAWAY
+        deadline = time.monotonic() + 5
+        while not p.grpc_statuses() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ping = next(pl for k, fl, _, pl in p.frames if k == f.PING and not fl & f.ACK)
+        p.send(frame(f.PING, f.ACK, 0, ping))
+        closed = p.wait_closed(5)
+        lasts = [int.from_bytes(pl[:4], "big") for k, _, _, pl in p.frames if k == f.GOAWAY]
+        return lasts, closed
+
+    try:
+        p = await asyncio.to_thread(Peer, port)
+        assert await asyncio.to_thread(p.handshaken.wait, 5)  # the server's SETTINGS: it holds the connection
+        (conn,) = server.connections
+        assert conn.retire()
+        assert not conn.retire()  # once
+        lasts, closed = await asyncio.to_thread(client, p)
+        assert p.grpc_statuses() == {"0": 1}  # served, not refused
+        assert lasts == [0x7FFFFFFF, 1]
+        assert closed
+        p.close()
+    finally:
+        await server.stop(0.0)

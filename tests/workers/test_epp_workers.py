@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -38,16 +39,24 @@ def _peer_port(workers: int) -> str:
     return f"--peer-port={free_port_run(2 * workers)}"
 
 
+def _channel(port: int) -> grpc.aio.Channel:
+    """A channel of its own connection: grpc shares connections between a process's channels
+    unless each has its own subchannel pool."""
+    return grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+
+
 async def _route(port: int, prompt: str = "hello") -> str:
     """One ext_proc stream on a fresh connection; the endpoint the EPP picked."""
-    # grpc shares connections between a process's channels unless each has its own subchannel pool
-    options = [("grpc.use_local_subchannel_pool", 1)]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as ch:
-        call = pb_grpc.ExternalProcessorStub(ch).Process()
-        for m in llm_request(prompt, "m", "m"):
-            await call.write(m)
-        await call.done_writing()
-        replies: list[pb.ProcessingResponse] = [r async for r in call]
+    async with _channel(port) as ch:
+        return await _route_on(ch, prompt)
+
+
+async def _route_on(ch: grpc.aio.Channel, prompt: str = "hello", *, wait_for_ready: bool = False) -> str:
+    call = pb_grpc.ExternalProcessorStub(ch).Process(wait_for_ready=wait_for_ready)
+    for m in llm_request(prompt, "m", "m"):
+        await call.write(m)
+    await call.done_writing()
+    replies: list[pb.ProcessingResponse] = [r async for r in call]
     return next(d for r in replies if (d := destination_metadata(r)))
 
 
@@ -379,3 +388,90 @@ async def test_worker_1_parses_worker_0s_pages_and_scrapes_itself_once_worker_0_
             return await _worker_pages(w1, "fetched") >= own + 10
 
         await _until(scraping_itself)  # past the bound (2 polls) worker 1 scrapes the model servers
+
+
+async def _connections(epp: EppProcess) -> dict[str, float]:
+    """The proxy's connections each worker serves (``epp_worker_connections``)."""
+    return _by_worker(await _metrics(epp), "epp_worker_connections")
+
+
+def _moved(series: dict[tuple[str, tuple[tuple[str, str], ...]], float], how: str) -> float:
+    return sum(
+        v
+        for (n, labels), v in series.items()
+        if n == "epp_worker_connections_moved_total" and ("how", how) in labels
+    )
+
+
+async def test_connections_are_spread_over_the_workers_by_count_not_by_hash() -> None:
+    """Four connections opened one after another serve two on each worker, every round, and a
+    health prober's connection does not count.  SO_REUSEPORT's hash alone splits four 2:2 in
+    6 cases of 16: six rounds would pass by chance 0.3% of the time."""
+    async with _pod(2, "--health-checking") as (_, epp):
+        for _ in range(6):
+            async with _channel(epp.grpc_port) as prober:
+                check = prober.unary_unary(
+                    "/grpc.health.v1.Health/Check",
+                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                    response_deserializer=health_pb2.HealthCheckResponse.FromString,
+                )
+                await check(health_pb2.HealthCheckRequest())
+                channels = [_channel(epp.grpc_port) for _ in range(4)]
+                try:
+                    for ch in channels:
+                        await _route_on(ch)  # connected, counted and placed before the next opens
+                    assert await _connections(epp) == {"0": 2, "1": 2}
+                finally:
+                    for ch in channels:
+                        await ch.close()
+
+            async def closed() -> bool:
+                return await _connections(epp) == {"0": 0, "1": 0}
+
+            await _until(closed)
+        series = await _metrics(epp)
+        assert _moved(series, "handed") == _moved(series, "received")  # every handover went through
+        assert _moved(series, "failed") == 0
+
+
+async def _reconnected(ch: grpc.aio.Channel) -> None:
+    """Route on ``ch`` until a stream succeeds: one sent on a killed worker's connection fails."""
+    for _ in range(5):
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await _route_on(ch, wait_for_ready=True)
+            return
+    await _route_on(ch, wait_for_ready=True)
+
+
+async def test_a_restarted_worker_gets_its_share_back_and_no_stream_is_lost() -> None:
+    """Worker 1 dies: its connection's client reconnects to worker 0, the only one listening, which
+    then holds both.  Once worker 1 is back, worker 0 retires one connection (GOAWAY that refuses
+    no stream); its client reconnects and the connection is placed on worker 1.  Both clients keep
+    routing throughout, and no stream fails after the restart."""
+    async with _pod(2) as (_, epp), _channel(epp.grpc_port) as a, _channel(epp.grpc_port) as b:
+        await _route_on(a)
+        await _route_on(b)
+        assert await _connections(epp) == {"0": 1, "1": 1}
+        os.kill(_children(epp.pid)[1], signal.SIGKILL)
+        for ch in (a, b):  # the one that was on worker 1 reconnects to worker 0
+            await _reconnected(ch)
+        assert (await _connections(epp)).get("0") == 2
+
+        async def restarted() -> bool:
+            series = await _metrics(epp)
+            return (
+                _by_worker(series, "epp_worker_restarts_total").get("1") == 1
+                and series.get(("epp_workers_reporting", ())) == 2
+            )
+
+        await _until(restarted)
+        routed = 0
+        async with asyncio.timeout(30):
+            while await _connections(epp) != {"0": 1, "1": 1}:
+                await asyncio.gather(_route_on(a), _route_on(b))  # any failure raises
+                routed += 2
+                await asyncio.sleep(0.05)  # the rebalancing tick is once a second
+        series = await _metrics(epp)
+        assert _moved(series, "retired") >= 1
+        assert _by_worker(series, "epp_worker_ext_proc_streams_total")["1"] > 0
+        assert routed > 0

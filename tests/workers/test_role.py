@@ -19,6 +19,10 @@ def test_round_trip_and_derived_names() -> None:
     assert role.siblings == (0, 2)
     assert role.peer_port(9004) == 9006 and role.peer_port(9004, 0) == 9004
     assert role.metrics_socket() == Path("/run/epp/w1.metrics.sock")
+    assert (
+        role.handoff_socket() == Path("/run/epp/w1.conns.sock")
+        and role.handoff_socket(2).name == "w2.conns.sock"
+    )
     assert role.scrape_share == "connect:ipc:///run/epp/scrapes.pub"
     assert WorkerRole(0, 3, Path("/run/epp"), "p").scrape_share == "bind:ipc:///run/epp/scrapes.pub"
     assert role.sibling_peer_ports(role.peer_port(9004)) == {9004, 9008}  # workers 0 and 2

@@ -31,6 +31,7 @@ from epp.server.peering import transport_for
 from epp.server.transport import Tls, make_server
 from epp.sync.peers import PeerSource, PodWorkers, UnionPeers
 from epp.sync.service import SyncService
+from epp.workers.balance import ConnectionBalance
 from epp.workers.role import WorkerRole
 from epp.workers.siblings import Siblings, WorkerSeries
 
@@ -168,8 +169,10 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         )
         if siblings is not None:
             await stack.enter_async_context(siblings)
+        # --workers N on our own HTTP/2: connections spread by count, not by SO_REUSEPORT's hash
+        balance = ConnectionBalance(role) if role is not None and opts.ext_proc_transport == "h2" else None
         if role is not None:
-            worker_series = WorkerSeries(role, lambda: servicer.opened)
+            worker_series = WorkerSeries(role, lambda: servicer.opened, balance)
             series.REGISTRY.register(worker_series)
             stack.callback(series.REGISTRY.unregister, worker_series)
         local = role is not None and not role.primary  # siblings-only /metrics: a 0700 run dir guards it
@@ -219,7 +222,9 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
             awake=hub.transport.ride if hub is not None and hub.transport.wants_rides else None,
         )
         tls = Tls(opts.cert_path, opts.enable_cert_reload) if opts.secure_serving else None
-        grpc_port = await server.start(opts.bind_address, opts.grpc_port, tls, reuse_port=role is not None)
+        grpc_port = await server.start(
+            opts.bind_address, opts.grpc_port, tls, reuse_port=role is not None, placement=balance
+        )
         app.serving = True  # only now may probes say SERVING: a self-signed key takes seconds
         tune_gc()
         log.info(

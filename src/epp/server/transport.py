@@ -12,6 +12,7 @@ import structlog
 
 from epp.server import extproc, health, incoming
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
+from epp.server.placement import Placement
 from epp.server.tls import server_credentials
 
 log = structlog.get_logger(__name__)
@@ -26,11 +27,20 @@ class Tls:
 
 
 class ExtProcServer(Protocol):
-    async def start(self, host: str, port: int, tls: Tls | None, *, reuse_port: bool = False) -> int:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        tls: Tls | None,
+        *,
+        reuse_port: bool = False,
+        placement: Placement | None = None,
+    ) -> int:
         """Listen on ``host:port`` (``""``: all interfaces; port 0: ephemeral); return the bound port.
 
         ``reuse_port``: SO_REUSEPORT, so the workers of ``--workers N`` share the port and the
-        kernel spreads new connections over them."""
+        kernel spreads new connections over them; ``placement`` then moves each to the worker
+        holding the fewest (``epp.workers.balance``; the ``h2`` transport only)."""
         ...
 
     async def stop(self, grace: float) -> None:
@@ -63,8 +73,18 @@ class GrpcAioServer:
         if health_servicer is not None:
             health.add_to_server(health_servicer, self._server)
 
-    async def start(self, host: str, port: int, tls: Tls | None, *, reuse_port: bool = False) -> int:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        tls: Tls | None,
+        *,
+        reuse_port: bool = False,
+        placement: Placement | None = None,
+    ) -> int:
         # gRPC core sets SO_REUSEPORT on every listener already (``grpc.so_reuseport`` defaults to 1).
+        # It accepts in its own threads, so connections stay where the kernel's hash put them:
+        # ``placement`` is not used (docs/workers.md, "Spreading the load").
         address = f"{_bracket(host or '[::]')}:{port}"
         if tls is None:
             bound = self._server.add_insecure_port(address)

@@ -52,6 +52,11 @@ class WorkerRole:
         """The Unix socket where worker ``index`` (default: this one) serves /metrics and /ready."""
         return self.run_dir / f"w{self.index if index is None else index}.metrics.sock"
 
+    def handoff_socket(self, index: int | None = None) -> Path:
+        """The Unix datagram socket where worker ``index`` (default: this one) takes connections a
+        sibling accepted (``balance.py``)."""
+        return self.run_dir / f"w{self.index if index is None else index}.conns.sock"
+
     def peer_port(self, base: int, index: int | None = None) -> int:
         """The sync port of worker ``index`` (default: this one) when the pod's is ``base``
         (``worker_peer_port``)."""

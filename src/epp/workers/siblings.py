@@ -19,6 +19,7 @@ import structlog
 from prometheus_client import Metric
 
 from epp.workers.aggregate import aggregate
+from epp.workers.balance import ConnectionBalance
 from epp.workers.role import WorkerRole
 from epp.workers.supervisor import RESTARTS_FILE
 
@@ -42,14 +43,39 @@ def quorum(count: int) -> int:
 class WorkerSeries:
     """This worker's own identity series, read at scrape time (nothing is counted per request)."""
 
-    def __init__(self, role: WorkerRole, opened: Callable[[], int]) -> None:
+    def __init__(
+        self, role: WorkerRole, opened: Callable[[], int], balance: ConnectionBalance | None = None
+    ) -> None:
         self._role = role
         self._opened = opened
+        self._balance = balance
 
     def collect(self) -> Iterator[Metric]:
+        worker = {"worker": str(self._role.index)}
         m = Metric("epp_worker_ext_proc_streams", "ext_proc streams this worker accepted.", "counter")
-        m.add_sample("epp_worker_ext_proc_streams_total", {"worker": str(self._role.index)}, self._opened())
+        m.add_sample("epp_worker_ext_proc_streams_total", worker, self._opened())
         yield m
+        balance = self._balance
+        if balance is None:
+            return
+        m = Metric("epp_worker_connections", "The proxy's ext_proc connections this worker serves.", "gauge")
+        m.add_sample("epp_worker_connections", worker, max(0, balance.holding))
+        yield m
+        moves = Metric(
+            "epp_worker_connections_moved",
+            "Connections moved between workers: handed (accepted here, served by a sibling), received "
+            "(the reverse), retired (asked to reconnect, to even the workers out), failed (a handover "
+            "that did not go through: served here).",
+            "counter",
+        )
+        for how, n in (
+            ("handed", balance.handed),
+            ("received", balance.received),
+            ("retired", balance.retired),
+            ("failed", balance.handover_failed),
+        ):
+            moves.add_sample("epp_worker_connections_moved_total", {**worker, "how": how}, n)
+        yield moves
 
 
 class Siblings:

@@ -28,6 +28,7 @@ import structlog
 
 from epp.datalayer.kvevents.subscriber import RELAY_ENV
 from epp.datalayer.shared_scrapes import SHARE_ENV
+from epp.workers.balance import CLOSED, SLOTS_FILE, Slots
 from epp.workers.role import ENV, WorkerRole
 
 log = structlog.get_logger(__name__)
@@ -109,12 +110,15 @@ class Supervisor:
         self._children = [_Child(i) for i in range(count)]
         self._sel = selectors.DefaultSelector()
         self._stopping = False
+        self._slots: Slots | None = None
 
     def run(self) -> int:
         """Exit code: 0 after a drained SIGTERM, 1 if a worker rejected its config, 2 on a crash loop."""
         with contextlib.ExitStack() as stack:
             run_dir = self._run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="epp-")))
             self._run_dir = run_dir
+            self._slots = Slots.create(run_dir / SLOTS_FILE, len(self._children))  # connections each serves
+            stack.callback(self._slots.close)
             rfd, wfd = os.pipe()
             stack.callback(os.close, rfd)
             stack.callback(os.close, wfd)
@@ -173,6 +177,8 @@ class Supervisor:
         self._sel.unregister(child.pidfd)
         os.close(child.pidfd)
         child.proc, child.pidfd = None, -1
+        if self._slots is not None:  # its connections died with it: siblings hand it none until it is back
+            self._slots.write(child.index, CLOSED)
         now = time.monotonic()
         if self._stopping:
             log.info("worker_stopped", worker=child.index, exit_code=rc)

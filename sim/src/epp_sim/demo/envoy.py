@@ -69,6 +69,7 @@ class EnvoyConfig:
     # a hot standby that can route before it leads; 0 for active-active, where a replica that
     # fails its health check is dead, whatever the share of the others.
     ext_proc_panic_threshold: float | None = None
+    concurrency: int = 1  # Envoy's worker threads: each opens its own connection to the EPP
 
 
 _TLS_TO_EPP: dict[str, Any] = {
@@ -363,7 +364,7 @@ class Envoy:
                 "--admin-address-path",
                 str(admin_file),
                 "--concurrency",
-                "1",
+                str(self.cfg.concurrency),
                 # Tests read the access log; Envoy's default 10 s flush kept them waiting up to 10 s.
                 "--file-flush-interval-msec",
                 "100",

@@ -76,6 +76,8 @@ RECENT_RESETS = 1000  # reset streams remembered (RFC 9113 §5.4.2: frames may s
 WRITE_HIGH_WATER = 4 << 20  # the transport's buffer above which reading and sending pause
 WRITE_LOW_WATER = 1 << 20
 KEEPALIVE_PING = b"epp-kapg"
+RETIRE_PING = b"epp-rtir"  # its ACK shows the client has read the first GOAWAY of ``retire``
+ANY_STREAM = 0x7FFFFFFF  # the largest stream id: a GOAWAY naming it refuses nothing in flight
 
 
 # A read this long after the connection's previous one found the EPP idle (one request at a time):
@@ -147,6 +149,8 @@ class Connection(asyncio.Protocol):
         self._credit_at = self.stream_window // 2
         self.buffered = 0  # bytes held for the peer: partial messages, messages queued for busy streams
         self._goaway_sent = False
+        self.retiring = False  # ``retire``: the client is moving its new streams to a new connection
+        self.health_only = False  # its first stream asked grpc.health.v1: a prober's, not the proxy's
         self.send_window = DEFAULT_WINDOW
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = 16_384
@@ -318,6 +322,8 @@ class Connection(asyncio.Protocol):
                 raise H2ConnectionError(FRAME_SIZE_ERROR, "PING of other than 8 bytes")
             if not flags & ACK:
                 self._control(frame(PING, ACK, 0, bytes(payload)))
+            elif self.retiring and not self._goaway_sent and bytes(payload) == RETIRE_PING:
+                self.goaway()  # the client has read the first GOAWAY: no stream past these is coming
         elif kind == RST_STREAM:
             self._on_rst_stream(sid, payload)
         elif kind == PRIORITY:
@@ -689,6 +695,27 @@ class Connection(asyncio.Protocol):
         self.write(frame(GOAWAY, 0, 0, U32.pack(self._last_stream) + U32.pack(NO_ERROR)))
         if not self._streams:
             self._half_close()
+
+    def retire(self) -> bool:
+        """Move the client to a new connection without losing a stream (RFC 9113 §6.8).
+
+        A GOAWAY naming the largest stream id first: the client opens no new stream here, and
+        nothing it sent meanwhile is refused.  Then a PING: its ACK comes after the client read the
+        GOAWAY, so the real GOAWAY (``goaway``) can name the last stream it opened, and the
+        connection half-closes once that stream is done.  Envoy and grpc clients open their next
+        streams on a new connection, which the pod's workers place anew (``epp.workers.balance``).
+        False when the connection is already closing.
+        """
+        if self._transport is None or self.retiring or self._goaway_sent:
+            return False
+        self.retiring = True
+        self.write(frame(GOAWAY, 0, 0, U32.pack(ANY_STREAM) + U32.pack(NO_ERROR)))
+        self.write(frame(PING, 0, 0, RETIRE_PING))
+        return True
+
+    @property
+    def streams_open(self) -> int:
+        return len(self._streams)
 
     def _half_close(self) -> None:
         """Flush and send FIN; the peer closes once it has read everything (a close now could

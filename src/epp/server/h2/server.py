@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 from collections.abc import Callable
 from functools import partial
@@ -22,9 +23,14 @@ from epp.server.h2.frames import UNIMPLEMENTED
 from epp.server.h2.headers import HeaderList
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
 from epp.server.health import HealthServicer
+from epp.server.placement import Placement
 from epp.server.tls import CertReloader, load_into, ssl_context
 
 log = structlog.get_logger(__name__)
+
+BACKLOG = 1024
+ACCEPTS_PER_WAKE = 64  # a connect flood still leaves the loop to the streams between its wakes
+ACCEPT_PAUSE = 1.0  # out of descriptors (EMFILE): accept again after this, as asyncio's server does
 
 
 class H2GrpcServer:
@@ -60,9 +66,17 @@ class H2GrpcServer:
         self._server: asyncio.Server | None = None
         self._all_closed: asyncio.Future[None] | None = None
         self._reload: asyncio.Task[None] | None = None
+        # With a placement (``--workers N``) the server accepts itself and may hand connections on
+        self._placement: Placement | None = None
+        self._listeners: list[socket.socket] = []
+        self._ssl: ssl.SSLContext | None = None
+        self._adopting = 0  # accepted, not yet connected (a TLS handshake in progress)
+        self._adoptions: set[asyncio.Task[None]] = set()
 
     def forget(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        if self._placement is not None:
+            self._publish()
         if not self.connections and self._all_closed is not None and not self._all_closed.done():
             self._all_closed.set_result(None)
 
@@ -73,18 +87,32 @@ class H2GrpcServer:
     def _ext_proc_driver(self, call: Call) -> Driver:
         return SessionDriver(call, self._servicer.open(), responses.serialize)
 
+    def _probed(self, call: Call) -> None:
+        """A health call opened the connection: a prober's (Envoy's health checker has its own
+        connection), which carries no routing and does not count toward the worker's share."""
+        conn = call.conn
+        if call.id == 1 and not conn.health_only:
+            conn.health_only = True
+            if self._placement is not None:
+                self._publish()
+
     async def _check(self, call: Call, inbox: Inbox) -> None:
+        self._probed(call)
         req = await inbox.one()
         service = req.service if req is not None else ""
         resp = health_pb2.HealthCheckResponse(status=self._health.status(service))
         await call.send(resp.SerializeToString())
 
     async def _list(self, call: Call, inbox: Inbox) -> None:
+        self._probed(call)
         await inbox.one()
         resp = await self._health.List(health_pb2.HealthListRequest(), None)
         await call.send(resp.SerializeToString())
 
-    async def start(self, host: str, port: int, tls: Any, *, reuse_port: bool = False) -> int:
+    async def start(
+        self, host: str, port: int, tls: Any, *, reuse_port: bool = False, placement: Placement | None = None
+    ) -> int:
+        """Listen; with ``placement`` (``--workers N``), accept here and let it place each connection."""
         ctx = None
         if tls is not None:
             ctx = await asyncio.to_thread(ssl_context, tls.cert_path)
@@ -92,6 +120,8 @@ class H2GrpcServer:
                 reloader = await asyncio.to_thread(CertReloader, tls.cert_path)
                 self._reload = asyncio.create_task(_reload_certs(ctx, reloader))
         loop = asyncio.get_running_loop()
+        if placement is not None:
+            return self._listen(loop, host, port, ctx, placement)
         self._server = await loop.create_server(
             lambda: Connection(self),
             host.strip("[]") or None,
@@ -102,9 +132,123 @@ class H2GrpcServer:
         )
         return int(self._server.sockets[0].getsockname()[1])
 
+    def _listen(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        host: str,
+        port: int,
+        ctx: ssl.SSLContext | None,
+        placement: Placement,
+    ) -> int:
+        """The listening sockets the event loop's server would open (one per address of ``host``,
+        SO_REUSEPORT), read by ``_accept``: the placement must see a connection before TLS or
+        HTTP/2 does, so that the process it hands it to can start both afresh."""
+        self._ssl, self._placement = ctx, placement
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        for family, kind, proto, _, address in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+                sock.listen(BACKLOG)
+                sock.setblocking(False)
+            except OSError:
+                sock.close()
+                self._close_listeners(loop)
+                raise
+            self._listeners.append(sock)
+            loop.add_reader(sock.fileno(), self._accept, sock)
+        placement.start(self)
+        self._publish()
+        return int(self._listeners[0].getsockname()[1])
+
+    def _accept(self, listener: socket.socket) -> None:
+        placement = self._placement
+        assert placement is not None
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors or buffers: pause rather than spin on the reader
+                log.warning("ext_proc_accept_failed", error=str(e), retry_in_seconds=ACCEPT_PAUSE)
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(listener.fileno())
+                loop.call_later(ACCEPT_PAUSE, self._resume_accept, listener)
+                return
+            if not self.stopping and placement.place(sock):
+                sock.close()  # the sibling holds its own descriptor of the connection
+            else:
+                self.adopt(sock)
+
+    def _resume_accept(self, listener: socket.socket) -> None:
+        if not self.stopping and listener.fileno() >= 0:
+            asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, listener)
+
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve ``sock``: accepted here, or handed over by a sibling (``placement.Holder``)."""
+        if self.stopping:
+            sock.close()  # the proxy connects again, to a worker that is not draining
+            return
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loop's own server does
+        self._adopting += 1
+        self._publish()
+        task = asyncio.get_running_loop().create_task(self._connect(sock))
+        self._adoptions.add(task)
+        task.add_done_callback(self._adoptions.discard)
+
+    async def _connect(self, sock: socket.socket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: Connection(self), sock, ssl=self._ssl
+            )
+        except (OSError, ssl.SSLError, EOFError) as e:  # a failed handshake, a peer gone already
+            log.debug("ext_proc_connection_failed", error=str(e))
+            with contextlib.suppress(OSError):
+                sock.close()
+        finally:
+            self._adopting -= 1
+            self._publish()
+
+    def retire_one(self) -> bool:
+        """Move the proxy's least busy connection elsewhere (``Connection.retire``): the placement's
+        rebalancing, when this process holds more connections than a sibling can take."""
+        live = [c for c in self.connections if not (c.health_only or c.retiring)]
+        for conn in sorted(live, key=lambda c: c.streams_open):
+            if conn.retire():
+                self._publish()
+                return True
+        return False
+
+    @property
+    def held(self) -> int:
+        """The proxy's connections this process serves (probers' and retiring ones not counted)."""
+        return self._adopting + sum(1 for c in self.connections if not (c.health_only or c.retiring))
+
+    def _publish(self) -> None:
+        if self._placement is not None:
+            self._placement.held(self.held)
+
+    def _close_listeners(self, loop: asyncio.AbstractEventLoop) -> None:
+        for sock in self._listeners:
+            if sock.fileno() >= 0:
+                loop.remove_reader(sock.fileno())
+                sock.close()
+        self._listeners.clear()
+
     async def stop(self, grace: float) -> None:
         """GOAWAY to every client, wait up to ``grace`` for in-flight calls, then close."""
         self.stopping = True
+        if self._placement is not None:
+            self._placement.stop()  # siblings hand this worker nothing more
+            self._close_listeners(asyncio.get_running_loop())
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

@@ -1,0 +1,206 @@
+"""The proxy's ext_proc connections spread over a pod's workers by count, not by a hash.
+
+``SO_REUSEPORT`` hands each new connection to a worker chosen by a hash of its addresses: *c*
+connections all land on one of *N* workers with probability *N*^(1-*c*) (50% for an Envoy with
+two threads in front of two workers), and a proxy keeps its ext_proc connections for hours, so
+a pod could route on one of its cores for as long.  Envoy balances its own listeners' connections
+across its threads (``exact_balance``); this does the same across processes:
+
+- **At accept.** Every worker still listens (no acceptor whose death would close the port), but
+  a worker that accepts a connection while a sibling holds fewer hands it to the one holding the
+  fewest: the descriptor crosses over a Unix datagram socket in the run directory
+  (``SCM_RIGHTS``), before TLS or HTTP/2 has read a byte, and the sibling serves it as its own.
+  What each worker holds is one slot of a small shared file (``Slots``), written only by its
+  owner when the count changes, read by a worker placing a connection: nothing per request.
+- **Later.** A worker restarted, or a burst of connections placed at once, can leave one
+  worker two or more connections above a sibling with nothing new to place.  Every
+  ``REBALANCE_EVERY`` the most loaded worker then retires one connection (``Connection.retire``:
+  GOAWAY without refusing a stream, RFC 9113's graceful two-step), at most once per
+  ``RETIRE_GAP``; the proxy opens its next streams on a new connection, placed as above.
+
+Probers' connections (a first stream to grpc.health.v1) and retiring ones do not count.  A
+handover that fails (the sibling is gone, or its queue is full) keeps the connection here: the
+hash's worker is never worse than before.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import mmap
+import os
+import socket
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from epp.server.placement import Holder
+from epp.workers.role import WorkerRole
+
+log = structlog.get_logger(__name__)
+
+SLOTS_FILE: Final = "connections"
+CLOSED: Final = -1  # the slot of a worker that takes no connection (starting, draining, dead)
+REBALANCE_EVERY: Final = 1.0
+RETIRE_GAP: Final = 5.0  # a retired connection's replacement needs a moment to be placed and counted
+_SLOT = struct.Struct("<q")
+
+
+class Slots:
+    """Per worker, how many of the proxy's connections it serves (``CLOSED``: none may be handed to
+    it), in a file of the run directory every worker maps.  One writer a slot (its worker; the
+    supervisor when the worker dies), so no lock: an aligned 8-byte store is read whole."""
+
+    def __init__(self, path: Path, count: int) -> None:
+        self.count = count
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), count * _SLOT.size)
+
+    @classmethod
+    def create(cls, path: Path, count: int) -> Slots:
+        """The supervisor's, before any worker starts: every slot ``CLOSED``."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(_SLOT.pack(CLOSED) * count)
+        tmp.replace(path)
+        return cls(path, count)
+
+    def read(self) -> list[int]:
+        return [_SLOT.unpack_from(self._map, i * _SLOT.size)[0] for i in range(self.count)]
+
+    def write(self, index: int, value: int) -> None:
+        _SLOT.pack_into(self._map, index * _SLOT.size, value)
+
+    def close(self) -> None:
+        self._map.close()
+
+
+def target(counts: Sequence[int], me: int) -> int:
+    """The worker that should serve a connection worker ``me`` accepted: the one holding the fewest,
+    ``me`` itself on a tie (a handover costs a little, and moves nothing on a tie)."""
+    best, low = me, counts[me]
+    for j, held in enumerate(counts):
+        if CLOSED < held < low:
+            best, low = j, held
+    return best
+
+
+def should_retire(counts: Sequence[int], me: int) -> bool:
+    """Whether worker ``me`` should move one of its connections: it holds at least two more than a
+    sibling that takes connections (one would only swap the excess), and it is the most loaded
+    (the lowest index of them, so that two workers do not both give one up)."""
+    open_ = [held for held in counts if held > CLOSED]
+    mine = counts[me]
+    if not open_ or mine < min(open_) + 2:
+        return False
+    return counts.index(max(open_)) == me
+
+
+class ConnectionBalance:
+    """``epp.server.placement.Placement`` for worker ``role.index`` of a pod (``--workers N``)."""
+
+    def __init__(
+        self, role: WorkerRole, *, rebalance_every: float = REBALANCE_EVERY, retire_gap: float = RETIRE_GAP
+    ) -> None:
+        self._role = role
+        self._every = rebalance_every
+        self._retire_gap = retire_gap
+        self._slots = Slots(role.run_dir / SLOTS_FILE, role.count)
+        self._inbox: socket.socket | None = None
+        self._outbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._outbox.setblocking(False)
+        self._holder: Holder | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_retire = float("-inf")
+        self._open = False
+        self.handed = 0  # connections this worker accepted and a sibling serves
+        self.received = 0  # connections a sibling accepted and this worker serves
+        self.retired = 0
+        self.handover_failed = 0
+        self.holding = 0  # what ``held`` last said
+
+    def start(self, holder: Holder) -> None:
+        path = self._role.handoff_socket()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a previous life's
+        inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        inbox.bind(str(path))
+        inbox.setblocking(False)
+        self._inbox, self._holder, self._open = inbox, holder, True
+        loop = asyncio.get_running_loop()
+        loop.add_reader(inbox.fileno(), self._receive)
+        self._timer = loop.call_later(self._every, self._tick)
+
+    def place(self, sock: socket.socket) -> bool:
+        me = self._role.index
+        to = target(self._slots.read(), me)
+        if to == me:
+            return False
+        try:
+            # not socket.send_fds: before 3.12 it drops the address
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [sock.fileno()]))]
+            self._outbox.sendmsg([b"c"], rights, 0, str(self._role.handoff_socket(to)))
+        except OSError as e:  # gone (restarting) or its queue full: the hash's worker serves it
+            self.handover_failed += 1
+            log.debug("worker_handover_failed", to=to, error=str(e))
+            return False
+        self.handed += 1
+        return True
+
+    def held(self, connections: int) -> None:
+        self.holding = connections
+        if self._open:
+            self._slots.write(self._role.index, connections)
+
+    def stop(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self._slots.write(self._role.index, CLOSED)
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._inbox is not None:
+            asyncio.get_running_loop().remove_reader(self._inbox.fileno())
+            self._inbox.close()  # with what is queued: the proxy connects again, to a worker not draining
+            with contextlib.suppress(FileNotFoundError):
+                self._role.handoff_socket().unlink()
+        self._outbox.close()
+        self._slots.close()
+
+    def _receive(self) -> None:
+        inbox, holder = self._inbox, self._holder
+        assert inbox is not None
+        assert holder is not None
+        while True:
+            try:
+                _, fds, _, _ = socket.recv_fds(inbox, 1, 8)
+            except (BlockingIOError, InterruptedError):
+                return
+            for fd in fds:
+                try:
+                    sock = socket.socket(fileno=fd)
+                except OSError:
+                    os.close(fd)
+                    continue
+                self.received += 1
+                holder.adopt(sock)
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self._every, self._tick)
+        self.rebalance(loop.time())
+
+    def rebalance(self, now: float) -> bool:
+        """One step (every ``rebalance_every``): retire a connection if this worker holds two more
+        than a sibling and retired none within ``retire_gap``.  True when it did."""
+        if now - self._last_retire < self._retire_gap or self._holder is None:
+            return False
+        if not (should_retire(self._slots.read(), self._role.index) and self._holder.retire_one()):
+            return False
+        self._last_retire = now
+        self.retired += 1
+        log.info("worker_connection_retired", worker=self._role.index, held=self._slots.read())
+        return True

@@ -1,0 +1,74 @@
+"""``epp --workers 2`` behind a real Envoy with two worker threads: both EPP workers route.
+
+Envoy opens one ext_proc connection per worker thread, and keeps it.  Left to SO_REUSEPORT's
+hash, both land on one EPP worker half the time, and the pod routes on one core for as long as
+Envoy runs; its health checker's connection (to the same port here) would count as much as a
+thread's.  Four Envoy starts in a row, each with its connections split evenly, pass by chance
+about once in sixteen runs without the balance (``epp.workers.balance``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from epp.testing.waiting import until_async
+from epp_sim.demo.envoy import Envoy, EnvoyConfig
+from epp_sim.demo.procs import EppProcess, SimFleet, free_port_run
+from tests.e2e.conftest import FAST_SIM
+from tests.workers.test_epp_workers import _all_up, _by_worker, _connections, _metrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROUNDS = 4
+REQUESTS = 32  # each on its own client connection, so both of Envoy's threads carry some
+
+
+async def _send(http: aiohttp.ClientSession, url: str, i: int) -> int:
+    body = {"model": "mock-model", "prompt": f"spread {i}", "max_tokens": 2}
+    async with http.post(f"{url}/v1/completions", json=body) as r:
+        await r.read()
+        return r.status
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["h2c", "tls"])
+async def test_each_envoy_thread_connection_is_served_by_its_own_worker(tls: bool) -> None:
+    """With TLS the handshake is the adopting worker's: a connection crosses before its first byte."""
+    async with SimFleet(2, *FAST_SIM) as fleet:
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            "--workers=2",
+            f"--peer-port={free_port_run(4)}",
+            "--health-checking",
+            f"--secure-serving={str(tls).lower()}",
+        )
+        async with epp:
+            await _all_up(epp, 2)
+            for _ in range(ROUNDS):
+                before = _by_worker(await _metrics(epp), "epp_worker_ext_proc_streams_total")
+                cfg = EnvoyConfig(
+                    ext_proc_port=epp.grpc_port,
+                    ext_proc_replicas=[(epp.grpc_port, epp.grpc_port)],  # probed on the ext_proc port
+                    concurrency=2,
+                    ext_proc_tls=tls,
+                )
+                async with Envoy(cfg) as proxy:
+                    connector = aiohttp.TCPConnector(force_close=True)  # a connection a request
+                    async with aiohttp.ClientSession(connector=connector) as http:
+                        statuses = await asyncio.gather(*(_send(http, proxy.url, i) for i in range(REQUESTS)))
+                    assert statuses == [200] * REQUESTS, proxy.log_tail()
+                    # Envoy opens one a thread, more when streams burst before the first is up
+                    opened = (await proxy.stats())["cluster.ext_proc.upstream_cx_active"]
+                    held = await _connections(epp)
+                    assert sum(held.values()) == opened >= 2, held  # the prober's is not counted
+                    assert abs(held["0"] - held["1"]) <= 1, held
+                    after = _by_worker(await _metrics(epp), "epp_worker_ext_proc_streams_total")
+                    assert all(after[w] > before.get(w, 0) for w in ("0", "1")), (before, after)
+
+                async def released() -> bool:
+                    return await _connections(epp) == {"0": 0, "1": 0}
+
+                await until_async(released, timeout=10)
