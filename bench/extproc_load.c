@@ -17,7 +17,10 @@
  *
  * HTTP/2 as the Python client speaks it: preface, SETTINGS (window 2^31-1, no push) and a
  * connection WINDOW_UPDATE to 2^31-1, SETTINGS and PING ACKs, a WINDOW_UPDATE once a gigabyte has
- * been received, GOAWAY closes the connection (its open streams fail).  A stream's first DATA
+ * been received.  GOAWAY drains the connection as HTTP/2 clients do (RFC 9113 §6.8): streams past
+ * its last stream id fail, the others finish, and the streams that replace them open on a new
+ * connection (the EPP's workers retire a connection this way to even out their share).  A
+ * stream's first DATA
  * frame longer than the 5-byte gRPC prefix tells routed (any tag but 0x3a) from refused (0x3a,
  * immediate_response); routed streams then send their second phase with END_STREAM; a stream
  * ends on a frame with END_STREAM (its outcome stands) or a RST_STREAM (failed).
@@ -55,9 +58,12 @@ typedef struct {
     double started;
 } stream_t;
 
-typedef struct {
+typedef struct conn {
     int fd;
     int closing;
+    int draining;            /* GOAWAY read: no new stream here, the open ones finish */
+    int watching_out;        /* EPOLLOUT in the interest set */
+    struct conn *successor;  /* where a draining connection's replacement streams open */
     unsigned char *in;
     size_t in_len, in_cap;
     unsigned char *out;
@@ -67,6 +73,11 @@ typedef struct {
     uint32_t next_id;
     uint64_t recv_unacked;
 } conn_t;
+
+static const char *dial_host, *dial_port;
+static int epfd = -1;
+static conn_t **all;  /* every connection of the run, the drained ones included */
+static size_t n_all, cap_all;
 
 static bytes_t block;           /* the request headers' HPACK block, valid on every stream */
 static bytes_t *phase1, *phase2; /* per variant */
@@ -142,13 +153,24 @@ static void record(int status, double started, double t) {
     }
 }
 
+static conn_t *open_conn(void);
+
+/* Where a stream replacing one of c's opens: c, or once c drains, the connection after it. */
+static conn_t *live(conn_t *c) {
+    while (c->draining) {
+        if (!c->successor) c->successor = open_conn();
+        c = c->successor;
+    }
+    return c;
+}
+
 /* The stream at index i ended with status: count it, and replace it while the run lasts. */
 static void end_stream(conn_t *c, size_t i, int status) {
     double t = now();
     record(status, c->streams[i].started, t);
     c->streams[i] = c->streams[--c->n_streams];
     if (t < deadline && !c->closing) {
-        start_stream(c, t);
+        start_stream(live(c), t);
     } else {
         open_streams--;
     }
@@ -233,8 +255,12 @@ static void on_frames(conn_t *c) {
             if (!(flags & ACK)) out_frame(c, SETTINGS, ACK, 0, NULL, 0);
         } else if (kind == PING) {
             if (!(flags & ACK)) out_frame(c, PING, ACK, 0, b + pos + 9, len);
-        } else if (kind == GOAWAY) {
-            c->closing = 1;
+        } else if (kind == GOAWAY && len >= 8) {
+            uint32_t last = ((uint32_t)b[pos + 9] << 24 | (uint32_t)b[pos + 10] << 16 |
+                             (uint32_t)b[pos + 11] << 8 | b[pos + 12]) & 0x7FFFFFFFu;
+            c->draining = 1;
+            for (size_t k = c->n_streams; k-- > 0;)
+                if (c->streams[k].sid > last) end_stream(c, k, FAILED); /* never processed */
         }
         pos = end;
     }
@@ -320,26 +346,37 @@ static void load_spec(const char *path) {
     }
 }
 
-static void run(const char *host, const char *port, int nconn, int concurrency, double seconds) {
+/* A new connection of the run: connected, preface and settings queued, watched for reads. */
+static conn_t *open_conn(void) {
     static const unsigned char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    int ep = epoll_create1(0);
-    if (ep < 0) die("epoll_create1");
-    conn_t *conns = calloc((size_t)nconn, sizeof(conn_t));
-    if (!conns) die("calloc");
-    for (int i = 0; i < nconn; i++) {
-        conn_t *c = &conns[i];
-        c->fd = dial(host, port);
-        c->next_id = 1;
-        c->in_cap = 1 << 16;
-        c->in = xrealloc(NULL, c->in_cap);
-        out_put(c, preface, sizeof preface - 1);
-        unsigned char settings[12] = {0, 4, 0x7F, 0xFF, 0xFF, 0xFF, 0, 2, 0, 0, 0, 0};
-        out_frame(c, SETTINGS, 0, 0, settings, sizeof settings);
-        uint32_t inc = htonl(0x7FFFFFFFu - 65535u);
-        out_frame(c, WINDOW_UPDATE, 0, 0, &inc, 4);
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-        if (epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev) < 0) die("epoll_ctl");
+    conn_t *c = calloc(1, sizeof(conn_t));
+    if (!c) die("calloc");
+    c->fd = dial(dial_host, dial_port);
+    c->next_id = 1;
+    c->in_cap = 1 << 16;
+    c->in = xrealloc(NULL, c->in_cap);
+    out_put(c, preface, sizeof preface - 1);
+    unsigned char settings[12] = {0, 4, 0x7F, 0xFF, 0xFF, 0xFF, 0, 2, 0, 0, 0, 0};
+    out_frame(c, SETTINGS, 0, 0, settings, sizeof settings);
+    uint32_t inc = htonl(0x7FFFFFFFu - 65535u);
+    out_frame(c, WINDOW_UPDATE, 0, 0, &inc, 4);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) die("epoll_ctl");
+    if (n_all == cap_all) {
+        cap_all = cap_all ? cap_all * 2 : 16;
+        all = xrealloc(all, cap_all * sizeof(conn_t *));
     }
+    all[n_all++] = c;
+    return c;
+}
+
+static void run(const char *host, const char *port, int nconn, int concurrency, double seconds) {
+    dial_host = host;
+    dial_port = port;
+    epfd = epoll_create1(0);
+    if (epfd < 0) die("epoll_create1");
+    n_all = 0;
+    for (int i = 0; i < nconn; i++) open_conn();
     memset(counts, 0, sizeof counts);
     n_lat = 0;
     next_order = 0;
@@ -347,12 +384,28 @@ static void run(const char *host, const char *port, int nconn, int concurrency, 
     deadline = t0 + seconds;
     double give_up = deadline + 30.0;
     open_streams = concurrency;
-    for (int i = 0; i < concurrency; i++) start_stream(&conns[i % nconn], t0);
-    for (int i = 0; i < nconn; i++) flush(&conns[i]);
+    for (int i = 0; i < concurrency; i++) start_stream(all[i % nconn], t0);
 
     struct epoll_event evs[64];
     while (open_streams > 0 && now() < give_up) {
-        int k = epoll_wait(ep, evs, 64, 1000);
+        /* what the last wake wrote, on any connection (a replacement may open on a successor) */
+        for (size_t i = 0; i < n_all; i++) {
+            conn_t *c = all[i];
+            if (c->fd < 0) continue;
+            if (c->out_len) flush(c);
+            if (c->fd < 0) continue;
+            if (c->closing || (c->draining && !c->n_streams)) { /* drained: nothing is lost */
+                close_conn(c);
+                continue;
+            }
+            int want_out = c->out_len > 0;
+            if (want_out != c->watching_out) {
+                struct epoll_event ev = {.events = EPOLLIN | (want_out ? EPOLLOUT : 0), .data.ptr = c};
+                epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &ev);
+                c->watching_out = want_out;
+            }
+        }
+        int k = epoll_wait(epfd, evs, 64, 1000);
         if (k < 0 && errno != EINTR) die("epoll_wait");
         for (int e = 0; e < k; e++) {
             conn_t *c = evs[e].data.ptr;
@@ -379,22 +432,17 @@ static void run(const char *host, const char *port, int nconn, int concurrency, 
                 }
                 if (c->fd >= 0) on_frames(c);
             }
-            if (c->fd >= 0) {
-                flush(c);
-                struct epoll_event ev = {.events = EPOLLIN | (c->out_len ? EPOLLOUT : 0), .data.ptr = c};
-                if (c->out_len || (evs[e].events & EPOLLOUT)) epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev);
-                if (c->closing) close_conn(c);
-            }
         }
     }
-    for (int i = 0; i < nconn; i++) {
-        close_conn(&conns[i]); /* streams still open past give_up count as failed */
-        free(conns[i].in);
-        free(conns[i].out);
-        free(conns[i].streams);
+    for (size_t i = 0; i < n_all; i++) {
+        close_conn(all[i]); /* streams still open past give_up count as failed */
+        free(all[i]->in);
+        free(all[i]->out);
+        free(all[i]->streams);
+        free(all[i]);
     }
-    free(conns);
-    close(ep);
+    n_all = 0;
+    close(epfd);
 }
 
 static void write_latencies(const char *path) {

@@ -143,6 +143,60 @@ async def test_refusals_and_resets_are_counted_apart_and_replaced(trickle: bool)
     assert stats.routed + stats.refused + stats.failed == len(opened)
 
 
+class DrainingPeer(ScriptedPeer):
+    """A ScriptedPeer that, on the first connection, answers GOAWAY when stream ``at`` opens,
+    naming the stream before it as the last it will process (the EPP retiring a connection)."""
+
+    def __init__(self, frames: list[tuple[int, int, int, bytes]], at: int | None) -> None:
+        super().__init__(frames, lambda sid: "routed", trickle=False)
+        self.at = at
+        self.last = 2**31 - 1
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def answer(self, sid: int) -> None:
+        if self.at is not None and sid >= self.at and self.last == 2**31 - 1:
+            self.last = self.at - 2
+            self.send(xc.frame(xc.GOAWAY, 0, 0, self.last.to_bytes(4, "big") + bytes(4)))
+        if sid <= self.last:
+            super().answer(sid)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def test_goaway_drains_the_connection_and_the_streams_go_on_on_a_new_one() -> None:
+    """Streams the GOAWAY names finish; the one past it fails; the connection closes once
+    drained, and the replacements open on a new connection (the EPP's workers retire a
+    connection this way to even out their shares)."""
+    peers: list[DrainingPeer] = []
+
+    def peer() -> DrainingPeer:
+        peers.append(DrainingPeer([], at=7 if not peers else None))
+        return peers[-1]
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(peer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    vs = xc.variants([f"prompt number {i}" for i in range(5)], "m")
+    try:
+        async with NativeClosedLoop("127.0.0.1", port, vs, connections=1, concurrency=4) as load:
+            stats = await load.run(0.3)
+    finally:
+        server.close()
+        await server.wait_closed()
+    first = peers[0]
+    assert first.closed.done()  # the client closed it, drained
+    opened_first = sorted({sid for kind, _, sid, _ in first.frames if kind == xc.HEADERS and sid})
+    assert opened_first == [1, 3, 5, 7]  # nothing opened after the GOAWAY
+    ended_first = {sid for kind, flags, sid, _ in first.frames if kind == xc.DATA and flags & xc.END_STREAM}
+    assert ended_first == {1, 3, 5}  # the named streams finished
+    assert stats.failed == 1  # stream 7, past the GOAWAY
+    assert len(peers) == 2 and stats.routed > 3  # the rest went on on the new connection
+    opened = sum(len({sid for kind, _, sid, _ in p.frames if kind == xc.HEADERS and sid}) for p in peers)
+    assert stats.routed + stats.failed == opened  # every stream opened is counted once
+
+
 def test_a_phase_larger_than_one_frame_is_refused_when_the_spec_is_written() -> None:
     big = xc.Variant(phase1=b"x" * 20000, phase2=b"")
     with pytest.raises(ValueError, match="more than one DATA frame"):

@@ -117,6 +117,50 @@ async def test_a_connection_accepted_by_the_busier_worker_is_served_by_the_other
         assert slots.read() == [1, 0]  # worker 1 counts it once its server adopts it (``held``)
 
 
+async def test_a_burst_accepted_by_one_worker_is_split_before_the_sibling_has_read_any(
+    pod: tuple[Slots, list[ConnectionBalance], list[Holder]],
+) -> None:
+    """Worker 1's loop does not run while worker 0 places four connections: the ones on their way
+    count as worker 1's, so worker 0 keeps every other one instead of handing all but the first."""
+    slots, (w0, w1), (_, h1) = pod
+    pairs = [_tcp_pair() for _ in range(4)]
+    kept = 0
+    for _, accepted in pairs:
+        if w0.place(accepted):
+            accepted.close()
+        else:
+            kept += 1
+            w0.held(kept)  # what the server does when it adopts a connection
+    assert (kept, w0.handed) == (2, 2)
+    assert slots.read() == [2, 2]  # two served, two on their way
+    async with asyncio.timeout(5):
+        served = [await h1.adopted.get() for _ in range(2)]
+    assert slots.read() == [2, 0]  # received (this test's holder does not report them as held)
+    w1.held(2)
+    assert slots.read() == [2, 2]
+    for sock in served:
+        sock.close()
+    for client, accepted in pairs:
+        client.close()
+        accepted.close()
+
+
+async def test_what_was_on_its_way_to_a_dead_worker_is_forgotten_when_it_restarts(tmp_path: Path) -> None:
+    slots = Slots.create(tmp_path / SLOTS_FILE, 2)
+    try:
+        slots.write(0, 1)
+        slots.write(1, 0)
+        slots.handed(0, 1)  # in the dead worker's socket queue: closed with it
+        assert slots.read() == [1, 1]
+        slots.write(1, CLOSED)  # the supervisor reaps it
+        assert slots.read() == [1, CLOSED]
+        slots.settle(1)  # its next life, before binding its socket
+        slots.write(1, 0)
+        assert slots.read() == [1, 0]
+    finally:
+        slots.close()
+
+
 async def test_a_tie_or_a_fuller_sibling_keeps_the_connection(
     pod: tuple[Slots, list[ConnectionBalance], list[Holder]],
 ) -> None:

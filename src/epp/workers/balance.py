@@ -47,35 +47,74 @@ SLOTS_FILE: Final = "connections"
 CLOSED: Final = -1  # the slot of a worker that takes no connection (starting, draining, dead)
 REBALANCE_EVERY: Final = 1.0
 RETIRE_GAP: Final = 5.0  # a retired connection's replacement needs a moment to be placed and counted
-_SLOT = struct.Struct("<q")
+_CELL = 8  # bytes: one int64
+_SENDER = struct.Struct("<H")  # a handover's one message: who handed it
 
 
 class Slots:
-    """Per worker, how many of the proxy's connections it serves (``CLOSED``: none may be handed to
-    it), in a file of the run directory every worker maps.  One writer a slot (its worker; the
-    supervisor when the worker dies), so no lock: an aligned 8-byte store is read whole."""
+    """What each worker serves, in a file of the run directory every worker maps.
+
+    Per worker: the proxy's connections it serves (``CLOSED``: hand it none); per pair, the
+    connections worker *i* handed to *j* and those *j* received from *i*.  The difference is
+    what is on its way: a worker placing a burst of connections counts the ones it just handed
+    over as its sibling's before the sibling has read them (counting only what each serves, one
+    accept loop handed a whole burst to the same sibling).  Every cell has one writer (its
+    worker; the supervisor for a dead worker's count), so no lock: an aligned 8-byte store is
+    read whole, and a stale read costs at most one connection placed where the rebalancing
+    step moves it later.
+    """
 
     def __init__(self, path: Path, count: int) -> None:
         self.count = count
         with open(path, "r+b") as f:
-            self._map = mmap.mmap(f.fileno(), count * _SLOT.size)
+            self._map = mmap.mmap(f.fileno(), _cells(count) * _CELL)
+        self._cells = memoryview(self._map).cast("q")
 
     @classmethod
     def create(cls, path: Path, count: int) -> Slots:
-        """The supervisor's, before any worker starts: every slot ``CLOSED``."""
+        """The supervisor's, before any worker starts: every worker ``CLOSED``, nothing handed."""
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(_SLOT.pack(CLOSED) * count)
+        tmp.write_bytes(struct.pack(f"<{count}q", *[CLOSED] * count) + bytes(2 * count * count * _CELL))
         tmp.replace(path)
         return cls(path, count)
 
     def read(self) -> list[int]:
-        return [_SLOT.unpack_from(self._map, i * _SLOT.size)[0] for i in range(self.count)]
+        """Per worker: what it serves and what is on its way to it, or ``CLOSED``."""
+        cells, n = self._cells.tolist(), self.count
+        handed, received = n, n + n * n
+        out = []
+        for j in range(n):
+            held = cells[j]
+            on_its_way = sum(cells[handed + i * n + j] - cells[received + j * n + i] for i in range(n))
+            out.append(CLOSED if held <= CLOSED else held + max(0, on_its_way))
+        return out
 
     def write(self, index: int, value: int) -> None:
-        _SLOT.pack_into(self._map, index * _SLOT.size, value)
+        """Worker ``index`` serves ``value`` connections (``CLOSED``: none may be handed to it)."""
+        self._cells[index] = value
+
+    def handed(self, sender: int, to: int) -> None:
+        cell = self.count + sender * self.count + to
+        self._cells[cell] += 1
+
+    def received(self, receiver: int, sender: int) -> None:
+        cell = self.count + self.count * self.count + receiver * self.count + sender
+        self._cells[cell] += 1
+
+    def settle(self, receiver: int) -> None:
+        """A (re)started worker, before it takes handovers: what was on its way to its previous
+        life went with that life's socket."""
+        n = self.count
+        for i in range(n):
+            self._cells[n + n * n + receiver * n + i] = self._cells[n + i * n + receiver]
 
     def close(self) -> None:
+        self._cells.release()
         self._map.close()
+
+
+def _cells(count: int) -> int:
+    return count + 2 * count * count
 
 
 def target(counts: Sequence[int], me: int) -> int:
@@ -126,6 +165,7 @@ class ConnectionBalance:
         path = self._role.handoff_socket()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a previous life's
+        self._slots.settle(self._role.index)  # before binding: nothing can be on its way yet
         inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         inbox.bind(str(path))
         inbox.setblocking(False)
@@ -142,11 +182,12 @@ class ConnectionBalance:
         try:
             # not socket.send_fds: before 3.12 it drops the address
             rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [sock.fileno()]))]
-            self._outbox.sendmsg([b"c"], rights, 0, str(self._role.handoff_socket(to)))
+            self._outbox.sendmsg([_SENDER.pack(me)], rights, 0, str(self._role.handoff_socket(to)))
         except OSError as e:  # gone (restarting) or its queue full: the hash's worker serves it
             self.handover_failed += 1
             log.debug("worker_handover_failed", to=to, error=str(e))
             return False
+        self._slots.handed(me, to)
         self.handed += 1
         return True
 
@@ -176,7 +217,7 @@ class ConnectionBalance:
         assert holder is not None
         while True:
             try:
-                _, fds, _, _ = socket.recv_fds(inbox, 1, 8)
+                msg, fds, _, _ = socket.recv_fds(inbox, _SENDER.size, 8)
             except (BlockingIOError, InterruptedError):
                 return
             for fd in fds:
@@ -186,7 +227,9 @@ class ConnectionBalance:
                     os.close(fd)
                     continue
                 self.received += 1
-                holder.adopt(sock)
+                holder.adopt(sock)  # counted as held first: the pod never sees it on nobody's way
+            if len(msg) == _SENDER.size and (sender := _SENDER.unpack(msg)[0]) < self._role.count:
+                self._slots.received(self._role.index, sender)
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
