@@ -23,8 +23,9 @@ from epp.metrics.exporter import MetricsServer
 from epp.metrics.fast import Counter, Gauge, Histogram
 from epp.metrics.llmd import NATIVE_COUNTERPARTS, TWINS, FamilySetView, parse_families
 from epp.sync import metrics as sync_metrics
+from epp.workers.balance import SLOTS_FILE, ConnectionBalance, Slots
 from epp.workers.role import WorkerRole
-from epp.workers.siblings import Siblings
+from epp.workers.siblings import Siblings, WorkerSeries
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "grafana").glob("*.json"))
 M = "llmd-test-model"
@@ -229,8 +230,18 @@ def recorded() -> Iterator[None]:
 
 
 def _pod_series(run_dir: Path) -> str:
-    """What worker 0 adds to a multi-worker pod's /metrics (epp.workers.siblings)."""
-    return Siblings(WorkerRole(0, 2, run_dir, "pod")).pod_series(2)
+    """What worker 0 adds to a multi-worker pod's /metrics (epp.workers.siblings), and each
+    worker's own series (its streams, the connections it serves and those it moved)."""
+    role = WorkerRole(0, 2, run_dir, "pod")
+    slots = Slots.create(run_dir / SLOTS_FILE, 2)
+    balance = ConnectionBalance(role)
+    reg = CollectorRegistry()
+    reg.register(WorkerSeries(role, lambda: 0, balance))
+    try:
+        return Siblings(role).pod_series(2) + generate_latest(reg).decode()
+    finally:
+        balance.stop()
+        slots.close()
 
 
 async def _scrape() -> str:

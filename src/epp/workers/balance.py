@@ -155,6 +155,7 @@ class ConnectionBalance:
         self._timer: asyncio.TimerHandle | None = None
         self._last_retire = float("-inf")
         self._open = False
+        self._stopped = False
         self.handed = 0  # connections this worker accepted and a sibling serves
         self.received = 0  # connections a sibling accepted and this worker serves
         self.retired = 0
@@ -197,10 +198,12 @@ class ConnectionBalance:
             self._slots.write(self._role.index, connections)
 
     def stop(self) -> None:
-        if not self._open:
+        if self._stopped:
             return
-        self._open = False
-        self._slots.write(self._role.index, CLOSED)
+        self._stopped = True
+        if self._open:
+            self._open = False
+            self._slots.write(self._role.index, CLOSED)
         if self._timer is not None:
             self._timer.cancel()
         if self._inbox is not None:
