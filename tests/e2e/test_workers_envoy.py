@@ -10,6 +10,9 @@ about once in sixteen runs without the balance (``epp.workers.balance``).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import aiohttp
 import pytest
@@ -18,7 +21,8 @@ from epp.testing.waiting import until_async
 from epp_sim.demo.envoy import Envoy, EnvoyConfig
 from epp_sim.demo.procs import EppProcess, SimFleet, free_port_run
 from tests.e2e.conftest import FAST_SIM
-from tests.workers.test_epp_workers import _all_up, _by_worker, _connections, _metrics
+from tests.e2e.test_epp_failover_envoy import Sent, trickle
+from tests.workers.test_epp_workers import _all_up, _by_worker, _children, _connections, _metrics, _moved
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -72,3 +76,62 @@ async def test_each_envoy_thread_connection_is_served_by_its_own_worker(tls: boo
                     return await _connections(epp) == {"0": 0, "1": 0}
 
                 await until_async(released, timeout=10)
+
+
+async def test_a_restarted_worker_gets_an_envoy_connection_back_and_no_request_fails() -> None:
+    """Worker 1 is SIGKILLed under a trickle of requests through Envoy (two threads, a connection
+    each): the requests on its connection fail with it, Envoy reconnects to worker 0, the only
+    one listening.  Once worker 1 is back, worker 0 retires one of its two connections (the
+    two-step GOAWAY); Envoy moves to a new connection, placed on worker 1.  Not one request sent
+    after worker 1 is back fails, and worker 1 routes again."""
+    async with SimFleet(2, *FAST_SIM) as fleet:
+        epp = EppProcess(
+            f"--endpoints={','.join(fleet.hostports)}",
+            "--bind-address=127.0.0.1",
+            "--workers=2",
+            f"--peer-port={free_port_run(4)}",
+        )
+        async with epp:
+            await _all_up(epp, 2)
+            cfg = EnvoyConfig(ext_proc_port=epp.grpc_port, concurrency=2)
+            async with Envoy(cfg) as proxy:
+                connector = aiohttp.TCPConnector(force_close=True)
+                async with aiohttp.ClientSession(connector=connector) as http:
+                    statuses = await asyncio.gather(*(_send(http, proxy.url, i) for i in range(REQUESTS)))
+                    assert statuses == [200] * REQUESTS
+                    held = await _connections(epp)
+                    assert held["0"] >= 1 and held["1"] >= 1, held
+                    sent: list[Sent] = []
+                    stop = asyncio.Event()
+                    load = asyncio.create_task(trickle(http, proxy.url, sent, stop))
+                    os.kill(_children(epp.pid)[1], signal.SIGKILL)
+
+                    async def restarted() -> bool:
+                        series = await _metrics(epp)
+                        return (
+                            _by_worker(series, "epp_worker_restarts_total").get("1") == 1
+                            and series.get(("epp_workers_reporting", ())) == 2
+                        )
+
+                    await until_async(restarted, timeout=30, what="worker 1 restarted")
+                    back_at = time.monotonic()
+                    before = _by_worker(await _metrics(epp), "epp_worker_ext_proc_streams_total").get("1", 0)
+
+                    async def shared_again() -> bool:
+                        series = await _metrics(epp)
+                        return (
+                            _moved(series, "retired") >= 1
+                            and _by_worker(series, "epp_worker_ext_proc_streams_total").get("1", 0) > before
+                        )
+
+                    await until_async(shared_again, timeout=30, what="worker 1 routes Envoy's streams again")
+                    moved_at = time.monotonic()
+
+                    async def a_second_more() -> bool:  # requests on the new connection too
+                        return sum(s.at > moved_at for s in sent) >= 40
+
+                    await until_async(a_second_more, timeout=30, what="40 requests after the move")
+                    stop.set()
+                    await load
+                    after = [s for s in sent if s.at > back_at]
+                    assert [s for s in after if s.status != 200] == [], proxy.log_tail()
