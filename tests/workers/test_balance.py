@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.server.h2 import H2GrpcServer
 from epp.server.health import HealthServicer
-from epp.workers.balance import CLOSED, SLOTS_FILE, ConnectionBalance, Slots, should_retire, target
+from epp.workers.balance import CLOSED, SLOTS_FILE, STALE_NS, ConnectionBalance, Slots, should_retire, target
 from epp.workers.role import WorkerRole
 from tests.server.test_h2grpc import EchoServicer, raw_stream
 
@@ -51,6 +51,7 @@ def test_slots_are_shared_through_the_file(tmp_path: Path) -> None:
     worker = Slots(tmp_path / SLOTS_FILE, 3)
     assert worker.read() == [CLOSED] * 3
     worker.write(1, 4)
+    worker.beat(1)  # its loop is alive
     assert supervisor.read() == [CLOSED, 4, CLOSED]
     supervisor.write(1, CLOSED)  # the worker died
     assert worker.read() == [CLOSED] * 3
@@ -150,6 +151,8 @@ async def test_what_was_on_its_way_to_a_dead_worker_is_forgotten_when_it_restart
     try:
         slots.write(0, 1)
         slots.write(1, 0)
+        slots.beat(0)
+        slots.beat(1)
         slots.handed(0, 1)  # in the dead worker's socket queue: closed with it
         assert slots.read() == [1, 1]
         slots.write(1, CLOSED)  # the supervisor reaps it
@@ -200,6 +203,25 @@ async def test_a_stopped_worker_is_handed_nothing(
     with client, accepted:
         assert not w0.place(accepted)
         assert w0.handover_failed == 0  # not even tried
+
+
+def test_a_worker_whose_loop_stopped_beating_is_handed_nothing(tmp_path: Path) -> None:
+    slots = Slots.create(tmp_path / SLOTS_FILE, 2)
+    try:
+        slots.write(0, 3)
+        slots.write(1, 0)
+        assert slots.read() == [CLOSED, CLOSED]  # started, never beaten: not yet taking any
+        now = 10 * STALE_NS
+        slots.beat(0, now)
+        slots.beat(1, now)
+        assert slots.read(now + STALE_NS) == [3, 0]
+        slots.beat(0, now + 2 * STALE_NS)  # worker 1's loop hangs; worker 0 goes on beating
+        counts = slots.read(now + 2 * STALE_NS)
+        assert counts == [3, CLOSED]
+        assert target(counts, 0) == 0
+        assert not should_retire(counts, 0)
+    finally:
+        slots.close()
 
 
 async def test_the_most_loaded_worker_retires_a_connection_then_waits(

@@ -20,7 +20,8 @@ across its threads (``exact_balance``); this does the same across processes:
 
 Probers' connections (a first stream to grpc.health.v1) and retiring ones do not count.  A
 handover that fails (the sibling is gone, or its queue is full) keeps the connection here: the
-hash's worker is never worse than before.
+hash's worker is never worse than before.  A worker whose loop has not written its heartbeat for
+``STALE_NS`` (hung, or stopped without its slot closed) is handed nothing, whatever it serves.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import mmap
 import os
 import socket
 import struct
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
@@ -47,6 +49,8 @@ SLOTS_FILE: Final = "connections"
 CLOSED: Final = -1  # the slot of a worker that takes no connection (starting, draining, dead)
 REBALANCE_EVERY: Final = 1.0
 RETIRE_GAP: Final = 5.0  # a retired connection's replacement needs a moment to be placed and counted
+BEAT_EVERY: Final = 1.0  # each worker's loop writes its heartbeat this often
+STALE_NS: Final = 3_000_000_000  # a worker whose loop has not beaten for this long is hung: hand it nothing
 _CELL = 8  # bytes: one int64
 _SENDER = struct.Struct("<H")  # a handover's one message: who handed it
 
@@ -74,20 +78,33 @@ class Slots:
     def create(cls, path: Path, count: int) -> Slots:
         """The supervisor's, before any worker starts: every worker ``CLOSED``, nothing handed."""
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(struct.pack(f"<{count}q", *[CLOSED] * count) + bytes(2 * count * count * _CELL))
+        tmp.write_bytes(
+            struct.pack(f"<{count}q", *[CLOSED] * count) + bytes((2 * count * count + count) * _CELL)
+        )
         tmp.replace(path)
         return cls(path, count)
 
-    def read(self) -> list[int]:
-        """Per worker: what it serves and what is on its way to it, or ``CLOSED``."""
+    def read(self, now_ns: int | None = None) -> list[int]:
+        """Per worker: what it serves and what is on its way to it, or ``CLOSED`` (also when its
+        loop has not beaten for ``STALE_NS``: a hung worker is handed nothing)."""
         cells, n = self._cells.tolist(), self.count
-        handed, received = n, n + n * n
+        handed, received, beats = n, n + n * n, n + 2 * n * n
+        oldest = (time.monotonic_ns() if now_ns is None else now_ns) - STALE_NS
         out = []
         for j in range(n):
             held = cells[j]
+            if held <= CLOSED or cells[beats + j] < oldest:
+                out.append(CLOSED)
+                continue
             on_its_way = sum(cells[handed + i * n + j] - cells[received + j * n + i] for i in range(n))
-            out.append(CLOSED if held <= CLOSED else held + max(0, on_its_way))
+            out.append(held + max(0, on_its_way))
         return out
+
+    def beat(self, index: int, now_ns: int | None = None) -> None:
+        """Worker ``index``'s loop is alive (``CLOCK_MONOTONIC`` is one clock for the whole host)."""
+        self._cells[self.count + 2 * self.count * self.count + index] = (
+            time.monotonic_ns() if now_ns is None else now_ns
+        )
 
     def write(self, index: int, value: int) -> None:
         """Worker ``index`` serves ``value`` connections (``CLOSED``: none may be handed to it)."""
@@ -114,7 +131,7 @@ class Slots:
 
 
 def _cells(count: int) -> int:
-    return count + 2 * count * count
+    return count + 2 * count * count + count  # counts, handed, received, heartbeats
 
 
 def target(counts: Sequence[int], me: int) -> int:
@@ -154,6 +171,7 @@ class ConnectionBalance:
         self._holder: Holder | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_retire = float("-inf")
+        self._last_step = float("-inf")
         self._open = False
         self._stopped = False
         self.handed = 0  # connections this worker accepted and a sibling serves
@@ -167,13 +185,14 @@ class ConnectionBalance:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a previous life's
         self._slots.settle(self._role.index)  # before binding: nothing can be on its way yet
+        self._slots.beat(self._role.index)
         inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         inbox.bind(str(path))
         inbox.setblocking(False)
         self._inbox, self._holder, self._open = inbox, holder, True
         loop = asyncio.get_running_loop()
         loop.add_reader(inbox.fileno(), self._receive)
-        self._timer = loop.call_later(self._every, self._tick)
+        self._timer = loop.call_later(min(self._every, BEAT_EVERY), self._tick)
 
     def place(self, sock: socket.socket) -> bool:
         me = self._role.index
@@ -236,8 +255,12 @@ class ConnectionBalance:
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._every, self._tick)
-        self.rebalance(loop.time())
+        self._timer = loop.call_later(min(self._every, BEAT_EVERY), self._tick)
+        self._slots.beat(self._role.index)
+        now = loop.time()
+        if now - self._last_step >= self._every:
+            self._last_step = now
+            self.rebalance(now)
 
     def rebalance(self, now: float) -> bool:
         """One step (every ``rebalance_every``): retire a connection if this worker holds two more
