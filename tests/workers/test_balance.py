@@ -31,6 +31,15 @@ def test_target_is_the_worker_holding_the_fewest_and_itself_on_a_tie() -> None:
     assert target([1, 1, 0], 1) == 2
 
 
+def test_between_workers_holding_as_many_the_markedly_quieter_one_gets_it() -> None:
+    assert target([1, 1], 0, [1000, 500]) == 1  # half the streams a second
+    assert target([1, 1], 0, [1000, 900]) == 0  # within 20%: no handover for noise
+    assert target([1, 1, 1], 2, [300, 100, 1000]) == 1
+    assert target([2, 1], 0, [10, 5000]) == 1  # the count first: fewer connections win
+    assert target([1, 2], 0, [1000, 0]) == 0
+    assert target([1, CLOSED], 0, [500, 0]) == 0
+
+
 def test_target_never_picks_a_worker_that_takes_no_connections() -> None:
     assert target([2, CLOSED], 0) == 0  # restarting or draining
     assert target([CLOSED, 5, 7], 2) == 1
@@ -203,6 +212,21 @@ async def test_a_stopped_worker_is_handed_nothing(
     with client, accepted:
         assert not w0.place(accepted)
         assert w0.handover_failed == 0  # not even tried
+
+
+async def test_each_worker_publishes_its_stream_rate_for_the_others(tmp_path: Path) -> None:
+    slots = Slots.create(tmp_path / SLOTS_FILE, 2)
+    opened = [0]
+    balance = ConnectionBalance(WorkerRole(1, 2, tmp_path, "pod"), opened=lambda: opened[0])
+    try:
+        balance.measure(100.0)  # the first heartbeat only starts the count
+        assert slots.rates() == [0, 0]
+        opened[0] = 1500
+        balance.measure(101.5)
+        assert slots.rates() == [0, 1000]
+    finally:
+        balance.stop()
+        slots.close()
 
 
 def test_a_worker_whose_loop_stopped_beating_is_handed_nothing(tmp_path: Path) -> None:

@@ -170,7 +170,11 @@ async def serve(app: App, *, stop: asyncio.Event | None = None) -> int:
         if siblings is not None:
             await stack.enter_async_context(siblings)
         # --workers N on our own HTTP/2: connections spread by count, not by SO_REUSEPORT's hash
-        balance = ConnectionBalance(role) if role is not None and opts.ext_proc_transport == "h2" else None
+        balance = (
+            ConnectionBalance(role, opened=lambda: servicer.opened)
+            if role is not None and opts.ext_proc_transport == "h2"
+            else None
+        )
         if role is not None:
             worker_series = WorkerSeries(role, lambda: servicer.opened, balance)
             series.REGISTRY.register(worker_series)

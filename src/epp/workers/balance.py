@@ -18,6 +18,9 @@ across its threads (``exact_balance``); this does the same across processes:
   GOAWAY without refusing a stream, RFC 9113's graceful two-step), at most once per
   ``RETIRE_GAP``; the proxy opens its next streams on a new connection, placed as above.
 
+Between workers holding as many connections, a new one goes to one routing markedly fewer streams
+a second (each worker's rate, written with its heartbeat): connections carry unequal shares.
+
 Probers' connections (a first stream to grpc.health.v1) and retiring ones do not count.  A
 handover that fails (the sibling is gone, or its queue is full) keeps the connection here: the
 hash's worker is never worse than before.  A worker whose loop has not written its heartbeat for
@@ -34,7 +37,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -51,6 +54,7 @@ REBALANCE_EVERY: Final = 1.0
 RETIRE_GAP: Final = 5.0  # a retired connection's replacement needs a moment to be placed and counted
 BEAT_EVERY: Final = 1.0  # each worker's loop writes its heartbeat this often
 STALE_NS: Final = 3_000_000_000  # a worker whose loop has not beaten for this long is hung: hand it nothing
+QUIETER: Final = 0.8  # between workers holding as many connections, one this much quieter gets the next
 _CELL = 8  # bytes: one int64
 _SENDER = struct.Struct("<H")  # a handover's one message: who handed it
 
@@ -78,9 +82,7 @@ class Slots:
     def create(cls, path: Path, count: int) -> Slots:
         """The supervisor's, before any worker starts: every worker ``CLOSED``, nothing handed."""
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(
-            struct.pack(f"<{count}q", *[CLOSED] * count) + bytes((2 * count * count + count) * _CELL)
-        )
+        tmp.write_bytes(struct.pack(f"<{count}q", *[CLOSED] * count) + bytes((_cells(count) - count) * _CELL))
         tmp.replace(path)
         return cls(path, count)
 
@@ -125,23 +127,42 @@ class Slots:
         for i in range(n):
             self._cells[n + n * n + receiver * n + i] = self._cells[n + i * n + receiver]
 
+    def rates(self) -> list[int]:
+        """Per worker, the ext_proc streams it opened a second over its last heartbeat's interval."""
+        base = self.count + 2 * self.count * self.count + self.count
+        return self._cells[base : base + self.count].tolist()
+
+    def rate(self, index: int, streams_per_second: int) -> None:
+        self._cells[self.count + 2 * self.count * self.count + self.count + index] = streams_per_second
+
     def close(self) -> None:
         self._cells.release()
         self._map.close()
 
 
 def _cells(count: int) -> int:
-    return count + 2 * count * count + count  # counts, handed, received, heartbeats
+    return count + 2 * count * count + 2 * count  # counts, handed, received, heartbeats, stream rates
 
 
-def target(counts: Sequence[int], me: int) -> int:
-    """The worker that should serve a connection worker ``me`` accepted: the one holding the fewest,
-    ``me`` itself on a tie (a handover costs a little, and moves nothing on a tie)."""
+def target(counts: Sequence[int], me: int, rates: Sequence[int] = ()) -> int:
+    """The worker that should serve a connection worker ``me`` accepted: the one holding the fewest.
+
+    Among those holding as few, the one routing the fewest streams a second (``rates``), when it
+    routes less than ``QUIETER`` of the others' rate: connections carry unequal shares (an Envoy's
+    threads are not evenly loaded either), so a new one goes where the load is lighter.  Otherwise
+    ``me`` on a tie (a handover costs a little, and moves nothing on a tie).
+    """
     best, low = me, counts[me]
     for j, held in enumerate(counts):
         if CLOSED < held < low:
             best, low = j, held
-    return best
+    if not rates:
+        return best
+    quietest = best
+    for j, held in enumerate(counts):
+        if held == low and rates[j] < QUIETER * rates[quietest]:
+            quietest = j
+    return quietest
 
 
 def should_retire(counts: Sequence[int], me: int) -> bool:
@@ -159,9 +180,18 @@ class ConnectionBalance:
     """``epp.server.placement.Placement`` for worker ``role.index`` of a pod (``--workers N``)."""
 
     def __init__(
-        self, role: WorkerRole, *, rebalance_every: float = REBALANCE_EVERY, retire_gap: float = RETIRE_GAP
+        self,
+        role: WorkerRole,
+        *,
+        opened: Callable[[], int] = lambda: 0,
+        rebalance_every: float = REBALANCE_EVERY,
+        retire_gap: float = RETIRE_GAP,
     ) -> None:
+        """``opened``: the ext_proc streams this worker has opened (the servicer's count), read on
+        each heartbeat for the stream rate that breaks ties between workers."""
         self._role = role
+        self._opened = opened
+        self._opened_at: tuple[float, int] | None = None
         self._every = rebalance_every
         self._retire_gap = retire_gap
         self._slots = Slots(role.run_dir / SLOTS_FILE, role.count)
@@ -196,7 +226,7 @@ class ConnectionBalance:
 
     def place(self, sock: socket.socket) -> bool:
         me = self._role.index
-        to = target(self._slots.read(), me)
+        to = target(self._slots.read(), me, self._slots.rates())
         if to == me:
             return False
         try:
@@ -258,9 +288,17 @@ class ConnectionBalance:
         self._timer = loop.call_later(min(self._every, BEAT_EVERY), self._tick)
         self._slots.beat(self._role.index)
         now = loop.time()
+        self.measure(now)
         if now - self._last_step >= self._every:
             self._last_step = now
             self.rebalance(now)
+
+    def measure(self, now: float) -> None:
+        """This worker's stream rate since the last heartbeat, for its siblings' tie-breaks."""
+        opened, last = self._opened(), self._opened_at
+        if last is not None and now > last[0]:
+            self._slots.rate(self._role.index, round((opened - last[1]) / (now - last[0])))
+        self._opened_at = (now, opened)
 
     def rebalance(self, now: float) -> bool:
         """One step (every ``rebalance_every``): retire a connection if this worker holds two more
