@@ -37,18 +37,21 @@ async def _send(http: aiohttp.ClientSession, url: str, i: int) -> int:
         return r.status
 
 
+def _two_workers(fleet: SimFleet, *extra: str) -> EppProcess:
+    return EppProcess(
+        f"--endpoints={','.join(fleet.hostports)}",
+        "--bind-address=127.0.0.1",
+        "--workers=2",
+        f"--peer-port={free_port_run(4)}",  # two ports a worker
+        *extra,
+    )
+
+
 @pytest.mark.parametrize("tls", [False, True], ids=["h2c", "tls"])
 async def test_each_envoy_thread_connection_is_served_by_its_own_worker(tls: bool) -> None:
     """With TLS the handshake is the adopting worker's: a connection crosses before its first byte."""
     async with SimFleet(2, *FAST_SIM) as fleet:
-        epp = EppProcess(
-            f"--endpoints={','.join(fleet.hostports)}",
-            "--bind-address=127.0.0.1",
-            "--workers=2",
-            f"--peer-port={free_port_run(4)}",
-            "--health-checking",
-            f"--secure-serving={str(tls).lower()}",
-        )
+        epp = _two_workers(fleet, "--health-checking", f"--secure-serving={str(tls).lower()}")
         async with epp:
             await _all_up(epp, 2)
             for _ in range(ROUNDS):
@@ -94,12 +97,7 @@ async def test_a_restarted_worker_gets_an_envoy_connection_back_and_no_request_f
     two-step GOAWAY); Envoy moves to a new connection, placed on worker 1.  Not one request sent
     after worker 1 is back fails, and worker 1 routes again."""
     async with SimFleet(2, *FAST_SIM) as fleet:
-        epp = EppProcess(
-            f"--endpoints={','.join(fleet.hostports)}",
-            "--bind-address=127.0.0.1",
-            "--workers=2",
-            f"--peer-port={free_port_run(4)}",
-        )
+        epp = _two_workers(fleet)
         async with epp:
             await _all_up(epp, 2)
             cfg = EnvoyConfig(ext_proc_port=epp.grpc_port, concurrency=2)

@@ -124,6 +124,24 @@ async def _connected(http: aiohttp.ClientSession, epp: EppProcess) -> bool:
     return _value(await _metrics(http, epp), 'epp_sync_peers{state="connected"}') == 1
 
 
+def _discovered(
+    c: Cluster, tmp: pathlib.Path, site: pathlib.Path, pod_name: str, port: int, *extra: str
+) -> EppProcess:
+    """An EPP pod that finds its peers in the EPP Service's EndpointSlices (``DISCOVERY_CONFIG``)."""
+    return EppProcess(
+        "--pool-name=pool",
+        f"--pool-namespace={NS}",
+        f"--kubeconfig={c.kubeconfig}",
+        "--bind-address=127.0.0.1",
+        QUICK_STOP,
+        f"--config-file={tmp / 'config.yaml'}",
+        f"--peer-port={port}",
+        *extra,
+        env={"POD_NAME": pod_name, "NAMESPACE": NS, "PYTHONPATH": str(site)},
+        health_service="readiness",
+    )
+
+
 async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Path) -> None:
     """No --peers: each replica finds the other in the EPP Service's EndpointSlices and syncs."""
     async with cluster(tmp_path, 2) as c:
@@ -135,19 +153,7 @@ async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Pa
             port = free_port_pair()
             pod_name = f"epp-7d9f8b6c5d-{name}"
             c.api.create(_slice(pod_name, port))
-            replicas.append(
-                EppProcess(
-                    "--pool-name=pool",
-                    f"--pool-namespace={NS}",
-                    f"--kubeconfig={c.kubeconfig}",
-                    "--bind-address=127.0.0.1",
-                    QUICK_STOP,
-                    f"--config-file={tmp_path / 'config.yaml'}",
-                    f"--peer-port={port}",
-                    env={"POD_NAME": pod_name, "NAMESPACE": NS, "PYTHONPATH": str(site)},
-                    health_service="readiness",
-                )
-            )
+            replicas.append(_discovered(c, tmp_path, site, pod_name, port))
         a, b = replicas
         async with both_serving(a, b):
             cfg = EnvoyConfig(
@@ -183,18 +189,7 @@ async def test_every_worker_of_every_pod_hears_every_other(tmp_path: pathlib.Pat
             port = free_port_run(4)  # two ports a worker
             pod_name = f"epp-7d9f8b6c5d-{name}"
             c.api.create(_slice(pod_name, port))
-            pods[pod_name] = EppProcess(
-                "--pool-name=pool",
-                f"--pool-namespace={NS}",
-                f"--kubeconfig={c.kubeconfig}",
-                "--bind-address=127.0.0.1",
-                QUICK_STOP,
-                f"--config-file={tmp_path / 'config.yaml'}",
-                f"--peer-port={port}",
-                "--workers=2",
-                env={"POD_NAME": pod_name, "NAMESPACE": NS, "PYTHONPATH": str(site)},
-                health_service="readiness",
-            )
+            pods[pod_name] = _discovered(c, tmp_path, site, pod_name, port, "--workers=2")
         a, b = pods.values()
         async with both_serving(a, b):
             await asyncio.gather(_all_up(a, 2), _all_up(b, 2))
