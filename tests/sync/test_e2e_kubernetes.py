@@ -28,24 +28,11 @@ def _pair(c: Cluster, tmp: pathlib.Path, *extra: str, health: str) -> tuple[EppP
     site = _plugin_site(tmp)
     pa, pb = free_port_pair(), free_port_pair()
     peers = f"--peers=127.0.0.1:{pa},127.0.0.1:{pb}"
-    made = []
-    for name, port in (("a", pa), ("b", pb)):
-        made.append(
-            EppProcess(
-                "--pool-name=pool",
-                f"--pool-namespace={NS}",
-                f"--kubeconfig={c.kubeconfig}",
-                "--bind-address=127.0.0.1",
-                QUICK_STOP,
-                f"--config-file={tmp / 'config.yaml'}",
-                peers,
-                f"--peer-port={port}",
-                *extra,
-                env={"POD_NAME": f"epp-7d9f8b6c5d-{name}", "PYTHONPATH": str(site)},
-                health_service=health,
-            )
-        )
-    return made[0], made[1]
+    a, b = (
+        _epp_pod(c, tmp, site, f"epp-7d9f8b6c5d-{name}", peers, f"--peer-port={port}", *extra, health=health)
+        for name, port in (("a", pa), ("b", pb))
+    )
+    return a, b
 
 
 async def _received(http: aiohttp.ClientSession, epp: EppProcess) -> float:
@@ -124,10 +111,10 @@ async def _connected(http: aiohttp.ClientSession, epp: EppProcess) -> bool:
     return _value(await _metrics(http, epp), 'epp_sync_peers{state="connected"}') == 1
 
 
-def _discovered(
-    c: Cluster, tmp: pathlib.Path, site: pathlib.Path, pod_name: str, port: int, *extra: str
+def _epp_pod(
+    c: Cluster, tmp: pathlib.Path, site: pathlib.Path, pod_name: str, *args: str, health: str = "readiness"
 ) -> EppProcess:
-    """An EPP pod that finds its peers in the EPP Service's EndpointSlices (``DISCOVERY_CONFIG``)."""
+    """An EPP pod of the test cluster's pool, with ``tmp``'s config and ``site``'s plugins."""
     return EppProcess(
         "--pool-name=pool",
         f"--pool-namespace={NS}",
@@ -135,10 +122,9 @@ def _discovered(
         "--bind-address=127.0.0.1",
         QUICK_STOP,
         f"--config-file={tmp / 'config.yaml'}",
-        f"--peer-port={port}",
-        *extra,
+        *args,
         env={"POD_NAME": pod_name, "NAMESPACE": NS, "PYTHONPATH": str(site)},
-        health_service="readiness",
+        health_service=health,
     )
 
 
@@ -153,7 +139,7 @@ async def test_peers_found_from_the_services_endpointslices(tmp_path: pathlib.Pa
             port = free_port_pair()
             pod_name = f"epp-7d9f8b6c5d-{name}"
             c.api.create(_slice(pod_name, port))
-            replicas.append(_discovered(c, tmp_path, site, pod_name, port))
+            replicas.append(_epp_pod(c, tmp_path, site, pod_name, f"--peer-port={port}"))
         a, b = replicas
         async with both_serving(a, b):
             cfg = EnvoyConfig(
@@ -189,7 +175,7 @@ async def test_every_worker_of_every_pod_hears_every_other(tmp_path: pathlib.Pat
             port = free_port_run(4)  # two ports a worker
             pod_name = f"epp-7d9f8b6c5d-{name}"
             c.api.create(_slice(pod_name, port))
-            pods[pod_name] = _discovered(c, tmp_path, site, pod_name, port, "--workers=2")
+            pods[pod_name] = _epp_pod(c, tmp_path, site, pod_name, f"--peer-port={port}", "--workers=2")
         a, b = pods.values()
         async with both_serving(a, b):
             await asyncio.gather(_all_up(a, 2), _all_up(b, 2))
