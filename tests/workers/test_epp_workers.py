@@ -475,3 +475,36 @@ async def test_a_restarted_worker_gets_its_share_back_and_no_stream_is_lost() ->
         assert _moved(series, "retired") >= 1
         assert _by_worker(series, "epp_worker_ext_proc_streams_total")["1"] > 0
         assert routed > 0
+
+
+async def test_a_connect_flood_leaves_no_count_behind_and_routing_goes_on() -> None:
+    """300 connections opened at once and dropped, some after a garbage preface, some reset:
+    whoever accepted or adopted them, every worker's count returns to zero (no connection is
+    left counted by a handover or a failed adoption), and routing goes on on both workers."""
+    async with _pod(2) as (_, epp):
+
+        async def one(i: int) -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", epp.grpc_port)
+            if i % 3 == 0:
+                writer.write(b"GET / HTTP/1.1\r\n\r\n")  # not HTTP/2: the server drops it
+            elif i % 3 == 1:
+                writer.transport.abort()  # a reset, maybe before the handover is read
+                return
+            await writer.drain()
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            del reader
+
+        await asyncio.gather(*(one(i) for i in range(300)))
+
+        async def settled() -> bool:
+            return await _connections(epp) == {"0": 0, "1": 0}
+
+        await _until(settled)
+        series = await _metrics(epp)
+        assert _moved(series, "handed") > 0  # the flood was placed, not only hashed
+        async with _channel(epp.grpc_port) as a, _channel(epp.grpc_port) as b:
+            await _route_on(a)
+            await _route_on(b)
+            assert await _connections(epp) == {"0": 1, "1": 1}
