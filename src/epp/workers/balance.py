@@ -73,7 +73,12 @@ class Slots:
     """
 
     def __init__(self, path: Path, count: int) -> None:
-        self.count = count
+        self.count = n = count
+        # the layout: counts [n], handed [n * n], received [n * n], heartbeats [n], stream rates [n]
+        self._handed = n
+        self._received = n + n * n
+        self._beats = n + 2 * n * n
+        self._rates = self._beats + n
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), _cells(count) * _CELL)
         self._cells = memoryview(self._map).cast("q")
@@ -90,7 +95,7 @@ class Slots:
         """Per worker: what it serves and what is on its way to it, or ``CLOSED`` (also when its
         loop has not beaten for ``STALE_NS``: a hung worker is handed nothing)."""
         cells, n = self._cells.tolist(), self.count
-        handed, received, beats = n, n + n * n, n + 2 * n * n
+        handed, received, beats = self._handed, self._received, self._beats
         oldest = (time.monotonic_ns() if now_ns is None else now_ns) - STALE_NS
         out = []
         for j in range(n):
@@ -104,36 +109,31 @@ class Slots:
 
     def beat(self, index: int, now_ns: int | None = None) -> None:
         """Worker ``index``'s loop is alive (``CLOCK_MONOTONIC`` is one clock for the whole host)."""
-        self._cells[self.count + 2 * self.count * self.count + index] = (
-            time.monotonic_ns() if now_ns is None else now_ns
-        )
+        self._cells[self._beats + index] = time.monotonic_ns() if now_ns is None else now_ns
 
     def write(self, index: int, value: int) -> None:
         """Worker ``index`` serves ``value`` connections (``CLOSED``: none may be handed to it)."""
         self._cells[index] = value
 
     def handed(self, sender: int, to: int) -> None:
-        cell = self.count + sender * self.count + to
-        self._cells[cell] += 1
+        self._cells[self._handed + sender * self.count + to] += 1
 
     def received(self, receiver: int, sender: int) -> None:
-        cell = self.count + self.count * self.count + receiver * self.count + sender
-        self._cells[cell] += 1
+        self._cells[self._received + receiver * self.count + sender] += 1
 
     def settle(self, receiver: int) -> None:
         """A (re)started worker, before it takes handovers: what was on its way to its previous
         life went with that life's socket."""
         n = self.count
         for i in range(n):
-            self._cells[n + n * n + receiver * n + i] = self._cells[n + i * n + receiver]
+            self._cells[self._received + receiver * n + i] = self._cells[self._handed + i * n + receiver]
 
     def rates(self) -> list[int]:
         """Per worker, the ext_proc streams it opened a second over its last heartbeat's interval."""
-        base = self.count + 2 * self.count * self.count + self.count
-        return self._cells[base : base + self.count].tolist()
+        return self._cells[self._rates : self._rates + self.count].tolist()
 
     def rate(self, index: int, streams_per_second: int) -> None:
-        self._cells[self.count + 2 * self.count * self.count + self.count + index] = streams_per_second
+        self._cells[self._rates + index] = streams_per_second
 
     def close(self) -> None:
         self._cells.release()
@@ -141,7 +141,7 @@ class Slots:
 
 
 def _cells(count: int) -> int:
-    return count + 2 * count * count + 2 * count  # counts, handed, received, heartbeats, stream rates
+    return count + 2 * count * count + 2 * count  # the layout in ``Slots.__init__``
 
 
 def target(counts: Sequence[int], me: int, rates: Sequence[int] = ()) -> int:

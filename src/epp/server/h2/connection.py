@@ -717,6 +717,11 @@ class Connection(asyncio.Protocol):
     def streams_open(self) -> int:
         return len(self._streams)
 
+    @property
+    def proxied(self) -> bool:
+        """One of the proxy's routing connections: neither a prober's nor retiring."""
+        return not (self.health_only or self.retiring)
+
     def _half_close(self) -> None:
         """Flush and send FIN; the peer closes once it has read everything (a close now could
         reset the connection and lose the replies still unread on the peer's side)."""

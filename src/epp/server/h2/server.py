@@ -220,7 +220,7 @@ class H2GrpcServer:
     def retire_one(self) -> bool:
         """Move the proxy's least busy connection elsewhere (``Connection.retire``): the placement's
         rebalancing, when this process holds more connections than a sibling can take."""
-        live = [c for c in self.connections if not (c.health_only or c.retiring)]
+        live = [c for c in self.connections if c.proxied]
         for conn in sorted(live, key=lambda c: c.streams_open):
             if conn.retire():
                 self._publish()
@@ -230,7 +230,7 @@ class H2GrpcServer:
     @property
     def held(self) -> int:
         """The proxy's connections this process serves (probers' and retiring ones not counted)."""
-        return self._adopting + sum(1 for c in self.connections if not (c.health_only or c.retiring))
+        return self._adopting + sum(1 for c in self.connections if c.proxied)
 
     def _publish(self) -> None:
         if self._placement is not None:
