@@ -168,6 +168,18 @@ def test_the_sidecars_ext_proc_is_gies() -> None:
     assert ext_proc_filter(envoy_config(fail_open))["failure_mode_allow"] is True
 
 
+def test_the_sidecars_epp_cluster_holds_as_many_requests_as_the_model_servers_one() -> None:
+    """Each request holds an ext_proc stream while it runs: Envoy's default breakers (1,024 at once)
+    on the EPP's cluster would fail the 1,025th concurrent request (tests/e2e/test_many_streams_envoy.py)."""
+    config = envoy_config(render("llm-d-standalone-proxy-values.yaml"))
+    ext_proc, servers = cluster(config, "ext_proc"), cluster(config, "original_destination_cluster")
+    assert ext_proc["circuit_breakers"] == servers["circuit_breakers"]
+    assert servers["circuit_breakers"]["thresholds"][0]["max_requests"] >= 40000
+    # a connection's streams capped, so one Envoy thread reaches every EPP worker
+    (http,) = ext_proc["typed_extension_protocol_options"].values()
+    assert http["explicit_http_config"]["http2_protocol_options"]["max_concurrent_streams"] == 100
+
+
 def test_a_changed_proxy_config_rolls_the_pods() -> None:
     """Envoy reads its bootstrap once: the pod template carries the ConfigMap's checksum."""
 

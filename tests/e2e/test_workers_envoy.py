@@ -142,3 +142,41 @@ async def test_a_restarted_worker_gets_an_envoy_connection_back_and_no_request_f
                     await load
                     after = [s for s in sent if s.at > back_at]
                     assert [s for s in after if s.status != 200] == [], proxy.log_tail()
+
+
+async def test_one_envoy_thread_reaches_every_worker_past_its_streams_per_connection() -> None:
+    """Envoy with one thread opens one ext_proc connection, which one worker would serve alone;
+    the shipped configs cap a connection's streams (``max_concurrent_streams``, 100), so with more
+    requests in flight the thread opens more connections, placed on both workers."""
+    in_flight = 300
+    slow = ("--time-scale", "0.5", "--seed", "7", "--max-model-len", "131072")  # all still streaming
+    async with SimFleet(2, *slow) as fleet:
+        epp = _two_workers(fleet)
+        async with epp:
+            await _all_up(epp, 2)
+            cfg = EnvoyConfig(ext_proc_port=epp.grpc_port, concurrency=1)
+            assert cfg.ext_proc_streams_per_connection == 100
+            async with Envoy(cfg) as proxy:
+                before = _by_worker(await _metrics(epp), "epp_worker_ext_proc_streams_total")
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+                    async def held(i: int) -> int:
+                        body = {
+                            "model": "mock-model",
+                            "prompt": f"held {i}",
+                            "max_tokens": 40,
+                            "stream": True,
+                        }
+                        async with http.post(f"{proxy.url}/v1/completions", json=body) as r:
+                            await r.read()
+                            return r.status
+
+                    statuses = await asyncio.gather(*(held(i) for i in range(in_flight)))
+                assert statuses == [200] * in_flight, proxy.log_tail()
+                opened = (await proxy.stats())["cluster.ext_proc.upstream_cx_total"]
+                assert opened >= 3, opened  # 300 streams at once, 100 a connection
+                held_by = await _connections(epp)
+                assert held_by["0"] >= 1 and held_by["1"] >= 1, held_by
+                after = _by_worker(await _metrics(epp), "epp_worker_ext_proc_streams_total")
+                served = {w: after[w] - before.get(w, 0) for w in ("0", "1")}
+                assert min(served.values()) >= in_flight // 4, served  # both route a real share

@@ -70,7 +70,16 @@ class EnvoyConfig:
     # fails its health check is dead, whatever the share of the others.
     ext_proc_panic_threshold: float | None = None
     concurrency: int = 1  # Envoy's worker threads: each opens its own connection to the EPP
+    # Envoy's cap on ext_proc streams a connection (deploy/envoy/*.yaml): past it a thread opens
+    # another connection, so one thread's streams reach every worker of an ``epp --workers N``
+    ext_proc_streams_per_connection: int = 100
 
+
+# Every cluster's: Envoy's defaults (1,024 connections, pending and active requests) are far below
+# what a pool of model servers holds in flight, and the EPP's cluster holds one stream a request.
+_BREAKERS: dict[str, Any] = {
+    "thresholds": [{"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}]
+}
 
 _TLS_TO_EPP: dict[str, Any] = {
     "transport_socket": {
@@ -150,11 +159,7 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 "type": "ORIGINAL_DST",
                 "connect_timeout": "5s",
                 "lb_policy": "CLUSTER_PROVIDED",
-                "circuit_breakers": {
-                    "thresholds": [
-                        {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
-                    ]
-                },
+                "circuit_breakers": _BREAKERS,
                 "original_dst_lb_config": {
                     "use_http_header": True,
                     "http_header_name": "x-gateway-destination-endpoint",
@@ -168,11 +173,15 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 "type": "STATIC",
                 "connect_timeout": "5s",
                 "lb_policy": "LEAST_REQUEST",
+                # a request holds its ext_proc stream while it runs: Envoy's default breakers
+                # (1,024 at once) would fail the 1,025th concurrent request (deploy/envoy/gie.yaml)
+                "circuit_breakers": _BREAKERS,
                 "typed_extension_protocol_options": {
                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                         "explicit_http_config": {
                             "http2_protocol_options": {
+                                "max_concurrent_streams": cfg.ext_proc_streams_per_connection,
                                 "initial_stream_window_size": 65536,
                                 "initial_connection_window_size": 1048576,
                             }
@@ -197,11 +206,7 @@ def render(cfg: EnvoyConfig) -> dict[str, Any]:
                 "type": "STATIC",
                 "connect_timeout": "5s",
                 "lb_policy": "ROUND_ROBIN",
-                "circuit_breakers": {
-                    "thresholds": [
-                        {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
-                    ]
-                },
+                "circuit_breakers": _BREAKERS,
                 "load_assignment": _assignment("pool", list(cfg.upstreams)),
             }
         )
