@@ -11,7 +11,9 @@ HELM := $(BIN)/helm
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml sim/pyproject.toml kubeapi/pyproject.toml hatch_build.py protos/gen_envoy_stubs.py src/epp/director/prefix/_native.c src/epp/server/_incoming.c src/epp/scheduling/_kernel.c
+$(STAMP): pyproject.toml sim/pyproject.toml kubeapi/pyproject.toml hatch_build.py protos/gen_envoy_stubs.py src/epp/director/prefix/_native.c src/epp/server/_incoming.c src/epp/scheduling/_kernel.c \
+		src/epp/server/session.py src/epp/director/director.py src/epp/director/lifecycle.py \
+		src/epp/director/response.py src/epp/director/after_reply.py  # mypyc: hatch_build.COMPILED_MODULES
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./sim -e ./kubeapi

@@ -206,14 +206,17 @@ async def _until(done: Callable[[], bool], iterations: int = 1000) -> None:
     raise RuntimeError("a request did not finish: the transport is stuck")
 
 
-def epp_server(config: str, endpoints: int, *, fused: bool = True) -> H2GrpcServer:
+def epp_server(
+    config: str, endpoints: int, *, fused: bool = True, datastore: Datastore | None = None
+) -> H2GrpcServer:
     """The EPP's h2 server over ``endpoints`` endpoints with fixed metrics (no scraping);
-    ``fused=False``: its scheduler runs the general path for every request."""
+    ``fused=False``: its scheduler runs the general path for every request; ``datastore``: the
+    caller's (to change the endpoints' metrics between requests)."""
     c = build(load_config(config), default_registry())
     scheduler = c.scheduler
     if not fused and isinstance(scheduler, Scheduler):
         scheduler = Scheduler(scheduler.handler, list(scheduler.profiles.values()), fused=False)
-    ds = Datastore()
+    ds = Datastore() if datastore is None else datastore
     ds.pool = PoolInfo(name="bench", target_ports=(8000,), app_protocol="http")
     ds.pool_synced = True
     eps = [make_endpoint(i, queue=i % 3, kv=0.1 * i) for i in range(endpoints)]

@@ -486,7 +486,9 @@ class Director:
         self, ctx: RequestContext, result: SchedulingResult, destination: str, out: bytes, changed: bool
     ) -> RoutingDecision:
         """What the edge tells Envoy; an explained request also gets its scores and breakdown."""
-        headers = ((REQUEST_ID_HEADER, ctx.request.request_id),) if ctx.generated_request_id else ()
+        headers: tuple[tuple[str, str], ...] = (
+            ((REQUEST_ID_HEADER, ctx.request.request_id),) if ctx.generated_request_id else ()
+        )
         remove: tuple[str, ...] = ()
         mutation = ctx.request.header_mutation  # None unless a pre-request plugin (P/D) asked for one
         if mutation is not None:
