@@ -10,6 +10,9 @@ framing, the session, the director and its plugins (config/default.yaml over 4 e
 loop's callbacks and tasks.  The same bytes go to the no-op session of ``bench.noop_extproc`` on
 the same transport (the ``floor-h2`` path of bench/overhead.py), rounds alternating, and the
 report is the ratio of thread CPU per request, EPP over floor: machine noise cancels in it.
+The modules mypyc compiled at install (hatch_build.py ``COMPILED_MODULES``) run compiled; with
+``EPP_PURE_PYTHON=1`` everything runs from source (``epp.compiled``), which ``--profile`` needs to
+see inside them (cProfile sees no frame in compiled code).
 The cyclic collector is tuned as ``epp serve`` tunes it once started (``tune_gc``: startup heap
 frozen, gen-0 every 20,000 allocations); ``--default-gc`` keeps Python's thresholds (700), which
 charge the EPP ~6 µs a request more for gen-0 passes the server does not make as often.
