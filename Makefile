@@ -13,7 +13,9 @@ help: ## show this help
 
 $(STAMP): pyproject.toml sim/pyproject.toml kubeapi/pyproject.toml hatch_build.py protos/gen_envoy_stubs.py src/epp/director/prefix/_native.c src/epp/server/_incoming.c src/epp/scheduling/_kernel.c \
 		src/epp/server/session.py src/epp/director/director.py src/epp/director/lifecycle.py \
-		src/epp/director/response.py src/epp/director/after_reply.py  # mypyc: hatch_build.COMPILED_MODULES
+		src/epp/director/response.py src/epp/director/after_reply.py src/epp/director/candidates.py \
+		src/epp/director/producers/inflight_load.py src/epp/scheduling/scorers/prefill_load.py \
+		src/epp/health/state.py  # mypyc: hatch_build.COMPILED_MODULES
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./sim -e ./kubeapi

@@ -86,6 +86,10 @@ COMPILED_MODULES = (
     Path("src/epp/director/lifecycle.py"),
     Path("src/epp/director/response.py"),
     Path("src/epp/director/after_reply.py"),
+    Path("src/epp/director/candidates.py"),
+    Path("src/epp/director/producers/inflight_load.py"),
+    Path("src/epp/scheduling/scorers/prefill_load.py"),
+    Path("src/epp/health/state.py"),
 )
 COMPILED_GROUP = "epp.compiled"  # mypyc's shared library: src/epp/compiled__mypyc.<suffix>
 # each compiled module's source SHA-256 (tests/test_compiled.py tells a stale build)
@@ -127,11 +131,20 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def shadowing(root: Path) -> list[Path]:
+    """Extensions beside a ``.py`` of the same name under src/epp: mypyc's builds, of this list or
+    of an earlier one (the C extensions have ``.c`` sources)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    found = (root / "src" / "epp").rglob(f"*{suffix}")
+    return sorted(p for p in found if p.with_name(p.name.removesuffix(suffix) + ".py").is_file())
+
+
 def compile_python(root: Path) -> list[Path]:
     """Compile ``COMPILED_MODULES`` with mypyc next to their sources; write the manifest."""
     targets = compiled_targets(root)
     manifest = root / COMPILED_MANIFEST
-    for t in (*targets, manifest):  # a failed build must not leave an older one importable
+    # a failed build must not leave an older one importable, nor a module no longer listed
+    for t in {*targets, *shadowing(root), manifest}:
         t.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="epp-mypyc-") as tmp:
         (Path(tmp) / "mypy.ini").write_text(_MYPYC_CONFIG)

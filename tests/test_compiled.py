@@ -45,6 +45,13 @@ def test_every_listed_module_is_compiled_from_the_current_source() -> None:
     built = json.loads(manifest_path.read_text())
     assert sorted(built) == sorted(listed)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    # no other module shadowed by an extension (one dropped from the list and left built)
+    shadowed = {
+        str(p.relative_to(SRC)).removesuffix(suffix) + ".py"
+        for p in (SRC / "epp").rglob(f"*{suffix}")
+        if p.with_name(p.name.removesuffix(suffix) + ".py").is_file()
+    }
+    assert shadowed == set(listed)
     for path in listed:
         module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
         assert module.__file__ is not None

@@ -321,8 +321,12 @@ class InFlightLoadProducer(PluginBase):
         if self._changed is not None:
             self._changed.update(self._counters)
 
-    def apply(self, origin: str, deltas: list[Any]) -> None:
-        """Replace ``origin``'s counts on the endpoints ``deltas`` name; ValueError leaves state as it was."""
+    def apply(self, origin: str, deltas: Any) -> None:
+        """Replace ``origin``'s counts on the endpoints ``deltas`` name; ValueError leaves state as it was.
+
+        ``deltas`` is checked here, not by its annotation: compiled (mypyc), a ``list`` annotation
+        would fail a peer's malformed message with TypeError before the check.
+        """
         self._peers.apply(origin, _parse_loads(deltas))
 
     def forget(self, origin: str) -> None:

@@ -217,8 +217,12 @@ class PrefillLoadScorer(PluginBase):
             self._changed.update(self._reported)
             self._changed.update(self._own)
 
-    def apply(self, origin: str, deltas: list[Any]) -> None:
-        """Replace ``origin``'s backlog on the endpoints ``deltas`` names; a ValueError changes nothing."""
+    def apply(self, origin: str, deltas: Any) -> None:
+        """Replace ``origin``'s backlog on the endpoints ``deltas`` names; a ValueError changes nothing.
+
+        ``deltas`` is checked here, not by its annotation: compiled (mypyc), a ``list`` annotation
+        would fail a peer's malformed message with TypeError before the check.
+        """
         self._peers.apply(origin, _parse_backlog(deltas, "prefill-load deltas"))
 
     def forget(self, origin: str) -> None:
