@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml sim/pyproject.toml kubeapi/pyproject.toml hatch_build.p
 		src/epp/server/session.py src/epp/director/director.py src/epp/director/lifecycle.py \
 		src/epp/director/response.py src/epp/director/after_reply.py src/epp/director/candidates.py \
 		src/epp/director/producers/inflight_load.py src/epp/scheduling/scorers/prefill_load.py \
-		src/epp/health/state.py  # mypyc: hatch_build.COMPILED_MODULES
+		src/epp/health/state.py src/epp/sync/hub.py src/epp/plugin/origin_shares.py  # mypyc: hatch_build.COMPILED_MODULES
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./sim -e ./kubeapi

@@ -90,6 +90,9 @@ COMPILED_MODULES = (
     Path("src/epp/director/producers/inflight_load.py"),
     Path("src/epp/scheduling/scorers/prefill_load.py"),
     Path("src/epp/health/state.py"),
+    # the sync hub's batches (issue 30): each costs a replica per peer, whatever it carries
+    Path("src/epp/sync/hub.py"),
+    Path("src/epp/plugin/origin_shares.py"),
 )
 COMPILED_GROUP = "epp.compiled"  # mypyc's shared library: src/epp/compiled__mypyc.<suffix>
 # each compiled module's source SHA-256 (tests/test_compiled.py tells a stale build)
