@@ -11,11 +11,11 @@ HELM := $(BIN)/helm
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml sim/pyproject.toml kubeapi/pyproject.toml hatch_build.py protos/gen_envoy_stubs.py src/epp/director/prefix/_native.c src/epp/server/_incoming.c src/epp/scheduling/_kernel.c \
-		src/epp/server/session.py src/epp/director/director.py src/epp/director/lifecycle.py \
-		src/epp/director/response.py src/epp/director/after_reply.py src/epp/director/candidates.py \
-		src/epp/director/producers/inflight_load.py src/epp/scheduling/scorers/prefill_load.py \
-		src/epp/health/state.py src/epp/sync/hub.py src/epp/plugin/origin_shares.py  # mypyc: hatch_build.COMPILED_MODULES
+# The modules mypyc compiles, read from hatch_build.py's COMPILED_MODULES (one list): editing one
+# rebuilds it, or tests/test_compiled.py would tell of a stale build that install calls up to date.
+COMPILED := $(shell sed -n '/^COMPILED_MODULES = (/,/^)/s/.*Path("\(.*\)").*/\1/p' hatch_build.py)
+
+$(STAMP): pyproject.toml sim/pyproject.toml kubeapi/pyproject.toml hatch_build.py protos/gen_envoy_stubs.py src/epp/director/prefix/_native.c src/epp/server/_incoming.c src/epp/scheduling/_kernel.c $(COMPILED)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./sim -e ./kubeapi

@@ -118,7 +118,7 @@ options = ["--config-file", tmp + "/mypy.ini"]
 setup(
     name="epp-compiled",
     ext_modules=mypycify([*options, *paths], opt_level="3", group_name=group, target_dir=tmp + "/c"),
-    script_args=["build_ext", "--inplace", "--build-temp", tmp + "/o"],
+    script_args=["build_ext", "--inplace", "--build-temp", tmp + "/o", "--build-lib", tmp + "/lib"],
 )
 """
 
