@@ -31,6 +31,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -71,13 +72,18 @@ def request(prompt: str, model: str) -> tuple[dict[str, str], bytes]:
 RESPONSE = b'{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"completion_tokens":1}}'
 
 
-async def one(director: Director, headers: dict[str, str], body: bytes) -> None:
+async def one(director: Director, headers: dict[str, str], body: bytes, ride: Callable[[], None]) -> None:
+    """One request through the director, and ``ride`` where a replica's ext_proc edge calls it
+    (after each read: the request's, then the response's), so the peer reads its sync
+    connections as a routing replica does (``epp.server.quiet_reads``)."""
     lc = director.start(dict(headers), {}, can_hold_response=True)
     try:
         await lc.route(body)
+        ride()
         await asyncio.sleep(RESPONSE_AFTER)
         lc.response_headers({":status": "200", "content-type": "application/json"}, end_of_stream=False)
         lc.response_chunk(RESPONSE, True)
+        ride()
     finally:
         lc.close()
 
@@ -136,9 +142,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         delay = start + k / args.rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        for app, reqs, rng in zip(apps, work, rngs, strict=True):
+        for app, hub, reqs, rng in zip(apps, hubs, work, rngs, strict=True):
             headers, body = reqs[rng.randrange(len(reqs))]
-            t = asyncio.create_task(one(app.director, headers, body))
+            t = asyncio.create_task(one(app.director, headers, body, hub.transport.ride))
             tasks.add(t)
             t.add_done_callback(tasks.discard)
             made += 1

@@ -6,8 +6,9 @@ as Envoy does; and it holds one connection to every peer's port (``StreamClient`
 each batch is one DATA frame written straight from the loop.  No thread sits between the loop
 and the sockets: ZMQ's I/O thread cost a wake of a second thread on both sides of every message,
 which on the bench machine cost more than the work (docs/decisions.md, "Sync over the EPP's own
-HTTP/2").  A peer's message is handed to the hub in the read that brings it, so there is no read
-gap to wait for.
+HTTP/2").  A peer's message is handed to the hub in the read that brings it; while this replica
+routes, that read runs in a wake the loop has anyway, and the peer's write does not wake it
+(``epp.server.quiet_reads``).
 
 A warm start's snapshot is a unary call on the same port, ``/epp.sync.v1.Sync/Snapshot``: the
 starting replica asks every peer at once on connections of its own (``UnaryClient``) and takes
@@ -43,6 +44,7 @@ from epp.server.h2.connection import Connection
 from epp.server.h2.frames import INVALID_ARGUMENT, UNAVAILABLE
 from epp.server.h2.headers import HeaderList
 from epp.server.h2.limits import DEFAULT_LIMITS, H2Limits
+from epp.server.quiet_reads import QuietReads
 from epp.sync import metrics
 from epp.sync.api import Frames, Transport
 from epp.sync.peers import Peer
@@ -143,8 +145,10 @@ class _PublishServer:
         self._secret = secret
         self.unauthenticated = 0  # calls refused for want of a secret
         self._warned = False
+        self.quiet = QuietReads()  # Publish connections, read in the loop's other wakes
 
     def _driver(self, call: Call) -> Driver:
+        self.quiet.add(call.conn)
         return _PublishDriver(call, self._deliver)
 
     def _snapshot_driver(self, call: Call) -> Driver:
@@ -177,6 +181,7 @@ class _PublishServer:
 
     def forget(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self.quiet.remove(conn)
 
 
 class _Link:
@@ -260,8 +265,8 @@ class H2Transport:
         self._serving: asyncio.Task[None] | None = None
         self._links: dict[Peer, _Link] = {}
         self._handler: Callable[[list[Frames]], None] | None = None
-        self.reads_woken = self.reads_timer = self.reads_riding = self.reads_routing = 0
-        self.timer_wakes = 0
+        self._quiet = self._server.quiet
+        self.reads_woken = 0  # messages uvloop's own reads delivered (a wake each, unless the loop was up)
         self.messages_read = 0
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -294,6 +299,7 @@ class H2Transport:
         self._sock = None
         for conn in list(self._server.connections):
             conn.abort()
+        self._quiet.close()
 
     def _reauthenticate(self) -> None:
         """The secrets changed: every call was authenticated against the old set, and every link
@@ -372,21 +378,38 @@ class H2Transport:
         handler = self._handler
         if handler is not None:
             self.messages_read += 1
-            self.reads_woken += 1
+            if not self._quiet.cause:
+                self.reads_woken += 1
             handler([[msg]])
 
-    # Reads happen as messages arrive: nothing is queued for a later read, and the ext_proc
-    # edge need not call ``ride`` on its reads.
-    wants_rides = False
+    # Publish connections are read in the loop's other wakes (``epp.server.quiet_reads``): the
+    # ext_proc edge calls ``ride`` after each of its reads, the hub ``read_now`` after its sends.
+    wants_rides = True
 
     def prompt(self) -> None:
-        pass
+        self._quiet.prompt()
 
     def read_now(self) -> None:
-        pass
+        self._quiet.ride("riding")
 
     def ride(self) -> None:
-        pass
+        self._quiet.ride("routing")
+
+    @property
+    def reads_riding(self) -> int:
+        return self._quiet.reads["riding"]
+
+    @property
+    def reads_routing(self) -> int:
+        return self._quiet.reads["routing"]
+
+    @property
+    def reads_timer(self) -> int:
+        return self._quiet.reads["timer"]
+
+    @property
+    def timer_wakes(self) -> int:
+        return self._quiet.timer_wakes
 
     # --- warm start ----------------------------------------------------------------------
     async def serve_snapshots(self, answer: Callable[[Frames], bytes | None]) -> None:

@@ -17,13 +17,21 @@ class Transport(Protocol):
 
     port: int
     max_message_bytes: int
+
     # reads that found messages, by what ran them (``SyncHub.debug_state``), and messages read
-    reads_woken: int
-    reads_timer: int
-    reads_riding: int
-    reads_routing: int
-    timer_wakes: int
-    messages_read: int
+    @property
+    def reads_woken(self) -> int: ...
+    @property
+    def reads_timer(self) -> int: ...
+    @property
+    def reads_riding(self) -> int: ...
+    @property
+    def reads_routing(self) -> int: ...
+    @property
+    def timer_wakes(self) -> int: ...
+    @property
+    def messages_read(self) -> int: ...
+
     # whether the ext_proc edge should call ``ride`` on every read (the loop is awake then)
     wants_rides: bool
 

@@ -714,6 +714,11 @@ class Connection(asyncio.Protocol):
         return True
 
     @property
+    def transport(self) -> asyncio.Transport | None:
+        """The connection's transport (None once lost)."""
+        return self._transport
+
+    @property
     def streams_open(self) -> int:
         return len(self._streams)
 
