@@ -95,6 +95,36 @@ async def test_a_change_from_a_later_wake_sends_the_held_batch_at_once(kind: str
         assert b.counter.total("e1") == 2
 
 
+async def test_a_batch_waiting_for_the_gap_leaves_in_a_later_changes_wake_not_on_its_timer(kind: str) -> None:
+    """A busy replica changes something every request: a batch that waits for the gap leaves at
+    the end of the first wake with a change once the gap has passed, and its timer (``gap_slack``
+    after the gap, here far off) never fires; it is the fallback for a replica that goes quiet."""
+    async with mesh(["a", "b"], kind=kind) as (a, b):
+        loop = asyncio.get_running_loop()
+        a.hub.gap, a.hub.gap_slack = 0.5, 30.0
+        await until(lambda: a.hub._scheduled is None, 5, what="the start-up batches sent")
+        await until(lambda: loop.time() >= a.hub._last_flush + a.hub.gap, 5, what="the gap passed")
+        a.counter.count("e0")  # past the gap: held a few ms at most
+        await until(lambda: b.counter.total("e0") == 1 and a.hub._scheduled is None, 5, what="a batch sent")
+        timers, joined = a.hub.stats.timer_flushes, a.hub.stats.gaps_joined
+        a.counter.count("e1")  # within the gap of that batch: it waits
+        assert isinstance(a.hub._scheduled, asyncio.TimerHandle)
+        a.counter.count("e1")  # the same wake, the gap not yet over: still waiting
+        assert isinstance(a.hub._scheduled, asyncio.TimerHandle)
+        await until(lambda: loop.time() >= a.hub._last_flush + a.hub.gap, 5, what="the gap passed")
+        assert b.counter.total("e1") == 0  # nothing left without a change
+        a.counter.count("e2")  # a later wake's change: the batch goes at the end of this wake
+        assert type(a.hub._scheduled) is not asyncio.TimerHandle
+        await until(lambda: b.counter.total("e2") == 1, 5, what="b sees the batch")
+        assert b.counter.total("e1") == 2
+        assert a.hub.stats.timer_flushes == timers and a.hub.stats.gaps_joined == joined + 1
+        a.hub.gap_slack = 0.0
+        a.counter.count("e3")  # within the gap again, and no change follows: the timer sends it
+        assert isinstance(a.hub._scheduled, asyncio.TimerHandle)
+        await until(lambda: b.counter.total("e3") == 1, 5, what="the timer's batch")
+        assert a.hub.stats.timer_flushes == timers + 1
+
+
 async def test_holding_stops_while_the_hold_timer_buys_nothing_and_resumes_when_it_would(kind: str) -> None:
     """Responses slower than ``hold`` (LLM streams are seconds long): every held batch leaves on
     its timer, a wake of its own.  After ``HOLD_CREDIT`` of those the hub sends in the change's

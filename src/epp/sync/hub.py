@@ -70,6 +70,9 @@ DEFAULT_POLL: Final = 0.005
 # (transport.listen); both add at most their value to staleness (bench/scaleout, part cost).
 DEFAULT_HOLD: Final = 0.003
 DEFAULT_COALESCE: Final = 0.003
+# A batch waiting for the gap leaves in the first wake with a change once the gap has passed;
+# its timer, the fallback when no such wake comes, fires this much after the gap (SyncHub.dirty).
+GAP_SLACK: Final = 0.001
 # The gap when every peer is a worker of this pod (``--workers``): the workers share the pod's
 # cores, so a message costs the pod twice (a write here, a read and often a wake there) on the
 # cores its requests need; at capacity, where the gap binds, 6 ms halves the sync messages (the
@@ -111,6 +114,7 @@ class HubStats:
     forgotten: int = 0
     timer_flushes: int = 0  # batches a timer sent (a wake of their own, unless the loop was awake)
     holds_joined: int = 0  # held batches a later wake's change sent (no timer wake)
+    gaps_joined: int = 0  # batches that waited for the gap and left in a later change's wake
     goodbyes: int = 0  # peers that said they stopped (forgotten at once)
     resyncs_asked: int = 0  # peers asked to resend their counts (lost messages, silence, first heard)
     resends: int = 0  # times this replica resent its counts whole (a peer asked)
@@ -133,6 +137,7 @@ class SyncHub:
         sibling: Callable[[Peer], bool] | None = None,
         sibling_coalesce: float = SIBLING_COALESCE,
         hold: float = DEFAULT_HOLD,
+        gap_slack: float = GAP_SLACK,
         read_gap: float = DEFAULT_READ_GAP,
         read_budget: float = DEFAULT_READ_BUDGET,
         warm_start_timeout: float = WARM_START_TIMEOUT,
@@ -154,6 +159,7 @@ class SyncHub:
         self._sibling = sibling
         self._sibling_coalesce = sibling_coalesce if interval <= 0 else self.gap
         self.hold = 0.0 if interval > 0 else hold  # a change waits this long for the next ones
+        self.gap_slack = gap_slack  # how long after the gap a waiting batch's timer fires
         self.read_gap = read_gap  # least time between two reads while peers keep sending
         self.read_budget = read_budget  # a batch this old when read: read the next ones at once
         self.warm_start_timeout = warm_start_timeout
@@ -167,6 +173,7 @@ class SyncHub:
         self._last_sent = 0.0
         self._last_flush = 0.0
         self._scheduled: asyncio.Handle | asyncio.TimerHandle | None = None
+        self._gap_due = 0.0  # loop time the gap of the batch waiting on its timer ends (0: none waits)
         self._dirty_at = 0.0  # wall clock of the first change not yet sent (0: none)
         self._holding = False  # the scheduled batch waits for a later wake's change (``hold``)
         self._same_wake = False  # the loop has not yet finished the wake that scheduled the batch
@@ -240,8 +247,11 @@ class SyncHub:
         Every message costs each peer a read, a decode and an apply in a wake of its own, and
         this replica a write per peer, so changes are coalesced without adding wakes here:
 
-        * A change less than ``gap`` after the previous batch waits for the gap (one timer for
-          every change until then): a busy replica sends at most 1/``gap`` batches a second.
+        * A change less than ``gap`` after the previous batch waits for the gap: a busy replica
+          sends at most 1/``gap`` batches a second.  The batch leaves at the end of the first
+          wake with a change once the gap has passed (a busy replica changes something every
+          request), and on its own timer ``gap_slack`` later only when no such wake came: a
+          timer's wake of an otherwise idle loop costs more than the batch.
         * Otherwise the batch is *held* for the changes of the next wake that makes one (a
           request's release when the response is quick, the next request), at most ``hold``:
           that change sends it at the end of its own wake, so holding costs no timer wake when
@@ -264,6 +274,13 @@ class SyncHub:
                 self.stats.holds_joined += 1
                 self._scheduled.cancel()
                 self._scheduled = self._loop_or_running().call_soon(self.flush)
+            elif self._gap_due and self._loop_or_running().time() >= self._gap_due:
+                # the gap has passed and the loop is awake for this change: the batch goes at
+                # the end of this wake instead of on its timer's own
+                self._gap_due = 0.0
+                self.stats.gaps_joined += 1
+                self._scheduled.cancel()
+                self._scheduled = self._loop_or_running().call_soon(self.flush)
             return
         if not self._tasks or not self.transport.has_peers:
             return  # nobody to tell soon: the tick drains (a peer that lists us hears it then)
@@ -276,7 +293,8 @@ class SyncHub:
             if since < self.hold and not self._same_wake:
                 self._hold_credit = HOLD_CREDIT  # a hold would have merged this change: hold again
         if since < self.gap:
-            self._scheduled = loop.call_later(self.gap - since, self._on_timer)
+            self._gap_due = self._last_flush + self.gap
+            self._scheduled = loop.call_later(self.gap - since + self.gap_slack, self._on_timer)
         elif self.hold > 0 and self._hold_credit > 0:
             self._holding = True
             self._mark_wake(loop)
@@ -311,6 +329,7 @@ class SyncHub:
             self._scheduled.cancel()
             self._scheduled = None
         self._holding = False
+        self._gap_due = 0.0
         self._last_flush = asyncio.get_running_loop().time()
         batch: dict[str, list[Any]] = {}
         for key, plugin in self._plugins.items():
@@ -581,6 +600,7 @@ class SyncHub:
                 "rejected": dict(s.rejected),
                 "timerFlushes": s.timer_flushes,
                 "holdsJoined": s.holds_joined,
+                "gapsJoined": s.gaps_joined,
                 "goodbyes": s.goodbyes,
                 "resyncsAsked": s.resyncs_asked,
                 "resends": s.resends,
