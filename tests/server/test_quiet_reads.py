@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from epp.server.h2.client import StreamClient
 from epp.server.h2.connection import Connection
 from epp.server.peering import H2Transport
-from epp.server.quiet_reads import BUSY_WINDOWS, QUIET_LOWAT, QuietReads
+from epp.server.quiet_reads import BUSY_WINDOW, BUSY_WINDOWS, QUIET_LOWAT, QuietReads
 from epp.sync.wire import encode_batch
 from epp.testing.waiting import until
 from tests.server.test_peering import KEY, publisher
@@ -57,7 +57,7 @@ def go_quiet(t: H2Transport) -> None:
     """Rides in ``BUSY_WINDOWS`` consecutive windows: the ext_proc edge of a routing replica."""
     quiet = t._quiet
     for _ in range(BUSY_WINDOWS):
-        quiet._window -= quiet.budget  # the window this ride opens began a budget ago
+        quiet._window -= BUSY_WINDOW  # the window this ride opens began a window ago
         t.ride()
 
 
@@ -157,12 +157,12 @@ async def test_a_closed_publish_connection_leaves_the_reader_and_its_duplicate_i
 
 
 async def test_rides_in_separate_windows_keep_waking_and_a_backstop_with_recent_rides_stays_quiet() -> None:
-    """A replica routing a request every 10 ms or more is woken per message (its peers' batches
+    """A replica routing a request every 4 ms or more is woken per message (its peers' batches
     mostly come between its requests); one whose backstop fires while it still routes stays quiet."""
     async with one_publisher() as (_, t, _peer, _conn, sock):
         quiet = t._quiet
         for _ in range(2 * BUSY_WINDOWS):
-            quiet._window -= 2.5 * quiet.budget  # a window with no ride between this one and the last
+            quiet._window -= 2 * BUSY_WINDOW  # a window with no ride between this one and the last
             t.ride()
         assert not on(quiet) and low_water(sock) == 1
         go_quiet(t)
