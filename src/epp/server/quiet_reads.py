@@ -2,20 +2,19 @@
 
 Why: a ~200-byte write that makes the receiver's socket readable also wakes the receiving
 process (the kernel's wakeup; on a VM an interrupt to another vCPU).  Measured on the bench
-machine (``python -m bench.tcp_wakes``): the write costs the sender ~13 µs instead of ~4.5, and
-the receiver ~21 µs of CPU for the wake and its read instead of ~4.5 for a read in a wake it
+machine (``python -m bench.tcp_wakes``): the write costs the sender 14.6 µs instead of 5.0, and
+the receiver 28.0 µs of CPU for the wake and its read instead of 4.9 for a read in a wake it
 had anyway, for every batch of every peer.  A replica that routes is awake ~1,000 times a
 second anyway.
 
 So while the loop is busy (``ride`` calls, the ext_proc edge's reads, in ``BUSY_WINDOWS``
 consecutive windows of ``BUSY_WINDOW``: ext_proc reads every 3 ms or less) the Publish
-connections go quiet: each socket's
-``SO_RCVLOWAT`` is raised to ``QUIET_LOWAT``, and the kernel neither wakes this loop nor
-reports the socket readable until that much waits (a flood, a resend of a large view).  What
-waits is read — a non-blocking read returns it whatever the low-water mark — in wakes the loop
-has for something else: after an ext_proc read (``ride``) and after the hub's send
-(``read_now``), at most once per ``gap``.  When no read ran for ``budget``, a timer reads what
-waits, so a quiet batch is at most ``budget`` late; when no ride came for two budgets either
+connections go quiet: each socket's ``SO_RCVLOWAT`` is raised to ``QUIET_LOWAT``, and the kernel
+neither wakes this loop nor reports the socket readable until that much waits (a flood, a resend
+of a large view).  What waits is read — a non-blocking read returns it whatever the low-water
+mark — in wakes the loop has for something else: after an ext_proc read (``ride``) and after
+the hub's send (``read_now``), at most once per ``gap``.  When no read ran for ``budget``, a
+timer reads what waits, so a quiet batch is at most ``budget`` late; when no ride came for two budgets either
 (the loop stopped routing), the connections first go back to waking the loop per message
 (low-water mark 1), so an idle replica pays no timer.  End of file and errors wake the loop at
 any low-water mark, and uvloop handles them as before.
@@ -52,7 +51,7 @@ class QuietReads:
 
     def __init__(self, gap: float = RIDE_GAP, budget: float = BACKSTOP) -> None:
         self.gap = gap  # least time between two riding reads
-        self.budget = budget  # two rides within it: busy; no read within it: idle again
+        self.budget = budget  # no read within it: the backstop reads (and without rides, wakes again)
         self.quiet = False  # the connections' low-water mark is raised (the loop is busy)
         self._socks: dict[Connection, socket.socket] = {}  # a duplicate of each connection's socket
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,7 +102,7 @@ class QuietReads:
 
     def ride(self, cause: str) -> None:
         """The loop is awake for something else: read what waits, unless a read ran less than
-        ``gap`` ago; the second ride within ``budget`` makes the connections quiet."""
+        ``gap`` ago; while not quiet, count the ride towards ``BUSY_WINDOWS``."""
         loop = self._loop
         if loop is None or not self._socks:
             return
@@ -137,7 +136,7 @@ class QuietReads:
             for sock in self._socks.values():
                 _low_water(sock, 1)
 
-    def _read(self, now: float, cause: str) -> bool:
+    def _read(self, now: float, cause: str) -> None:
         self._last = now
         self._prompt = False
         found = False
@@ -164,7 +163,6 @@ class QuietReads:
             self.reads[cause] += 1
         if self.quiet:
             self._arm()
-        return found
 
     def _arm(self) -> None:
         if self._timer is not None:

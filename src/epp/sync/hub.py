@@ -272,15 +272,13 @@ class SyncHub:
                 self._holding = False
                 self._hold_credit = HOLD_CREDIT
                 self.stats.holds_joined += 1
-                self._scheduled.cancel()
-                self._scheduled = self._loop_or_running().call_soon(self.flush)
+                self._send_at_wake_end(self._scheduled)
             elif self._gap_due and self._loop_or_running().time() >= self._gap_due:
                 # the gap has passed and the loop is awake for this change: the batch goes at
                 # the end of this wake instead of on its timer's own
                 self._gap_due = 0.0
                 self.stats.gaps_joined += 1
-                self._scheduled.cancel()
-                self._scheduled = self._loop_or_running().call_soon(self.flush)
+                self._send_at_wake_end(self._scheduled)
             return
         if not self._tasks or not self.transport.has_peers:
             return  # nobody to tell soon: the tick drains (a peer that lists us hears it then)
@@ -303,6 +301,11 @@ class SyncHub:
             self._sent_unheld = True
             self._mark_wake(loop)
             self._scheduled = loop.call_soon(self.flush)
+
+    def _send_at_wake_end(self, waiting: asyncio.Handle | asyncio.TimerHandle) -> None:
+        """The batch ``waiting`` on a timer leaves at the end of this wake instead."""
+        waiting.cancel()
+        self._scheduled = self._loop_or_running().call_soon(self.flush)
 
     def _loop_or_running(self) -> asyncio.AbstractEventLoop:
         return self._loop or asyncio.get_running_loop()
