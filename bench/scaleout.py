@@ -1,6 +1,6 @@
 """Issue 30's measurements: active-active EPP replicas sharing routing state, and workers.
 
-    python -m bench.scaleout [--quick] [--part quality,cost,workers,faults]
+    python -m bench.scaleout [--quick] [--part quality,cost,busy,capacity,workers,faults]
 
 Part ``quality``: llm-d's shared-prefix profile (bench/prefix_routing's sizing) through one
 Envoy whose ext_proc cluster holds 1, 2 or 4 EPP replicas (each stream goes to one replica,
@@ -66,6 +66,12 @@ routes enough to need them, where its requests share batches (the cost part's ra
 request its own).  An uncrowded cell whose replayer fell behind (``_replayer_behind``: it used
 ``REPLAYER_SATURATED`` of a core, or sent under half replica 0's batches per request) is listed as
 overloaded, in every part.
+
+Part ``capacity``: the busy part's cells at ``CAPACITY_RATE`` (3,000 req/s per replica).  Effective
+scaling is a throughput figure, and CPU per request predicts throughput where the CPU runs out:
+there a replica's batches carry ~10 requests (3 at ``BUSY_RATE``), so what a message costs is
+shared by more of them, and one replica's own CPU per request is lower too (its wakes batch
+several requests).
 
 Part ``workers``: ``epp --workers 1`` and ``--workers 2`` (sync peers of each other, as by
 default), driven directly over ext_proc, closed loop (the same streams in flight), several
@@ -734,6 +740,9 @@ BUSY_RATE: Final = 1000.0  # per replica (part busy): a busy replica's requests 
 # 8 would need the replayer to route 7,000 requests a second in one process: it saturates a core
 # and sends a few hundred batches instead of ~19,000 (measured), so its cell would read low.
 BUSY_NS: Final = (2, 4)
+# part capacity: about a quarter of one replica's capacity here (~4,000 req/s at ~110 µs a request
+# with the load client on the other core); the replayer routes 9,000 a second at 4 (0.45 of a core)
+CAPACITY_RATE: Final = 3000.0
 
 
 async def busy(st: Settings) -> dict[str, Any]:
@@ -743,27 +752,41 @@ async def busy(st: Settings) -> dict[str, Any]:
     more.  Here replica 0 routes ``BUSY_RATE`` and is the only EPP on the machine (the uncrowded
     cells: its N-1 peers replayed by bench/scaleout_peers at the same rate), against one replica
     alone at that rate, rounds interleaved, medians; effective scaling as in the cost part."""
+    return await uncrowded_part(st, BUSY_RATE, "busy")
+
+
+async def capacity(st: Settings) -> dict[str, Any]:
+    """Part ``capacity``: the busy part's cells at ``CAPACITY_RATE``, where a replica's CPU per
+    request is what caps its throughput.  Effective scaling is a throughput figure (llm-d's 3.5x
+    at 4 is requests served); CPU per request predicts it only where the CPU is what runs out, and
+    there a replica's batches carry three times the requests they carry at ``BUSY_RATE``."""
+    return await uncrowded_part(st, CAPACITY_RATE, "capacity")
+
+
+async def uncrowded_part(st: Settings, rate: float, name: str) -> dict[str, Any]:
+    """One replica alone at ``rate``, and per N in ``BUSY_NS`` the uncrowded cell and its control,
+    ``COST_ROUNDS`` rounds interleaved, medians."""
     alone = [n for n in BUSY_NS if n in st.cost_ns]
     ones: list[dict[str, Any]] = []
     replayed: dict[int, list[dict[str, Any]]] = {n: [] for n in alone}
     beside: dict[int, list[dict[str, Any]]] = {n: [] for n in alone}
     for r in range(COST_ROUNDS):
-        one = await _again(partial(cost_cell, 1, False, st, BUSY_RATE), "1 replica, sync off")
+        one = await _again(partial(cost_cell, 1, False, st, rate), "1 replica, sync off")
         ones.append(one)
-        log(f"scaleout busy (round {r + 1}/{COST_ROUNDS}, {BUSY_RATE:g} req/s): {one}")
+        log(f"scaleout {name} (round {r + 1}/{COST_ROUNDS}, {rate:g} req/s): {one}")
         for n in alone:
-            cell = await _again(partial(uncrowded_cell, n, st, BUSY_RATE), f"{n} replicas, uncrowded")
+            cell = await _again(partial(uncrowded_cell, n, st, rate), f"{n} replicas, uncrowded")
             replayed[n].append(cell)
-            log(f"scaleout busy uncrowded (round {r + 1}/{COST_ROUNDS}): {cell}")
+            log(f"scaleout {name} uncrowded (round {r + 1}/{COST_ROUNDS}): {cell}")
             control = await _again(
-                partial(uncrowded_cell, n, st, BUSY_RATE, sync=False), f"{n} replicas' replayer, sync off"
+                partial(uncrowded_cell, n, st, rate, sync=False), f"{n} replicas' replayer, sync off"
             )
             beside[n].append(control)
-            log(f"scaleout busy control (round {r + 1}/{COST_ROUNDS}): {control}")
+            log(f"scaleout {name} control (round {r + 1}/{COST_ROUNDS}): {control}")
     first = _medians(1, False, ones)
     c1 = first["cpu_us_per_request"]
     return {
-        "rate": BUSY_RATE,
+        "rate": rate,
         "sync_interval_s": st.sync_interval,
         "alone": first,
         **uncrowded_summary(c1, replayed),
@@ -1347,7 +1370,14 @@ async def _served(epp: EppProcess) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-PARTS = {"quality": quality, "cost": cost, "busy": busy, "workers": workers, "faults": faults}
+PARTS = {
+    "quality": quality,
+    "cost": cost,
+    "busy": busy,
+    "capacity": capacity,
+    "workers": workers,
+    "faults": faults,
+}
 
 
 async def run(parts: Sequence[str], st: Settings) -> dict[str, Any]:

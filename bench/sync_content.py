@@ -5,8 +5,9 @@
 In one process, three apps built from prefix-heavy.yaml (bench/scaleout's config) over the same
 four endpoints: ``plain`` routes with no sync; ``sender`` routes the same requests with a
 ``SyncHub`` whose transport only keeps the frames (its plugins record every change, and the hub
-drains and encodes them into one batch every ``PER_BATCH`` requests, as a busy replica's 3 ms gap
-does at 1,000 req/s); ``receiver`` applies those batches (decode and every plugin's apply), then
+drains and encodes them into one batch every ``per_batch`` requests: 3, as a busy replica's 3 ms
+gap does at 1,000 req/s, and 10, as it does at 3,000, bench/scaleout's part capacity); ``receiver``
+applies those batches (decode and every plugin's apply), then
 routes requests of its own over what it learned.  Requests are bench/scaleout's prompts and
 responses, through the real director (parse, prefix match, scheduling, pre-request, release).
 
@@ -33,7 +34,8 @@ from epp.sync.hub import SyncHub
 from epp.sync.peers import Peer
 
 ENDPOINTS: Final = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4"  # never dialled: no data layer runs
-PER_BATCH: Final = 3  # requests a batch carries in bench/scaleout's busy cell (0.33 batches a request)
+# requests a batch carries in bench/scaleout's busy and capacity parts (0.33 and 0.1 batches a request)
+PER_BATCH: Final = (3, 10)
 MODEL: Final = "m"
 
 
@@ -101,8 +103,8 @@ def _hub(name: str, app: App) -> tuple[SyncHub, Keep]:
     return hub, keep
 
 
-async def route(app: App, n: int, seed: int, hub: SyncHub | None) -> float:
-    """Thread CPU of ``n`` requests through ``app``'s director (a flush every ``PER_BATCH``)."""
+async def route(app: App, n: int, seed: int, hub: SyncHub | None, per_batch: int = 1) -> float:
+    """Thread CPU of ``n`` requests through ``app``'s director (a flush every ``per_batch``)."""
     reqs = [request(p, MODEL) for p in peer_prompts(256, seed)]
     rng = random.Random(2)
     t0 = time.thread_time()
@@ -113,23 +115,23 @@ async def route(app: App, n: int, seed: int, hub: SyncHub | None) -> float:
         lc.response_headers({":status": "200", "content-type": "application/json"}, end_of_stream=False)
         lc.response_chunk(RESPONSE, True)
         lc.close()
-        if hub is not None and (k + 1) % PER_BATCH == 0:
+        if hub is not None and (k + 1) % per_batch == 0:
             hub.flush()
     return time.thread_time() - t0
 
 
-async def run(n: int, rounds: int) -> dict[str, Any]:
+async def run(n: int, rounds: int, per_batch: int) -> dict[str, Any]:
     plain, sender, receiver, alone = await _app(), await _app(), await _app(), await _app()
     hub, keep = _hub("sender", sender)
     peer, _ = _hub("receiver", receiver)
     await route(plain, 500, 9, None)  # warm every path once
-    await route(sender, 500, 9, hub)
+    await route(sender, 500, 9, hub, per_batch)
     await route(alone, 500, 9, None)
     keep.frames.clear()
     cells: list[dict[str, Any]] = []
     for r in range(rounds):
         t_plain = await route(plain, n, 1, None)
-        t_sender = await route(sender, n, 1, hub)
+        t_sender = await route(sender, n, 1, hub, per_batch)
         frames: list[Frames] = [[f] for f in keep.frames]
         keep.frames.clear()
         t0 = time.thread_time()
@@ -147,12 +149,12 @@ async def run(n: int, rounds: int) -> dict[str, Any]:
             "bytes_per_batch": rnd(sum(len(f[0]) for f in frames) / max(1, len(frames)), 1),
         }
         cells.append(cell)
-        log(f"sync_content round {r + 1}/{rounds}: {cell}")
+        log(f"sync_content round {r + 1}/{rounds}, {per_batch} a batch: {cell}")
     med = {k: statistics.median(c[k] for c in cells) for k in cells[0] if k != "batches"}
     floor = {
         str(n_): rnd(med["sender_us"] + (n_ - 1) * (med["apply_us_per_peer_request"]), 1) for n_ in (2, 4, 8)
     }
-    return {"requests": n, "rounds": cells, "per_batch": PER_BATCH, **med, "floor_us_per_request": floor}
+    return {"requests": n, "rounds": cells, "per_batch": per_batch, **med, "floor_us_per_request": floor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,12 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2,000 requests, 3 rounds (else 6,000, 5)")
     args = ap.parse_args(argv)
     n, rounds = (2_000, 3) if args.quick else (6_000, 5)
-    doc = asyncio.run(run(n, rounds))
+    sizes = {str(b): asyncio.run(run(n, rounds, b)) for b in PER_BATCH}
+    doc = {"requests": n, "per_batch": sizes}
     path = write_result("sync_content", doc, mode="quick" if args.quick else "full", seeds={"choice": 2})
-    log(
-        f"sync_content: sender {doc['sender_us']} µs, apply {doc['apply_us_per_peer_request']} µs a peer "
-        f"request, floor {doc['floor_us_per_request']}; {path}"
-    )
+    for b, size in sizes.items():
+        log(
+            f"sync_content, {b} requests a batch: sender {size['sender_us']} µs, apply "
+            f"{size['apply_us_per_peer_request']} µs a peer request, floor {size['floor_us_per_request']}"
+        )
+    log(f"sync_content: {path}")
     return 0
 
 

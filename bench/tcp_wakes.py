@@ -37,6 +37,7 @@ SIZE: Final = 200  # bytes: a busy replica's batch (bench/scaleout: 100-300 byte
 EVERY: Final = 0.001
 QUIET_LOWAT: Final = 64 * 1024
 REQUESTS_PER_BATCH: Final = 3.0  # bench/scaleout's busy cell: 1,000 req/s, a batch per 3 ms gap
+CAPACITY_PER_BATCH: Final = 10.0  # its part capacity: 3,000 req/s (a batch per 10 requests measured)
 
 
 def _receiver(listener: socket.socket, n: int, quiet: bool, out: int) -> None:
@@ -103,10 +104,10 @@ def one(n: int, quiet: bool) -> dict[str, Any]:
     return {"send_us": rnd(spent / n * 1e6, 2), "receive_us": rnd(received / n * 1e6, 2)}
 
 
-def bound(send_us: float, receive_us: float, replicas: int) -> float:
-    """µs a request: N - 1 peers each send one batch per ``REQUESTS_PER_BATCH`` requests, and this
+def bound(send_us: float, receive_us: float, replicas: int, per_batch: float = REQUESTS_PER_BATCH) -> float:
+    """µs a request: N - 1 peers each send one batch per ``per_batch`` requests, and this
     replica writes each of them one as often."""
-    return (replicas - 1) * (send_us + receive_us) / REQUESTS_PER_BATCH
+    return (replicas - 1) * (send_us + receive_us) / per_batch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             "receive_us": receive,
             "rounds": cells,
             "bound_us_per_request": {str(k): rnd(bound(send, receive, k), 1) for k in (2, 4, 8)},
+            # at bench/scaleout's part capacity (3,000 req/s): a batch per 10 requests
+            "bound_us_per_request_at_capacity": {
+                str(k): rnd(bound(send, receive, k, CAPACITY_PER_BATCH), 1) for k in (2, 4, 8)
+            },
         }
     path = write_result("tcp_wakes", doc, mode="quick" if args.quick else "full", seeds={})
     log(
